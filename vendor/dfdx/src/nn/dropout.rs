@@ -64,17 +64,13 @@ impl<const N: usize, S: Shape, E: Dtype, D: Device<E>> Module<Tensor<S, E, D, No
 }
 
 impl<const N: usize, S: Shape, E: Dtype, D: Device<E>, T: TrainingTape<E, D>>
-    ModuleMut<Tensor<S, E, D, T>>
-    for DropoutOneIn<N>
+    ModuleMut<Tensor<S, E, D, T>> for DropoutOneIn<N>
 {
     type Output = Tensor<S, E, D, T>;
     type Error = D::Err;
 
     /// Calls [dropout()] with `p=1/N` using `self.rng`.
-    fn try_forward_mut(
-        &mut self,
-        input: Tensor<S, E, D, T>,
-    ) -> Result<Self::Output, D::Err> {
+    fn try_forward_mut(&mut self, input: Tensor<S, E, D, T>) -> Result<Self::Output, D::Err> {
         input.try_dropout(1.0 / N as f64)
     }
 }
@@ -162,16 +158,14 @@ impl<S: Shape, E: Dtype, D: Device<E>> Module<Tensor<S, E, D, NoneTape>> for Dro
     }
 }
 
-impl<S: Shape, E: Dtype, D: Device<E>, T: TrainingTape<E, D>>
-    ModuleMut<Tensor<S, E, D, T>> for Dropout {
+impl<S: Shape, E: Dtype, D: Device<E>, T: TrainingTape<E, D>> ModuleMut<Tensor<S, E, D, T>>
+    for Dropout
+{
     type Output = Tensor<S, E, D, T>;
     type Error = D::Err;
 
     /// Calls [dropout()]
-    fn try_forward_mut(
-        &mut self,
-        input: Tensor<S, E, D, T>,
-    ) -> Result<Self::Output, D::Err> {
+    fn try_forward_mut(&mut self, input: Tensor<S, E, D, T>) -> Result<Self::Output, D::Err> {
         input.try_dropout(self.p)
     }
 }

@@ -78,9 +78,10 @@ impl<E, D: Storage<E>> Gradients<E, D> {
 
     /// Returns a reference to the underlying gradient if found.
     ///
-    /// typed-amp patch: public, so that code outside dfdx can tell a missing gradient from a zero one.
-    pub fn get_ref_checked<S: Shape, T>(&self, t: &Tensor<S, E, D, T>) -> Option<&D::Vec> {
-        self.gradient_by_id.get(&t.id)
+    /// typed-amp patch: public, and taking any tensor-like (a ghost tensor too), so that code
+    /// outside dfdx can tell a missing gradient from a zero one without holding tensor data.
+    pub fn get_ref_checked<S: Shape>(&self, t: &impl Tensorlike<S, E, D>) -> Option<&D::Vec> {
+        self.gradient_by_id.get(&t.id())
     }
 
     /// Returns a mutable reference to the data associated with `t`.

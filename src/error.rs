@@ -1,0 +1,49 @@
+//! The error type of every fallible typed-amp operation.
+
+/// What can go wrong in a mixed-precision training step.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AmpError {
+    /// The device reported an error (out of memory, a failed kernel launch, ...).
+    #[error("device error: {0}")]
+    Device(String),
+
+    /// Two inputs were traced with separate gradient stores and then combined in one graph.
+    #[error(
+        "two traced inputs carried separate gradient stores; trace one input with the gradients \
+         and give the others an empty tape (`x.retaped::<MixedTape<_>>()`)"
+    )]
+    ConflictingGradients,
+
+    /// A master module and its working copy do not have the same parameters.
+    #[error("master and working modules differ at `{path}`: {detail}")]
+    ParamMismatch {
+        /// Path of the first parameter that differs (e.g. `1.weight`).
+        path: String,
+        /// What differs.
+        detail: String,
+    },
+
+    /// A loss-scaler setting is out of range.
+    #[error("invalid loss-scaler setting: {0}")]
+    InvalidScalerConfig(String),
+
+    /// A clipping limit is out of range.
+    #[error("invalid gradient clipping: {0}")]
+    InvalidClip(String),
+
+    /// Saved scaler state could not be restored.
+    #[error("invalid loss-scaler state: {0}")]
+    InvalidScalerState(String),
+
+    /// The optimizer failed to update the master weights.
+    #[error("optimizer update failed: {0}")]
+    Optimizer(String),
+}
+
+impl AmpError {
+    /// Wraps a device error.
+    pub fn device(err: impl std::fmt::Display) -> Self {
+        AmpError::Device(err.to_string())
+    }
+}

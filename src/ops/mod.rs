@@ -1,0 +1,3 @@
+//! Differentiable ops that mixed precision adds to dfdx.
+
+pub mod cast;

@@ -1,0 +1,612 @@
+//! Walking a model's parameters in both precisions, by name.
+//!
+//! dfdx's [`TensorCollection`] visits the tensors of one dtype. A mixed-precision working model
+//! (FP16 linear layers beside FP32 norms) has both, so typed-amp walks models through
+//! [`Parameters`], which visits every parameter whatever its precision, with its dotted path
+//! (`"0.weight"`, `"fc2.bias"`). Any dfdx layer implements it by delegating to its
+//! `TensorCollection` in its own dtype; tuples, [`Repeated`] and the residual wrappers implement
+//! it field by field, so their fields may differ in precision. Two models built from the same
+//! architecture visit their parameters in the same order under the same names, which is how a
+//! master model and its working copy are paired (see [`crate::MasterWeights`]).
+
+use dfdx::nn::modules::*;
+use dfdx::nn::{ModuleVisitor, ScalarOptions, TensorCollection, TensorOptions};
+use dfdx::prelude::{ConstDim, ConstShape, Device, HasShape, Shape, Tensor};
+use num_traits::NumCast;
+
+use crate::device::AmpDevice;
+use crate::precision::AmpElem;
+
+/// Visits parameters by shared reference.
+pub trait ParamVisitor<D: AmpDevice> {
+    /// The error a visit can return.
+    type Error;
+
+    /// Called once per parameter or buffer. `trainable` is false for buffers such as batch
+    /// norm's running statistics, which no optimizer updates.
+    fn visit<S: Shape, E: AmpElem>(
+        &mut self,
+        path: &str,
+        param: &Tensor<S, E, D>,
+        trainable: bool,
+    ) -> Result<(), Self::Error>
+    where
+        D: Device<E>;
+}
+
+/// Visits parameters by mutable reference.
+pub trait ParamVisitorMut<D: AmpDevice> {
+    /// The error a visit can return.
+    type Error;
+
+    /// Called once per parameter or buffer; see [`ParamVisitor::visit`].
+    fn visit_mut<S: Shape, E: AmpElem>(
+        &mut self,
+        path: &str,
+        param: &mut Tensor<S, E, D>,
+        trainable: bool,
+    ) -> Result<(), Self::Error>
+    where
+        D: Device<E>;
+}
+
+/// A dotted parameter path under construction (`"block.0.weight"`).
+#[derive(Debug, Default, Clone)]
+pub struct ParamPath {
+    path: String,
+    marks: Vec<usize>,
+}
+
+impl ParamPath {
+    /// Descends into `segment`.
+    pub fn push(&mut self, segment: &str) {
+        self.marks.push(self.path.len());
+        if !self.path.is_empty() && !segment.is_empty() {
+            self.path.push('.');
+        }
+        self.path.push_str(segment);
+    }
+
+    /// Returns to the parent of the last [`ParamPath::push`].
+    pub fn pop(&mut self) {
+        if let Some(mark) = self.marks.pop() {
+            self.path.truncate(mark);
+        }
+    }
+
+    /// The path so far.
+    pub fn as_str(&self) -> &str {
+        &self.path
+    }
+
+    /// Runs `f` one segment further down.
+    pub fn within<R>(&mut self, segment: &str, f: impl FnOnce(&mut Self) -> R) -> R {
+        self.push(segment);
+        let result = f(self);
+        self.pop();
+        result
+    }
+}
+
+/// A model (or layer) whose parameters typed-amp can walk in both precisions.
+///
+/// Implemented for dfdx's layers, tuples of layers (whose elements may differ in precision),
+/// [`Repeated`], [`Residual`], [`GeneralizedResidual`], [`AddInto`] and [`SplitInto`], a bare
+/// tensor, typed-amp's own layers, and the structs `#[amp]` generates.
+#[diagnostic::on_unimplemented(
+    message = "typed-amp cannot walk the parameters of `{Self}`",
+    note = "models are built from dfdx layers, tuples of them, typed-amp's layers and `#[amp]` structs; for your own layer, implement `typed_amp::Parameters` by visiting each field with `visit_params_at`"
+)]
+pub trait Parameters<D: AmpDevice> {
+    /// Visits every parameter below `path`.
+    fn visit_params_at<V: ParamVisitor<D>>(
+        &self,
+        path: &mut ParamPath,
+        visitor: &mut V,
+    ) -> Result<(), V::Error>;
+
+    /// Visits every parameter below `path`, mutably.
+    fn visit_params_mut_at<V: ParamVisitorMut<D>>(
+        &mut self,
+        path: &mut ParamPath,
+        visitor: &mut V,
+    ) -> Result<(), V::Error>;
+
+    /// Visits every parameter, paths starting at the model's root.
+    fn visit_params<V: ParamVisitor<D>>(&self, visitor: &mut V) -> Result<(), V::Error> {
+        self.visit_params_at(&mut ParamPath::default(), visitor)
+    }
+
+    /// Visits every parameter mutably, paths starting at the model's root.
+    fn visit_params_mut<V: ParamVisitorMut<D>>(&mut self, visitor: &mut V) -> Result<(), V::Error> {
+        self.visit_params_mut_at(&mut ParamPath::default(), visitor)
+    }
+
+    /// Path, precision, element count and trainability of every parameter, in visiting order.
+    fn param_summary(&self) -> Vec<ParamInfo> {
+        struct Collect(Vec<ParamInfo>);
+        impl<D: AmpDevice> ParamVisitor<D> for Collect {
+            type Error = std::convert::Infallible;
+            fn visit<S: Shape, E: AmpElem>(
+                &mut self,
+                path: &str,
+                param: &Tensor<S, E, D>,
+                trainable: bool,
+            ) -> Result<(), Self::Error>
+            where
+                D: Device<E>,
+            {
+                self.0.push(ParamInfo {
+                    path: path.to_string(),
+                    dtype: crate::precision::dtype_of::<E>(),
+                    numel: param.shape().num_elements(),
+                    trainable,
+                });
+                Ok(())
+            }
+        }
+        let mut collect = Collect(Vec::new());
+        match self.visit_params(&mut collect) {
+            Ok(()) => collect.0,
+            Err(never) => match never {},
+        }
+    }
+}
+
+/// One parameter as [`Parameters::param_summary`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamInfo {
+    /// Dotted path, e.g. `"2.weight"`.
+    pub path: String,
+    /// Precision the parameter is stored in.
+    pub dtype: crate::precision::DType,
+    /// Number of elements.
+    pub numel: usize,
+    /// False for buffers (batch norm running statistics).
+    pub trainable: bool,
+}
+
+impl ParamInfo {
+    /// Bytes the parameter occupies.
+    pub fn size_in_bytes(&self) -> usize {
+        self.numel * self.dtype.size_in_bytes()
+    }
+}
+
+/// Adapts a [`ParamVisitor`] to dfdx's [`ModuleVisitor`], keeping track of the path.
+struct RefWalker<'w, T, V> {
+    module: &'w T,
+    path: &'w mut ParamPath,
+    visitor: &'w mut V,
+}
+
+impl<T, E, D, V> ModuleVisitor<T, E, D> for RefWalker<'_, T, V>
+where
+    T: TensorCollection<E, D>,
+    E: AmpElem,
+    D: AmpDevice + Device<E>,
+    V: ParamVisitor<D>,
+{
+    type Err = V::Error;
+    type E2 = E;
+    type D2 = D;
+
+    fn visit_module<Field, GetRef, GetMut>(
+        &mut self,
+        name: &str,
+        mut get_refs: GetRef,
+        _get_muts: GetMut,
+    ) -> Result<Option<Field::To<E, D>>, Self::Err>
+    where
+        GetRef: FnMut(&T) -> &Field,
+        GetMut: FnMut(&mut T) -> &mut Field,
+        Field: TensorCollection<E, D>,
+    {
+        let module = get_refs(self.module);
+        let visitor = &mut *self.visitor;
+        self.path.within(name, |path| {
+            Field::iter_tensors(&mut RefWalker {
+                module,
+                path,
+                visitor,
+            })
+        })?;
+        Ok(None)
+    }
+
+    fn visit_tensor<S: Shape, GetRef, GetMut>(
+        &mut self,
+        name: &str,
+        mut get_refs: GetRef,
+        _get_muts: GetMut,
+        opts: TensorOptions<S, E, D>,
+    ) -> Result<Option<Tensor<S, E, D>>, Self::Err>
+    where
+        GetRef: FnMut(&T) -> &Tensor<S, E, D>,
+        GetMut: FnMut(&mut T) -> &mut Tensor<S, E, D>,
+    {
+        let tensor = get_refs(self.module);
+        let visitor = &mut *self.visitor;
+        self.path.within(name, |path| {
+            visitor.visit(path.as_str(), tensor, opts.do_gradient_update)
+        })?;
+        Ok(None)
+    }
+
+    fn visit_scalar<N, GetRef, GetMut>(
+        &mut self,
+        _name: &str,
+        _get_refs: GetRef,
+        _get_muts: GetMut,
+        _opts: ScalarOptions<N>,
+    ) -> Result<Option<N>, Self::Err>
+    where
+        N: NumCast,
+        GetRef: FnMut(&T) -> &N,
+        GetMut: FnMut(&mut T) -> &mut N,
+    {
+        Ok(None)
+    }
+
+    fn visit_fields<M: dfdx::nn::ModuleFields<T, E, D>>(
+        &mut self,
+        fields: M,
+        _builder: impl FnOnce(M::Output<E, D>) -> T::To<E, D>,
+    ) -> Result<Option<T::To<E, D>>, Self::Err> {
+        fields.visit_fields(self)?;
+        Ok(None)
+    }
+}
+
+/// Adapts a [`ParamVisitorMut`] to dfdx's [`ModuleVisitor`].
+struct MutWalker<'w, T, V> {
+    module: &'w mut T,
+    path: &'w mut ParamPath,
+    visitor: &'w mut V,
+}
+
+impl<T, E, D, V> ModuleVisitor<T, E, D> for MutWalker<'_, T, V>
+where
+    T: TensorCollection<E, D>,
+    E: AmpElem,
+    D: AmpDevice + Device<E>,
+    V: ParamVisitorMut<D>,
+{
+    type Err = V::Error;
+    type E2 = E;
+    type D2 = D;
+
+    fn visit_module<Field, GetRef, GetMut>(
+        &mut self,
+        name: &str,
+        _get_refs: GetRef,
+        mut get_muts: GetMut,
+    ) -> Result<Option<Field::To<E, D>>, Self::Err>
+    where
+        GetRef: FnMut(&T) -> &Field,
+        GetMut: FnMut(&mut T) -> &mut Field,
+        Field: TensorCollection<E, D>,
+    {
+        let module = get_muts(self.module);
+        let visitor = &mut *self.visitor;
+        self.path.within(name, |path| {
+            Field::iter_tensors(&mut MutWalker {
+                module,
+                path,
+                visitor,
+            })
+        })?;
+        Ok(None)
+    }
+
+    fn visit_tensor<S: Shape, GetRef, GetMut>(
+        &mut self,
+        name: &str,
+        _get_refs: GetRef,
+        mut get_muts: GetMut,
+        opts: TensorOptions<S, E, D>,
+    ) -> Result<Option<Tensor<S, E, D>>, Self::Err>
+    where
+        GetRef: FnMut(&T) -> &Tensor<S, E, D>,
+        GetMut: FnMut(&mut T) -> &mut Tensor<S, E, D>,
+    {
+        let tensor = get_muts(self.module);
+        let visitor = &mut *self.visitor;
+        self.path.within(name, |path| {
+            visitor.visit_mut(path.as_str(), tensor, opts.do_gradient_update)
+        })?;
+        Ok(None)
+    }
+
+    fn visit_scalar<N, GetRef, GetMut>(
+        &mut self,
+        _name: &str,
+        _get_refs: GetRef,
+        _get_muts: GetMut,
+        _opts: ScalarOptions<N>,
+    ) -> Result<Option<N>, Self::Err>
+    where
+        N: NumCast,
+        GetRef: FnMut(&T) -> &N,
+        GetMut: FnMut(&mut T) -> &mut N,
+    {
+        Ok(None)
+    }
+
+    fn visit_fields<M: dfdx::nn::ModuleFields<T, E, D>>(
+        &mut self,
+        fields: M,
+        _builder: impl FnOnce(M::Output<E, D>) -> T::To<E, D>,
+    ) -> Result<Option<T::To<E, D>>, Self::Err> {
+        fields.visit_fields(self)?;
+        Ok(None)
+    }
+}
+
+/// Visits the parameters of a single-precision dfdx [`TensorCollection`] in its own dtype.
+///
+/// This is how a layer implements [`Parameters`]; `#[amp]` also uses it for its fields.
+pub fn visit_collection<M, E, D, V>(
+    module: &M,
+    path: &mut ParamPath,
+    visitor: &mut V,
+) -> Result<(), V::Error>
+where
+    M: TensorCollection<E, D>,
+    E: AmpElem,
+    D: AmpDevice + Device<E>,
+    V: ParamVisitor<D>,
+{
+    M::iter_tensors(&mut RefWalker {
+        module,
+        path,
+        visitor,
+    })?;
+    Ok(())
+}
+
+/// Mutable counterpart of [`visit_collection`].
+pub fn visit_collection_mut<M, E, D, V>(
+    module: &mut M,
+    path: &mut ParamPath,
+    visitor: &mut V,
+) -> Result<(), V::Error>
+where
+    M: TensorCollection<E, D>,
+    E: AmpElem,
+    D: AmpDevice + Device<E>,
+    V: ParamVisitorMut<D>,
+{
+    M::iter_tensors(&mut MutWalker {
+        module,
+        path,
+        visitor,
+    })?;
+    Ok(())
+}
+
+/// Implements [`Parameters`] for dfdx layers generic over their dtype `E` and device `D`.
+macro_rules! collection_params {
+    ($([$($generics:tt)*] $layer:ty;)*) => {$(
+        impl<$($generics)* E: AmpElem, D: AmpDevice + Device<E>> Parameters<D> for $layer
+        where
+            Self: TensorCollection<E, D>,
+        {
+            fn visit_params_at<V: ParamVisitor<D>>(
+                &self,
+                path: &mut ParamPath,
+                visitor: &mut V,
+            ) -> Result<(), V::Error> {
+                visit_collection::<Self, E, D, V>(self, path, visitor)
+            }
+
+            fn visit_params_mut_at<V: ParamVisitorMut<D>>(
+                &mut self,
+                path: &mut ParamPath,
+                visitor: &mut V,
+            ) -> Result<(), V::Error> {
+                visit_collection_mut::<Self, E, D, V>(self, path, visitor)
+            }
+        }
+    )*};
+}
+
+collection_params! {
+    [const I: usize, const O: usize,] Linear<I, O, E, D>;
+    [const I: usize, const O: usize,] UnbiasedLinear<I, O, E, D>;
+    [const C: usize,] BatchNorm1D<C, E, D>;
+    [const C: usize,] BatchNorm2D<C, E, D>;
+    [const M: usize,] LayerNorm1D<M, E, D>;
+    [const VOCAB: usize, const M: usize,] Embedding<VOCAB, M, E, D>;
+    [const C: usize,] Bias2D<C, E, D>;
+    [] dfdx::nn::prelu::PReLU<E, D>;
+    [C: ConstDim,] dfdx::nn::prelu::PReLU1D<C, E, D>;
+    [S: ConstShape,] Tensor<S, E, D>;
+}
+
+/// Implements [`Parameters`] for layers without parameters.
+macro_rules! parameterless {
+    ($([$($generics:tt)*] $layer:ty;)*) => {$(
+        impl<$($generics)* D: AmpDevice> Parameters<D> for $layer {
+            fn visit_params_at<V: ParamVisitor<D>>(
+                &self,
+                _path: &mut ParamPath,
+                _visitor: &mut V,
+            ) -> Result<(), V::Error> {
+                Ok(())
+            }
+
+            fn visit_params_mut_at<V: ParamVisitorMut<D>>(
+                &mut self,
+                _path: &mut ParamPath,
+                _visitor: &mut V,
+            ) -> Result<(), V::Error> {
+                Ok(())
+            }
+        }
+    )*};
+}
+
+parameterless! {
+    [] ();
+    [] ReLU;
+    [] FastGeLU;
+    [] AccurateGeLU;
+    [] Sigmoid;
+    [] Tanh;
+    [] Sin;
+    [] Cos;
+    [] Ln;
+    [] Exp;
+    [] Square;
+    [] Sqrt;
+    [] Abs;
+    [] Softmax;
+    [] LogSoftmax;
+    [E: dfdx::prelude::Dtype,] LeakyReLU<E>;
+    [] Dropout;
+    [const N: usize,] DropoutOneIn<N>;
+    [] AvgPoolGlobal;
+    [] MaxPoolGlobal;
+    [] MinPoolGlobal;
+}
+
+macro_rules! tuple_params {
+    ($([$($name:ident $idx:tt),+])*) => {$(
+        impl<D: AmpDevice, $($name: Parameters<D>),+> Parameters<D> for ($($name,)+) {
+            fn visit_params_at<Vis: ParamVisitor<D>>(
+                &self,
+                path: &mut ParamPath,
+                visitor: &mut Vis,
+            ) -> Result<(), Vis::Error> {
+                $(path.within(stringify!($idx), |path| self.$idx.visit_params_at(path, visitor))?;)+
+                Ok(())
+            }
+
+            fn visit_params_mut_at<Vis: ParamVisitorMut<D>>(
+                &mut self,
+                path: &mut ParamPath,
+                visitor: &mut Vis,
+            ) -> Result<(), Vis::Error> {
+                $(path.within(stringify!($idx), |path| self.$idx.visit_params_mut_at(path, visitor))?;)+
+                Ok(())
+            }
+        }
+    )*};
+}
+
+tuple_params! {
+    [A 0]
+    [A 0, B 1]
+    [A 0, B 1, C 2]
+    [A 0, B 1, C 2, F 3]
+    [A 0, B 1, C 2, F 3, G 4]
+    [A 0, B 1, C 2, F 3, G 4, H 5]
+    [A 0, B 1, C 2, F 3, G 4, H 5, I 6]
+    [A 0, B 1, C 2, F 3, G 4, H 5, I 6, J 7]
+}
+
+/// Implements [`Parameters`] for wrappers whose named fields are layers.
+macro_rules! field_params {
+    ($([$($generics:tt)*] $wrapper:ty { $($field:tt => $name:literal),+ };)*) => {$(
+        impl<$($generics)* D: AmpDevice> Parameters<D> for $wrapper {
+            fn visit_params_at<Vis: ParamVisitor<D>>(
+                &self,
+                path: &mut ParamPath,
+                visitor: &mut Vis,
+            ) -> Result<(), Vis::Error> {
+                $(path.within($name, |path| self.$field.visit_params_at(path, visitor))?;)+
+                Ok(())
+            }
+
+            fn visit_params_mut_at<Vis: ParamVisitorMut<D>>(
+                &mut self,
+                path: &mut ParamPath,
+                visitor: &mut Vis,
+            ) -> Result<(), Vis::Error> {
+                $(path.within($name, |path| self.$field.visit_params_mut_at(path, visitor))?;)+
+                Ok(())
+            }
+        }
+    )*};
+}
+
+field_params! {
+    [F: Parameters<D>,] Residual<F> { 0 => "0" };
+    [T: Parameters<D>,] AddInto<T> { 0 => "0" };
+    [T: Parameters<D>,] SplitInto<T> { 0 => "0" };
+    [F: Parameters<D>, R: Parameters<D>,] GeneralizedResidual<F, R> { f => "f", r => "r" };
+}
+
+impl<D: AmpDevice, T: Parameters<D>, const N: usize> Parameters<D> for Repeated<T, N> {
+    fn visit_params_at<V: ParamVisitor<D>>(
+        &self,
+        path: &mut ParamPath,
+        visitor: &mut V,
+    ) -> Result<(), V::Error> {
+        for (i, module) in self.modules.iter().enumerate() {
+            path.within(&i.to_string(), |path| module.visit_params_at(path, visitor))?;
+        }
+        Ok(())
+    }
+
+    fn visit_params_mut_at<V: ParamVisitorMut<D>>(
+        &mut self,
+        path: &mut ParamPath,
+        visitor: &mut V,
+    ) -> Result<(), V::Error> {
+        for (i, module) in self.modules.iter_mut().enumerate() {
+            path.within(&i.to_string(), |path| {
+                module.visit_params_mut_at(path, visitor)
+            })?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::precision::DType;
+    use dfdx::prelude::*;
+    use half::f16;
+
+    #[test]
+    fn mixed_precision_tuples_list_every_parameter_by_path() {
+        let dev = Cpu::default();
+        let model = (
+            dev.build_module::<dfdx::nn::builders::Linear<3, 4>, f16>(),
+            ReLU,
+            dev.build_module::<dfdx::nn::builders::BatchNorm1D<4>, f32>(),
+        );
+        let summary = Parameters::<Cpu>::param_summary(&model);
+        let listed: Vec<(&str, DType, usize, bool)> = summary
+            .iter()
+            .map(|p| (p.path.as_str(), p.dtype, p.numel, p.trainable))
+            .collect();
+        assert_eq!(
+            listed,
+            vec![
+                ("0.weight", DType::F16, 12, true),
+                ("0.bias", DType::F16, 4, true),
+                ("2.scale", DType::F32, 4, true),
+                ("2.bias", DType::F32, 4, true),
+                ("2.running_mean", DType::F32, 4, false),
+                ("2.running_var", DType::F32, 4, false),
+            ]
+        );
+        assert_eq!(summary[0].size_in_bytes(), 24);
+    }
+
+    #[test]
+    fn paths_nest_and_unwind() {
+        let mut path = ParamPath::default();
+        path.push("a");
+        path.push("0");
+        assert_eq!(path.as_str(), "a.0");
+        path.pop();
+        path.within("weight", |p| assert_eq!(p.as_str(), "a.weight"));
+        path.pop();
+        assert_eq!(path.as_str(), "");
+    }
+}

@@ -1,0 +1,344 @@
+//! The loss scaler: PyTorch's `GradScaler` state machine, plus static and disabled modes.
+//!
+//! Multiplying the loss by a scale `S` before backward lifts small gradients out of FP16's
+//! underflow range; the gradients are divided by `S` again before the update. A dynamic scaler
+//! halves `S` and skips the step when a gradient is inf or NaN, and doubles `S` after
+//! `growth_interval` clean steps in a row. The arithmetic follows PyTorch's
+//! `torch._amp_update_scale_` exactly (FP32 scale, growth skipped if it would overflow), so a
+//! run reproduces PyTorch's scales step for step.
+
+use crate::error::AmpError;
+
+/// PyTorch's default initial scale, 2^16.
+///
+/// Note that 65536 itself does not fit in FP16 (largest finite value 65504): the scale is kept
+/// in FP32 and multiplies the FP32 loss, never an FP16 tensor.
+pub const DEFAULT_INIT_SCALE: f32 = 65536.0;
+/// PyTorch's default growth factor.
+pub const DEFAULT_GROWTH_FACTOR: f32 = 2.0;
+/// PyTorch's default backoff factor.
+pub const DEFAULT_BACKOFF_FACTOR: f32 = 0.5;
+/// PyTorch's default number of clean steps between growths.
+pub const DEFAULT_GROWTH_INTERVAL: u32 = 2000;
+
+/// How the scale evolves.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ScaleMode {
+    /// PyTorch's dynamic loss scaling: back off on overflow (and skip the step), grow after
+    /// `growth_interval` clean steps.
+    Dynamic,
+    /// A fixed scale. Steps whose gradients overflow are still skipped; the scale never changes.
+    Static,
+    /// No scaling (scale 1) and no overflow check: every step is taken, as with PyTorch's
+    /// `GradScaler(enabled=False)`. For FP32 training (O0).
+    Disabled,
+}
+
+/// Everything needed to restore a [`GradScaler`] exactly: save it in checkpoints.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScalerState {
+    /// How the scale evolves.
+    pub mode: ScaleMode,
+    /// Current scale.
+    pub scale: f32,
+    /// Factor applied after `growth_interval` clean steps.
+    pub growth_factor: f32,
+    /// Factor applied after an overflow.
+    pub backoff_factor: f32,
+    /// Clean steps between growths.
+    pub growth_interval: u32,
+    /// Clean steps since the last growth or backoff.
+    pub growth_tracker: u32,
+    /// Steps skipped because of non-finite gradients, since the scaler was created.
+    pub skipped_steps: u64,
+}
+
+/// The loss scaler.
+///
+/// The low-level API ([`GradScaler::new`], [`GradScaler::update`], [`GradScaler::get_scale`],
+/// [`GradScaler::growth_tracker`], [`GradScaler::state`] / [`GradScaler::load_state`]) mirrors
+/// PyTorch's so the two can be compared step by step; the typed training step
+/// ([`GradScaler::scale`], [`GradScaler::unscale`], [`GradScaler::step`]) lives in
+/// [`crate::step`].
+///
+/// ```rust
+/// # use typed_amp::GradScaler;
+/// let mut scaler = GradScaler::new(65536.0, 2.0, 0.5, 2).unwrap();
+/// scaler.update(false);
+/// scaler.update(false); // two clean steps: grow
+/// assert_eq!(scaler.get_scale(), 131072.0);
+/// scaler.update(true); // overflow: back off
+/// assert_eq!((scaler.get_scale(), scaler.growth_tracker()), (65536.0, 0));
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct GradScaler {
+    state: ScalerState,
+}
+
+impl Default for GradScaler {
+    /// A dynamic scaler with PyTorch's defaults.
+    fn default() -> Self {
+        Self::dynamic()
+    }
+}
+
+fn check_scale(scale: f32) -> Result<(), AmpError> {
+    if scale.is_finite() && scale > 0.0 {
+        Ok(())
+    } else {
+        Err(AmpError::InvalidScalerConfig(format!(
+            "the scale must be finite and positive, got {scale}"
+        )))
+    }
+}
+
+impl GradScaler {
+    /// A dynamic scaler with PyTorch's defaults: scale 2^16, growth ×2 every 2000 clean steps,
+    /// backoff ×0.5.
+    pub fn dynamic() -> Self {
+        Self {
+            state: ScalerState {
+                mode: ScaleMode::Dynamic,
+                scale: DEFAULT_INIT_SCALE,
+                growth_factor: DEFAULT_GROWTH_FACTOR,
+                backoff_factor: DEFAULT_BACKOFF_FACTOR,
+                growth_interval: DEFAULT_GROWTH_INTERVAL,
+                growth_tracker: 0,
+                skipped_steps: 0,
+            },
+        }
+    }
+
+    /// A dynamic scaler with the given settings, as PyTorch's
+    /// `GradScaler(init_scale, growth_factor, backoff_factor, growth_interval)`.
+    ///
+    /// Errors unless `init_scale` is finite and positive, `growth_factor > 1`,
+    /// `0 < backoff_factor < 1` and `growth_interval >= 1`.
+    pub fn new(
+        init_scale: f32,
+        growth_factor: f32,
+        backoff_factor: f32,
+        growth_interval: u32,
+    ) -> Result<Self, AmpError> {
+        check_scale(init_scale)?;
+        if !(growth_factor.is_finite() && growth_factor > 1.0) {
+            return Err(AmpError::InvalidScalerConfig(format!(
+                "growth_factor must be finite and greater than 1, got {growth_factor}"
+            )));
+        }
+        if !(backoff_factor > 0.0 && backoff_factor < 1.0) {
+            return Err(AmpError::InvalidScalerConfig(format!(
+                "backoff_factor must lie strictly between 0 and 1, got {backoff_factor}"
+            )));
+        }
+        if growth_interval == 0 {
+            return Err(AmpError::InvalidScalerConfig(
+                "growth_interval must be at least 1".to_string(),
+            ));
+        }
+        Ok(Self {
+            state: ScalerState {
+                mode: ScaleMode::Dynamic,
+                scale: init_scale,
+                growth_factor,
+                backoff_factor,
+                growth_interval,
+                growth_tracker: 0,
+                skipped_steps: 0,
+            },
+        })
+    }
+
+    /// A scaler with a fixed scale (Apex's `loss_scale=<number>`).
+    pub fn with_static_scale(scale: f32) -> Result<Self, AmpError> {
+        check_scale(scale)?;
+        let mut scaler = Self::dynamic();
+        scaler.state.mode = ScaleMode::Static;
+        scaler.state.scale = scale;
+        Ok(scaler)
+    }
+
+    /// A scaler that does nothing: scale 1, no overflow check, no skipped steps.
+    pub fn disabled() -> Self {
+        let mut scaler = Self::dynamic();
+        scaler.state.mode = ScaleMode::Disabled;
+        scaler.state.scale = 1.0;
+        scaler
+    }
+
+    /// How the scale evolves.
+    pub fn mode(&self) -> ScaleMode {
+        self.state.mode
+    }
+
+    /// Whether scaling is enabled (not [`ScaleMode::Disabled`]).
+    pub fn is_enabled(&self) -> bool {
+        self.state.mode != ScaleMode::Disabled
+    }
+
+    /// The current scale (PyTorch's `get_scale()`; `scale` is the method that scales a loss).
+    pub fn get_scale(&self) -> f32 {
+        self.state.scale
+    }
+
+    /// Clean steps since the last growth or backoff.
+    pub fn growth_tracker(&self) -> u32 {
+        self.state.growth_tracker
+    }
+
+    /// Steps skipped so far because a gradient was inf or NaN.
+    pub fn skipped_steps(&self) -> u64 {
+        self.state.skipped_steps
+    }
+
+    /// Ends an iteration: `found_inf` says whether any gradient of this iteration was non-finite
+    /// (with several optimizers, whether any of them found one).
+    ///
+    /// Dynamic mode: on `found_inf` the scale is multiplied by the backoff factor and the growth
+    /// tracker reset; otherwise the tracker advances and, on reaching the growth interval, the
+    /// scale is multiplied by the growth factor (unless that would overflow FP32) and the
+    /// tracker reset. Static mode counts skipped steps only; disabled mode does nothing.
+    pub fn update(&mut self, found_inf: bool) {
+        let s = &mut self.state;
+        match s.mode {
+            ScaleMode::Disabled => {}
+            ScaleMode::Static => s.skipped_steps += u64::from(found_inf),
+            ScaleMode::Dynamic => {
+                if found_inf {
+                    s.skipped_steps += 1;
+                    s.scale *= s.backoff_factor;
+                    s.growth_tracker = 0;
+                } else {
+                    let successful = s.growth_tracker + 1;
+                    if successful == s.growth_interval {
+                        let grown = s.scale * s.growth_factor;
+                        if grown.is_finite() {
+                            s.scale = grown;
+                        }
+                        s.growth_tracker = 0;
+                    } else {
+                        s.growth_tracker = successful;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The scaler's complete state.
+    pub fn state(&self) -> ScalerState {
+        self.state
+    }
+
+    /// A scaler restored from saved state, after checking it.
+    pub fn from_state(state: ScalerState) -> Result<Self, AmpError> {
+        let invalid = |what: String| Err(AmpError::InvalidScalerState(what));
+        if state.mode == ScaleMode::Disabled {
+            if state.scale != 1.0 {
+                return invalid(format!(
+                    "a disabled scaler has scale 1, not {}",
+                    state.scale
+                ));
+            }
+        } else if let Err(e) = check_scale(state.scale) {
+            return invalid(e.to_string());
+        }
+        if state.mode == ScaleMode::Dynamic {
+            let probe = Self::new(
+                state.scale,
+                state.growth_factor,
+                state.backoff_factor,
+                state.growth_interval,
+            );
+            if let Err(e) = probe {
+                return invalid(e.to_string());
+            }
+            if state.growth_tracker >= state.growth_interval {
+                return invalid(format!(
+                    "growth_tracker {} must be below growth_interval {}",
+                    state.growth_tracker, state.growth_interval
+                ));
+            }
+        }
+        Ok(Self { state })
+    }
+
+    /// Restores saved state into this scaler; on error the scaler is unchanged.
+    pub fn load_state(&mut self, state: ScalerState) -> Result<(), AmpError> {
+        *self = Self::from_state(state)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_pytorchs() {
+        let s = GradScaler::default().state();
+        assert_eq!(
+            (
+                s.scale,
+                s.growth_factor,
+                s.backoff_factor,
+                s.growth_interval
+            ),
+            (65536.0, 2.0, 0.5, 2000)
+        );
+        assert_eq!(s.mode, ScaleMode::Dynamic);
+    }
+
+    #[test]
+    fn invalid_settings_are_rejected() {
+        assert!(GradScaler::new(0.0, 2.0, 0.5, 10).is_err());
+        assert!(GradScaler::new(f32::INFINITY, 2.0, 0.5, 10).is_err());
+        assert!(GradScaler::new(1.0, 1.0, 0.5, 10).is_err());
+        assert!(GradScaler::new(1.0, 2.0, 1.0, 10).is_err());
+        assert!(GradScaler::new(1.0, 2.0, 0.5, 0).is_err());
+        assert!(GradScaler::with_static_scale(-1.0).is_err());
+    }
+
+    #[test]
+    fn growth_stops_before_overflowing_fp32() {
+        let mut scaler = GradScaler::new(f32::MAX / 1.5, 2.0, 0.5, 1).unwrap();
+        scaler.update(false);
+        assert_eq!(scaler.get_scale(), f32::MAX / 1.5);
+        assert_eq!(scaler.growth_tracker(), 0);
+    }
+
+    #[test]
+    fn static_and_disabled_scales_never_change() {
+        let mut fixed = GradScaler::with_static_scale(128.0).unwrap();
+        let mut off = GradScaler::disabled();
+        for found_inf in [true, false, false, true] {
+            fixed.update(found_inf);
+            off.update(found_inf);
+        }
+        assert_eq!((fixed.get_scale(), fixed.skipped_steps()), (128.0, 2));
+        assert_eq!((off.get_scale(), off.skipped_steps()), (1.0, 0));
+        assert!(!off.is_enabled());
+    }
+
+    #[test]
+    fn state_round_trips_and_bad_state_is_refused() {
+        let mut scaler = GradScaler::new(1024.0, 2.0, 0.5, 5).unwrap();
+        scaler.update(false);
+        scaler.update(true);
+        scaler.update(false);
+        let saved = scaler.state();
+        let mut restored = GradScaler::dynamic();
+        restored.load_state(saved).unwrap();
+        assert_eq!(restored, scaler);
+
+        let mut bad = saved;
+        bad.growth_tracker = 5;
+        assert!(restored.load_state(bad).is_err());
+        bad = saved;
+        bad.scale = f32::NAN;
+        assert!(restored.load_state(bad).is_err());
+        assert_eq!(
+            restored, scaler,
+            "a failed load leaves the scaler unchanged"
+        );
+    }
+}
