@@ -8,6 +8,7 @@ pub mod device;
 pub mod error;
 pub mod loss;
 pub mod master;
+pub mod nn;
 pub mod ops;
 pub mod optim;
 pub mod params;

@@ -425,20 +425,20 @@ collection_params! {
 }
 
 /// Implements [`Parameters`] for layers without parameters.
-macro_rules! parameterless {
+macro_rules! parameterless_params {
     ($([$($generics:tt)*] $layer:ty;)*) => {$(
-        impl<$($generics)* D: AmpDevice> Parameters<D> for $layer {
-            fn visit_params_at<V: ParamVisitor<D>>(
+        impl<$($generics)* D: $crate::device::AmpDevice> $crate::params::Parameters<D> for $layer {
+            fn visit_params_at<V: $crate::params::ParamVisitor<D>>(
                 &self,
-                _path: &mut ParamPath,
+                _path: &mut $crate::params::ParamPath,
                 _visitor: &mut V,
             ) -> Result<(), V::Error> {
                 Ok(())
             }
 
-            fn visit_params_mut_at<V: ParamVisitorMut<D>>(
+            fn visit_params_mut_at<V: $crate::params::ParamVisitorMut<D>>(
                 &mut self,
-                _path: &mut ParamPath,
+                _path: &mut $crate::params::ParamPath,
                 _visitor: &mut V,
             ) -> Result<(), V::Error> {
                 Ok(())
@@ -447,7 +447,9 @@ macro_rules! parameterless {
     )*};
 }
 
-parameterless! {
+pub(crate) use parameterless_params;
+
+parameterless_params! {
     [] ();
     [] ReLU;
     [] FastGeLU;

@@ -277,9 +277,9 @@ pub use var_to::VarTo;
 pub(crate) use to_dtype::ToDtypeKernel;
 pub(crate) use upscale2d::Upscale2DKernel;
 
-#[cfg(feature = "nightly")]
+// typed-amp patch: the convolution and pooling ops build on stable for run-time (`usize`)
+// spatial dimensions; only their compile-time-dimension impls need nightly.
 mod conv2d;
-#[cfg(feature = "nightly")]
 pub use conv2d::TryConv2D;
 
 #[cfg(feature = "nightly")]
@@ -287,7 +287,19 @@ mod convtrans2d;
 #[cfg(feature = "nightly")]
 pub use convtrans2d::TryConvTrans2D;
 
-#[cfg(feature = "nightly")]
 mod pool2d;
-#[cfg(feature = "nightly")]
 pub use pool2d::{Pool2DKind, TryPool2D};
+
+/// A device that runs 2-D convolution and pooling in dtype `E`: the bound generic code needs to
+/// call [TryConv2D::try_conv2d] and [TryPool2D::try_pool2d].
+///
+/// typed-amp patch: upstream's kernel traits are private, so this bound could not be written.
+pub trait ConvDevice<E: crate::shapes::Dtype>:
+    conv2d::Conv2DKernel<E> + pool2d::Pool2DKernel<E> + reshape_to::ReshapeKernel<E>
+{
+}
+
+impl<E: crate::shapes::Dtype, D> ConvDevice<E> for D where
+    D: conv2d::Conv2DKernel<E> + pool2d::Pool2DKernel<E> + reshape_to::ReshapeKernel<E>
+{
+}

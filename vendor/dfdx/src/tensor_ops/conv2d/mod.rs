@@ -28,7 +28,7 @@ pub(super) struct Conv2DOp {
     pub w_out: usize,
 }
 
-pub(super) trait Conv2DKernel<E: Dtype>: Storage<E> {
+pub trait Conv2DKernel<E: Dtype>: Storage<E> {
     fn alloc<S: Shape>(&self, s: S) -> Result<Tensor<S, E, Self>, Self::Err>;
 
     fn forward<L: Shape, R: Shape, O: Shape>(
@@ -117,6 +117,7 @@ pub trait TryConv2D<Stride, Padding, Dilation, Groups>: Sized {
     ) -> Result<Self::Convolved, Self::Error>;
 }
 
+#[cfg(feature = "nightly")] // typed-amp patch: compile-time output sizes need nightly
 impl<
         const KERNEL: usize,
         const STRIDE: usize,

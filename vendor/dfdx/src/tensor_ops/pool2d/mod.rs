@@ -31,7 +31,7 @@ pub struct Pool2DOp {
     pub w_out: usize,
 }
 
-pub(super) trait Pool2DKernel<E: Dtype>: Storage<E> {
+pub trait Pool2DKernel<E: Dtype>: Storage<E> {
     fn alloc<S: Shape>(&self, s: S) -> Result<Tensor<S, E, Self>, Self::Err>;
 
     fn forward<I: Shape, O: Shape>(
@@ -78,6 +78,7 @@ pub trait TryPool2D<Kernel, Stride, Padding, Dilation>: Sized {
     ) -> Result<Self::Pooled, Self::Error>;
 }
 
+#[cfg(feature = "nightly")] // typed-amp patch: compile-time output sizes need nightly
 impl<
         const KERNEL: usize,
         const STRIDE: usize,

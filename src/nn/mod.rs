@@ -1,0 +1,40 @@
+//! Layers typed-amp adds to dfdx's.
+//!
+//! - [`modules::Conv2D`], [`modules::MaxPool2D`] and [`modules::Flatten`]: dfdx 0.13's own
+//!   convolution, 2-D pooling and flatten layers need nightly Rust (`generic_const_exprs`); these
+//!   run on stable, with image sizes as run-time `usize` dimensions.
+//! - [`modules::ToF16`] and [`modules::ToF32`]: differentiable casts as layers, to place inside
+//!   tuples at the boundary between FP16 and FP32 layers.
+//!
+//! Build them like dfdx layers, from the types in [`builders`]:
+//!
+//! ```rust
+//! # use typed_amp::prelude::*;
+//! use typed_amp::nn::builders::{Conv2D, Flatten, MaxPool2D};
+//! type Cnn = (Conv2D<1, 4, 3, 1, 1>, ReLU, MaxPool2D<2>, Flatten<{ 4 * 14 * 14 }>, Linear<784, 10>);
+//! let dev = Cpu::default();
+//! let cnn = dev.build_module::<Cnn, f32>();
+//! let x: Tensor<Rank4<2, 1, 28, 28>, f32, _> = dev.sample_normal();
+//! let y: Tensor<Rank2<2, 10>, f32, _> = cnn.forward(x);
+//! ```
+
+mod cast;
+mod conv2d;
+mod flatten;
+mod pool;
+
+/// The layers, generic over dtype and device (what [`builders`] build).
+pub mod modules {
+    pub use super::cast::{ToF16, ToF32};
+    pub use super::conv2d::Conv2D;
+    pub use super::flatten::Flatten;
+    pub use super::pool::MaxPool2D;
+}
+
+/// Architecture types to build with `dev.build_module::<Arch, E>()`.
+pub mod builders {
+    pub use super::cast::{ToF16, ToF32};
+    pub use super::conv2d::builder::Conv2D;
+    pub use super::flatten::Flatten;
+    pub use super::pool::MaxPool2D;
+}
