@@ -82,6 +82,11 @@ impl<D: AmpDevice> ScaledGrads<D> {
         &self.grads
     }
 
+    /// The scaled gradients, mutably (for gradient hooks, or to inject faults in tests).
+    pub fn grads_mut(&mut self) -> &mut MixedGradients<D> {
+        &mut self.grads
+    }
+
     /// Clipping needs unscaled gradients; this method exists only to say so at compile time.
     pub fn clip_grad_norm<T: TrainTarget<D>>(
         &mut self,
@@ -129,6 +134,24 @@ impl<D: AmpDevice> UnscaledGrads<D> {
     ) -> Option<Tensor<S, f32, D>> {
         self.master.get_ref_checked(master_param)?;
         Some(self.master.get(master_param))
+    }
+
+    /// Every trainable master parameter's gradient, copied to the host, with its path.
+    pub fn to_host<T: TrainTarget<D>>(
+        &mut self,
+        target: &T,
+    ) -> Result<Vec<(String, Vec<f32>)>, AmpError> {
+        let mut values = Vec::new();
+        for_each_master_grad(target, &mut self.master, |dev, _, grad| {
+            values.push(dev.try_read_f32(grad.as_buf())?);
+            Ok(())
+        })?;
+        let paths = target
+            .layout()
+            .iter()
+            .filter(|p| p.trainable)
+            .map(|p| p.path.clone());
+        Ok(paths.zip(values).collect())
     }
 
     /// The global 2-norm of all master gradients (inf or NaN if any gradient is).

@@ -76,6 +76,14 @@ impl AmpDevice for Cpu {
         Ok(stats.clone())
     }
 
+    fn try_read_f32(&self, buf: AnyBuf<'_, Self>) -> Result<Vec<f32>, CpuError> {
+        let mut out = vec![0f32; len_of(&buf)];
+        for_each_f32_chunk(&buf, |at, chunk| {
+            out[at..at + chunk.len()].copy_from_slice(chunk)
+        });
+        Ok(out)
+    }
+
     fn try_fill(&self, buf: AnyBufMut<'_, Self>, value: f32) -> Result<(), CpuError> {
         match buf {
             AnyBufMut::F32(b) => b.fill(value),

@@ -35,6 +35,9 @@ pub trait AmpDevice: Device<f32> + Device<f16> + sealed::Sealed {
     /// Reads a stats buffer back to the host (the one device→host transfer of a step).
     fn try_read_stats(&self, stats: &Self::Stats) -> Result<Vec<f32>, Self::Err>;
 
+    /// Copies a buffer of either precision to the host, as FP32.
+    fn try_read_f32(&self, buf: AnyBuf<'_, Self>) -> Result<Vec<f32>, Self::Err>;
+
     /// Sets every element of a buffer of either precision to `value` (rounded to the buffer's
     /// precision).
     fn try_fill(&self, buf: AnyBufMut<'_, Self>, value: f32) -> Result<(), Self::Err>;

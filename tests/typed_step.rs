@@ -1,0 +1,294 @@
+//! The typed step's run-time behaviour: non-finite gradients are found wherever they arise, a
+//! skipped step changes nothing, and the dynamic scaler recovers from FP16 overflow.
+
+use typed_amp::dfdx::nn::builders::Linear;
+use typed_amp::dfdx::optim::{Adam, Sgd};
+use typed_amp::loss::cross_entropy_with_logits_loss;
+use typed_amp::precision::AnyBufMut;
+use typed_amp::prelude::*;
+use typed_amp::{AmpElem, ScaledGrads};
+
+type Mlp = (Linear<6, 8>, ReLU, Linear<8, 8>, ReLU, Linear<8, 3>);
+type Model = MasterWeights<
+    <Mlp as BuildOnDevice<Cpu, f32>>::Built,
+    <Mlp as BuildOnDevice<Cpu, f16>>::Built,
+    Cpu,
+>;
+
+fn model(seed: u64) -> (Cpu, Model) {
+    let dev = Cpu::seed_from_u64(seed);
+    let model = MasterWeights::build::<Mlp>(&dev).unwrap();
+    (dev, model)
+}
+
+fn batch(dev: &Cpu) -> (Tensor<Rank2<4, 6>, f16, Cpu>, Tensor<Rank2<4, 3>, f32, Cpu>) {
+    let x: Tensor<Rank2<4, 6>, f32, Cpu> = dev.sample_normal();
+    let y = dev.tensor([
+        [1.0, 0.0, 0.0],
+        [0.0, 1.0, 0.0],
+        [0.0, 0.0, 1.0],
+        [1.0, 0.0, 0.0],
+    ]);
+    (x.to_dtype::<f16>(), y)
+}
+
+fn backward(
+    scaler: &GradScaler,
+    model: &Model,
+    x: Tensor<Rank2<4, 6>, f16, Cpu>,
+    y: Tensor<Rank2<4, 3>, f32, Cpu>,
+) -> ScaledGrads<Cpu> {
+    let logits = model
+        .working()
+        .forward(x.traced_mixed(model.alloc_grads().unwrap()));
+    let loss = cross_entropy_with_logits_loss(logits.to_f32(), y);
+    scaler.scale(loss).backward().unwrap()
+}
+
+fn master_bits(model: &Model) -> Vec<u32> {
+    let m = model.master();
+    [
+        m.0.weight.as_vec(),
+        m.0.bias.as_vec(),
+        m.2.weight.as_vec(),
+        m.2.bias.as_vec(),
+        m.4.weight.as_vec(),
+        m.4.bias.as_vec(),
+    ]
+    .concat()
+    .into_iter()
+    .map(f32::to_bits)
+    .collect()
+}
+
+#[test]
+fn inf_or_nan_in_the_input_is_found_and_the_step_skipped() {
+    for bad in [f32::INFINITY, f32::NAN] {
+        let (dev, mut model) = model(10);
+        let mut opt = Sgd::new(model.master(), SgdConfig::default());
+        let scaler = GradScaler::default();
+        let (x, y) = batch(&dev);
+        let mut values = x.as_vec();
+        values[5] = f16::from_f32(bad);
+        let x = dev.tensor_from_vec(values, (Const::<4>, Const::<6>));
+        let before = master_bits(&model);
+        let unscaled = {
+            let grads = backward(&scaler, &model, x, y);
+            scaler.unscale(&mut model, grads)
+        }
+        .unwrap();
+        assert!(unscaled.found_inf(), "{bad} in the input");
+        let outcome = scaler.step(&mut opt, &mut model, unscaled).unwrap();
+        assert!(outcome.skipped);
+        assert_eq!(master_bits(&model), before);
+    }
+}
+
+/// Puts `value` into one element of one parameter's scaled gradient.
+fn inject<E: AmpElem>(grads: &mut ScaledGrads<Cpu>, param: &Tensor<impl Shape, E, Cpu>, value: f32)
+where
+    Cpu: Device<E>,
+{
+    let buf = E::grads_mut(grads.grads_mut())
+        .get_or_alloc_mut(param)
+        .unwrap();
+    match E::erase_mut::<Cpu>(buf) {
+        AnyBufMut::F16(buf) => buf[0] = f16::from_f32(value),
+        AnyBufMut::F32(buf) => buf[0] = value,
+    }
+}
+
+#[test]
+fn a_non_finite_gradient_in_any_layer_is_found_and_blamed_by_name() {
+    let (dev, mut model) = model(11);
+    let scaler = GradScaler::default();
+    let cases: [(&str, f32); 6] = [
+        ("0.weight", f32::INFINITY),
+        ("0.bias", f32::NAN),
+        ("2.weight", f32::NEG_INFINITY),
+        ("2.bias", f32::INFINITY),
+        ("4.weight", f32::NAN),
+        ("4.bias", f32::INFINITY),
+    ];
+    for (path, value) in cases {
+        let (x, y) = batch(&dev);
+        let mut grads = backward(&scaler, &model, x, y);
+        let w = model.working();
+        match path {
+            "0.weight" => inject(&mut grads, &w.0.weight, value),
+            "0.bias" => inject(&mut grads, &w.0.bias, value),
+            "2.weight" => inject(&mut grads, &w.2.weight, value),
+            "2.bias" => inject(&mut grads, &w.2.bias, value),
+            "4.weight" => inject(&mut grads, &w.4.weight, value),
+            _ => inject(&mut grads, &w.4.bias, value),
+        }
+        let unscaled = scaler.unscale(&mut model, grads).unwrap();
+        assert!(unscaled.found_inf(), "{value} in {path}");
+        assert_eq!(unscaled.non_finite_params(), [path.to_string()]);
+    }
+    // And a clean backward finds nothing.
+    let (x, y) = batch(&dev);
+    let unscaled = {
+        let grads = backward(&scaler, &model, x, y);
+        scaler.unscale(&mut model, grads)
+    }
+    .unwrap();
+    assert!(!unscaled.found_inf() && unscaled.non_finite_params().is_empty());
+}
+
+#[test]
+fn fp32_parameters_of_a_mixed_model_are_checked_too() {
+    // An FP32 layer (as batch norm is under O2) inside an FP16 model.
+    let dev = Cpu::seed_from_u64(12);
+    let master = dev.build_module::<(Linear<6, 8>, Linear<8, 3>), f32>();
+    let working = (
+        dev.build_module::<Linear<6, 8>, f16>(),
+        dev.build_module::<Linear<8, 3>, f32>(),
+    );
+    let mut model = MasterWeights::from_parts(master, working, &dev).unwrap();
+    let scaler = GradScaler::default();
+    let (x, y) = batch(&dev);
+    let logits = model.working().1.forward(
+        model
+            .working()
+            .0
+            .forward(x.traced_mixed(model.alloc_grads().unwrap()))
+            .to_f32(),
+    );
+    let mut grads = scaler
+        .scale(cross_entropy_with_logits_loss(logits, y))
+        .backward()
+        .unwrap();
+    inject(&mut grads, &model.working().1.weight, f32::NAN);
+    let unscaled = scaler.unscale(&mut model, grads).unwrap();
+    assert_eq!(unscaled.non_finite_params(), ["1.weight".to_string()]);
+}
+
+#[test]
+fn a_skipped_step_leaves_master_weights_and_optimizer_state_untouched() {
+    let (dev, mut model) = model(13);
+    let mut opt = Adam::new(model.master(), AdamConfig::default());
+    let mut scaler = GradScaler::default();
+
+    // One real step so that Adam has moments and a step count.
+    let (x, y) = batch(&dev);
+    let unscaled = {
+        let grads = backward(&scaler, &model, x, y);
+        scaler.unscale(&mut model, grads)
+    }
+    .unwrap();
+    let outcome = scaler.step(&mut opt, &mut model, unscaled).unwrap();
+    assert!(!outcome.skipped);
+    scaler.update(outcome.found_inf);
+
+    // A twin that will never see the overflowing step.
+    let mut twin_model =
+        MasterWeights::from_parts(model.master().clone(), model.working().clone(), &dev).unwrap();
+    let mut twin_opt = opt.clone();
+    let before = master_bits(&model);
+
+    let (x, y) = batch(&dev);
+    let mut grads = backward(&scaler, &model, x, y);
+    inject(&mut grads, &model.working().2.weight, f32::INFINITY);
+    let unscaled = scaler.unscale(&mut model, grads).unwrap();
+    let outcome = scaler.step(&mut opt, &mut model, unscaled).unwrap();
+    assert!(outcome.skipped);
+    assert_eq!(
+        master_bits(&model),
+        before,
+        "master weights changed on a skipped step"
+    );
+    let f16_bits = |m: &Model| {
+        m.working()
+            .2
+            .weight
+            .as_vec()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        f16_bits(&model),
+        f16_bits(&twin_model),
+        "working copy changed on a skipped step"
+    );
+
+    // If Adam's state had moved, the next real step would differ from the twin's.
+    let (x, y) = batch(&dev);
+    for (model, opt) in [(&mut model, &mut opt), (&mut twin_model, &mut twin_opt)] {
+        let unscaled = {
+            let grads = backward(&scaler, model, x.clone(), y.clone());
+            scaler.unscale(model, grads)
+        }
+        .unwrap();
+        assert!(!scaler.step(opt, model, unscaled).unwrap().skipped);
+    }
+    assert_eq!(master_bits(&model), master_bits(&twin_model));
+}
+
+#[test]
+fn fp16_overflow_backs_the_scale_off_until_steps_succeed() {
+    let (dev, mut model) = model(14);
+    let mut opt = Sgd::new(model.master(), SgdConfig::default());
+    // A scale so large that the FP16 gradients overflow.
+    let mut scaler = GradScaler::new(2f32.powi(40), 2.0, 0.5, 2000).unwrap();
+    let mut skipped = 0;
+    for _ in 0..40 {
+        let (x, y) = batch(&dev);
+        let unscaled = {
+            let grads = backward(&scaler, &model, x, y);
+            scaler.unscale(&mut model, grads)
+        }
+        .unwrap();
+        let outcome = scaler.step(&mut opt, &mut model, unscaled).unwrap();
+        scaler.update(outcome.found_inf);
+        if !outcome.skipped {
+            break;
+        }
+        skipped += 1;
+    }
+    assert!(skipped > 0, "2^40 must overflow FP16 gradients");
+    assert_eq!(scaler.get_scale(), 2f32.powi(40 - skipped));
+    assert_eq!(scaler.skipped_steps(), skipped as u64);
+    // The largest FP16 value is 65504; a working gradient scaled by the final scale fits.
+    assert!(scaler.get_scale() <= 2f32.powi(30));
+}
+
+#[test]
+fn clipping_works_on_unscaled_master_gradients() {
+    let (dev, mut model) = model(15);
+    let scaler = GradScaler::default();
+    let (x, y) = batch(&dev);
+    let mut unscaled = {
+        let grads = backward(&scaler, &model, x, y);
+        scaler.unscale(&mut model, grads)
+    }
+    .unwrap();
+    let norm = unscaled.global_norm(&model).unwrap();
+    let by_hand: f32 = unscaled
+        .to_host(&model)
+        .unwrap()
+        .iter()
+        .flat_map(|(_, g)| g.iter().map(|x| x * x))
+        .sum::<f32>()
+        .sqrt();
+    approx::assert_relative_eq!(norm, by_hand, max_relative = 1e-5);
+
+    let returned = unscaled.clip_grad_norm(&model, norm / 4.0).unwrap();
+    assert_eq!(returned, norm);
+    approx::assert_relative_eq!(
+        unscaled.global_norm(&model).unwrap(),
+        norm / 4.0,
+        max_relative = 1e-4
+    );
+
+    unscaled.clip_grad_value(&model, 1e-3).unwrap();
+    let max = unscaled
+        .to_host(&model)
+        .unwrap()
+        .iter()
+        .flat_map(|(_, g)| g.clone())
+        .fold(0f32, |m, x| m.max(x.abs()));
+    assert!(max <= 1e-3);
+    assert!(unscaled.clip_grad_norm(&model, -1.0).is_err());
+}
