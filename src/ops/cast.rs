@@ -43,6 +43,11 @@ impl<D: AmpDevice> AmpTape<D> for MixedTape<D> {
 }
 
 /// An element type that tensors of element type `Src` can be cast to.
+#[diagnostic::on_unimplemented(
+    message = "cannot cast `{Src}` tensors to `{Self}`",
+    label = "no cast to `{Self}`",
+    note = "typed-amp casts between `f16` (F16) and `f32` (F32); BF16 is declared but dfdx 0.13 has no bf16 kernels, so nothing can be cast to it yet"
+)]
 pub trait CastFrom<Src: AmpElem>: AmpElem {
     /// Casts `t` to `Self`, recording the backward cast on `t`'s tape.
     fn try_cast_from<S: Shape, D: AmpDevice + Device<Src> + Device<Self>, T: AmpTape<D>>(

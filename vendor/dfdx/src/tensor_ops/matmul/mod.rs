@@ -68,6 +68,11 @@ where
 }
 
 /// Fallible matrix multiplication. See [matmul] for examples.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be multiplied by `{Rhs}`",
+    label = "operands of different precisions or inner dimensions",
+    note = "both operands of a matrix product (a linear layer's input and weight) have one precision: cast FP32 data entering an FP16 layer with typed-amp's `.to_f16()`, FP16 data entering an FP32 layer with `.to_f32()`"
+)]
 pub trait TryMatMul<Rhs>: HasErr {
     type Output;
     fn matmul(self, rhs: Rhs) -> Self::Output {

@@ -1,0 +1,16 @@
+use typed_amp::prelude::*;
+
+type Mlp = (Linear<4, 8>, ReLU, Linear<8, 2>);
+
+fn main() -> Result<(), AmpError> {
+    let dev = Cpu::default();
+    let model = MasterWeights::build::<Mlp>(&dev)?;
+    let scaler = GradScaler::default();
+    let x: Tensor<Rank2<3, 4>, f16, _> = dev.zeros();
+    let logits = model.working().forward(x.traced_mixed(model.alloc_grads()?));
+    let loss = cross_entropy_with_logits_loss(logits.to_f32(), dev.zeros());
+    let mut grads = scaler.scale(loss).backward()?;
+    // Wrong: clipping scaled gradients clips at `max_norm / scale`.
+    grads.clip_grad_norm(&model, 1.0)?;
+    Ok(())
+}

@@ -1,0 +1,13 @@
+use typed_amp::prelude::*;
+
+type Mlp = (Linear<4, 8>, ReLU, Linear<8, 2>);
+
+fn main() -> Result<(), AmpError> {
+    let dev = Cpu::default();
+    let model = MasterWeights::build::<Mlp>(&dev)?;
+    let x: Tensor<Rank2<3, 4>, f16, _> = dev.zeros();
+    let logits = model.working().forward(x.traced_mixed(model.alloc_grads()?));
+    // Wrong: the loss is computed on FP16 logits.
+    let _loss = cross_entropy_with_logits_loss(logits, dev.zeros());
+    Ok(())
+}

@@ -1,0 +1,67 @@
+use typed_amp::dfdx::optim::{Adam, Sgd};
+use typed_amp::dfdx::nn::builders::BatchNorm1D;
+use typed_amp::nn::builders::{ToF16, ToF32};
+use typed_amp::prelude::*;
+
+type Mlp = (Linear<4, 8>, ReLU, Linear<8, 2>);
+
+fn fp16_mlp() -> Result<(), AmpError> {
+    let dev = Cpu::default();
+    let mut model = MasterWeights::build::<Mlp>(&dev)?;
+    let mut opt = Sgd::new(model.master(), SgdConfig::default());
+    let mut scaler = GradScaler::default();
+    let x: Tensor<Rank2<3, 4>, f16, _> = dev.zeros();
+    let logits = model.working().forward(x.traced_mixed(model.alloc_grads()?));
+    let loss = cross_entropy_with_logits_loss(logits.to_f32(), dev.zeros());
+    let grads = scaler.scale(loss).backward()?;
+    let mut grads = scaler.unscale(&mut model, grads)?;
+    grads.clip_grad_norm(&model, 1.0)?;
+    let outcome = scaler.step(&mut opt, &mut model, grads)?;
+    scaler.update(outcome.found_inf);
+    Ok(())
+}
+
+fn fp16_layers_around_an_fp32_norm() -> Result<(), AmpError> {
+    let dev = Cpu::default();
+    let master = dev.build_module::<(Linear<4, 4>, ToF32, BatchNorm1D<4>, ToF32, Linear<4, 2>), f32>();
+    let working = (
+        dev.build_module::<Linear<4, 4>, f16>(),
+        ToF32,
+        dev.build_module::<BatchNorm1D<4>, f32>(),
+        ToF16,
+        dev.build_module::<Linear<4, 2>, f16>(),
+    );
+    let mut model = MasterWeights::from_parts(master, working, &dev)?;
+    let mut opt = Adam::new(model.master(), typed_amp::adamw_config(1e-3, 1e-2));
+    let mut scaler = GradScaler::default();
+    let x: Tensor<Rank2<3, 4>, f16, _> = dev.zeros();
+    let grads = model.alloc_grads()?;
+    let logits = model.working_mut().forward_mut(x.traced_mixed(grads));
+    let loss = mse_loss(logits.to_f32(), dev.zeros());
+    let grads = scaler.scale(loss).backward()?;
+    let grads = scaler.unscale(&mut model, grads)?;
+    let outcome = scaler.step(&mut opt, &mut model, grads)?;
+    scaler.update(outcome.found_inf);
+    Ok(())
+}
+
+fn fp32_model() -> Result<(), AmpError> {
+    let dev = Cpu::default();
+    let mut model = Fp32Weights::build::<Mlp>(&dev)?;
+    let mut opt = Sgd::new(model.master(), SgdConfig::default());
+    let mut scaler = GradScaler::disabled();
+    let x: Tensor<Rank2<3, 4>, f32, _> = dev.zeros();
+    let logits = model.working().forward(x.traced_mixed(model.alloc_grads()?));
+    let loss = cross_entropy_with_logits_loss(logits, dev.zeros());
+    let grads = scaler.scale(loss).backward()?;
+    let grads = scaler.unscale(&mut model, grads)?;
+    let outcome = scaler.step(&mut opt, &mut model, grads)?;
+    scaler.update(outcome.found_inf);
+    Ok(())
+}
+
+fn main() {
+    fp16_mlp().unwrap();
+    fp16_layers_around_an_fp32_norm().unwrap();
+    fp32_model().unwrap();
+}
