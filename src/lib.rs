@@ -4,6 +4,7 @@
 pub use dfdx;
 pub use half;
 
+pub mod data;
 pub mod device;
 pub mod error;
 pub mod loss;

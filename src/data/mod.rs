@@ -1,0 +1,1 @@
+//! Data sets for examples and the main job.
