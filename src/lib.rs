@@ -21,9 +21,9 @@ pub mod tape;
 pub use device::AmpDevice;
 pub use error::AmpError;
 pub use loss::Loss;
-pub use master::{Fp32Weights, MasterWeights, TrainTarget};
+pub use master::{Fp16Weights, Fp32Weights, MasterWeights, SinglePrecision, TrainTarget};
 pub use ops::cast::{to_f16, to_f32, Cast};
-pub use optim::{adamw_config, MasterOptimizer};
+pub use optim::{adamw_config, Fp16Updates, MasterOptimizer};
 pub use params::{ParamInfo, Parameters};
 pub use precision::{
     AmpElem, AmpTensor, DType, LossPrecision, LowPrecision, Precision, UpdatablePrecision, BF16,

@@ -1,5 +1,6 @@
 //! What an optimizer trains: FP32 master weights with a low-precision working copy
-//! ([`MasterWeights`]), or a plain FP32 model ([`Fp32Weights`]).
+//! ([`MasterWeights`]), a plain FP32 model ([`Fp32Weights`]), or, for O3 only, a plain FP16
+//! model ([`Fp16Weights`]).
 //!
 //! Forward and backward run on the working copy; unscaled gradients are written into gradients
 //! of the FP32 master; the optimizer updates the master; the working copy is refreshed from it in
@@ -13,7 +14,7 @@ use half::f16;
 use crate::device::AmpDevice;
 use crate::error::AmpError;
 use crate::params::{ParamInfo, ParamVisitor, ParamVisitorMut, Parameters};
-use crate::precision::{AmpElem, AnyBuf};
+use crate::precision::{AmpElem, AnyBuf, AnyGrads};
 use crate::tape::MixedGradients;
 
 /// Something the typed training step can train: it holds the FP32 master module the optimizer
@@ -25,8 +26,8 @@ use crate::tape::MixedGradients;
     note = "optimizers update FP32 master weights only: wrap an FP16 model as `MasterWeights::build::<Arch>(&dev)` (or `MasterWeights::from_parts`), and an FP32 model as `Fp32Weights::new(model)`"
 )]
 pub trait TrainTarget<D: AmpDevice> {
-    /// The FP32 module the optimizer updates.
-    type Master: Parameters<D> + TensorCollection<f32, D>;
+    /// The module the optimizer updates: FP32, except for O3's [`Fp16Weights`].
+    type Master: Parameters<D>;
 
     /// The FP32 master module.
     fn master(&self) -> &Self::Master;
@@ -45,13 +46,13 @@ pub trait TrainTarget<D: AmpDevice> {
         working: &mut MixedGradients<D>,
         inv_scale: f32,
         check: bool,
-    ) -> Result<(Gradients<f32, D>, Vec<bool>), AmpError>;
+    ) -> Result<(AnyGrads<D>, Vec<bool>), AmpError>;
 
     /// Takes back master gradients after a step, and zeroes the working gradients for the next
     /// iteration.
     fn recycle(
         &mut self,
-        master_grads: Gradients<f32, D>,
+        master_grads: AnyGrads<D>,
         working: MixedGradients<D>,
     ) -> Result<MixedGradients<D>, AmpError>;
 
@@ -235,7 +236,7 @@ impl<'a, D: AmpDevice> ParamVisitor<D> for CollectGrads<'a, D> {
 /// Unscales collected working gradients into the master's gradients, one kernel per parameter.
 struct UnscaleInto<'s, 'a, D: AmpDevice> {
     working: &'s [Option<AnyBuf<'a, D>>],
-    master_grads: &'s mut Gradients<f32, D>,
+    master_grads: &'s mut AnyGrads<D>,
     stats: &'s mut D::Stats,
     inv_scale: f32,
     index: usize,
@@ -258,7 +259,9 @@ impl<D: AmpDevice> ParamVisitor<D> for UnscaleInto<'_, '_, D> {
         let slot = self.index;
         self.index += 1;
         let dev = param.device().clone();
-        let master = fp32_grads_of::<E, D>(self.master_grads, path)?
+        let master = self
+            .master_grads
+            .of_mut::<E>(path)?
             .get_or_alloc_mut(param)
             .map_err(AmpError::device)?;
         let master = E::erase_mut::<D>(master);
@@ -269,20 +272,6 @@ impl<D: AmpDevice> ParamVisitor<D> for UnscaleInto<'_, '_, D> {
         }
         .map_err(AmpError::device)
     }
-}
-
-/// Master parameters are FP32 (checked when a pair is built); anything else is a mismatch.
-pub(crate) fn fp32_grads_of<'g, E: AmpElem, D: AmpDevice + Device<E>>(
-    grads: &'g mut Gradients<f32, D>,
-    path: &str,
-) -> Result<&'g mut Gradients<E, D>, AmpError> {
-    E::as_fp32_grads(grads).ok_or_else(|| AmpError::ParamMismatch {
-        path: path.to_string(),
-        detail: format!(
-            "master parameters are F32, this one is {}",
-            crate::precision::dtype_of::<E>()
-        ),
-    })
 }
 
 fn non_finite_flags<D: AmpDevice>(dev: &D, stats: &D::Stats) -> Result<Vec<bool>, AmpError> {
@@ -436,11 +425,11 @@ where
         working: &mut MixedGradients<D>,
         inv_scale: f32,
         check: bool,
-    ) -> Result<(Gradients<f32, D>, Vec<bool>), AmpError> {
-        let mut master_grads = match self.master_grads.take() {
+    ) -> Result<(AnyGrads<D>, Vec<bool>), AmpError> {
+        let mut master_grads = AnyGrads::F32(match self.master_grads.take() {
             Some(grads) => grads,
             None => self.master.try_alloc_grads().map_err(AmpError::device)?,
-        };
+        });
         let trainable = self.layout.iter().filter(|p| p.trainable).count();
         let mut stats = match self.stats.take() {
             Some(stats) => stats,
@@ -476,10 +465,12 @@ where
 
     fn recycle(
         &mut self,
-        master_grads: Gradients<f32, D>,
+        master_grads: AnyGrads<D>,
         mut working: MixedGradients<D>,
     ) -> Result<MixedGradients<D>, AmpError> {
-        self.master_grads = Some(master_grads);
+        if let AnyGrads::F32(grads) = master_grads {
+            self.master_grads = Some(grads);
+        }
         working.zero_params(&self.working)?;
         Ok(working)
     }
@@ -493,7 +484,18 @@ where
     }
 }
 
-/// A plain FP32 model (O0): the module is its own master, gradients are unscaled in place.
+/// A model trained in a single precision, with no separate master copy: the module is its own
+/// master and its gradients are unscaled in place. Use the aliases [`Fp32Weights`] (O0) and
+/// [`Fp16Weights`] (O3).
+pub struct SinglePrecision<M, E, D: AmpDevice> {
+    module: M,
+    device: D,
+    layout: Vec<ParamInfo>,
+    stats: Option<D::Stats>,
+    elem: std::marker::PhantomData<E>,
+}
+
+/// A plain FP32 model (O0): the module is its own master.
 ///
 /// ```rust
 /// # use typed_amp::prelude::*;
@@ -501,19 +503,22 @@ where
 /// let model = Fp32Weights::new(dev.build_module::<Linear<4, 2>, f32>(), &dev);
 /// assert_eq!(model.working().weight.shape(), &(Const::<2>, Const::<4>));
 /// ```
-pub struct Fp32Weights<M, D: AmpDevice> {
-    module: M,
-    device: D,
-    layout: Vec<ParamInfo>,
-    stats: Option<D::Stats>,
-}
+pub type Fp32Weights<M, D> = SinglePrecision<M, f32, D>;
 
-impl<M, D> Fp32Weights<M, D>
+/// A plain FP16 model with no FP32 master weights (Apex's O3).
+///
+/// This breaks the rule that optimizers update only FP32 weights: small updates round away in
+/// FP16. An optimizer over it must be wrapped in [`Fp16Updates`](crate::optim::Fp16Updates) to
+/// say so explicitly.
+pub type Fp16Weights<M, D> = SinglePrecision<M, f16, D>;
+
+impl<M, E, D> SinglePrecision<M, E, D>
 where
-    D: AmpDevice,
-    M: Parameters<D> + TensorCollection<f32, D>,
+    E: AmpElem,
+    D: AmpDevice + Device<E>,
+    M: Parameters<D>,
 {
-    /// Wraps an FP32 module.
+    /// Wraps a module whose parameters are all of precision `E`.
     pub fn new(module: M, device: &D) -> Self {
         let layout = module.param_summary();
         Self {
@@ -521,17 +526,18 @@ where
             device: device.clone(),
             layout,
             stats: None,
+            elem: std::marker::PhantomData,
         }
     }
 
-    /// Builds an architecture `A` in FP32.
+    /// Builds an architecture `A` in precision `E`.
     pub fn build<A>(device: &D) -> Result<Self, AmpError>
     where
-        A: BuildOnDevice<D, f32, Built = M>,
+        A: BuildOnDevice<D, E, Built = M>,
         D: DeviceBuildExt,
     {
         let module = device
-            .try_build_module::<A, f32>()
+            .try_build_module::<A, E>()
             .map_err(AmpError::device)?;
         Ok(Self::new(module, device))
     }
@@ -551,7 +557,7 @@ where
         &self.module
     }
 
-    /// Zeroed FP32 gradients for the module's parameters.
+    /// Zeroed gradients for the module's parameters.
     pub fn alloc_grads(&self) -> Result<MixedGradients<D>, AmpError> {
         MixedGradients::for_params(&self.module)
     }
@@ -567,9 +573,9 @@ where
     }
 }
 
-/// Unscales the FP32 gradients of a model in place.
+/// Unscales a model's gradients in place.
 struct UnscaleInPlace<'s, D: AmpDevice> {
-    grads: &'s mut Gradients<f32, D>,
+    grads: &'s mut AnyGrads<D>,
     stats: &'s mut D::Stats,
     inv_scale: f32,
     index: usize,
@@ -592,7 +598,9 @@ impl<D: AmpDevice> ParamVisitor<D> for UnscaleInPlace<'_, D> {
         let slot = self.index;
         self.index += 1;
         let dev = param.device().clone();
-        let grad = fp32_grads_of::<E, D>(self.grads, path)?
+        let grad = self
+            .grads
+            .of_mut::<E>(path)?
             .get_or_alloc_mut(param)
             .map_err(AmpError::device)?;
         dev.try_unscale_in_place(E::erase_mut::<D>(grad), self.inv_scale, self.stats, slot)
@@ -600,10 +608,11 @@ impl<D: AmpDevice> ParamVisitor<D> for UnscaleInPlace<'_, D> {
     }
 }
 
-impl<M, D> TrainTarget<D> for Fp32Weights<M, D>
+impl<M, E, D> TrainTarget<D> for SinglePrecision<M, E, D>
 where
-    D: AmpDevice,
-    M: Parameters<D> + TensorCollection<f32, D>,
+    E: AmpElem,
+    D: AmpDevice + Device<E>,
+    M: Parameters<D>,
 {
     type Master = M;
 
@@ -624,9 +633,10 @@ where
         working: &mut MixedGradients<D>,
         inv_scale: f32,
         check: bool,
-    ) -> Result<(Gradients<f32, D>, Vec<bool>), AmpError> {
+    ) -> Result<(AnyGrads<D>, Vec<bool>), AmpError> {
         let trainable = self.layout.iter().filter(|p| p.trainable).count();
-        let mut grads = std::mem::replace(&mut working.f32, Gradients::leaky());
+        let grads = std::mem::replace(E::grads_mut(working), Gradients::leaky());
+        let mut grads = E::into_any_grads(grads);
         if !check && inv_scale == 1.0 {
             // Scaling disabled: the gradients already are the master gradients.
             return Ok((grads, vec![false; trainable]));
@@ -656,10 +666,12 @@ where
 
     fn recycle(
         &mut self,
-        master_grads: Gradients<f32, D>,
+        master_grads: AnyGrads<D>,
         mut working: MixedGradients<D>,
     ) -> Result<MixedGradients<D>, AmpError> {
-        working.f32 = master_grads;
+        let mut master_grads = master_grads;
+        let grads = master_grads.of_mut::<E>("")?;
+        std::mem::swap(E::grads_mut(&mut working), grads);
         working.zero_params(&self.module)?;
         Ok(working)
     }

@@ -3,11 +3,12 @@
 
 use dfdx::nn::TensorCollection;
 use dfdx::optim::{Adam, Optimizer, OptimizerUpdateError, RMSprop, Sgd};
-use dfdx::prelude::{AdamConfig, Gradients, WeightDecay};
+use dfdx::prelude::{AdamConfig, WeightDecay};
+use half::f16;
 
 use crate::device::AmpDevice;
 use crate::error::AmpError;
-use crate::precision::{AmpElem, UpdatablePrecision};
+use crate::precision::{AmpElem, AnyGrads, UpdatablePrecision};
 
 /// An optimizer that updates the FP32 master module `M`.
 #[diagnostic::on_unimplemented(
@@ -16,8 +17,8 @@ use crate::precision::{AmpElem, UpdatablePrecision};
     note = "build the optimizer on the master module, e.g. `Sgd::new(model.master(), config)`: its weights are FP32, unlike the FP16 working copy"
 )]
 pub trait MasterOptimizer<M, D: AmpDevice> {
-    /// Applies one update to `master` from its unscaled FP32 gradients.
-    fn try_update(&mut self, master: &mut M, grads: &Gradients<f32, D>) -> Result<(), AmpError>;
+    /// Applies one update to `master` from its unscaled gradients.
+    fn try_update(&mut self, master: &mut M, grads: &AnyGrads<D>) -> Result<(), AmpError>;
 }
 
 fn map_update_error<Err: std::fmt::Display>(err: OptimizerUpdateError<Err>) -> AmpError {
@@ -41,8 +42,8 @@ macro_rules! master_optimizer {
             E::Precision: UpdatablePrecision,
             D: AmpDevice + dfdx::prelude::Device<E>,
         {
-            fn try_update(&mut self, master: &mut M, grads: &Gradients<f32, D>) -> Result<(), AmpError> {
-                let grads = <E::Precision as UpdatablePrecision>::from_fp32_grads(grads);
+            fn try_update(&mut self, master: &mut M, grads: &AnyGrads<D>) -> Result<(), AmpError> {
+                let grads = E::same_grads(grads).ok_or_else(|| mismatch::<E, D>(grads))?;
                 Optimizer::update(self, master, grads).map_err(map_update_error)
             }
         }
@@ -50,6 +51,36 @@ macro_rules! master_optimizer {
 }
 
 master_optimizer!(Sgd, Adam, RMSprop);
+
+fn mismatch<E: AmpElem, D: AmpDevice>(grads: &AnyGrads<D>) -> AmpError {
+    AmpError::Optimizer(format!(
+        "the optimizer updates {} weights but the gradients are {}",
+        crate::precision::dtype_of::<E>(),
+        grads.dtype()
+    ))
+}
+
+/// The explicit opt-in for updating FP16 weights directly (Apex's O3, [`Fp16Weights`]
+/// models): wraps a dfdx optimizer over an FP16 module.
+///
+/// Updates of FP16 weights lose every step smaller than half a unit in the last place of the
+/// weight (`|Δw| < |w|·2^-11`), which is why typed-amp otherwise admits only optimizers over FP32
+/// master weights.
+///
+/// [`Fp16Weights`]: crate::master::Fp16Weights
+#[derive(Debug, Clone)]
+pub struct Fp16Updates<O>(pub O);
+
+impl<M, D, O> MasterOptimizer<M, D> for Fp16Updates<O>
+where
+    D: AmpDevice,
+    O: Optimizer<M, D, f16>,
+{
+    fn try_update(&mut self, master: &mut M, grads: &AnyGrads<D>) -> Result<(), AmpError> {
+        let grads = f16::same_grads(grads).ok_or_else(|| mismatch::<f16, D>(grads))?;
+        self.0.update(master, grads).map_err(map_update_error)
+    }
+}
 
 /// AdamW's configuration: Adam with decoupled weight decay (Loshchilov & Hutter), PyTorch's
 /// `AdamW(lr, betas=(0.9, 0.999), eps=1e-8, weight_decay)`.

@@ -141,11 +141,17 @@ pub trait AmpElem: Dtype + sealed::Sealed {
         grads: &mut MixedGradients<D>,
     ) -> &mut Gradients<Self, D>;
 
-    /// FP32 gradients viewed as gradients of this precision: `Some` for `f32` (the identity),
-    /// `None` otherwise. Master weights are FP32, so their gradients live in an FP32 store.
-    fn as_fp32_grads<D: AmpDevice + Device<Self>>(
-        grads: &mut Gradients<f32, D>,
+    /// A gradient store of some precision viewed as one of this precision: `Some` exactly when
+    /// the two precisions are the same (the identity), `None` otherwise.
+    fn same_grads<D: AmpDevice + Device<Self>>(grads: &AnyGrads<D>) -> Option<&Gradients<Self, D>>;
+
+    /// Mutable counterpart of [`AmpElem::same_grads`].
+    fn same_grads_mut<D: AmpDevice + Device<Self>>(
+        grads: &mut AnyGrads<D>,
     ) -> Option<&mut Gradients<Self, D>>;
+
+    /// Wraps a gradient store of this precision.
+    fn into_any_grads<D: AmpDevice + Device<Self>>(grads: Gradients<Self, D>) -> AnyGrads<D>;
 
     /// A precision-erased view of a buffer of this element type.
     fn erase<D: AmpDevice + Device<Self>>(
@@ -172,6 +178,53 @@ impl<D: AmpDevice> AnyBuf<'_, D> {
         match self {
             AnyBuf::F16(b) => AnyBuf::F16(*b),
             AnyBuf::F32(b) => AnyBuf::F32(*b),
+        }
+    }
+}
+
+/// A gradient store of either precision: the master gradients of a training step (FP32, or FP16
+/// for a model trained without master weights).
+pub enum AnyGrads<D: AmpDevice> {
+    /// FP16 gradients.
+    F16(Gradients<f16, D>),
+    /// FP32 gradients.
+    F32(Gradients<f32, D>),
+}
+
+impl<D: AmpDevice> std::fmt::Debug for AnyGrads<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AnyGrads::F16(_) => f.write_str("AnyGrads::F16(..)"),
+            AnyGrads::F32(_) => f.write_str("AnyGrads::F32(..)"),
+        }
+    }
+}
+
+impl<D: AmpDevice> AnyGrads<D> {
+    /// The store viewed in precision `E`, or an error naming `path` if it holds another
+    /// precision.
+    pub fn of_mut<E: AmpElem>(
+        &mut self,
+        path: &str,
+    ) -> Result<&mut Gradients<E, D>, crate::AmpError>
+    where
+        D: Device<E>,
+    {
+        let held = self.dtype();
+        E::same_grads_mut(self).ok_or_else(|| crate::AmpError::ParamMismatch {
+            path: path.to_string(),
+            detail: format!(
+                "its gradients are {held}, the parameter is {}",
+                dtype_of::<E>()
+            ),
+        })
+    }
+
+    /// The precision of the gradients held.
+    pub fn dtype(&self) -> DType {
+        match self {
+            AnyGrads::F16(_) => DType::F16,
+            AnyGrads::F32(_) => DType::F32,
         }
     }
 }
@@ -235,10 +288,24 @@ impl AmpElem for f16 {
         &mut grads.f16
     }
 
-    fn as_fp32_grads<D: AmpDevice + Device<Self>>(
-        _: &mut Gradients<f32, D>,
+    fn same_grads<D: AmpDevice + Device<Self>>(grads: &AnyGrads<D>) -> Option<&Gradients<Self, D>> {
+        match grads {
+            AnyGrads::F16(g) => Some(g),
+            AnyGrads::F32(_) => None,
+        }
+    }
+
+    fn same_grads_mut<D: AmpDevice + Device<Self>>(
+        grads: &mut AnyGrads<D>,
     ) -> Option<&mut Gradients<Self, D>> {
-        None
+        match grads {
+            AnyGrads::F16(g) => Some(g),
+            AnyGrads::F32(_) => None,
+        }
+    }
+
+    fn into_any_grads<D: AmpDevice + Device<Self>>(grads: Gradients<Self, D>) -> AnyGrads<D> {
+        AnyGrads::F16(grads)
     }
 
     fn erase<D: AmpDevice + Device<Self>>(
@@ -285,10 +352,24 @@ impl AmpElem for f32 {
         &mut grads.f32
     }
 
-    fn as_fp32_grads<D: AmpDevice + Device<Self>>(
-        grads: &mut Gradients<f32, D>,
+    fn same_grads<D: AmpDevice + Device<Self>>(grads: &AnyGrads<D>) -> Option<&Gradients<Self, D>> {
+        match grads {
+            AnyGrads::F32(g) => Some(g),
+            AnyGrads::F16(_) => None,
+        }
+    }
+
+    fn same_grads_mut<D: AmpDevice + Device<Self>>(
+        grads: &mut AnyGrads<D>,
     ) -> Option<&mut Gradients<Self, D>> {
-        Some(grads)
+        match grads {
+            AnyGrads::F32(g) => Some(g),
+            AnyGrads::F16(_) => None,
+        }
+    }
+
+    fn into_any_grads<D: AmpDevice + Device<Self>>(grads: Gradients<Self, D>) -> AnyGrads<D> {
+        AnyGrads::F32(grads)
     }
 
     fn erase<D: AmpDevice + Device<Self>>(
@@ -319,18 +400,9 @@ pub fn dtype_of<E: AmpElem>() -> DType {
     label = "an optimizer over {Self} weights",
     note = "keep the FP16 weights as the working copy of a `MasterWeights` and build the optimizer on `model.master()`, which is FP32"
 )]
-pub trait UpdatablePrecision: Precision {
-    /// Views FP32 gradients as gradients of this precision (the identity: only FP32 qualifies).
-    fn from_fp32_grads<D: AmpDevice>(grads: &Gradients<f32, D>) -> &Gradients<Self::Elem, D>
-    where
-        D: dfdx::prelude::Storage<Self::Elem>;
-}
+pub trait UpdatablePrecision: Precision {}
 
-impl UpdatablePrecision for F32 {
-    fn from_fp32_grads<D: AmpDevice>(grads: &Gradients<f32, D>) -> &Gradients<f32, D> {
-        grads
-    }
-}
+impl UpdatablePrecision for F32 {}
 
 /// Rule: losses are computed in FP32.
 ///

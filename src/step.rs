@@ -16,15 +16,15 @@
 //! twice; clipping exists only on [`UnscaledGrads`]; stepping consumes those, so a step cannot be
 //! taken twice with the same gradients.
 
-use dfdx::prelude::{Device, Gradients, Shape, SplitTape, Tensor};
+use dfdx::prelude::{Device, Shape, SplitTape, Tensor};
 
 use crate::device::AmpDevice;
 use crate::error::AmpError;
 use crate::loss::Loss;
-use crate::master::{fp32_grads_of, TrainTarget};
+use crate::master::TrainTarget;
 use crate::optim::MasterOptimizer;
 use crate::params::{ParamVisitor, Parameters};
-use crate::precision::{AmpElem, AnyBufMut};
+use crate::precision::{AmpElem, AnyBufMut, AnyGrads};
 use crate::scaler::GradScaler;
 use crate::tape::MixedGradients;
 
@@ -100,11 +100,12 @@ impl<D: AmpDevice> ScaledGrads<D> {
     }
 }
 
-/// FP32 master gradients, divided by the scale, and whether any was inf or NaN.
+/// Master gradients (FP32, or FP16 for O3's [`Fp16Weights`](crate::master::Fp16Weights)),
+/// divided by the scale, and whether any was inf or NaN.
 #[must_use = "unscaled gradients do nothing until passed to `scaler.step(..)`"]
 #[derive(Debug)]
 pub struct UnscaledGrads<D: AmpDevice> {
-    master: Gradients<f32, D>,
+    master: AnyGrads<D>,
     working: MixedGradients<D>,
     found_inf: bool,
     non_finite: Vec<String>,
@@ -122,18 +123,22 @@ impl<D: AmpDevice> UnscaledGrads<D> {
         &self.non_finite
     }
 
-    /// The FP32 master gradients.
-    pub fn master_grads(&self) -> &Gradients<f32, D> {
+    /// The master gradients.
+    pub fn master_grads(&self) -> &AnyGrads<D> {
         &self.master
     }
 
     /// A copy of one master parameter's gradient.
-    pub fn get<S: Shape, T>(
+    pub fn get<S: Shape, E: AmpElem, T>(
         &self,
-        master_param: &Tensor<S, f32, D, T>,
-    ) -> Option<Tensor<S, f32, D>> {
-        self.master.get_ref_checked(master_param)?;
-        Some(self.master.get(master_param))
+        master_param: &Tensor<S, E, D, T>,
+    ) -> Option<Tensor<S, E, D>>
+    where
+        D: Device<E>,
+    {
+        let grads = E::same_grads(&self.master)?;
+        grads.get_ref_checked(master_param)?;
+        Some(grads.get(master_param))
     }
 
     /// Every trainable master parameter's gradient, copied to the host, with its path.
@@ -209,11 +214,11 @@ fn check_clip_limit(limit: f32, name: &str) -> Result<(), AmpError> {
 /// slot (its index among trainable parameters). Returns the device, if there was a parameter.
 fn for_each_master_grad<D: AmpDevice, T: TrainTarget<D>>(
     target: &T,
-    grads: &mut Gradients<f32, D>,
+    grads: &mut AnyGrads<D>,
     f: impl FnMut(&D, usize, AnyBufMut<'_, D>) -> Result<(), D::Err>,
 ) -> Result<Option<D>, AmpError> {
     struct Visit<'g, D: AmpDevice, F> {
-        grads: &'g mut Gradients<f32, D>,
+        grads: &'g mut AnyGrads<D>,
         f: F,
         slot: usize,
         device: Option<D>,
@@ -238,7 +243,9 @@ fn for_each_master_grad<D: AmpDevice, T: TrainTarget<D>>(
             }
             let slot = self.slot;
             self.slot += 1;
-            let grad = fp32_grads_of::<E, D>(self.grads, path)?
+            let grad = self
+                .grads
+                .of_mut::<E>(path)?
                 .get_or_alloc_mut(param)
                 .map_err(AmpError::device)?;
             let dev = param.device();
@@ -263,7 +270,7 @@ fn for_each_master_grad<D: AmpDevice, T: TrainTarget<D>>(
 /// and read back once.
 fn master_sums_of_squares<D: AmpDevice, T: TrainTarget<D>>(
     target: &T,
-    grads: &mut Gradients<f32, D>,
+    grads: &mut AnyGrads<D>,
 ) -> Result<Vec<f32>, AmpError> {
     let slots = target.layout().iter().filter(|p| p.trainable).count();
     let mut stats: Option<D::Stats> = None;
