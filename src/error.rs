@@ -24,6 +24,10 @@ pub enum AmpError {
         detail: String,
     },
 
+    /// An opt level or policy name is not known.
+    #[error("invalid mixed-precision policy: {0}")]
+    InvalidPolicy(String),
+
     /// A loss-scaler setting is out of range.
     #[error("invalid loss-scaler setting: {0}")]
     InvalidScalerConfig(String),

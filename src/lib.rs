@@ -1,9 +1,13 @@
 //! typed-amp: mixed-precision training for [dfdx] in which precision lives in the type system.
 #![warn(missing_docs)]
 
+// Lets `#[amp]`'s generated code, which names `::typed_amp`, compile inside this crate too.
+extern crate self as typed_amp;
+
 pub use dfdx;
 pub use half;
 
+pub mod amp;
 pub mod data;
 pub mod device;
 pub mod error;
@@ -32,6 +36,7 @@ pub use precision::{
 pub use scaler::{GradScaler, ScaleMode, ScalerState};
 pub use step::{ScaledGrads, ScaledLoss, StepOutcome, UnscaledGrads};
 pub use tape::{MixedGradients, MixedTape, TraceMixed};
+pub use typed_amp_macros::amp;
 
 /// Everything a training script needs: dfdx's prelude and typed-amp's types.
 pub mod prelude {

@@ -29,11 +29,26 @@ pub trait TrainTarget<D: AmpDevice> {
     /// The module the optimizer updates: FP32, except for O3's [`Fp16Weights`].
     type Master: Parameters<D>;
 
+    /// The module forward and backward run on.
+    type Working: Parameters<D>;
+
     /// The FP32 master module.
     fn master(&self) -> &Self::Master;
 
     /// The FP32 master module, mutably (for the optimizer).
     fn master_mut(&mut self) -> &mut Self::Master;
+
+    /// The working module.
+    fn working(&self) -> &Self::Working;
+
+    /// The working module, mutably: for training forwards that update buffers (`forward_mut`
+    /// of batch norm).
+    fn working_mut(&mut self) -> &mut Self::Working;
+
+    /// Zeroed gradients for the working module's parameters, each in its own precision.
+    fn alloc_grads(&self) -> Result<MixedGradients<D>, AmpError> {
+        MixedGradients::for_params(self.working())
+    }
 
     /// Every parameter of the master module, in visiting order.
     fn layout(&self) -> &[ParamInfo];
@@ -407,6 +422,7 @@ where
     W: Parameters<D>,
 {
     type Master = M;
+    type Working = W;
 
     fn master(&self) -> &M {
         &self.master
@@ -414,6 +430,14 @@ where
 
     fn master_mut(&mut self) -> &mut M {
         &mut self.master
+    }
+
+    fn working(&self) -> &W {
+        &self.working
+    }
+
+    fn working_mut(&mut self) -> &mut W {
+        &mut self.working
     }
 
     fn layout(&self) -> &[ParamInfo] {
@@ -615,12 +639,21 @@ where
     M: Parameters<D>,
 {
     type Master = M;
+    type Working = M;
 
     fn master(&self) -> &M {
         &self.module
     }
 
     fn master_mut(&mut self) -> &mut M {
+        &mut self.module
+    }
+
+    fn working(&self) -> &M {
+        &self.module
+    }
+
+    fn working_mut(&mut self) -> &mut M {
         &mut self.module
     }
 

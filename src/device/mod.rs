@@ -12,18 +12,24 @@ use half::f16;
 use crate::precision::{AnyBuf, AnyBufMut};
 
 mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 
 mod sealed {
     pub trait Sealed {}
     impl Sealed for dfdx::prelude::Cpu {}
+    #[cfg(feature = "cuda")]
+    impl Sealed for dfdx::prelude::Cuda {}
 }
 
 /// A dfdx device that can run both precisions and typed-amp's bookkeeping kernels.
 ///
-/// Implemented for [`dfdx::prelude::Cpu`].
+/// Implemented for [`dfdx::prelude::Cpu`] and, with the `cuda` feature, for
+/// `dfdx::prelude::Cuda`, whose kernels run on dfdx's own stream and keep [`AmpDevice::Stats`]
+/// in GPU memory until [`AmpDevice::try_read_stats`].
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a device typed-amp can train on",
-    note = "train on `dfdx::prelude::Cpu`"
+    note = "train on `dfdx::prelude::Cpu`, or on `dfdx::prelude::Cuda` with typed-amp's `cuda` feature"
 )]
 pub trait AmpDevice: Device<f32> + Device<f16> + sealed::Sealed {
     /// One `f32` per tensor, kept on the device: non-finite flags or sums of squares.

@@ -1,0 +1,492 @@
+//! Code generation: the master and working models, their parameter walks, the forward with
+//! casts at precision boundaries, and the `AmpModel` impl that builds and pairs them.
+
+use proc_macro2::TokenStream;
+use quote::{format_ident, quote, ToTokens};
+use syn::{Ident, Index, Type};
+
+use crate::ast::{Field, Layer, Model};
+use crate::attr::{OptLevel, Prec};
+use crate::valid::{plan_layer, Compute, LossScale, Recipe, Target};
+
+/// The marker type of a precision.
+fn marker(p: Prec) -> TokenStream {
+    match p {
+        Prec::F16 => quote!(::typed_amp::F16),
+        Prec::F32 => quote!(::typed_amp::F32),
+    }
+}
+
+/// The FP32 master type of a layer.
+fn master_ty(ty: &Type, layer: &Layer) -> TokenStream {
+    match layer {
+        Layer::Known(_) => quote!(::typed_amp::amp::Built<#ty, f32, D>),
+        Layer::Tuple(elems) => {
+            let elems = elems.iter().map(|(t, l)| master_ty(t, l));
+            quote!((#(#elems,)*))
+        }
+        Layer::Nested => quote!(<#ty as ::typed_amp::amp::AmpModel<D>>::Master),
+    }
+}
+
+/// The working type of a layer under the recipe.
+fn working_ty(recipe: &Recipe, ty: &Type, layer: &Layer, pin: Option<Prec>) -> TokenStream {
+    match layer {
+        Layer::Known(kind) => {
+            let master = master_ty(ty, layer);
+            match plan_layer(recipe, *kind, pin).storage {
+                Prec::F32 => master,
+                Prec::F16 => {
+                    quote!(::typed_amp::amp::Converted<#master, ::typed_amp::half::f16, D>)
+                }
+            }
+        }
+        Layer::Tuple(elems) => {
+            let elems = elems.iter().map(|(t, l)| working_ty(recipe, t, l, pin));
+            quote!((#(#elems,)*))
+        }
+        Layer::Nested => quote!(<#ty as ::typed_amp::amp::AmpModel<D>>::Working),
+    }
+}
+
+/// An expression building a layer's FP32 master from `device`.
+fn build_master(ty: &Type, layer: &Layer) -> TokenStream {
+    match layer {
+        Layer::Known(_) => quote! {
+            <#ty as ::typed_amp::dfdx::nn::BuildOnDevice<D, f32>>::try_build_on_device(device)
+                .map_err(::typed_amp::AmpError::device)?
+        },
+        Layer::Tuple(elems) => {
+            let elems = elems.iter().map(|(t, l)| build_master(t, l));
+            quote!((#(#elems,)*))
+        }
+        Layer::Nested => quote!(<#ty as ::typed_amp::amp::AmpModel<D>>::try_build_master(device)?),
+    }
+}
+
+/// An expression making a layer's working copy from its master, `src`.
+fn working_from(
+    recipe: &Recipe,
+    src: TokenStream,
+    ty: &Type,
+    layer: &Layer,
+    pin: Option<Prec>,
+) -> TokenStream {
+    match layer {
+        Layer::Known(kind) => match plan_layer(recipe, *kind, pin).storage {
+            Prec::F32 => quote!(::core::clone::Clone::clone(&#src)),
+            Prec::F16 => {
+                quote!(::typed_amp::amp::try_convert::<_, ::typed_amp::half::f16, D>(&#src)?)
+            }
+        },
+        Layer::Tuple(elems) => {
+            let elems = elems.iter().enumerate().map(|(i, (t, l))| {
+                let i = Index::from(i);
+                working_from(recipe, quote!(#src.#i), t, l, pin)
+            });
+            quote!((#(#elems,)*))
+        }
+        Layer::Nested => quote!(<#ty as ::typed_amp::amp::AmpModel<D>>::try_working_from(&#src)?),
+    }
+}
+
+/// One step of the forward pass: a layer (tuples are flattened), where it is in the struct, its
+/// type parameter (with tuple indices), and how it computes.
+struct Step {
+    access: TokenStream,
+    module_ty: TokenStream,
+    compute: Option<Compute>,
+}
+
+/// The type parameter naming field `i` of the generic layers struct.
+fn layer_param(i: usize) -> Ident {
+    format_ident!("L{}", i)
+}
+
+fn steps(recipe: &Recipe, model: &Model) -> Vec<Step> {
+    fn walk(
+        recipe: &Recipe,
+        access: TokenStream,
+        module_ty: TokenStream,
+        layer: &Layer,
+        pin: Option<Prec>,
+        out: &mut Vec<Step>,
+    ) {
+        match layer {
+            Layer::Tuple(elems) => {
+                for (i, (_, l)) in elems.iter().enumerate() {
+                    let i = Index::from(i);
+                    let ty = quote!(<#module_ty as ::typed_amp::amp::TupleField<#i>>::Field);
+                    walk(recipe, quote!(#access.#i), ty, l, pin, out);
+                }
+            }
+            Layer::Known(kind) => out.push(Step {
+                access,
+                module_ty,
+                compute: Some(plan_layer(recipe, *kind, pin).compute),
+            }),
+            Layer::Nested => out.push(Step {
+                access,
+                module_ty,
+                compute: None,
+            }),
+        }
+    }
+    let mut out = Vec::new();
+    for (i, field) in model.fields.iter().enumerate() {
+        let ident = &field.ident;
+        let param = layer_param(i);
+        walk(
+            recipe,
+            quote!(self.#ident),
+            quote!(#param),
+            &field.layer,
+            field.pin.map(|p| p.value),
+            &mut out,
+        );
+    }
+    out
+}
+
+/// `Module` (or `ModuleMut`) for the layers struct: casts at the entry, at every precision
+/// boundary and (if asked) at the exit, each step's bound on its layer's type parameter.
+fn forward_impl(recipe: &Recipe, model: &Model, layers: &Ident, mutable: bool) -> TokenStream {
+    let steps = steps(recipe, model);
+    let params: Vec<Ident> = (0..model.fields.len()).map(layer_param).collect();
+    let (trait_path, call) = if mutable {
+        (
+            quote!(::typed_amp::dfdx::nn::ModuleMut),
+            quote!(try_forward_mut),
+        )
+    } else {
+        (quote!(::typed_amp::dfdx::nn::Module), quote!(try_forward))
+    };
+    let entry = marker(recipe.entry());
+    // Every step shares the entry cast's error type (the device's).
+    let err = quote!(<X as ::typed_amp::amp::CastTo<#entry>>::Error);
+    let mut current = quote!(X);
+    let mut bounds = vec![quote!(X: ::typed_amp::amp::CastTo<#entry>)];
+    let mut body = vec![quote!(let x = <X as ::typed_amp::amp::CastTo<#entry>>::try_cast_to(x)?;)];
+    current = quote!(<#current as ::typed_amp::amp::CastTo<#entry>>::Output);
+    let mut precision = Some(recipe.entry());
+
+    let cast = |to: Prec,
+                current: &mut TokenStream,
+                bounds: &mut Vec<TokenStream>,
+                body: &mut Vec<TokenStream>| {
+        let m = marker(to);
+        bounds.push(quote!(#current: ::typed_amp::amp::CastTo<#m, Error = #err>));
+        body.push(quote!(let x = <_ as ::typed_amp::amp::CastTo<#m>>::try_cast_to(x)?;));
+        *current = quote!(<#current as ::typed_amp::amp::CastTo<#m>>::Output);
+    };
+
+    for step in &steps {
+        let access = &step.access;
+        let module_ty = &step.module_ty;
+        match step.compute {
+            Some(Compute::Autocast16) => {
+                bounds.push(
+                    quote!(#current: ::typed_amp::amp::AutocastForward<#module_ty, Error = #err>),
+                );
+                body.push(quote! {
+                    let x = ::typed_amp::amp::AutocastForward::<#module_ty>::try_autocast_forward(x, &#access)?;
+                });
+                current =
+                    quote!(<#current as ::typed_amp::amp::AutocastForward<#module_ty>>::Output);
+                precision = Some(Prec::F16);
+                continue;
+            }
+            Some(Compute::In(p)) => {
+                if precision != Some(p) {
+                    cast(p, &mut current, &mut bounds, &mut body);
+                    precision = Some(p);
+                }
+            }
+            Some(Compute::Pass) => {}
+            None => precision = None,
+        }
+        let receiver = if mutable {
+            quote!(&mut #access)
+        } else {
+            quote!(&#access)
+        };
+        bounds.push(quote!(#module_ty: #trait_path<#current, Error = #err>));
+        body.push(quote!(let x = #trait_path::#call(#receiver, x)?;));
+        current = quote!(<#module_ty as #trait_path<#current>>::Output);
+    }
+    if let Some(out) = recipe.cast_model_outputs {
+        cast(out, &mut current, &mut bounds, &mut body);
+    }
+    let (method, receiver) = if mutable {
+        (quote!(try_forward_mut), quote!(&mut self))
+    } else {
+        (quote!(try_forward), quote!(&self))
+    };
+    quote! {
+        impl<X, #(#params),*> #trait_path<X> for #layers<#(#params),*>
+        where
+            #(#bounds,)*
+        {
+            type Output = #current;
+            type Error = #err;
+
+            fn #method(#receiver, x: X) -> ::core::result::Result<Self::Output, Self::Error> {
+                #(#body)*
+                ::core::result::Result::Ok(x)
+            }
+        }
+    }
+}
+
+/// The struct of layers, generic over each field's type, with `Clone`, `Debug`,
+/// `Parameters` and dfdx's `TensorCollection`. The master and working models are aliases of it.
+fn layers_struct(model: &Model, name: &Ident) -> TokenStream {
+    let vis = &model.vis;
+    let ident = &model.ident;
+    let idents: Vec<&Ident> = model.fields.iter().map(|f| &f.ident).collect();
+    let names: Vec<String> = idents.iter().map(|i| i.to_string()).collect();
+    let params: Vec<Ident> = (0..model.fields.len()).map(layer_param).collect();
+    let field_defs = model.fields.iter().zip(&params).map(|(f, param)| {
+        let (fvis, ident) = (&f.vis, &f.ident);
+        let docs = f.attrs.iter().filter(|a| a.path().is_ident("doc"));
+        quote!(#(#docs)* #fvis #ident: #param)
+    });
+    let doc = format!(
+        "The layers of [`{ident}`], generated by `#[amp]`: one type parameter per field. \
+         [`{ident}Master`] and [`{ident}Working`] name its FP32 master and its working model."
+    );
+    // dfdx's `visit_fields` takes up to six fields per tuple: group them.
+    let chunks: Vec<&[&Ident]> = idents.chunks(6).collect();
+    let visits = chunks.iter().map(|chunk| {
+        let fields = chunk.iter().map(|ident| {
+            let n = ident.to_string();
+            quote!(Self::module(#n, |s| &s.#ident, |s| &mut s.#ident))
+        });
+        quote!((#(#fields,)*))
+    });
+    let pattern = chunks.iter().map(|chunk| quote!((#(#chunk,)*)));
+    quote! {
+        #[doc = #doc]
+        #[derive(Debug, Clone)]
+        #vis struct #name<#(#params),*> {
+            #(#field_defs,)*
+        }
+
+        impl<D: ::typed_amp::AmpDevice, #(#params: ::typed_amp::Parameters<D>),*> ::typed_amp::Parameters<D> for #name<#(#params),*> {
+            fn visit_params_at<V: ::typed_amp::params::ParamVisitor<D>>(
+                &self,
+                path: &mut ::typed_amp::params::ParamPath,
+                visitor: &mut V,
+            ) -> ::core::result::Result<(), V::Error> {
+                #(path.within(#names, |path| ::typed_amp::Parameters::<D>::visit_params_at(&self.#idents, path, visitor))?;)*
+                ::core::result::Result::Ok(())
+            }
+
+            fn visit_params_mut_at<V: ::typed_amp::params::ParamVisitorMut<D>>(
+                &mut self,
+                path: &mut ::typed_amp::params::ParamPath,
+                visitor: &mut V,
+            ) -> ::core::result::Result<(), V::Error> {
+                #(path.within(#names, |path| ::typed_amp::Parameters::<D>::visit_params_mut_at(&mut self.#idents, path, visitor))?;)*
+                ::core::result::Result::Ok(())
+            }
+        }
+
+        impl<
+            E: ::typed_amp::dfdx::prelude::Dtype,
+            D: ::typed_amp::dfdx::prelude::Device<E>,
+            #(#params: ::typed_amp::dfdx::nn::TensorCollection<E, D>),*
+        > ::typed_amp::dfdx::nn::TensorCollection<E, D> for #name<#(#params),*> {
+            type To<E2: ::typed_amp::dfdx::prelude::Dtype, D2: ::typed_amp::dfdx::prelude::Device<E2>> =
+                #name<#(#params::To<E2, D2>),*>;
+
+            fn iter_tensors<V: ::typed_amp::dfdx::nn::ModuleVisitor<Self, E, D>>(
+                visitor: &mut V,
+            ) -> ::core::result::Result<::core::option::Option<Self::To<V::E2, V::D2>>, V::Err> {
+                visitor.visit_fields((#(#visits,)*), |(#(#pattern,)*)| #name { #(#idents,)* })
+            }
+        }
+    }
+}
+
+fn config_tokens(recipe: &Recipe) -> TokenStream {
+    let level = match recipe.opt_level {
+        OptLevel::O0 => quote!(O0),
+        OptLevel::O1 => quote!(O1),
+        OptLevel::O2 => quote!(O2),
+        OptLevel::O3 => quote!(O3),
+    };
+    let master = recipe.master_weights && recipe.target == Target::MasterWeights;
+    let keep = recipe.keep_batchnorm_fp32;
+    let scale = match recipe.loss_scale {
+        LossScale::None => quote!(::typed_amp::amp::LossScale::None),
+        LossScale::Dynamic => quote!(::typed_amp::amp::LossScale::Dynamic),
+        LossScale::Static(s) => {
+            let s = s as f32;
+            quote!(::typed_amp::amp::LossScale::Static(#s))
+        }
+    };
+    let outputs = match recipe.cast_model_outputs {
+        None => quote!(::core::option::Option::None),
+        Some(Prec::F16) => quote!(::core::option::Option::Some(::typed_amp::DType::F16)),
+        Some(Prec::F32) => quote!(::core::option::Option::Some(::typed_amp::DType::F32)),
+    };
+    let allow = recipe.target == Target::Fp16;
+    quote! {
+        ::typed_amp::amp::AmpConfig {
+            opt_level: ::typed_amp::amp::OptLevel::#level,
+            master_weights: #master,
+            keep_batchnorm_fp32: #keep,
+            loss_scale: #scale,
+            cast_model_outputs: #outputs,
+            allow_fp16_updates: #allow,
+        }
+    }
+}
+
+/// Everything `#[amp]` generates for a model.
+pub fn expand(recipe: &Recipe, model: &Model) -> TokenStream {
+    let ident = &model.ident;
+    let vis = &model.vis;
+    let master_name = format_ident!("{}Master", ident);
+    let working_name = format_ident!("{}Working", ident);
+
+    let layers_name = format_ident!("{}Layers", ident);
+    let layers = layers_struct(model, &layers_name);
+
+    let master_tys = model.fields.iter().map(|f| master_ty(&f.ty, &f.layer));
+    let master_doc =
+        format!("FP32 master model of [`{ident}`], generated by `#[amp]`: every layer in FP32.");
+    let master_alias = quote! {
+        #[doc = #master_doc]
+        #vis type #master_name<D> = #layers_name<#(#master_tys),*>;
+    };
+    let working_alias = if recipe.separate_working() {
+        let tys = model
+            .fields
+            .iter()
+            .map(|f| working_ty(recipe, &f.ty, &f.layer, f.pin.map(|p| p.value)));
+        let doc = format!("Working model of [`{ident}`], generated by `#[amp]`: each layer in the precision its policy gives it.");
+        quote! {
+            #[doc = #doc]
+            #vis type #working_name<D> = #layers_name<#(#tys),*>;
+        }
+    } else {
+        let doc =
+            format!("Working model of [`{ident}`]: under this policy, the FP32 master itself.");
+        quote! {
+            #[doc = #doc]
+            #vis type #working_name<D> = #master_name<D>;
+        }
+    };
+
+    let forward = if recipe.custom_forward {
+        TokenStream::new()
+    } else {
+        let immutable = forward_impl(recipe, model, &layers_name, false);
+        let mutable = forward_impl(recipe, model, &layers_name, true);
+        quote!(#immutable #mutable)
+    };
+
+    let field_idents: Vec<&Ident> = model.fields.iter().map(|f| &f.ident).collect();
+    let builds = model.fields.iter().map(|f| build_master(&f.ty, &f.layer));
+    let working_from_master = if recipe.separate_working() {
+        let fields = model.fields.iter().map(|f: &Field| {
+            let ident = &f.ident;
+            let value = working_from(
+                recipe,
+                quote!(master.#ident),
+                &f.ty,
+                &f.layer,
+                f.pin.map(|p| p.value),
+            );
+            quote!(#ident: #value)
+        });
+        quote!(::core::result::Result::Ok(#layers_name { #(#fields,)* }))
+    } else {
+        quote!(::core::result::Result::Ok(::core::clone::Clone::clone(
+            master
+        )))
+    };
+    let (weights_ty, build) = match recipe.target {
+        Target::Fp32 => (
+            quote!(::typed_amp::Fp32Weights<#master_name<D>, D>),
+            quote!(::core::result::Result::Ok(::typed_amp::Fp32Weights::new(
+                Self::try_build_master(device)?,
+                device
+            ))),
+        ),
+        Target::MasterWeights => (
+            quote!(::typed_amp::MasterWeights<#master_name<D>, #working_name<D>, D>),
+            quote! {
+                let master = Self::try_build_master(device)?;
+                let working = Self::try_working_from(&master)?;
+                ::typed_amp::MasterWeights::from_parts(master, working, device)
+            },
+        ),
+        Target::Fp16 => (
+            quote!(::typed_amp::Fp16Weights<#working_name<D>, D>),
+            quote! {
+                // Initialised in FP32, like every policy, then converted.
+                let master = Self::try_build_master(device)?;
+                ::core::result::Result::Ok(::typed_amp::Fp16Weights::new(Self::try_working_from(&master)?, device))
+            },
+        ),
+    };
+    let input = marker(recipe.entry());
+    let config = config_tokens(recipe);
+
+    let mut arch = model.item.clone();
+    arch.attrs.push(syn::parse_quote!(#[allow(dead_code)]));
+    let arch = arch.into_token_stream();
+
+    quote! {
+        #arch
+
+        #layers
+
+        #master_alias
+
+        #working_alias
+
+        #forward
+
+        impl<D: ::typed_amp::AmpDevice> ::typed_amp::amp::AmpModel<D> for #ident {
+            type Master = #master_name<D>;
+            type Working = #working_name<D>;
+            type Weights = #weights_ty;
+            type Input = #input;
+
+            const CONFIG: ::typed_amp::amp::AmpConfig = #config;
+
+            fn try_build_master(device: &D) -> ::core::result::Result<#master_name<D>, ::typed_amp::AmpError> {
+                ::core::result::Result::Ok(#layers_name { #(#field_idents: #builds,)* })
+            }
+
+            fn try_working_from(master: &#master_name<D>) -> ::core::result::Result<#working_name<D>, ::typed_amp::AmpError> {
+                #working_from_master
+            }
+
+            fn try_build(device: &D) -> ::core::result::Result<Self::Weights, ::typed_amp::AmpError> {
+                #build
+            }
+        }
+
+        impl #ident {
+            /// The mixed-precision recipe this model was declared with.
+            pub const AMP_CONFIG: ::typed_amp::amp::AmpConfig = #config;
+
+            /// Builds the model on `device`, ready to train under its policy.
+            pub fn build<D: ::typed_amp::AmpDevice>(
+                device: &D,
+            ) -> ::core::result::Result<<Self as ::typed_amp::amp::AmpModel<D>>::Weights, ::typed_amp::AmpError> {
+                <Self as ::typed_amp::amp::AmpModel<D>>::try_build(device)
+            }
+
+            /// A loss scaler for this model's policy.
+            pub fn scaler() -> ::typed_amp::GradScaler {
+                Self::AMP_CONFIG.scaler()
+            }
+        }
+    }
+}

@@ -1,0 +1,389 @@
+//! From the attribute as written to the recipe: the policy's defaults (Apex's table), the
+//! properties that override them, the conflicts between them, and each layer's precision.
+
+use proc_macro2::Span;
+use syn::{Error, Result};
+
+use crate::ast::{Field, Kind, Model};
+use crate::attr::{AmpArgs, LossScaleSpec, OptLevel, Prec};
+
+/// FP16's largest finite value is 65504; 65520 is the first value that rounds to infinity.
+const FP16_OVERFLOW: f64 = 65520.0;
+
+/// How the loss is scaled.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LossScale {
+    None,
+    Dynamic,
+    Static(f64),
+}
+
+/// What the optimizer trains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// FP32 weights and nothing else (O0, O1): `Fp32Weights`.
+    Fp32,
+    /// FP32 master weights behind a working copy (O2): `MasterWeights`.
+    MasterWeights,
+    /// FP16 weights updated directly (O3's opt-in): `Fp16Weights`.
+    Fp16,
+}
+
+/// The recipe the model is compiled with.
+#[derive(Debug, Clone)]
+pub struct Recipe {
+    pub opt_level: OptLevel,
+    pub master_weights: bool,
+    pub keep_batchnorm_fp32: bool,
+    pub loss_scale: LossScale,
+    pub cast_model_outputs: Option<Prec>,
+    pub allow_fp16_updates: bool,
+    pub custom_forward: bool,
+    pub target: Target,
+}
+
+impl Recipe {
+    /// Inputs are cast to this precision at the model's entry (Apex casts O2 and O3 inputs to
+    /// FP16; O0 and O1 take FP32).
+    pub fn entry(&self) -> Prec {
+        match self.opt_level {
+            OptLevel::O0 | OptLevel::O1 => Prec::F32,
+            OptLevel::O2 | OptLevel::O3 => Prec::F16,
+        }
+    }
+
+    /// Whether the working model is a separate struct (a copy in other precisions) rather than
+    /// the FP32 master itself.
+    pub fn separate_working(&self) -> bool {
+        matches!(self.opt_level, OptLevel::O2 | OptLevel::O3)
+    }
+}
+
+/// How a layer computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compute {
+    /// In whatever precision it receives (no cast before it).
+    Pass,
+    /// In this precision, its parameters stored in it.
+    In(Prec),
+    /// In FP16 from FP32 parameters cast for the pass (O1).
+    Autocast16,
+}
+
+/// A layer's storage and compute precision under the recipe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerPlan {
+    pub storage: Prec,
+    pub compute: Compute,
+}
+
+fn err(span: Span, msg: impl std::fmt::Display) -> Error {
+    Error::new(span, msg)
+}
+
+/// Applies the policy's defaults and the properties, rejecting conflicts.
+pub fn recipe(args: &AmpArgs, model: &Model) -> Result<Recipe> {
+    let Some(policy) = args.policy else {
+        return Err(Error::new_spanned(
+            &model.ident,
+            "#[amp] needs a policy: `#[amp(policy = \"O0\" | \"O1\" | \"O2\" | \"O3\")]`",
+        ));
+    };
+    let level = policy.value;
+    let name = match level {
+        OptLevel::O0 => "O0",
+        OptLevel::O1 => "O1",
+        OptLevel::O2 => "O2",
+        OptLevel::O3 => "O3",
+    };
+    let mut recipe = Recipe {
+        opt_level: level,
+        master_weights: level == OptLevel::O2,
+        keep_batchnorm_fp32: level != OptLevel::O3,
+        loss_scale: match level {
+            OptLevel::O0 => LossScale::None,
+            OptLevel::O1 | OptLevel::O2 => LossScale::Dynamic,
+            OptLevel::O3 => LossScale::Static(1.0),
+        },
+        cast_model_outputs: args.cast_model_outputs.map(|c| c.value),
+        allow_fp16_updates: args.allow_fp16_updates.is_some_and(|a| a.value),
+        custom_forward: args.custom_forward.is_some_and(|a| a.value),
+        target: Target::Fp32,
+    };
+
+    if let Some(keep) = args.keep_batchnorm_fp32 {
+        match level {
+            OptLevel::O0 if !keep.value => {
+                return Err(err(keep.span, "O0 keeps every layer in FP32: `keep_batchnorm_fp32 = false` conflicts with it"))
+            }
+            OptLevel::O1 if !keep.value => {
+                return Err(err(keep.span, "O1 runs norms in FP32 by its op lists: `keep_batchnorm_fp32 = false` conflicts with it (pin a norm with `#[amp(fp16)]` instead)"))
+            }
+            _ => recipe.keep_batchnorm_fp32 = keep.value,
+        }
+    }
+    if let Some(master) = args.master_weights {
+        if master.value && matches!(level, OptLevel::O0 | OptLevel::O1) {
+            return Err(err(
+                master.span,
+                format!("{name} keeps the weights in FP32: there is no FP16 copy for `master_weights = true` to back"),
+            ));
+        }
+        recipe.master_weights = master.value;
+    }
+    if let Some(allow) = args.allow_fp16_updates.filter(|a| a.value) {
+        if matches!(level, OptLevel::O0 | OptLevel::O1) {
+            return Err(err(
+                allow.span,
+                format!(
+                    "{name} keeps the weights in FP32: `allow_fp16_updates` has nothing to allow"
+                ),
+            ));
+        }
+        if recipe.master_weights {
+            return Err(err(
+                allow.span,
+                "`allow_fp16_updates` conflicts with FP32 master weights: with master weights the optimizer updates FP32, so drop one of the two",
+            ));
+        }
+    }
+    if let Some(scale) = args.loss_scale {
+        recipe.loss_scale = match scale.value {
+            LossScaleSpec::Dynamic => LossScale::Dynamic,
+            LossScaleSpec::Static(value) => {
+                if !(value.is_finite() && value > 0.0) {
+                    return Err(err(
+                        scale.span,
+                        "a static loss scale must be finite and positive",
+                    ));
+                }
+                if value >= FP16_OVERFLOW {
+                    return Err(err(
+                        scale.span,
+                        format!("a static loss scale of {value} overflows FP16 (largest finite value 65504): every FP16 gradient it multiplies becomes inf and every step is skipped; use a scale below 65520 or `loss_scale = \"dynamic\"`"),
+                    ));
+                }
+                LossScale::Static(value)
+            }
+        };
+    }
+
+    recipe.target = if matches!(level, OptLevel::O0 | OptLevel::O1) {
+        Target::Fp32
+    } else if recipe.master_weights {
+        Target::MasterWeights
+    } else if recipe.allow_fp16_updates {
+        Target::Fp16
+    } else {
+        let span = args.master_weights.map_or(policy.span, |m| m.span);
+        return Err(err(
+            span,
+            format!("{name} without master weights would have the optimizer update FP16 weights, breaking the rule that optimizers update only FP32 master weights (small updates round away in FP16); add `allow_fp16_updates` to opt in explicitly, or `master_weights = true`"),
+        ));
+    };
+    if recipe.target == Target::Fp16 && recipe.keep_batchnorm_fp32 {
+        let span = args.keep_batchnorm_fp32.map_or(policy.span, |k| k.span);
+        return Err(err(
+            span,
+            "without master weights every layer is FP16 and updated as such: `keep_batchnorm_fp32 = true` needs `master_weights = true`",
+        ));
+    }
+    for field in &model.fields {
+        check_pins(&recipe, field)?;
+    }
+    Ok(recipe)
+}
+
+fn check_pins(recipe: &Recipe, field: &Field) -> Result<()> {
+    let Some(pin) = field.pin else { return Ok(()) };
+    match (recipe.opt_level, recipe.target, pin.value) {
+        (OptLevel::O0, _, Prec::F16) => Err(err(
+            pin.span,
+            "O0 trains in FP32 only: pinning a layer to FP16 needs O1 or O2",
+        )),
+        (_, Target::Fp16, Prec::F32) => Err(err(
+            pin.span,
+            "without master weights every layer is FP16 and updated as such: an FP32 layer needs `master_weights = true`",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A recognised layer's storage and compute precision.
+pub fn plan_layer(recipe: &Recipe, kind: Kind, pin: Option<Prec>) -> LayerPlan {
+    use OptLevel::*;
+    let level = recipe.opt_level;
+    if let Kind::Cast(p) = kind {
+        return LayerPlan {
+            storage: Prec::F32,
+            compute: Compute::In(p),
+        };
+    }
+    if let Some(p) = pin {
+        return match (level, p) {
+            // O1 keeps weights in FP32; an FP16 pin means FP16 compute from FP32 weights.
+            (O1, Prec::F16) => LayerPlan {
+                storage: Prec::F32,
+                compute: Compute::Autocast16,
+            },
+            (O0 | O1, _) => LayerPlan {
+                storage: Prec::F32,
+                compute: Compute::In(Prec::F32),
+            },
+            _ => LayerPlan {
+                storage: p,
+                compute: Compute::In(p),
+            },
+        };
+    }
+    match (level, kind) {
+        (O0, Kind::Neutral) => LayerPlan {
+            storage: Prec::F32,
+            compute: Compute::Pass,
+        },
+        (O0, _) => LayerPlan {
+            storage: Prec::F32,
+            compute: Compute::In(Prec::F32),
+        },
+        (O1, Kind::Matmul) => LayerPlan {
+            storage: Prec::F32,
+            compute: Compute::Autocast16,
+        },
+        (O1, Kind::Neutral) => LayerPlan {
+            storage: Prec::F32,
+            compute: Compute::Pass,
+        },
+        (O1, _) => LayerPlan {
+            storage: Prec::F32,
+            compute: Compute::In(Prec::F32),
+        },
+        (O2 | O3, Kind::Norm) => {
+            let p = if recipe.keep_batchnorm_fp32 {
+                Prec::F32
+            } else {
+                Prec::F16
+            };
+            LayerPlan {
+                storage: p,
+                compute: Compute::In(p),
+            }
+        }
+        (O2, Kind::Fp32Op) => LayerPlan {
+            storage: Prec::F32,
+            compute: Compute::In(Prec::F32),
+        },
+        (O2 | O3, Kind::Neutral) => LayerPlan {
+            storage: Prec::F16,
+            compute: Compute::Pass,
+        },
+        (O2 | O3, _) => LayerPlan {
+            storage: Prec::F16,
+            compute: Compute::In(Prec::F16),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ast::parse_model;
+    use syn::parse::Parser;
+
+    fn recipe_of(args: proc_macro2::TokenStream) -> Result<Recipe> {
+        let mut parsed = AmpArgs::default();
+        syn::meta::parser(|meta| parsed.parse_meta(meta)).parse2(args)?;
+        let model = parse_model(syn::parse_quote!(
+            struct Net {
+                fc: Linear<2, 2>,
+                bn: BatchNorm1D<2>,
+            }
+        ))?;
+        recipe(&parsed, &model)
+    }
+
+    #[test]
+    fn policies_follow_apex_defaults() {
+        let o2 = recipe_of(quote::quote!(policy = "O2")).unwrap();
+        assert_eq!(
+            (o2.target, o2.keep_batchnorm_fp32, o2.loss_scale),
+            (Target::MasterWeights, true, LossScale::Dynamic)
+        );
+        assert_eq!(o2.entry(), Prec::F16);
+        let o0 = recipe_of(quote::quote!(policy = "O0")).unwrap();
+        assert_eq!((o0.target, o0.loss_scale), (Target::Fp32, LossScale::None));
+        let o3 = recipe_of(quote::quote!(policy = "O3", allow_fp16_updates)).unwrap();
+        assert_eq!(
+            (o3.target, o3.keep_batchnorm_fp32, o3.loss_scale),
+            (Target::Fp16, false, LossScale::Static(1.0))
+        );
+        let o3m = recipe_of(quote::quote!(policy = "O3", master_weights = true)).unwrap();
+        assert_eq!(o3m.target, Target::MasterWeights);
+    }
+
+    #[test]
+    fn layers_get_the_tables_precisions() {
+        let o2 = recipe_of(quote::quote!(policy = "O2")).unwrap();
+        assert_eq!(
+            plan_layer(&o2, Kind::Matmul, None),
+            LayerPlan {
+                storage: Prec::F16,
+                compute: Compute::In(Prec::F16)
+            }
+        );
+        assert_eq!(
+            plan_layer(&o2, Kind::Norm, None),
+            LayerPlan {
+                storage: Prec::F32,
+                compute: Compute::In(Prec::F32)
+            }
+        );
+        assert_eq!(
+            plan_layer(&o2, Kind::Fp32Op, None).compute,
+            Compute::In(Prec::F32)
+        );
+        let o1 = recipe_of(quote::quote!(policy = "O1")).unwrap();
+        assert_eq!(
+            plan_layer(&o1, Kind::Matmul, None),
+            LayerPlan {
+                storage: Prec::F32,
+                compute: Compute::Autocast16
+            }
+        );
+        assert_eq!(
+            plan_layer(&o1, Kind::Norm, None).compute,
+            Compute::In(Prec::F32)
+        );
+        let o2_fp16_bn =
+            recipe_of(quote::quote!(policy = "O2", keep_batchnorm_fp32 = false)).unwrap();
+        assert_eq!(plan_layer(&o2_fp16_bn, Kind::Norm, None).storage, Prec::F16);
+        assert_eq!(
+            plan_layer(&o2, Kind::Matmul, Some(Prec::F32)).storage,
+            Prec::F32
+        );
+    }
+
+    #[test]
+    fn conflicts_are_errors() {
+        let msg = |args| recipe_of(args).unwrap_err().to_string();
+        assert!(msg(quote::quote!(policy = "O3")).contains("allow_fp16_updates"));
+        assert!(
+            msg(quote::quote!(policy = "O2", master_weights = false)).contains("breaking the rule")
+        );
+        assert!(msg(quote::quote!(policy = "O1", master_weights = true)).contains("no FP16 copy"));
+        assert!(
+            msg(quote::quote!(policy = "O0", keep_batchnorm_fp32 = false))
+                .contains("O0 keeps every layer")
+        );
+        assert!(msg(quote::quote!(policy = "O2", allow_fp16_updates))
+            .contains("conflicts with FP32 master weights"));
+        assert!(msg(quote::quote!(
+            policy = "O3",
+            allow_fp16_updates,
+            keep_batchnorm_fp32 = true
+        ))
+        .contains("needs `master_weights = true`"));
+        assert!(msg(quote::quote!(policy = "O2", loss_scale = 65536.0)).contains("overflows FP16"));
+        assert!(recipe_of(quote::quote!(policy = "O2", loss_scale = 65504)).is_ok());
+        assert!(msg(quote::quote!(loss_scale = 8.0)).contains("needs a policy"));
+    }
+}

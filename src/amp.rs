@@ -1,0 +1,344 @@
+//! What `#[amp(policy = ...)]` builds on: policies, the [`AmpModel`] trait its structs
+//! implement, the precision casts it inserts, and O1's cast-for-compute.
+//!
+//! The attribute itself lives in the `typed-amp-macros` crate and is re-exported as
+//! [`crate::amp`](macro@crate::amp); its documentation, with the policy table, is on the crate root.
+
+use dfdx::nn::modules::Module;
+use dfdx::nn::{RecursiveWalker, TensorCollection, TensorOptions, TensorVisitor, ViewTensorRef};
+use dfdx::prelude::{Device, PutTape, Shape, SplitTape, Tensor};
+use half::f16;
+
+use crate::device::AmpDevice;
+use crate::error::AmpError;
+use crate::master::TrainTarget;
+use crate::ops::cast::{AmpTape, Cast, CastFrom};
+use crate::params::Parameters;
+use crate::precision::{AmpElem, DType, Precision};
+use crate::scaler::GradScaler;
+
+/// Apex's optimisation levels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OptLevel {
+    /// Pure FP32: the baseline.
+    O0,
+    /// FP32 weights; matmul-like layers cast their inputs and weights to FP16 for compute.
+    O1,
+    /// FP16 model with FP32 batch norm and FP32 master weights.
+    O2,
+    /// Pure FP16, no master weights (opt-in only).
+    O3,
+}
+
+impl OptLevel {
+    /// `"O0"`, `"O1"`, `"O2"` or `"O3"`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            OptLevel::O0 => "O0",
+            OptLevel::O1 => "O1",
+            OptLevel::O2 => "O2",
+            OptLevel::O3 => "O3",
+        }
+    }
+}
+
+impl std::fmt::Display for OptLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for OptLevel {
+    type Err = AmpError;
+    fn from_str(s: &str) -> Result<Self, AmpError> {
+        match s {
+            "O0" => Ok(OptLevel::O0),
+            "O1" => Ok(OptLevel::O1),
+            "O2" => Ok(OptLevel::O2),
+            "O3" => Ok(OptLevel::O3),
+            other => Err(AmpError::InvalidPolicy(format!(
+                "unknown opt level `{other}`: expected O0, O1, O2 or O3"
+            ))),
+        }
+    }
+}
+
+/// How a model's loss is scaled.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LossScale {
+    /// No scaling (O0).
+    None,
+    /// PyTorch's dynamic scaler with its defaults.
+    Dynamic,
+    /// A fixed scale.
+    Static(f32),
+}
+
+/// The mixed-precision recipe a `#[amp]` model was compiled with: its policy with any
+/// properties that override it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AmpConfig {
+    /// The opt level.
+    pub opt_level: OptLevel,
+    /// Whether an FP32 master copy of the weights is kept for the optimizer.
+    pub master_weights: bool,
+    /// Whether batch norm and layer norm keep FP32 parameters (and compute in FP32).
+    pub keep_batchnorm_fp32: bool,
+    /// How the loss is scaled.
+    pub loss_scale: LossScale,
+    /// The precision model outputs are cast to, if any.
+    pub cast_model_outputs: Option<DType>,
+    /// Whether FP16 weights are updated directly (O3's explicit opt-in).
+    pub allow_fp16_updates: bool,
+}
+
+impl AmpConfig {
+    /// A loss scaler for this recipe.
+    pub fn scaler(&self) -> GradScaler {
+        match self.loss_scale {
+            LossScale::None => GradScaler::disabled(),
+            LossScale::Dynamic => GradScaler::dynamic(),
+            LossScale::Static(scale) => GradScaler::with_static_scale(scale)
+                .expect("#[amp] checks static loss scales at compile time"),
+        }
+    }
+}
+
+impl std::fmt::Display for AmpConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.opt_level)?;
+        write!(
+            f,
+            " (master weights: {}, norms: {}, loss scale: ",
+            if self.master_weights { "FP32" } else { "none" },
+            if self.keep_batchnorm_fp32 {
+                "FP32"
+            } else {
+                "as the model"
+            },
+        )?;
+        match self.loss_scale {
+            LossScale::None => write!(f, "none")?,
+            LossScale::Dynamic => write!(f, "dynamic")?,
+            LossScale::Static(s) => write!(f, "{s}")?,
+        }
+        write!(f, ")")
+    }
+}
+
+/// Something that cannot be converted with dfdx's `to_dtype`/`to_device`: the type a
+/// `#[amp]` model's dfdx `TensorCollection::To` names. Build the architecture for another
+/// device or precision instead.
+#[derive(Debug, Clone, Copy)]
+pub enum NotConvertible {}
+
+/// A model declared with `#[amp(policy = ...)]`: an architecture whose fields are layers, with
+/// a master type, a working type and a training target chosen by its policy.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a layer `#[amp]` knows, nor an `#[amp]` model",
+    label = "unknown layer",
+    note = "#[amp] recognises dfdx's and typed-amp's layers by name (Linear, Conv2D, BatchNorm2D, LayerNorm1D, ReLU, Softmax, ...) and nested `#[amp]` structs; for any other layer (or a type alias of one), pin its precision with `#[amp(fp16)]` or `#[amp(fp32)]` on the field"
+)]
+pub trait AmpModel<D: AmpDevice>: Sized {
+    /// The FP32 master model.
+    type Master: Parameters<D>;
+    /// The model forward and backward run on, each layer in its policy's precision.
+    type Working: Parameters<D>;
+    /// What the optimizer trains: [`crate::MasterWeights`], [`crate::Fp32Weights`] or
+    /// [`crate::Fp16Weights`].
+    type Weights: TrainTarget<D>;
+    /// The precision inputs are cast to at the model's entry.
+    type Input: Precision;
+
+    /// The recipe the model was declared with.
+    const CONFIG: AmpConfig;
+
+    /// Builds and initialises the FP32 master model.
+    fn try_build_master(device: &D) -> Result<Self::Master, AmpError>;
+
+    /// A working model holding the master's values in the working precisions.
+    fn try_working_from(master: &Self::Master) -> Result<Self::Working, AmpError>;
+
+    /// Builds the model ready to train: master and working copies initialised alike.
+    fn try_build(device: &D) -> Result<Self::Weights, AmpError>;
+
+    /// A loss scaler for the model's recipe.
+    fn scaler() -> GradScaler {
+        Self::CONFIG.scaler()
+    }
+}
+
+/// Casts a tensor to precision `P` (a no-op if it already is): what `#[amp]` inserts at
+/// precision boundaries.
+pub trait CastTo<P: Precision> {
+    /// The cast tensor.
+    type Output;
+    /// The error a cast can return.
+    type Error: std::fmt::Debug;
+    /// Casts.
+    fn try_cast_to(self) -> Result<Self::Output, Self::Error>;
+}
+
+impl<P, S, E, D, T> CastTo<P> for Tensor<S, E, D, T>
+where
+    P: Precision,
+    P::Elem: AmpElem + CastFrom<E>,
+    S: Shape,
+    E: AmpElem,
+    D: AmpDevice + Device<E> + Device<P::Elem>,
+    T: AmpTape<D>,
+{
+    type Output = Tensor<S, P::Elem, D, T>;
+    type Error = D::Err;
+    fn try_cast_to(self) -> Result<Self::Output, D::Err> {
+        self.try_cast::<P>()
+    }
+}
+
+/// Converts an FP32 module to FP16 for one forward pass, recording on a tape how each FP16
+/// parameter's gradient flows back (converted) into its FP32 parameter.
+struct CastModule<T> {
+    tape: T,
+}
+
+impl<D, T> TensorVisitor<f32, D> for CastModule<T>
+where
+    D: AmpDevice,
+    T: AmpTape<D>,
+{
+    type Viewer = ViewTensorRef;
+    type Err = D::Err;
+    type E2 = f16;
+    type D2 = D;
+
+    fn visit<S: Shape>(
+        &mut self,
+        _opts: TensorOptions<S, f32, D>,
+        t: &Tensor<S, f32, D>,
+    ) -> Result<Option<Tensor<S, f16, D>>, D::Err> {
+        let (half, piece) = t.retaped::<T>().try_to_f16()?.split_tape();
+        self.tape = std::mem::take(&mut self.tape).merge(piece);
+        Ok(Some(half))
+    }
+}
+
+/// O1's cast-for-compute: runs an FP32 module `M` in FP16 on this input, for one forward pass.
+///
+/// The input and every FP32 parameter are cast to FP16 (differentiably, so gradients reach the
+/// FP32 parameters in FP32), and the FP16 copy runs the forward. As with PyTorch's autocast,
+/// the weights stay FP32; the FP16 copy lives for the pass.
+pub trait AutocastForward<M> {
+    /// The FP16 module's output.
+    type Output;
+    /// The error the forward can return.
+    type Error: std::fmt::Debug;
+    /// Runs `module` in FP16 on `self`.
+    fn try_autocast_forward(self, module: &M) -> Result<Self::Output, Self::Error>;
+}
+
+impl<M, S, E, D, T> AutocastForward<M> for Tensor<S, E, D, T>
+where
+    M: TensorCollection<f32, D>,
+    M::To<f16, D>: Module<Tensor<S, f16, D, T>, Error = D::Err>,
+    S: Shape,
+    E: AmpElem,
+    f16: CastFrom<E>,
+    D: AmpDevice + Device<E>,
+    T: AmpTape<D>,
+{
+    type Output = <M::To<f16, D> as Module<Tensor<S, f16, D, T>>>::Output;
+    type Error = D::Err;
+
+    fn try_autocast_forward(self, module: &M) -> Result<Self::Output, D::Err> {
+        let mut cast = CastModule { tape: T::default() };
+        let half = M::iter_tensors(&mut RecursiveWalker {
+            m: module,
+            f: &mut cast,
+        })?
+        .expect("casting visits every tensor and returns the converted module");
+        // The parameter casts are recorded before the layer's ops, so their backward runs after.
+        let (x, tape) = self.try_to_f16()?.split_tape();
+        half.try_forward(x.put_tape(cast.tape.merge(tape)))
+    }
+}
+
+/// The type of element `I` of a tuple layer, for the bounds `#[amp]` generates on tuple fields.
+pub trait TupleField<const I: usize> {
+    /// The element's type.
+    type Field;
+}
+
+macro_rules! tuple_fields {
+    ($([$($name:ident),+])*) => {$(
+        tuple_fields!(@each [$($name),+] [$($name),+] 0);
+    )*};
+    (@each [$($all:ident),+] [] $i:expr) => {};
+    (@each [$($all:ident),+] [$head:ident $(, $rest:ident)*] $i:expr) => {
+        impl<$($all),+> TupleField<{ $i }> for ($($all,)+) {
+            type Field = $head;
+        }
+        tuple_fields!(@each [$($all),+] [$($rest),*] $i + 1);
+    };
+}
+
+tuple_fields! {
+    [A]
+    [A, B]
+    [A, B, C]
+    [A, B, C, F]
+    [A, B, C, F, G]
+    [A, B, C, F, G, H]
+}
+
+/// `<A as BuildOnDevice<D, E>>::Built`, spelled shorter for generated code.
+pub type Built<A, E, D> = <A as dfdx::nn::BuildOnDevice<D, E>>::Built;
+
+/// A module converted to element type `E` (dfdx's `TensorCollection::To`).
+pub type Converted<M, E, D> = <M as TensorCollection<f32, D>>::To<E, D>;
+
+/// Converts an FP32 module to element type `E` (used by `#[amp]` to make working copies).
+pub fn try_convert<M, E, D>(module: &M) -> Result<Converted<M, E, D>, AmpError>
+where
+    M: TensorCollection<f32, D>,
+    E: AmpElem,
+    D: AmpDevice + Device<E>,
+{
+    dfdx::nn::ToDtype::try_to_dtype::<E>(module).map_err(AmpError::device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tape::TraceMixed;
+    use dfdx::prelude::*;
+
+    #[test]
+    fn autocast_computes_in_fp16_and_sends_fp32_gradients_to_fp32_weights() {
+        let dev = Cpu::default();
+        let mut linear = dev.build_module::<dfdx::nn::builders::Linear<3, 2>, f32>();
+        linear.weight = dev.tensor([[1.0, 2.0, 3.0], [0.5, -1.0, 0.25]]);
+        linear.bias = dev.tensor([0.1, -0.1]);
+        let x: Tensor<Rank2<1, 3>, f32, Cpu> = dev.tensor([[1.0, 1.0, 1.0]]);
+        let grads = crate::tape::MixedGradients::for_params(&linear).unwrap();
+        let y: Tensor<Rank2<1, 2>, f16, Cpu, _> =
+            x.traced_mixed(grads).try_autocast_forward(&linear).unwrap();
+        assert_eq!(
+            y.array()[0].map(f32::from),
+            [6.1, -0.35].map(|v| f16::from_f32(v).to_f32())
+        );
+        let loss = crate::loss::Loss::new(y.to_f32().sum());
+        let grads = GradScaler::disabled().scale(loss).backward().unwrap();
+        let g = grads
+            .grads()
+            .get(&linear.weight)
+            .expect("an FP32 weight gradient");
+        assert_eq!(g.array(), [[1.0; 3]; 2]);
+        assert!(grads.grads().get(&linear.bias).is_some());
+    }
+
+    #[test]
+    fn opt_levels_parse() {
+        assert_eq!("O2".parse::<OptLevel>().unwrap(), OptLevel::O2);
+        assert!("O4".parse::<OptLevel>().is_err());
+    }
+}
