@@ -262,32 +262,44 @@ where
     }
 }
 
-/// The type of element `I` of a tuple layer, for the bounds `#[amp]` generates on tuple fields.
+/// Element `I` of a tuple layer: how `#[amp]`'s generated forward reaches into tuple fields
+/// whose type is a generic parameter.
 pub trait TupleField<const I: usize> {
     /// The element's type.
     type Field;
+    /// The element.
+    fn field(&self) -> &Self::Field;
+    /// The element, mutably.
+    fn field_mut(&mut self) -> &mut Self::Field;
 }
 
-macro_rules! tuple_fields {
-    ($([$($name:ident),+])*) => {$(
-        tuple_fields!(@each [$($name),+] [$($name),+] 0);
-    )*};
-    (@each [$($all:ident),+] [] $i:expr) => {};
-    (@each [$($all:ident),+] [$head:ident $(, $rest:ident)*] $i:expr) => {
-        impl<$($all),+> TupleField<{ $i }> for ($($all,)+) {
-            type Field = $head;
+macro_rules! tuple_field {
+    ([$($all:ident),+] $idx:tt $ty:ident) => {
+        impl<$($all),+> TupleField<$idx> for ($($all,)+) {
+            type Field = $ty;
+            fn field(&self) -> &$ty {
+                &self.$idx
+            }
+            fn field_mut(&mut self) -> &mut $ty {
+                &mut self.$idx
+            }
         }
-        tuple_fields!(@each [$($all),+] [$($rest),*] $i + 1);
     };
 }
 
+macro_rules! tuple_fields {
+    ($($all:tt => $($idx:tt $ty:ident),+;)*) => {$(
+        $(tuple_field!($all $idx $ty);)+
+    )*};
+}
+
 tuple_fields! {
-    [A]
-    [A, B]
-    [A, B, C]
-    [A, B, C, F]
-    [A, B, C, F, G]
-    [A, B, C, F, G, H]
+    [A] => 0 A;
+    [A, B] => 0 A, 1 B;
+    [A, B, C] => 0 A, 1 B, 2 C;
+    [A, B, C, F] => 0 A, 1 B, 2 C, 3 F;
+    [A, B, C, F, G] => 0 A, 1 B, 2 C, 3 F, 4 G;
+    [A, B, C, F, G, H] => 0 A, 1 B, 2 C, 3 F, 4 G, 5 H;
 }
 
 /// `<A as BuildOnDevice<D, E>>::Built`, spelled shorter for generated code.

@@ -217,7 +217,12 @@ pub fn parse_model(item: Item) -> Result<Model> {
     let mut fields = Vec::new();
     for field in named.named.iter_mut() {
         let pin = take_field_pin(&mut field.attrs)?;
-        let layer = classify(&field.ty)?;
+        let mut layer = classify(&field.ty)?;
+        if pin.is_some() && matches!(layer, Layer::Nested) {
+            // A pinned layer whose name #[amp] does not know is taken as a layer of the pinned
+            // precision (a type alias, or a user's own dfdx layer).
+            layer = Layer::Known(Kind::Elementwise);
+        }
         fields.push(Field {
             attrs: field.attrs.clone(),
             vis: field.vis.clone(),

@@ -69,12 +69,14 @@ impl AmpArgs {
                     "O1" => OptLevel::O1,
                     "O2" => OptLevel::O2,
                     "O3" => OptLevel::O3,
-                    other => return Err(Error::new_spanned(
-                        &lit,
-                        format!(
+                    other => {
+                        return Err(Error::new_spanned(
+                            &lit,
+                            format!(
                             "unknown policy `{other}`: expected \"O0\", \"O1\", \"O2\" or \"O3\""
                         ),
-                    )),
+                        ))
+                    }
                 };
                 set(&mut self.policy, value, lit.span(), &meta)
             }

@@ -93,9 +93,33 @@ fn working_from(
 /// One step of the forward pass: a layer (tuples are flattened), where it is in the struct, its
 /// type parameter (with tuple indices), and how it computes.
 struct Step {
-    access: TokenStream,
+    /// The struct field (`self.stem`).
+    field: TokenStream,
+    /// Tuple elements to descend into: each element's tuple type and index.
+    path: Vec<(TokenStream, Index)>,
     module_ty: TokenStream,
     compute: Option<Compute>,
+}
+
+impl Step {
+    /// An expression borrowing the layer, through `TupleField` for tuple elements (the field's
+    /// type is a generic parameter, so `.0` cannot be written).
+    fn borrow(&self, mutable: bool) -> TokenStream {
+        let field = &self.field;
+        let mut expr = if mutable {
+            quote!(&mut #field)
+        } else {
+            quote!(&#field)
+        };
+        for (tuple, i) in &self.path {
+            expr = if mutable {
+                quote!(<#tuple as ::typed_amp::amp::TupleField<#i>>::field_mut(#expr))
+            } else {
+                quote!(<#tuple as ::typed_amp::amp::TupleField<#i>>::field(#expr))
+            };
+        }
+        expr
+    }
 }
 
 /// The type parameter naming field `i` of the generic layers struct.
@@ -103,55 +127,66 @@ fn layer_param(i: usize) -> Ident {
     format_ident!("L{}", i)
 }
 
-fn steps(recipe: &Recipe, model: &Model) -> Vec<Step> {
+/// The forward's steps, and the bounds that name the element types of tuple fields.
+fn steps(recipe: &Recipe, model: &Model) -> (Vec<Step>, Vec<TokenStream>) {
+    #[allow(clippy::too_many_arguments)]
     fn walk(
         recipe: &Recipe,
-        access: TokenStream,
+        field: &TokenStream,
+        path: Vec<(TokenStream, Index)>,
         module_ty: TokenStream,
         layer: &Layer,
         pin: Option<Prec>,
         out: &mut Vec<Step>,
+        bounds: &mut Vec<TokenStream>,
     ) {
         match layer {
             Layer::Tuple(elems) => {
                 for (i, (_, l)) in elems.iter().enumerate() {
                     let i = Index::from(i);
+                    bounds.push(quote!(#module_ty: ::typed_amp::amp::TupleField<#i>));
                     let ty = quote!(<#module_ty as ::typed_amp::amp::TupleField<#i>>::Field);
-                    walk(recipe, quote!(#access.#i), ty, l, pin, out);
+                    let mut path = path.clone();
+                    path.push((module_ty.clone(), i));
+                    walk(recipe, field, path, ty, l, pin, out, bounds);
                 }
             }
             Layer::Known(kind) => out.push(Step {
-                access,
+                field: field.clone(),
+                path,
                 module_ty,
                 compute: Some(plan_layer(recipe, *kind, pin).compute),
             }),
             Layer::Nested => out.push(Step {
-                access,
+                field: field.clone(),
+                path,
                 module_ty,
                 compute: None,
             }),
         }
     }
-    let mut out = Vec::new();
+    let (mut out, mut bounds) = (Vec::new(), Vec::new());
     for (i, field) in model.fields.iter().enumerate() {
         let ident = &field.ident;
         let param = layer_param(i);
         walk(
             recipe,
-            quote!(self.#ident),
+            &quote!(self.#ident),
+            Vec::new(),
             quote!(#param),
             &field.layer,
             field.pin.map(|p| p.value),
             &mut out,
+            &mut bounds,
         );
     }
-    out
+    (out, bounds)
 }
 
 /// `Module` (or `ModuleMut`) for the layers struct: casts at the entry, at every precision
 /// boundary and (if asked) at the exit, each step's bound on its layer's type parameter.
 fn forward_impl(recipe: &Recipe, model: &Model, layers: &Ident, mutable: bool) -> TokenStream {
-    let steps = steps(recipe, model);
+    let (steps, tuple_bounds) = steps(recipe, model);
     let params: Vec<Ident> = (0..model.fields.len()).map(layer_param).collect();
     let (trait_path, call) = if mutable {
         (
@@ -165,7 +200,8 @@ fn forward_impl(recipe: &Recipe, model: &Model, layers: &Ident, mutable: bool) -
     // Every step shares the entry cast's error type (the device's).
     let err = quote!(<X as ::typed_amp::amp::CastTo<#entry>>::Error);
     let mut current = quote!(X);
-    let mut bounds = vec![quote!(X: ::typed_amp::amp::CastTo<#entry>)];
+    let mut bounds = tuple_bounds;
+    bounds.push(quote!(X: ::typed_amp::amp::CastTo<#entry>));
     let mut body = vec![quote!(let x = <X as ::typed_amp::amp::CastTo<#entry>>::try_cast_to(x)?;)];
     current = quote!(<#current as ::typed_amp::amp::CastTo<#entry>>::Output);
     let mut precision = Some(recipe.entry());
@@ -181,15 +217,15 @@ fn forward_impl(recipe: &Recipe, model: &Model, layers: &Ident, mutable: bool) -
     };
 
     for step in &steps {
-        let access = &step.access;
         let module_ty = &step.module_ty;
         match step.compute {
             Some(Compute::Autocast16) => {
                 bounds.push(
                     quote!(#current: ::typed_amp::amp::AutocastForward<#module_ty, Error = #err>),
                 );
+                let layer = step.borrow(false);
                 body.push(quote! {
-                    let x = ::typed_amp::amp::AutocastForward::<#module_ty>::try_autocast_forward(x, &#access)?;
+                    let x = ::typed_amp::amp::AutocastForward::<#module_ty>::try_autocast_forward(x, #layer)?;
                 });
                 current =
                     quote!(<#current as ::typed_amp::amp::AutocastForward<#module_ty>>::Output);
@@ -205,11 +241,7 @@ fn forward_impl(recipe: &Recipe, model: &Model, layers: &Ident, mutable: bool) -
             Some(Compute::Pass) => {}
             None => precision = None,
         }
-        let receiver = if mutable {
-            quote!(&mut #access)
-        } else {
-            quote!(&#access)
-        };
+        let receiver = step.borrow(mutable);
         bounds.push(quote!(#module_ty: #trait_path<#current, Error = #err>));
         body.push(quote!(let x = #trait_path::#call(#receiver, x)?;));
         current = quote!(<#module_ty as #trait_path<#current>>::Output);

@@ -5,8 +5,8 @@
 //! each device at first use. They include no headers, because NVRTC may not find them: FP16 is
 //! carried as its bit pattern (`unsigned short`) and converted with the PTX instructions that
 //! hardware casts use, which round to nearest-even and overflow to ±inf exactly as `half` does on
-//! the CPU. Every kernel computes in FP32, so results match the CPU implementation bit for bit
-//! except the order of the additions in [`AmpDevice::try_sum_squares`].
+//! the CPU. Every kernel computes in FP32, so results match the CPU implementation bit for bit,
+//! NaN payloads and the order of the additions in [`AmpDevice::try_sum_squares`] aside.
 //!
 //! Per-tensor results go to one slot each of a [`CudaSlice<f32>`] that stays on the device until
 //! [`AmpDevice::try_read_stats`] copies it back, once per step.
@@ -337,8 +337,9 @@ fn check_lengths(src: Raw, dst: Raw) -> Result<(), CudaError> {
 
 /// Zeroes `stats[slot]` in stream order and returns its address for a kernel to write.
 ///
-/// Slots are reused from step to step, and the kernels only ever raise a slot (set a flag, add a
-/// partial sum, take a max), so each result starts from zero; a 4-byte memset queued before the
+/// Slots are reused from step to step, and the kernels only ever accumulate into a slot (set a
+/// flag, add a partial sum, take a max) because their blocks cannot agree on who goes first, so
+/// each result must start from zero; a 4-byte memset queued before the
 /// kernel does that without a host round trip.
 fn reset_slot(dev: &Cuda, stats: &mut CudaSlice<f32>, slot: usize) -> Result<u64, CudaError> {
     check_device(dev, &stats.device())?;
@@ -411,9 +412,10 @@ where
         block_dim: (BLOCK, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: every kernel in SOURCE takes (u64 n, pointers..., floats...) in the order and sizes
-    // its callers below pass; every pointer addresses at least `n` elements of the kernel's
-    // element type on this device (lengths and owners are checked first), or one f32 stats slot.
+    // SAFETY: each kernel in SOURCE declares exactly the parameters, in order and size (u64 for
+    // counts and pointers, f32 for scalars), that its caller below passes; every pointer
+    // addresses at least `n` elements of the kernel's element type on this device (lengths and
+    // owners are checked first), or one f32 stats slot.
     unsafe { f.launch(cfg, params) }?;
     Ok(())
 }

@@ -1,0 +1,8 @@
+use typed_amp::prelude::*;
+
+#[typed_amp::amp(policy = "O2", loss_scale = "dynamic", loss_scale = 128.0)]
+struct Mlp {
+    fc: Linear<4, 2>,
+}
+
+fn main() {}

@@ -1,0 +1,279 @@
+//! An MLP and a small CNN with batch norm, declared with `#[amp]`, train under O0, O1, O2 and
+//! opted-in O3; O1 and O2 end within 2% of O0's loss for the same seed and data.
+
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use rand_distr::StandardNormal;
+use typed_amp::amp::{AmpModel, OptLevel};
+use typed_amp::dfdx::losses;
+use typed_amp::dfdx::nn::builders::{BatchNorm2D, Linear};
+use typed_amp::dfdx::optim::Sgd;
+use typed_amp::nn::builders::{Conv2D, Flatten, MaxPool2D};
+use typed_amp::prelude::*;
+use typed_amp::{DType, Fp16Updates, MasterOptimizer};
+
+const CLASSES: usize = 4;
+const BATCH: usize = 32;
+const STEPS: usize = 200;
+const FEATURES: usize = 32;
+const SIDE: usize = 12;
+
+macro_rules! mlp {
+    ($name:ident, $($policy:tt)*) => {
+        #[typed_amp::amp($($policy)*, cast_model_outputs = "fp32")]
+        pub struct $name {
+            fc1: Linear<FEATURES, 64>,
+            act1: ReLU,
+            fc2: Linear<64, 64>,
+            act2: ReLU,
+            fc3: Linear<64, CLASSES>,
+        }
+    };
+}
+
+mlp!(MlpO0, policy = "O0");
+mlp!(MlpO1, policy = "O1");
+mlp!(MlpO2, policy = "O2");
+mlp!(MlpO3, policy = "O3", allow_fp16_updates);
+
+macro_rules! cnn {
+    ($name:ident, $($policy:tt)*) => {
+        #[typed_amp::amp($($policy)*, cast_model_outputs = "fp32")]
+        pub struct $name {
+            conv1: Conv2D<1, 8, 3, 1, 1>,
+            bn1: BatchNorm2D<8>,
+            act1: ReLU,
+            pool1: MaxPool2D<2>,
+            conv2: Conv2D<8, 16, 3, 1, 1>,
+            bn2: BatchNorm2D<16>,
+            act2: ReLU,
+            pool2: MaxPool2D<2>,
+            flat: Flatten<{ 16 * 3 * 3 }>,
+            fc: Linear<{ 16 * 3 * 3 }, CLASSES>,
+        }
+    };
+}
+
+cnn!(CnnO0, policy = "O0");
+cnn!(CnnO1, policy = "O1");
+cnn!(CnnO2, policy = "O2");
+cnn!(CnnO3, policy = "O3", allow_fp16_updates);
+
+/// Batches of examples of one input shape with one-hot labels.
+struct Data<S: ConstShape> {
+    batches: Vec<(Tensor<S, f32, Cpu>, Tensor<Rank2<BATCH, CLASSES>, f32, Cpu>)>,
+}
+
+fn one_hot(labels: &[usize]) -> Vec<f32> {
+    let mut y = vec![0.0; labels.len() * CLASSES];
+    for (i, &c) in labels.iter().enumerate() {
+        y[i * CLASSES + c] = 1.0;
+    }
+    y
+}
+
+/// Four overlapping Gaussian clusters in 32 dimensions.
+fn clusters(dev: &Cpu, batches: usize) -> Data<Rank2<BATCH, FEATURES>> {
+    let mut rng = StdRng::seed_from_u64(7);
+    let centres: Vec<Vec<f32>> = (0..CLASSES)
+        .map(|_| {
+            (0..FEATURES)
+                .map(|_| 0.3 * rng.sample::<f32, _>(StandardNormal))
+                .collect()
+        })
+        .collect();
+    let batches = (0..batches)
+        .map(|_| {
+            let labels: Vec<usize> = (0..BATCH).map(|_| rng.gen_range(0..CLASSES)).collect();
+            let x: Vec<f32> = labels
+                .iter()
+                .flat_map(|&c| {
+                    centres[c]
+                        .iter()
+                        .map(|m| m + rng.sample::<f32, _>(StandardNormal))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            (
+                dev.tensor_from_vec(x, (Const, Const)),
+                dev.tensor_from_vec(one_hot(&labels), (Const, Const)),
+            )
+        })
+        .collect();
+    Data { batches }
+}
+
+/// 12×12 images of a bar (top, bottom, left or right, by class) in noise.
+fn bars(dev: &Cpu, batches: usize) -> Data<Rank4<BATCH, 1, SIDE, SIDE>> {
+    let mut rng = StdRng::seed_from_u64(8);
+    let batches = (0..batches)
+        .map(|_| {
+            let labels: Vec<usize> = (0..BATCH).map(|_| rng.gen_range(0..CLASSES)).collect();
+            let mut x = Vec::with_capacity(BATCH * SIDE * SIDE);
+            for &c in &labels {
+                for r in 0..SIDE {
+                    for col in 0..SIDE {
+                        let on = match c {
+                            0 => r < 3,
+                            1 => r >= SIDE - 3,
+                            2 => col < 3,
+                            _ => col >= SIDE - 3,
+                        };
+                        let signal = if on { 0.5 } else { 0.0 };
+                        x.push(signal + rng.sample::<f32, _>(StandardNormal));
+                    }
+                }
+            }
+            (
+                dev.tensor_from_vec(x, (Const, Const, Const, Const)),
+                dev.tensor_from_vec(one_hot(&labels), (Const, Const)),
+            )
+        })
+        .collect();
+    Data { batches }
+}
+
+type Logits<T = NoneTape> = Tensor<Rank2<BATCH, CLASSES>, f32, Cpu, T>;
+type Target<M> = <M as AmpModel<Cpu>>::Weights;
+type WorkingOf<M> = <Target<M> as TrainTarget<Cpu>>::Working;
+type MasterOf<M> = <Target<M> as TrainTarget<Cpu>>::Master;
+
+/// Trains `STEPS` steps with SGD (momentum 0.9) and returns the loss on held-out batches.
+fn train<M, S, O>(
+    data: &Data<S>,
+    held_out: &Data<S>,
+    optimizer: impl FnOnce(&MasterOf<M>) -> O,
+) -> f32
+where
+    M: AmpModel<Cpu>,
+    S: ConstShape,
+    WorkingOf<M>: ModuleMut<Tensor<S, f32, Cpu, MixedTape<Cpu>>, Output = Logits<MixedTape<Cpu>>>
+        + Module<Tensor<S, f32, Cpu>, Output = Logits>,
+    O: MasterOptimizer<MasterOf<M>, Cpu>,
+{
+    let dev = Cpu::seed_from_u64(42);
+    let mut model = M::try_build(&dev).unwrap();
+    let mut opt = optimizer(model.master());
+    let mut scaler = M::scaler();
+    let mut grads = model.alloc_grads().unwrap();
+    for step in 0..STEPS {
+        let (x, y) = &data.batches[step % data.batches.len()];
+        let logits = model
+            .working_mut()
+            .try_forward_mut(x.clone().traced_mixed(grads))
+            .unwrap();
+        let loss = cross_entropy_with_logits_loss(logits, y.clone());
+        let scaled = scaler.scale(loss).backward().unwrap();
+        let unscaled = scaler.unscale(&mut model, scaled).unwrap();
+        let outcome = scaler.step(&mut opt, &mut model, unscaled).unwrap();
+        scaler.update(outcome.found_inf);
+        grads = outcome.grads;
+    }
+    let total: f32 = held_out
+        .batches
+        .iter()
+        .map(|(x, y)| {
+            let logits = model.working().try_forward(x.clone()).unwrap();
+            losses::cross_entropy_with_logits_loss(logits, y.clone()).array()
+        })
+        .sum();
+    total / held_out.batches.len() as f32
+}
+
+fn sgd() -> SgdConfig {
+    SgdConfig {
+        lr: 0.02,
+        momentum: Some(Momentum::Classic(0.9)),
+        weight_decay: None,
+    }
+}
+
+fn assert_within_2_percent(policy: &str, loss: f32, o0: f32) {
+    let relative = (loss - o0).abs() / o0;
+    eprintln!(
+        "{policy}: held-out loss {loss:.4} vs O0 {o0:.4} ({:.2}%)",
+        relative * 100.0
+    );
+    assert!(
+        relative <= 0.02,
+        "{policy}'s loss {loss} is not within 2% of O0's {o0}"
+    );
+}
+
+#[test]
+fn mlp_trains_under_every_policy() {
+    let dev = Cpu::default();
+    let (data, held_out) = (clusters(&dev, 50), clusters(&dev, 4));
+    let initial = 4f32.ln();
+    let o0 = train::<MlpO0, _, _>(&data, &held_out, |m| Sgd::new(m, sgd()));
+    let o1 = train::<MlpO1, _, _>(&data, &held_out, |m| Sgd::new(m, sgd()));
+    let o2 = train::<MlpO2, _, _>(&data, &held_out, |m| Sgd::new(m, sgd()));
+    let o3 = train::<MlpO3, _, _>(&data, &held_out, |m| Fp16Updates(Sgd::new(m, sgd())));
+    assert!(o0 < 0.6 * initial, "O0 learned: {o0} (chance: {initial})");
+    assert!(o3 < 0.8 * initial, "O3 learned: {o3}");
+    assert_within_2_percent("MLP O1", o1, o0);
+    assert_within_2_percent("MLP O2", o2, o0);
+}
+
+#[test]
+fn cnn_with_batch_norm_trains_under_every_policy() {
+    let dev = Cpu::default();
+    let (data, held_out) = (bars(&dev, 50), bars(&dev, 4));
+    let initial = 4f32.ln();
+    let o0 = train::<CnnO0, _, _>(&data, &held_out, |m| Sgd::new(m, sgd()));
+    let o1 = train::<CnnO1, _, _>(&data, &held_out, |m| Sgd::new(m, sgd()));
+    let o2 = train::<CnnO2, _, _>(&data, &held_out, |m| Sgd::new(m, sgd()));
+    let o3 = train::<CnnO3, _, _>(&data, &held_out, |m| Fp16Updates(Sgd::new(m, sgd())));
+    assert!(o0 < 0.6 * initial, "O0 learned: {o0} (chance: {initial})");
+    assert!(o3 < 0.8 * initial, "O3 learned: {o3}");
+    assert_within_2_percent("CNN O1", o1, o0);
+    assert_within_2_percent("CNN O2", o2, o0);
+}
+
+#[test]
+fn o2_stores_batch_norm_in_fp32_and_conv_and_linear_in_fp16() {
+    use typed_amp::dfdx::nn::modules as dfdx_modules;
+    use typed_amp::nn::modules as amp_modules;
+    let dev = Cpu::default();
+    let model: typed_amp::MasterWeights<CnnO2Master<Cpu>, CnnO2Working<Cpu>, Cpu> =
+        CnnO2::build(&dev).unwrap();
+
+    // The field types, named: this only compiles if O2 gave each layer these precisions.
+    let working = model.working();
+    let _: &amp_modules::Conv2D<1, 8, 3, 1, 1, f16, Cpu> = &working.conv1;
+    let _: &dfdx_modules::BatchNorm2D<8, f32, Cpu> = &working.bn1;
+    let _: &amp_modules::Conv2D<8, 16, 3, 1, 1, f16, Cpu> = &working.conv2;
+    let _: &dfdx_modules::BatchNorm2D<16, f32, Cpu> = &working.bn2;
+    let _: &dfdx_modules::Linear<144, CLASSES, f16, Cpu> = &working.fc;
+    let master = model.master();
+    let _: &amp_modules::Conv2D<1, 8, 3, 1, 1, f32, Cpu> = &master.conv1;
+    let _: &dfdx_modules::Linear<144, CLASSES, f32, Cpu> = &master.fc;
+
+    // And the same at run time, by parameter path.
+    for p in working.param_summary() {
+        let expected = if p.path.starts_with("bn") {
+            DType::F32
+        } else {
+            DType::F16
+        };
+        assert_eq!(p.dtype, expected, "{}", p.path);
+    }
+    assert_eq!(CnnO2::AMP_CONFIG.opt_level, OptLevel::O2);
+    assert!(CnnO2::AMP_CONFIG.master_weights && CnnO2::AMP_CONFIG.keep_batchnorm_fp32);
+    assert_eq!(CnnO0::scaler().get_scale(), 1.0, "O0 does not scale");
+    assert_eq!(CnnO2::scaler().get_scale(), 65536.0);
+}
+
+#[test]
+fn inference_casts_inputs_at_the_entry() {
+    let dev = Cpu::default();
+    let model = MlpO2::build(&dev).unwrap();
+    let x32: Tensor<Rank2<2, FEATURES>, f32, Cpu> = dev.sample_normal();
+    let x16 = x32.clone().to_dtype::<f16>();
+    // FP32 or FP16 input, with or without a tape: the model casts at its entry.
+    let a: Tensor<Rank2<2, CLASSES>, f32, Cpu> = model.working().forward(x32);
+    let b: Tensor<Rank2<2, CLASSES>, f32, Cpu> = model.working().forward(x16.clone());
+    assert_eq!(a.array(), b.array());
+    let grads = model.alloc_grads().unwrap();
+    let c = model.working().forward(x16.traced_mixed(grads));
+    assert_eq!(c.array(), a.array());
+}
