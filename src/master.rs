@@ -74,6 +74,14 @@ pub trait TrainTarget<D: AmpDevice> {
     /// Copies the updated master weights into the working copy (and the working copy's buffers,
     /// such as batch norm running statistics, back into the master).
     fn refresh(&mut self) -> Result<(), AmpError>;
+
+    /// Copies the working copy's buffers (batch norm running statistics, updated by training
+    /// forwards) into the master, so that the master is complete, e.g. before a checkpoint.
+    fn sync_buffers_to_master(&mut self) -> Result<(), AmpError>;
+
+    /// Sets the whole working copy, buffers included, from the master, e.g. after the master
+    /// was loaded from a checkpoint.
+    fn reload_working(&mut self) -> Result<(), AmpError>;
 }
 
 /// Cheap clones (shared buffers) of every parameter of a model, in visiting order, with their
@@ -501,10 +509,18 @@ where
 
     fn refresh(&mut self) -> Result<(), AmpError> {
         copy_params(&self.master, &mut self.working, CopyWhich::Trainable)?;
+        self.sync_buffers_to_master()
+    }
+
+    fn sync_buffers_to_master(&mut self) -> Result<(), AmpError> {
         if self.has_buffers {
             copy_params(&self.working, &mut self.master, CopyWhich::Buffers)?;
         }
         Ok(())
+    }
+
+    fn reload_working(&mut self) -> Result<(), AmpError> {
+        copy_params(&self.master, &mut self.working, CopyWhich::All)
     }
 }
 
@@ -710,6 +726,14 @@ where
     }
 
     fn refresh(&mut self) -> Result<(), AmpError> {
+        Ok(())
+    }
+
+    fn sync_buffers_to_master(&mut self) -> Result<(), AmpError> {
+        Ok(())
+    }
+
+    fn reload_working(&mut self) -> Result<(), AmpError> {
         Ok(())
     }
 }

@@ -9,6 +9,7 @@ use half::f16;
 use crate::device::AmpDevice;
 use crate::error::AmpError;
 use crate::precision::{AmpElem, AnyGrads, UpdatablePrecision};
+use dfdx::prelude::Gradients;
 
 /// An optimizer that updates the FP32 master module `M`.
 #[diagnostic::on_unimplemented(
@@ -82,6 +83,22 @@ where
     }
 }
 
+/// SGD over FP32 master weights (dfdx's [`Sgd`] with its element type fixed to `f32`, so
+/// nothing else needs annotating).
+pub fn sgd<M, D: AmpDevice>(master: &M, config: dfdx::prelude::SgdConfig) -> Sgd<M, f32, D> {
+    Sgd::new(master, config)
+}
+
+/// Adam over FP32 master weights (dfdx's [`Adam`]).
+pub fn adam<M, D: AmpDevice>(master: &M, config: AdamConfig) -> Adam<M, f32, D> {
+    Adam::new(master, config)
+}
+
+/// AdamW over FP32 master weights: Adam with decoupled weight decay ([`adamw_config`]).
+pub fn adamw<M, D: AmpDevice>(master: &M, lr: f64, weight_decay: f64) -> Adam<M, f32, D> {
+    Adam::new(master, adamw_config(lr, weight_decay))
+}
+
 /// AdamW's configuration: Adam with decoupled weight decay (Loshchilov & Hutter), PyTorch's
 /// `AdamW(lr, betas=(0.9, 0.999), eps=1e-8, weight_decay)`.
 pub fn adamw_config(lr: f64, weight_decay: f64) -> AdamConfig {
@@ -90,5 +107,125 @@ pub fn adamw_config(lr: f64, weight_decay: f64) -> AdamConfig {
         betas: [0.9, 0.999],
         eps: 1e-8,
         weight_decay: Some(WeightDecay::Decoupled(weight_decay)),
+    }
+}
+
+/// A borrowed optimizer state store (momentum, moments), in the optimizer's precision.
+pub type StateRef<'a, D> = crate::precision::AnyGradsRef<'a, D>;
+
+/// A mutably borrowed optimizer state store.
+pub type StateMut<'a, D> = crate::precision::AnyGradsMut<'a, D>;
+
+/// An optimizer whose state can be saved and restored, so that a resumed run continues exactly.
+///
+/// State is a few named per-parameter stores (SGD's `velocity`, Adam's `moment1` and
+/// `moment2`) and a few named scalars (Adam's step count).
+pub trait OptimizerState<D: AmpDevice> {
+    /// A name for checkpoints (`"sgd"`, `"adam"`, `"rmsprop"`).
+    fn kind(&self) -> &'static str;
+    /// The per-parameter state stores, by name.
+    fn stores(&self) -> Vec<(&'static str, StateRef<'_, D>)>;
+    /// The per-parameter state stores, mutably.
+    fn stores_mut(&mut self) -> Vec<(&'static str, StateMut<'_, D>)>;
+    /// Scalar state, by name.
+    fn scalars(&self) -> Vec<(&'static str, i64)>;
+    /// Restores one scalar; errors on a name this optimizer does not have.
+    fn set_scalar(&mut self, name: &str, value: i64) -> Result<(), AmpError>;
+}
+
+/// Wraps a `Gradients` store of either precision, chosen by the optimizer's element type.
+trait StoreOf: AmpElem {
+    fn store_ref<D: AmpDevice + dfdx::prelude::Device<Self>>(
+        g: &Gradients<Self, D>,
+    ) -> StateRef<'_, D>;
+    fn store_mut<D: AmpDevice + dfdx::prelude::Device<Self>>(
+        g: &mut Gradients<Self, D>,
+    ) -> StateMut<'_, D>;
+}
+
+impl StoreOf for f32 {
+    fn store_ref<D: AmpDevice>(g: &Gradients<f32, D>) -> StateRef<'_, D> {
+        StateRef::F32(g)
+    }
+    fn store_mut<D: AmpDevice>(g: &mut Gradients<f32, D>) -> StateMut<'_, D> {
+        StateMut::F32(g)
+    }
+}
+
+impl StoreOf for f16 {
+    fn store_ref<D: AmpDevice>(g: &Gradients<f16, D>) -> StateRef<'_, D> {
+        StateRef::F16(g)
+    }
+    fn store_mut<D: AmpDevice>(g: &mut Gradients<f16, D>) -> StateMut<'_, D> {
+        StateMut::F16(g)
+    }
+}
+
+impl<M, E: StoreOf, D: AmpDevice + dfdx::prelude::Device<E>> OptimizerState<D> for Sgd<M, E, D> {
+    fn kind(&self) -> &'static str {
+        "sgd"
+    }
+    fn stores(&self) -> Vec<(&'static str, StateRef<'_, D>)> {
+        vec![("velocity", E::store_ref(self.velocity()))]
+    }
+    fn stores_mut(&mut self) -> Vec<(&'static str, StateMut<'_, D>)> {
+        vec![("velocity", E::store_mut(self.velocity_mut()))]
+    }
+    fn scalars(&self) -> Vec<(&'static str, i64)> {
+        Vec::new()
+    }
+    fn set_scalar(&mut self, name: &str, _value: i64) -> Result<(), AmpError> {
+        Err(AmpError::Optimizer(format!(
+            "SGD has no scalar state `{name}`"
+        )))
+    }
+}
+
+impl<M, E: StoreOf, D: AmpDevice + dfdx::prelude::Device<E>> OptimizerState<D> for Adam<M, E, D> {
+    fn kind(&self) -> &'static str {
+        "adam"
+    }
+    fn stores(&self) -> Vec<(&'static str, StateRef<'_, D>)> {
+        let (m1, m2) = self.moments();
+        vec![("moment1", E::store_ref(m1)), ("moment2", E::store_ref(m2))]
+    }
+    fn stores_mut(&mut self) -> Vec<(&'static str, StateMut<'_, D>)> {
+        let (m1, m2) = self.moments_mut();
+        vec![("moment1", E::store_mut(m1)), ("moment2", E::store_mut(m2))]
+    }
+    fn scalars(&self) -> Vec<(&'static str, i64)> {
+        vec![("step_count", i64::from(self.step_count()))]
+    }
+    fn set_scalar(&mut self, name: &str, value: i64) -> Result<(), AmpError> {
+        match name {
+            "step_count" => {
+                let t = i32::try_from(value).map_err(|_| {
+                    AmpError::Optimizer(format!("Adam step count {value} is out of range"))
+                })?;
+                self.set_step_count(t);
+                Ok(())
+            }
+            other => Err(AmpError::Optimizer(format!(
+                "Adam has no scalar state `{other}`"
+            ))),
+        }
+    }
+}
+
+impl<O: OptimizerState<D>, D: AmpDevice> OptimizerState<D> for Fp16Updates<O> {
+    fn kind(&self) -> &'static str {
+        self.0.kind()
+    }
+    fn stores(&self) -> Vec<(&'static str, StateRef<'_, D>)> {
+        self.0.stores()
+    }
+    fn stores_mut(&mut self) -> Vec<(&'static str, StateMut<'_, D>)> {
+        self.0.stores_mut()
+    }
+    fn scalars(&self) -> Vec<(&'static str, i64)> {
+        self.0.scalars()
+    }
+    fn set_scalar(&mut self, name: &str, value: i64) -> Result<(), AmpError> {
+        self.0.set_scalar(name, value)
     }
 }

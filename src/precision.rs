@@ -141,14 +141,28 @@ pub trait AmpElem: Dtype + sealed::Sealed {
         grads: &mut MixedGradients<D>,
     ) -> &mut Gradients<Self, D>;
 
-    /// A gradient store of some precision viewed as one of this precision: `Some` exactly when
-    /// the two precisions are the same (the identity), `None` otherwise.
-    fn same_grads<D: AmpDevice + Device<Self>>(grads: &AnyGrads<D>) -> Option<&Gradients<Self, D>>;
+    /// A store of some precision viewed as one of this precision: `Some` exactly when the two
+    /// precisions are the same (the identity), `None` otherwise.
+    fn downcast_grads<D: AmpDevice + Device<Self>>(
+        grads: AnyGradsRef<'_, D>,
+    ) -> Option<&Gradients<Self, D>>;
+
+    /// Mutable counterpart of [`AmpElem::downcast_grads`].
+    fn downcast_grads_mut<D: AmpDevice + Device<Self>>(
+        grads: AnyGradsMut<'_, D>,
+    ) -> Option<&mut Gradients<Self, D>>;
+
+    /// An owned store viewed as one of this precision, if it is.
+    fn same_grads<D: AmpDevice + Device<Self>>(grads: &AnyGrads<D>) -> Option<&Gradients<Self, D>> {
+        Self::downcast_grads(grads.as_ref())
+    }
 
     /// Mutable counterpart of [`AmpElem::same_grads`].
     fn same_grads_mut<D: AmpDevice + Device<Self>>(
         grads: &mut AnyGrads<D>,
-    ) -> Option<&mut Gradients<Self, D>>;
+    ) -> Option<&mut Gradients<Self, D>> {
+        Self::downcast_grads_mut(grads.as_mut())
+    }
 
     /// Wraps a gradient store of this precision.
     fn into_any_grads<D: AmpDevice + Device<Self>>(grads: Gradients<Self, D>) -> AnyGrads<D>;
@@ -229,6 +243,40 @@ impl<D: AmpDevice> AnyGrads<D> {
     }
 }
 
+/// A borrowed gradient-shaped store of either precision (gradients, optimizer state).
+pub enum AnyGradsRef<'a, D: AmpDevice> {
+    /// FP16 store.
+    F16(&'a Gradients<f16, D>),
+    /// FP32 store.
+    F32(&'a Gradients<f32, D>),
+}
+
+/// A mutably borrowed gradient-shaped store of either precision.
+pub enum AnyGradsMut<'a, D: AmpDevice> {
+    /// FP16 store.
+    F16(&'a mut Gradients<f16, D>),
+    /// FP32 store.
+    F32(&'a mut Gradients<f32, D>),
+}
+
+impl<D: AmpDevice> AnyGrads<D> {
+    /// A borrowed view.
+    pub fn as_ref(&self) -> AnyGradsRef<'_, D> {
+        match self {
+            AnyGrads::F16(g) => AnyGradsRef::F16(g),
+            AnyGrads::F32(g) => AnyGradsRef::F32(g),
+        }
+    }
+
+    /// A mutably borrowed view.
+    pub fn as_mut(&mut self) -> AnyGradsMut<'_, D> {
+        match self {
+            AnyGrads::F16(g) => AnyGradsMut::F16(g),
+            AnyGrads::F32(g) => AnyGradsMut::F32(g),
+        }
+    }
+}
+
 /// A mutably borrowed device buffer of either precision.
 pub enum AnyBufMut<'a, D: AmpDevice> {
     /// An FP16 buffer.
@@ -288,19 +336,21 @@ impl AmpElem for f16 {
         &mut grads.f16
     }
 
-    fn same_grads<D: AmpDevice + Device<Self>>(grads: &AnyGrads<D>) -> Option<&Gradients<Self, D>> {
+    fn downcast_grads<D: AmpDevice + Device<Self>>(
+        grads: AnyGradsRef<'_, D>,
+    ) -> Option<&Gradients<Self, D>> {
         match grads {
-            AnyGrads::F16(g) => Some(g),
-            AnyGrads::F32(_) => None,
+            AnyGradsRef::F16(g) => Some(g),
+            AnyGradsRef::F32(_) => None,
         }
     }
 
-    fn same_grads_mut<D: AmpDevice + Device<Self>>(
-        grads: &mut AnyGrads<D>,
+    fn downcast_grads_mut<D: AmpDevice + Device<Self>>(
+        grads: AnyGradsMut<'_, D>,
     ) -> Option<&mut Gradients<Self, D>> {
         match grads {
-            AnyGrads::F16(g) => Some(g),
-            AnyGrads::F32(_) => None,
+            AnyGradsMut::F16(g) => Some(g),
+            AnyGradsMut::F32(_) => None,
         }
     }
 
@@ -352,19 +402,21 @@ impl AmpElem for f32 {
         &mut grads.f32
     }
 
-    fn same_grads<D: AmpDevice + Device<Self>>(grads: &AnyGrads<D>) -> Option<&Gradients<Self, D>> {
+    fn downcast_grads<D: AmpDevice + Device<Self>>(
+        grads: AnyGradsRef<'_, D>,
+    ) -> Option<&Gradients<Self, D>> {
         match grads {
-            AnyGrads::F32(g) => Some(g),
-            AnyGrads::F16(_) => None,
+            AnyGradsRef::F32(g) => Some(g),
+            AnyGradsRef::F16(_) => None,
         }
     }
 
-    fn same_grads_mut<D: AmpDevice + Device<Self>>(
-        grads: &mut AnyGrads<D>,
+    fn downcast_grads_mut<D: AmpDevice + Device<Self>>(
+        grads: AnyGradsMut<'_, D>,
     ) -> Option<&mut Gradients<Self, D>> {
         match grads {
-            AnyGrads::F32(g) => Some(g),
-            AnyGrads::F16(_) => None,
+            AnyGradsMut::F32(g) => Some(g),
+            AnyGradsMut::F16(_) => None,
         }
     }
 

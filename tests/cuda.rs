@@ -118,6 +118,8 @@ fn dirty_slot<D: AmpDevice>(dev: &D, stats: &mut D::Stats, slot: usize) {
 /// Every kernel, with its scalar argument.
 #[derive(Debug, Clone, Copy)]
 enum Op {
+    /// `try_write_f32` of the source values (as FP32, whatever `sp` says) into the destination.
+    Write,
     AddCast,
     CopyCast,
     Unscale(f32),
@@ -144,6 +146,7 @@ fn run_on<D: AmpDevice>(
     dirty_slot(dev, &mut stats, 1);
     let (s, d) = (source.view(), target.view_mut());
     match op {
+        Op::Write => dev.try_write_f32(d, src),
         Op::AddCast => dev.try_add_cast(s, d),
         Op::CopyCast => dev.try_copy_cast(s, d),
         Op::Unscale(inv) => dev.try_unscale(s, d, inv, &mut stats, 1),
@@ -226,6 +229,7 @@ fn every_kernel_matches_the_cpu_bit_for_bit_in_every_precision() {
     with_specials[n / 2] = f32::NAN;
     with_specials[n - 1] = f32::NEG_INFINITY;
     let ops = [
+        Op::Write,
         Op::AddCast,
         Op::CopyCast,
         Op::Unscale(2f32.powi(-16)),
@@ -403,6 +407,7 @@ fn bad_arguments_are_errors_that_touch_nothing() {
         .try_unscale_in_place(fits.view_mut(), 0.5, &mut stats, 2)
         .is_err());
     assert!(dev.try_sum_squares(src.view(), &mut stats, 2).is_err());
+    assert!(dev.try_write_f32(dst.view_mut(), &[1.0, 2.0, 3.0]).is_err());
     assert!(dev.try_max_abs(src.view(), &mut stats, 2).is_err());
     assert_eq!(dev.try_read_stats(&stats).unwrap(), vec![1.0, 0.0]);
     assert_eq!(dst.read(&dev), vec![7.0, 7.0]);
@@ -527,6 +532,7 @@ fn empty_buffers_are_no_ops_that_still_set_their_slot() {
     assert_eq!(dev.try_read_stats(&stats).unwrap()[0], 0.0);
 
     dev.try_fill(AnyBufMut::F32(&mut a), 1.0).unwrap();
+    dev.try_write_f32(AnyBufMut::F16(&mut b), &[]).unwrap();
     dev.try_scale(AnyBufMut::F16(&mut b), 2.0).unwrap();
     dev.try_clamp(AnyBufMut::F32(&mut a), 2.0).unwrap();
     dev.try_add_cast(AnyBuf::F32(&empty32), AnyBufMut::F16(&mut b))

@@ -84,6 +84,15 @@ impl AmpDevice for Cpu {
         Ok(out)
     }
 
+    fn try_write_f32(&self, buf: AnyBufMut<'_, Self>, values: &[f32]) -> Result<(), CpuError> {
+        check_lengths(values.len(), len_of_mut(&buf))?;
+        match buf {
+            AnyBufMut::F32(b) => b.copy_from_slice(values),
+            AnyBufMut::F16(b) => f16::slice_from_f32(values, b),
+        }
+        Ok(())
+    }
+
     fn try_fill(&self, buf: AnyBufMut<'_, Self>, value: f32) -> Result<(), CpuError> {
         match buf {
             AnyBufMut::F32(b) => b.fill(value),

@@ -459,6 +459,30 @@ impl AmpDevice for Cuda {
         }
     }
 
+    fn try_write_f32(&self, mut buf: AnyBufMut<'_, Self>, values: &[f32]) -> Result<(), CudaError> {
+        let b = raw_mut(self, &mut buf)?;
+        if values.len() != b.len {
+            // As `check_lengths`: a mismatch is reported, never copied past the buffer's end.
+            return Err(CudaError::Cpu(CpuError::WrongNumElements));
+        }
+        if b.len == 0 {
+            return Ok(());
+        }
+        // The copies are synchronous because `values` is only borrowed. FP16 is narrowed on the
+        // host (with `half`, which rounds as the device's conversion does) so that half the
+        // bytes cross the bus.
+        let dev = self.cuda_device();
+        match buf {
+            AnyBufMut::F32(b) => dev.htod_sync_copy_into(values, b)?,
+            AnyBufMut::F16(b) => {
+                let mut half = vec![f16::ZERO; values.len()];
+                f16::slice_from_f32(values, &mut half);
+                dev.htod_sync_copy_into(&half, b)?;
+            }
+        }
+        Ok(())
+    }
+
     fn try_fill(&self, mut buf: AnyBufMut<'_, Self>, value: f32) -> Result<(), CudaError> {
         let b = raw_mut(self, &mut buf)?;
         if b.len == 0 {

@@ -44,6 +44,10 @@ pub trait AmpDevice: Device<f32> + Device<f16> + sealed::Sealed {
     /// Copies a buffer of either precision to the host, as FP32.
     fn try_read_f32(&self, buf: AnyBuf<'_, Self>) -> Result<Vec<f32>, Self::Err>;
 
+    /// Overwrites a buffer of either precision with host values (converted to its precision).
+    /// `values` has the buffer's length.
+    fn try_write_f32(&self, buf: AnyBufMut<'_, Self>, values: &[f32]) -> Result<(), Self::Err>;
+
     /// Sets every element of a buffer of either precision to `value` (rounded to the buffer's
     /// precision).
     fn try_fill(&self, buf: AnyBufMut<'_, Self>, value: f32) -> Result<(), Self::Err>;

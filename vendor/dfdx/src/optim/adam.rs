@@ -50,6 +50,34 @@ impl<M, E: Dtype, D: Storage<E>> Adam<M, E, D> {
             marker: PhantomData,
         }
     }
+
+    /// The number of updates taken (Adam's `t`, used for bias correction).
+    ///
+    /// typed-amp patch: optimizer state for checkpoints.
+    pub fn step_count(&self) -> i32 {
+        self.t
+    }
+
+    /// Sets the number of updates taken (to restore a checkpoint).
+    ///
+    /// typed-amp patch.
+    pub fn set_step_count(&mut self, t: i32) {
+        self.t = t;
+    }
+
+    /// The first and second moment estimates, keyed like gradients by parameter.
+    ///
+    /// typed-amp patch.
+    pub fn moments(&self) -> (&Gradients<E, D>, &Gradients<E, D>) {
+        (&self.moment1, &self.moment2)
+    }
+
+    /// The moment estimates, mutably (to restore a checkpoint).
+    ///
+    /// typed-amp patch.
+    pub fn moments_mut(&mut self) -> (&mut Gradients<E, D>, &mut Gradients<E, D>) {
+        (&mut self.moment1, &mut self.moment2)
+    }
 }
 
 impl<M, D: Device<E>, E: Dtype> TensorVisitor<E, D>

@@ -52,6 +52,20 @@ impl<M, E: Dtype, D: Storage<E>> Sgd<M, E, D> {
             marker: PhantomData,
         }
     }
+
+    /// The momentum buffers, keyed like gradients by parameter.
+    ///
+    /// typed-amp patch: optimizer state for checkpoints.
+    pub fn velocity(&self) -> &Gradients<E, D> {
+        &self.velocity
+    }
+
+    /// The momentum buffers, mutably (to restore a checkpoint).
+    ///
+    /// typed-amp patch.
+    pub fn velocity_mut(&mut self) -> &mut Gradients<E, D> {
+        &mut self.velocity
+    }
 }
 
 impl<E: Dtype, D: Device<E>, M> TensorVisitor<E, D>

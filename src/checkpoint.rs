@@ -1,0 +1,536 @@
+//! Checkpoints: master weights, optimizer state and loss-scaler state in one safetensors file,
+//! written atomically, restored exactly.
+//!
+//! Tensors are named by parameter path: `master.<path>` (every master parameter and buffer, in
+//! its own precision), `optim.<store>.<path>` (e.g. `optim.moment1.fc1.weight`). Everything
+//! else is string metadata: the format, the scaler's state (`scaler.*`), the optimizer's kind
+//! and scalars (`optim.*`), and whatever the caller adds (step, epoch, RNG state, ...). Any
+//! safetensors reader can read the tensors by name.
+//!
+//! The file is written next to its destination and renamed over it, so a crash leaves either
+//! the old checkpoint or the new one, never a torn file.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use dfdx::prelude::{Device, HasShape, Shape, Tensor};
+use half::f16;
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype as StDtype, SafeTensors};
+
+use crate::device::AmpDevice;
+use crate::error::AmpError;
+use crate::master::TrainTarget;
+use crate::optim::{OptimizerState, StateMut, StateRef};
+use crate::params::{ParamVisitor, ParamVisitorMut, Parameters};
+use crate::precision::{dtype_of, AmpElem, DType};
+use crate::scaler::{GradScaler, ScaleMode, ScalerState};
+
+/// The format tag written in every checkpoint.
+pub const FORMAT: &str = "typed-amp-checkpoint/1";
+
+/// What can go wrong saving or loading a checkpoint.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// Reading or writing the file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not a readable safetensors file.
+    #[error("{path}: not a safetensors checkpoint: {detail}")]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The file is a checkpoint of something else (another format version, model or optimizer).
+    #[error("{path}: {detail}")]
+    Mismatch {
+        /// The file.
+        path: PathBuf,
+        /// What does not match.
+        detail: String,
+    },
+    /// A tensor the model or optimizer needs is missing, or has the wrong size or precision.
+    #[error("{path}: tensor `{name}`: {detail}")]
+    Tensor {
+        /// The file.
+        path: PathBuf,
+        /// The tensor's name.
+        name: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The device failed while copying tensors.
+    #[error(transparent)]
+    Amp(#[from] AmpError),
+}
+
+fn st_dtype(dtype: DType) -> StDtype {
+    match dtype {
+        DType::F16 => StDtype::F16,
+        DType::BF16 => StDtype::BF16,
+        DType::F32 => StDtype::F32,
+    }
+}
+
+/// A tensor ready to serialise.
+struct Entry {
+    dtype: DType,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+fn encode(dtype: DType, values: &[f32]) -> Vec<u8> {
+    match dtype {
+        DType::F16 | DType::BF16 => values
+            .iter()
+            .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+            .collect(),
+        DType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }
+}
+
+fn decode(view: &TensorView<'_>) -> Option<Vec<f32>> {
+    let data = view.data();
+    match view.dtype() {
+        StDtype::F32 => Some(
+            data.chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        ),
+        StDtype::F16 => Some(
+            data.chunks_exact(2)
+                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+/// Collects `prefix.<path>` entries for every parameter of a model.
+struct SaveParams<'e> {
+    prefix: &'static str,
+    entries: &'e mut BTreeMap<String, Entry>,
+}
+
+impl<D: AmpDevice> ParamVisitor<D> for SaveParams<'_> {
+    type Error = AmpError;
+    fn visit<S: Shape, E: AmpElem>(
+        &mut self,
+        path: &str,
+        param: &Tensor<S, E, D>,
+        _trainable: bool,
+    ) -> Result<(), AmpError>
+    where
+        D: Device<E>,
+    {
+        let values = param
+            .device()
+            .try_read_f32(E::erase::<D>(param.storage()))
+            .map_err(AmpError::device)?;
+        let dtype = dtype_of::<E>();
+        self.entries.insert(
+            format!("{}.{path}", self.prefix),
+            Entry {
+                dtype,
+                shape: param.shape().concrete().into_iter().collect(),
+                bytes: encode(dtype, &values),
+            },
+        );
+        Ok(())
+    }
+}
+
+/// Collects `optim.<store>.<path>` entries for every trainable master parameter.
+struct SaveState<'s, 'e, D: AmpDevice> {
+    stores: &'s [(&'static str, StateRef<'s, D>)],
+    entries: &'e mut BTreeMap<String, Entry>,
+}
+
+impl<D: AmpDevice> ParamVisitor<D> for SaveState<'_, '_, D> {
+    type Error = AmpError;
+    fn visit<S: Shape, E: AmpElem>(
+        &mut self,
+        path: &str,
+        param: &Tensor<S, E, D>,
+        trainable: bool,
+    ) -> Result<(), AmpError>
+    where
+        D: Device<E>,
+    {
+        if !trainable {
+            return Ok(());
+        }
+        let dev = param.device();
+        for (name, store) in self.stores {
+            let store = match store {
+                StateRef::F32(g) => StateRef::F32(*g),
+                StateRef::F16(g) => StateRef::F16(*g),
+            };
+            let store = E::downcast_grads(store).ok_or_else(|| AmpError::ParamMismatch {
+                path: path.to_string(),
+                detail: "the optimizer's state is in another precision than the parameter"
+                    .to_string(),
+            })?;
+            // A parameter the optimizer has not updated yet has no state.
+            let Some(buf) = store.get_ref_checked(param) else {
+                continue;
+            };
+            let buf = E::erase::<D>(buf);
+            let dtype = dtype_of::<E>();
+            let values = dev.try_read_f32(buf).map_err(AmpError::device)?;
+            self.entries.insert(
+                format!("optim.{name}.{path}"),
+                Entry {
+                    dtype,
+                    shape: param.shape().concrete().into_iter().collect(),
+                    bytes: encode(dtype, &values),
+                },
+            );
+        }
+        Ok(())
+    }
+}
+
+fn scaler_metadata(state: &ScalerState, meta: &mut HashMap<String, String>) {
+    let mode = match state.mode {
+        ScaleMode::Dynamic => "dynamic",
+        ScaleMode::Static => "static",
+        ScaleMode::Disabled => "disabled",
+    };
+    let mut put = |k: &str, v: String| meta.insert(format!("scaler.{k}"), v);
+    put("mode", mode.to_string());
+    // Bit patterns keep the FP32 values exact.
+    put("scale_bits", state.scale.to_bits().to_string());
+    put(
+        "growth_factor_bits",
+        state.growth_factor.to_bits().to_string(),
+    );
+    put(
+        "backoff_factor_bits",
+        state.backoff_factor.to_bits().to_string(),
+    );
+    put("growth_interval", state.growth_interval.to_string());
+    put("growth_tracker", state.growth_tracker.to_string());
+    put("skipped_steps", state.skipped_steps.to_string());
+}
+
+/// Saves `target`'s master weights (buffers synced first), `optimizer`'s state, `scaler`'s
+/// state and the caller's `extra` metadata to `path`, atomically. Returns the file's size.
+pub fn save<D, T, O>(
+    path: &Path,
+    target: &mut T,
+    optimizer: &O,
+    scaler: &GradScaler,
+    extra: &BTreeMap<String, String>,
+) -> Result<u64, CheckpointError>
+where
+    D: AmpDevice,
+    T: TrainTarget<D>,
+    O: OptimizerState<D>,
+{
+    target.sync_buffers_to_master()?;
+    let mut entries = BTreeMap::new();
+    target.master().visit_params(&mut SaveParams {
+        prefix: "master",
+        entries: &mut entries,
+    })?;
+    let stores = optimizer.stores();
+    target.master().visit_params(&mut SaveState {
+        stores: &stores,
+        entries: &mut entries,
+    })?;
+
+    let mut meta: HashMap<String, String> = extra
+        .iter()
+        .map(|(k, v)| (format!("user.{k}"), v.clone()))
+        .collect();
+    meta.insert("format".into(), FORMAT.into());
+    meta.insert("optim.kind".into(), optimizer.kind().into());
+    for (name, value) in optimizer.scalars() {
+        meta.insert(format!("optim.scalar.{name}"), value.to_string());
+    }
+    scaler_metadata(&scaler.state(), &mut meta);
+
+    let views: Vec<(String, TensorView<'_>)> = entries
+        .iter()
+        .map(|(name, e)| {
+            TensorView::new(st_dtype(e.dtype), e.shape.clone(), &e.bytes)
+                .map(|view| (name.clone(), view))
+                .map_err(|err| CheckpointError::Tensor {
+                    path: path.to_path_buf(),
+                    name: name.clone(),
+                    detail: err.to_string(),
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    let bytes = safetensors::tensor::serialize(views, &Some(meta)).map_err(|err| {
+        CheckpointError::Format {
+            path: path.to_path_buf(),
+            detail: err.to_string(),
+        }
+    })?;
+    write_atomically(path, &bytes)?;
+    Ok(bytes.len() as u64)
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    use std::io::Write;
+    let io = |source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path.file_name().ok_or_else(|| {
+        io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "a checkpoint path names a file",
+        ))
+    })?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let result = (|| {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(io)
+}
+
+/// Writes `prefix.<path>` tensors of a checkpoint into the visited parameters.
+struct LoadParams<'a> {
+    file: &'a Path,
+    tensors: &'a SafeTensors<'a>,
+    prefix: &'static str,
+}
+
+fn tensor_values(
+    file: &Path,
+    tensors: &SafeTensors<'_>,
+    name: &str,
+    numel: usize,
+) -> Result<Vec<f32>, CheckpointError> {
+    let err = |detail: String| CheckpointError::Tensor {
+        path: file.to_path_buf(),
+        name: name.to_string(),
+        detail,
+    };
+    let view = tensors
+        .tensor(name)
+        .map_err(|_| err("missing from the checkpoint".to_string()))?;
+    let values =
+        decode(&view).ok_or_else(|| err(format!("unsupported dtype {:?}", view.dtype())))?;
+    if values.len() != numel {
+        return Err(err(format!(
+            "holds {} values, the model's parameter has {numel}",
+            values.len()
+        )));
+    }
+    Ok(values)
+}
+
+impl<D: AmpDevice> ParamVisitorMut<D> for LoadParams<'_> {
+    type Error = CheckpointError;
+    fn visit_mut<S: Shape, E: AmpElem>(
+        &mut self,
+        path: &str,
+        param: &mut Tensor<S, E, D>,
+        _trainable: bool,
+    ) -> Result<(), CheckpointError>
+    where
+        D: Device<E>,
+    {
+        let name = format!("{}.{path}", self.prefix);
+        let values = tensor_values(self.file, self.tensors, &name, param.shape().num_elements())?;
+        let dev = param.device().clone();
+        dev.try_write_f32(E::erase_mut::<D>(param.storage_mut()), &values)
+            .map_err(|e| CheckpointError::Amp(AmpError::device(e)))
+    }
+}
+
+/// Writes `optim.<store>.<path>` tensors into the optimizer's stores, per trainable parameter.
+struct LoadState<'s, 'a, D: AmpDevice> {
+    file: &'a Path,
+    tensors: &'a SafeTensors<'a>,
+    stores: &'s mut [(&'static str, StateMut<'s, D>)],
+}
+
+impl<D: AmpDevice> ParamVisitor<D> for LoadState<'_, '_, D> {
+    type Error = CheckpointError;
+    fn visit<S: Shape, E: AmpElem>(
+        &mut self,
+        path: &str,
+        param: &Tensor<S, E, D>,
+        trainable: bool,
+    ) -> Result<(), CheckpointError>
+    where
+        D: Device<E>,
+    {
+        if !trainable {
+            return Ok(());
+        }
+        let dev = param.device();
+        for (store_name, store) in self.stores.iter_mut() {
+            let name = format!("optim.{store_name}.{path}");
+            if self.tensors.tensor(&name).is_err() {
+                // Saved before the optimizer's first update of this parameter.
+                continue;
+            }
+            let values =
+                tensor_values(self.file, self.tensors, &name, param.shape().num_elements())?;
+            let store = match store {
+                StateMut::F32(g) => StateMut::F32(&mut **g),
+                StateMut::F16(g) => StateMut::F16(&mut **g),
+            };
+            let store = E::downcast_grads_mut(store).ok_or_else(|| AmpError::ParamMismatch {
+                path: path.to_string(),
+                detail: "the optimizer's state is in another precision than the parameter"
+                    .to_string(),
+            })?;
+            let buf = store.get_or_alloc_mut(param).map_err(AmpError::device)?;
+            dev.try_write_f32(E::erase_mut::<D>(buf), &values)
+                .map_err(AmpError::device)?;
+        }
+        Ok(())
+    }
+}
+
+fn parse_scaler(
+    path: &Path,
+    meta: &HashMap<String, String>,
+) -> Result<ScalerState, CheckpointError> {
+    let bad = |key: &str| CheckpointError::Mismatch {
+        path: path.to_path_buf(),
+        detail: format!("scaler state `{key}` is missing or malformed"),
+    };
+    let get = |key: &str| meta.get(&format!("scaler.{key}")).ok_or_else(|| bad(key));
+    let num =
+        |key: &str| -> Result<u64, CheckpointError> { get(key)?.parse().map_err(|_| bad(key)) };
+    let bits = |key: &str| -> Result<f32, CheckpointError> {
+        Ok(f32::from_bits(
+            u32::try_from(num(key)?).map_err(|_| bad(key))?,
+        ))
+    };
+    let mode = match get("mode")?.as_str() {
+        "dynamic" => ScaleMode::Dynamic,
+        "static" => ScaleMode::Static,
+        "disabled" => ScaleMode::Disabled,
+        _ => return Err(bad("mode")),
+    };
+    Ok(ScalerState {
+        mode,
+        scale: bits("scale_bits")?,
+        growth_factor: bits("growth_factor_bits")?,
+        backoff_factor: bits("backoff_factor_bits")?,
+        growth_interval: u32::try_from(num("growth_interval")?)
+            .map_err(|_| bad("growth_interval"))?,
+        growth_tracker: u32::try_from(num("growth_tracker")?).map_err(|_| bad("growth_tracker"))?,
+        skipped_steps: num("skipped_steps")?,
+    })
+}
+
+/// Restores a checkpoint written by [`save`] into `target`, `optimizer` and `scaler`, and
+/// returns the caller's metadata. Everything is checked before anything is changed except the
+/// tensors themselves: on a tensor error the model may be partly loaded, so load into a freshly
+/// built model.
+pub fn load<D, T, O>(
+    path: &Path,
+    target: &mut T,
+    optimizer: &mut O,
+    scaler: &mut GradScaler,
+) -> Result<BTreeMap<String, String>, CheckpointError>
+where
+    D: AmpDevice,
+    T: TrainTarget<D>,
+    O: OptimizerState<D>,
+{
+    let bytes = std::fs::read(path).map_err(|source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let format_err = |detail: String| CheckpointError::Format {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| format_err(e.to_string()))?;
+    let tensors = SafeTensors::deserialize(&bytes).map_err(|e| format_err(e.to_string()))?;
+    let meta = header.metadata().clone().unwrap_or_default();
+    let mismatch = |detail: String| CheckpointError::Mismatch {
+        path: path.to_path_buf(),
+        detail,
+    };
+    match meta.get("format") {
+        Some(f) if f == FORMAT => {}
+        Some(f) => {
+            return Err(mismatch(format!(
+                "checkpoint format `{f}`, expected `{FORMAT}`"
+            )))
+        }
+        None => {
+            return Err(mismatch(
+                "not a typed-amp checkpoint (no format tag)".to_string(),
+            ))
+        }
+    }
+    match meta.get("optim.kind") {
+        Some(kind) if kind == optimizer.kind() => {}
+        other => {
+            return Err(mismatch(format!(
+                "saved with optimizer `{}`, loading into `{}`",
+                other.map_or("?", String::as_str),
+                optimizer.kind()
+            )))
+        }
+    }
+    let scaler_state = parse_scaler(path, &meta)?;
+    let restored = GradScaler::from_state(scaler_state).map_err(|e| mismatch(e.to_string()))?;
+    let mut scalars = Vec::new();
+    for (name, _) in optimizer.scalars() {
+        let key = format!("optim.scalar.{name}");
+        let value: i64 = meta
+            .get(&key)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| mismatch(format!("optimizer state `{key}` is missing or malformed")))?;
+        scalars.push((name, value));
+    }
+
+    target.master_mut().visit_params_mut(&mut LoadParams {
+        file: path,
+        tensors: &tensors,
+        prefix: "master",
+    })?;
+    target.reload_working()?;
+    {
+        let mut stores = optimizer.stores_mut();
+        target.master().visit_params(&mut LoadState {
+            file: path,
+            tensors: &tensors,
+            stores: &mut stores,
+        })?;
+    }
+    for (name, value) in scalars {
+        optimizer.set_scalar(name, value)?;
+    }
+    *scaler = restored;
+    Ok(meta
+        .into_iter()
+        .filter_map(|(k, v)| k.strip_prefix("user.").map(|k| (k.to_string(), v)))
+        .collect())
+}
