@@ -58,9 +58,12 @@ cnn!(CnnO1, policy = "O1");
 cnn!(CnnO2, policy = "O2");
 cnn!(CnnO3, policy = "O3", allow_fp16_updates);
 
-/// Batches of examples of one input shape with one-hot labels.
+/// A batch of examples of one input shape with one-hot labels.
+type Batch<S> = (Tensor<S, f32, Cpu>, Tensor<Rank2<BATCH, CLASSES>, f32, Cpu>);
+
+/// Batches of examples.
 struct Data<S: ConstShape> {
-    batches: Vec<(Tensor<S, f32, Cpu>, Tensor<Rank2<BATCH, CLASSES>, f32, Cpu>)>,
+    batches: Vec<Batch<S>>,
 }
 
 fn one_hot(labels: &[usize]) -> Vec<f32> {
@@ -257,8 +260,17 @@ fn o2_stores_batch_norm_in_fp32_and_conv_and_linear_in_fp16() {
         };
         assert_eq!(p.dtype, expected, "{}", p.path);
     }
-    assert_eq!(CnnO2::AMP_CONFIG.opt_level, OptLevel::O2);
-    assert!(CnnO2::AMP_CONFIG.master_weights && CnnO2::AMP_CONFIG.keep_batchnorm_fp32);
+    assert_eq!(
+        CnnO2::AMP_CONFIG,
+        typed_amp::amp::AmpConfig {
+            opt_level: OptLevel::O2,
+            master_weights: true,
+            keep_batchnorm_fp32: true,
+            loss_scale: typed_amp::amp::LossScale::Dynamic,
+            cast_model_outputs: Some(DType::F32),
+            allow_fp16_updates: false,
+        }
+    );
     assert_eq!(CnnO0::scaler().get_scale(), 1.0, "O0 does not scale");
     assert_eq!(CnnO2::scaler().get_scale(), 65536.0);
 }

@@ -55,6 +55,11 @@ fn len_of_mut(buf: &AnyBufMut<'_, Cpu>) -> usize {
     }
 }
 
+/// The stats slot `slot`, or an error if the buffer has no such slot.
+fn slot_of(stats: &mut [f32], slot: usize) -> Result<&mut f32, CpuError> {
+    stats.get_mut(slot).ok_or(CpuError::WrongNumElements)
+}
+
 fn check_lengths(src: usize, dst: usize) -> Result<(), CpuError> {
     if src == dst {
         Ok(())
@@ -153,6 +158,7 @@ impl AmpDevice for Cpu {
         slot: usize,
     ) -> Result<(), CpuError> {
         check_lengths(len_of(&src), len_of_mut(&dst))?;
+        slot_of(stats, slot)?;
         let mut non_finite = false;
         match dst {
             AnyBufMut::F32(dst) => for_each_f32_chunk(&src, |at, chunk| {
@@ -173,7 +179,7 @@ impl AmpDevice for Cpu {
                 })
             }
         }
-        stats[slot] = f32::from(u8::from(non_finite));
+        *slot_of(stats, slot)? = f32::from(u8::from(non_finite));
         Ok(())
     }
 
@@ -184,6 +190,7 @@ impl AmpDevice for Cpu {
         stats: &mut Self::Stats,
         slot: usize,
     ) -> Result<(), CpuError> {
+        slot_of(stats, slot)?;
         let non_finite = match buf {
             AnyBufMut::F32(buf) => {
                 let non_finite = any_non_finite(buf);
@@ -203,7 +210,7 @@ impl AmpDevice for Cpu {
                 non_finite
             }
         };
-        stats[slot] = f32::from(u8::from(non_finite));
+        *slot_of(stats, slot)? = f32::from(u8::from(non_finite));
         Ok(())
     }
 
@@ -226,7 +233,7 @@ impl AmpDevice for Cpu {
                 }
             }
         });
-        stats[slot] = lanes.iter().sum::<f32>() + tail;
+        *slot_of(stats, slot)? = lanes.iter().sum::<f32>() + tail;
         Ok(())
     }
 
@@ -246,7 +253,7 @@ impl AmpDevice for Cpu {
                 };
             }
         });
-        stats[slot] = max;
+        *slot_of(stats, slot)? = max;
         Ok(())
     }
 

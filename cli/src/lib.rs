@@ -1,0 +1,8 @@
+//! typed-amp's main job: train Fashion-MNIST models in FP32 and in mixed precision, and compare.
+//!
+//! The `typed-amp` binary parses arguments and prints; this library holds the models, the
+//! training run and the report, so that tests can drive them directly.
+
+pub mod models;
+pub mod report;
+pub mod run;

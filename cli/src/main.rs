@@ -1,0 +1,232 @@
+//! `typed-amp`: train Fashion-MNIST in FP32 and mixed precision, and compare.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use typed_amp::amp::OptLevel;
+use typed_amp::data::FashionMnist;
+use typed_amp_cli::models::Arch;
+use typed_amp_cli::report::{comparison_table, run_json};
+use typed_amp_cli::run::{run, RunConfig, RunError};
+
+const USAGE: &str = "\
+typed-amp: train Fashion-MNIST in FP32 and mixed precision
+
+USAGE:
+    typed-amp [compare] [OPTIONS]     train FP32 (O0) and a mixed policy alike, print the table
+    typed-amp train [OPTIONS]         train one model under one policy
+
+OPTIONS:
+    --model mlp|cnn        architecture                                  [default: mlp]
+    --policy O0|O1|O2|O3   policy (compare: the mixed one)               [default: O2]
+    --epochs N             epochs                                        [default: 5]
+    --batch B              examples per step                             [default: 128]
+    --seed S               seed for initialisation and data order        [default: 0]
+    --lr LR                Adam's learning rate                          [default: 0.001]
+    --data-dir DIR         the four Fashion-MNIST IDX .gz files          [default: /usr/share/datasets/fashion-mnist,
+                                                                                   else the embedded subset]
+    --device cpu           device                                        [default: cpu]
+    --save PATH            (train) write a checkpoint after every epoch
+    --resume PATH          (train) continue from a checkpoint
+    --quiet                no progress bar
+    --json                 print results as JSON
+    -h, --help             this help
+";
+
+#[derive(Debug)]
+struct Args {
+    command: Command,
+    config: RunConfig,
+    data_dir: Option<PathBuf>,
+    json: bool,
+}
+
+#[derive(Debug, PartialEq)]
+enum Command {
+    Train,
+    Compare,
+}
+
+fn parse_args() -> Result<Option<Args>, String> {
+    use lexopt::prelude::*;
+    let mut parser = lexopt::Parser::from_env();
+    let mut command = None;
+    let mut config = RunConfig {
+        arch: Arch::Mlp,
+        policy: OptLevel::O2,
+        epochs: 5,
+        batch: 128,
+        seed: 0,
+        lr: 1e-3,
+        save: None,
+        resume: None,
+        progress: true,
+    };
+    let (mut data_dir, mut json) = (None, false);
+    let err = |e: lexopt::Error| e.to_string();
+    while let Some(arg) = parser.next().map_err(err)? {
+        match arg {
+            Value(v) if command.is_none() => {
+                command = Some(match v.to_string_lossy().as_ref() {
+                    "train" => Command::Train,
+                    "compare" => Command::Compare,
+                    other => {
+                        return Err(format!(
+                            "unknown command `{other}`: expected train or compare"
+                        ))
+                    }
+                })
+            }
+            Long("model") => {
+                config.arch = parser
+                    .value()
+                    .map_err(err)?
+                    .string()
+                    .map_err(err)?
+                    .parse()?
+            }
+            Long("policy") => {
+                config.policy = parser
+                    .value()
+                    .map_err(err)?
+                    .string()
+                    .map_err(err)?
+                    .parse()
+                    .map_err(|e: typed_amp::AmpError| e.to_string())?
+            }
+            Long("epochs") => config.epochs = parser.value().map_err(err)?.parse().map_err(err)?,
+            Long("batch") => config.batch = parser.value().map_err(err)?.parse().map_err(err)?,
+            Long("seed") => config.seed = parser.value().map_err(err)?.parse().map_err(err)?,
+            Long("lr") => config.lr = parser.value().map_err(err)?.parse().map_err(err)?,
+            Long("data-dir") => data_dir = Some(PathBuf::from(parser.value().map_err(err)?)),
+            Long("save") => config.save = Some(PathBuf::from(parser.value().map_err(err)?)),
+            Long("resume") => config.resume = Some(PathBuf::from(parser.value().map_err(err)?)),
+            Long("device") => {
+                let device = parser.value().map_err(err)?.string().map_err(err)?;
+                if device != "cpu" {
+                    return Err(format!(
+                        "device `{device}` is not available: this build trains on the CPU (`--device cpu`)"
+                    ));
+                }
+            }
+            Long("quiet") => config.progress = false,
+            Long("json") => json = true,
+            Short('h') | Long("help") => return Ok(None),
+            other => return Err(other.unexpected().to_string()),
+        }
+    }
+    let command = command.unwrap_or(Command::Compare);
+    if command == Command::Compare && (config.save.is_some() || config.resume.is_some()) {
+        return Err("--save and --resume belong to `typed-amp train`".to_string());
+    }
+    if config.batch == 0 {
+        return Err("--batch must be at least 1".to_string());
+    }
+    if !(config.lr.is_finite() && config.lr > 0.0) {
+        return Err("--lr must be a positive number".to_string());
+    }
+    Ok(Some(Args {
+        command,
+        config,
+        data_dir,
+        json,
+    }))
+}
+
+fn describe(args: &Args, data: &FashionMnist) -> String {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!(
+        "{}\n{}, {} epochs, batch {}, seed {}, Adam lr {}, CPU ({threads} threads)",
+        data.describe(),
+        args.config.arch.describe(),
+        args.config.epochs,
+        args.config.batch,
+        args.config.seed,
+        args.config.lr,
+    )
+}
+
+fn main_result(args: Args) -> Result<(), RunError> {
+    let data = FashionMnist::load(args.data_dir.as_deref())?;
+    if !args.json {
+        println!("{}\n", describe(&args, &data));
+    }
+    match args.command {
+        Command::Train => {
+            let report = run(&args.config, &data)?;
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&run_json(&report))
+                        .expect("JSON values serialise")
+                );
+            } else {
+                for e in &report.epochs {
+                    println!(
+                        "epoch {:>3}  {:6.2} s  loss {:.4}  train {:.2}%  test {:.2}%",
+                        e.epoch,
+                        e.seconds,
+                        e.train_loss,
+                        100.0 * e.train_accuracy,
+                        100.0 * e.test_accuracy
+                    );
+                }
+                println!(
+                    "{}: test accuracy {:.2}%, {} steps ({} skipped), final loss scale {}",
+                    report.recipe,
+                    100.0 * report.test_accuracy,
+                    report.steps,
+                    report.skipped_steps,
+                    report.final_scale
+                );
+            }
+        }
+        Command::Compare => {
+            let fp32_config = RunConfig {
+                policy: OptLevel::O0,
+                ..args.config.clone()
+            };
+            let fp32 = run(&fp32_config, &data)?;
+            let mixed = run(&args.config, &data)?;
+            if args.json {
+                let value = serde_json::json!({
+                    "data": data.describe(),
+                    "fp32": run_json(&fp32),
+                    "mixed": run_json(&mixed),
+                });
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&value).expect("JSON values serialise")
+                );
+            } else {
+                print!("{}", comparison_table(&fp32, &mixed));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(Some(args)) => args,
+        Ok(None) => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(message) => {
+            eprintln!("error: {message}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match main_result(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(RunError::Usage(message)) => {
+            eprintln!("error: {message}");
+            ExitCode::from(2)
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! The main job's models, declared once per policy with `#[amp]`.
+
+use typed_amp::dfdx::nn::builders::{BatchNorm2D, Linear};
+use typed_amp::nn::builders::{Conv2D, Flatten, MaxPool2D};
+use typed_amp::prelude::*;
+
+/// The two architectures the main job trains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// MLP 784-512-256-10 with ReLU.
+    Mlp,
+    /// conv(16) → BN → ReLU → pool, conv(32) → BN → ReLU → pool, then a linear layer.
+    Cnn,
+}
+
+impl Arch {
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Mlp => "mlp",
+            Arch::Cnn => "cnn",
+        }
+    }
+
+    /// A one-line description.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Arch::Mlp => "MLP 784-512-256-10",
+            Arch::Cnn => "CNN conv16-BN-pool, conv32-BN-pool, linear",
+        }
+    }
+}
+
+impl std::str::FromStr for Arch {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "mlp" => Ok(Arch::Mlp),
+            "cnn" => Ok(Arch::Cnn),
+            other => Err(format!("unknown model `{other}`: expected mlp or cnn")),
+        }
+    }
+}
+
+macro_rules! mlp {
+    ($name:ident, $($policy:tt)*) => {
+        /// The MLP under one policy.
+        #[typed_amp::amp($($policy)*, cast_model_outputs = "fp32")]
+        pub struct $name {
+            fc1: Linear<784, 512>,
+            act1: ReLU,
+            fc2: Linear<512, 256>,
+            act2: ReLU,
+            fc3: Linear<256, 10>,
+        }
+    };
+}
+
+mlp!(MlpO0, policy = "O0");
+mlp!(MlpO1, policy = "O1");
+mlp!(MlpO2, policy = "O2");
+mlp!(MlpO3, policy = "O3", allow_fp16_updates);
+
+macro_rules! cnn {
+    ($name:ident, $($policy:tt)*) => {
+        /// The CNN under one policy.
+        #[typed_amp::amp($($policy)*, cast_model_outputs = "fp32")]
+        pub struct $name {
+            conv1: Conv2D<1, 16, 3, 1, 1>,
+            bn1: BatchNorm2D<16>,
+            act1: ReLU,
+            pool1: MaxPool2D<2>,
+            conv2: Conv2D<16, 32, 3, 1, 1>,
+            bn2: BatchNorm2D<32>,
+            act2: ReLU,
+            pool2: MaxPool2D<2>,
+            flat: Flatten<{ 32 * 7 * 7 }>,
+            fc: Linear<{ 32 * 7 * 7 }, 10>,
+        }
+    };
+}
+
+cnn!(CnnO0, policy = "O0");
+cnn!(CnnO1, policy = "O1");
+cnn!(CnnO2, policy = "O2");
+cnn!(CnnO3, policy = "O3", allow_fp16_updates);

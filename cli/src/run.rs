@@ -1,0 +1,453 @@
+//! One training run: a model under a policy, trained on Fashion-MNIST with the typed step,
+//! with checkpoints, progress and the figures the comparison table needs.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use typed_amp::amp::{AmpModel, OptLevel};
+use typed_amp::checkpoint::{self, CheckpointError};
+use typed_amp::data::{DataError, FashionMnist, Split, CLASSES, IMAGE_SIZE};
+use typed_amp::dfdx::optim::Adam;
+use typed_amp::loss::try_cross_entropy_with_logits_loss;
+use typed_amp::optim::{MasterOptimizer, OptimizerState};
+use typed_amp::prelude::*;
+use typed_amp::{AmpError, Fp16Updates, Parameters, TrainTarget};
+
+use crate::models::*;
+
+/// Fashion-MNIST's pixel mean and standard deviation (of `pixel / 255`) over the training set.
+const PIXEL_MEAN: f32 = 0.2860;
+const PIXEL_STD: f32 = 0.3530;
+/// Test images evaluated per forward pass.
+const EVAL_BATCH: usize = 500;
+
+/// Everything that can end a run early.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The data set could not be loaded.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// Training failed on the device.
+    #[error(transparent)]
+    Amp(#[from] AmpError),
+    /// A checkpoint could not be written or read.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The arguments do not describe a run.
+    #[error("{0}")]
+    Usage(String),
+}
+
+/// What to train, and how.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    /// The architecture.
+    pub arch: Arch,
+    /// The mixed-precision policy.
+    pub policy: OptLevel,
+    /// Epochs to train (in total, counting those a resumed checkpoint already did).
+    pub epochs: usize,
+    /// Examples per step.
+    pub batch: usize,
+    /// Seeds initialisation and data order.
+    pub seed: u64,
+    /// Adam's learning rate.
+    pub lr: f64,
+    /// Write a checkpoint here after every epoch.
+    pub save: Option<PathBuf>,
+    /// Continue from this checkpoint.
+    pub resume: Option<PathBuf>,
+    /// Show a progress bar.
+    pub progress: bool,
+}
+
+/// One epoch's figures.
+#[derive(Debug, Clone)]
+pub struct EpochReport {
+    /// Epoch number, from 1.
+    pub epoch: usize,
+    /// Training time (forward, backward, step), excluding evaluation.
+    pub seconds: f64,
+    /// Mean training loss over the epoch.
+    pub train_loss: f32,
+    /// Training accuracy over the epoch.
+    pub train_accuracy: f32,
+    /// Test accuracy after the epoch.
+    pub test_accuracy: f32,
+}
+
+/// A run's results.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    /// The configuration.
+    pub config: RunConfig,
+    /// The model's recipe, as `#[amp]` compiled it.
+    pub recipe: String,
+    /// Epochs trained in this process.
+    pub epochs: Vec<EpochReport>,
+    /// Test accuracy at the end.
+    pub test_accuracy: f32,
+    /// Optimizer steps taken in total (including skipped ones).
+    pub steps: u64,
+    /// Steps skipped because of inf/NaN gradients.
+    pub skipped_steps: u64,
+    /// The loss scale at the end.
+    pub final_scale: f32,
+    /// Bytes of parameters held: master weights plus the working copy where separate.
+    pub weights_bytes: usize,
+    /// Size of the checkpoint file.
+    pub checkpoint_bytes: u64,
+    /// Peak resident memory of the process during the run, where the OS reports it.
+    pub peak_rss_bytes: Option<u64>,
+}
+
+impl RunReport {
+    /// Mean training time per epoch.
+    pub fn seconds_per_epoch(&self) -> f64 {
+        if self.epochs.is_empty() {
+            0.0
+        } else {
+            self.epochs.iter().map(|e| e.seconds).sum::<f64>() / self.epochs.len() as f64
+        }
+    }
+}
+
+/// The input layout an architecture takes.
+pub trait Input {
+    /// A batch's shape.
+    type Shape: Shape;
+    /// The shape of `batch` images.
+    fn shape(batch: usize) -> Self::Shape;
+}
+
+/// Flattened images, `(batch, 784)`, for the MLP.
+pub struct Flat;
+impl Input for Flat {
+    type Shape = (usize, Const<IMAGE_SIZE>);
+    fn shape(batch: usize) -> Self::Shape {
+        (batch, Const)
+    }
+}
+
+/// Images, `(batch, 1, 28, 28)`, for the CNN.
+pub struct Image;
+impl Input for Image {
+    type Shape = (usize, Const<1>, Const<28>, Const<28>);
+    fn shape(batch: usize) -> Self::Shape {
+        (batch, Const, Const, Const)
+    }
+}
+
+type Logits<T = NoneTape> = Tensor<(usize, Const<CLASSES>), f32, Cpu, T>;
+type WorkingOf<M> = <<M as AmpModel<Cpu>>::Weights as TrainTarget<Cpu>>::Working;
+type MasterOf<M> = <<M as AmpModel<Cpu>>::Weights as TrainTarget<Cpu>>::Master;
+
+/// A batch: normalised pixels, one-hot labels, and the labels themselves.
+type Batch<I> = (
+    Tensor<<I as Input>::Shape, f32, Cpu>,
+    Tensor<(usize, Const<CLASSES>), f32, Cpu>,
+    Vec<u8>,
+);
+
+/// The examples `indices` of `split`.
+fn batch<I: Input>(dev: &Cpu, split: &Split, indices: &[usize]) -> Batch<I> {
+    let mut x = Vec::with_capacity(indices.len() * IMAGE_SIZE);
+    let mut y = vec![0.0f32; indices.len() * CLASSES];
+    let mut labels = Vec::with_capacity(indices.len());
+    for (row, &i) in indices.iter().enumerate() {
+        x.extend(
+            split
+                .image(i)
+                .iter()
+                .map(|&p| (f32::from(p) / 255.0 - PIXEL_MEAN) / PIXEL_STD),
+        );
+        let label = split.label(i);
+        y[row * CLASSES + usize::from(label)] = 1.0;
+        labels.push(label);
+    }
+    (
+        dev.tensor_from_vec(x, I::shape(indices.len())),
+        dev.tensor_from_vec(y, (indices.len(), Const)),
+        labels,
+    )
+}
+
+/// How many rows of `logits` predict `labels`.
+fn correct(logits: &[f32], labels: &[u8]) -> usize {
+    logits
+        .chunks(CLASSES)
+        .zip(labels)
+        .filter(|(row, &label)| {
+            let predicted = row
+                .iter()
+                .enumerate()
+                .fold((0, f32::NEG_INFINITY), |best, (i, &v)| {
+                    if v > best.1 {
+                        (i, v)
+                    } else {
+                        best
+                    }
+                })
+                .0;
+            predicted == usize::from(label)
+        })
+        .count()
+}
+
+fn evaluate<I: Input, W>(dev: &Cpu, model: &W, test: &Split) -> Result<f32, RunError>
+where
+    W: Module<Tensor<I::Shape, f32, Cpu>, Output = Logits, Error = CpuError>,
+{
+    let indices: Vec<usize> = (0..test.len()).collect();
+    let mut right = 0;
+    for chunk in indices.chunks(EVAL_BATCH) {
+        let (x, _, labels) = batch::<I>(dev, test, chunk);
+        let logits = model.try_forward(x).map_err(AmpError::device)?;
+        right += correct(&logits.as_vec(), &labels);
+    }
+    Ok(right as f32 / test.len().max(1) as f32)
+}
+
+/// Peak resident memory since the last reset, from `/proc/self/status` (Linux).
+fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Starts a new peak-memory measurement (Linux's `clear_refs`; ignored elsewhere).
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+fn meta_get<T: std::str::FromStr>(
+    meta: &BTreeMap<String, String>,
+    key: &str,
+) -> Result<T, RunError> {
+    meta.get(key).and_then(|v| v.parse().ok()).ok_or_else(|| {
+        RunError::Usage(format!(
+            "the checkpoint has no valid `{key}`: was it written by `typed-amp train`?"
+        ))
+    })
+}
+
+/// Trains one model under one policy.
+fn run_model<M, I, O>(
+    cfg: &RunConfig,
+    data: &FashionMnist,
+    make_optimizer: impl FnOnce(&MasterOf<M>) -> O,
+) -> Result<RunReport, RunError>
+where
+    M: AmpModel<Cpu>,
+    I: Input,
+    WorkingOf<M>: ModuleMut<
+            Tensor<I::Shape, f32, Cpu, MixedTape<Cpu>>,
+            Output = Logits<MixedTape<Cpu>>,
+            Error = CpuError,
+        > + Module<Tensor<I::Shape, f32, Cpu>, Output = Logits, Error = CpuError>,
+    O: MasterOptimizer<MasterOf<M>, Cpu> + OptimizerState<Cpu>,
+{
+    if cfg.batch == 0 {
+        return Err(RunError::Usage("--batch must be at least 1".to_string()));
+    }
+    reset_peak_rss();
+    let dev = Cpu::seed_from_u64(cfg.seed);
+    let mut model = M::try_build(&dev)?;
+    let mut opt = make_optimizer(model.master());
+    let mut scaler = M::scaler();
+    let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+    let (mut first_epoch, mut steps) = (0usize, 0u64);
+
+    if let Some(path) = &cfg.resume {
+        let meta = checkpoint::load(path, &mut model, &mut opt, &mut scaler)?;
+        let expect = |key: &str, value: String| -> Result<(), RunError> {
+            match meta.get(key) {
+                Some(saved) if *saved == value => Ok(()),
+                saved => Err(RunError::Usage(format!(
+                    "{} was saved with {key} = {}, this run has {value}",
+                    path.display(),
+                    saved.map_or("nothing", String::as_str)
+                ))),
+            }
+        };
+        expect("model", cfg.arch.name().to_string())?;
+        expect("policy", cfg.policy.to_string())?;
+        expect("batch", cfg.batch.to_string())?;
+        expect("seed", cfg.seed.to_string())?;
+        first_epoch = meta_get(&meta, "epoch")?;
+        steps = meta_get(&meta, "step")?;
+        rng.set_word_pos(meta_get::<u128>(&meta, "rng_word_pos")?);
+    }
+
+    let train = &data.train;
+    let steps_per_epoch = train.len().div_ceil(cfg.batch);
+    let mut grads = model.alloc_grads()?;
+    let mut epochs = Vec::new();
+    for epoch in first_epoch..cfg.epochs {
+        let mut order: Vec<usize> = (0..train.len()).collect();
+        order.shuffle(&mut rng);
+        let bar = if cfg.progress {
+            let bar = ProgressBar::new(steps_per_epoch as u64);
+            bar.set_style(
+                ProgressStyle::with_template("{prefix:>14} [{bar:28}] {pos}/{len} {msg}")
+                    .expect("a valid template")
+                    .progress_chars("=> "),
+            );
+            bar.set_prefix(format!("{} epoch {}", cfg.policy, epoch + 1));
+            bar
+        } else {
+            ProgressBar::hidden()
+        };
+        let (mut loss_sum, mut right, mut seen) = (0.0f64, 0usize, 0usize);
+        let started = Instant::now();
+        for chunk in order.chunks(cfg.batch) {
+            let (x, y, labels) = batch::<I>(&dev, train, chunk);
+            let logits = model
+                .working_mut()
+                .try_forward_mut(x.traced_mixed(grads))
+                .map_err(AmpError::device)?;
+            right += correct(&logits.as_vec(), &labels);
+            seen += chunk.len();
+            let loss = try_cross_entropy_with_logits_loss(logits, y).map_err(AmpError::device)?;
+            loss_sum += f64::from(loss.value()) * chunk.len() as f64;
+            let scaled = scaler.scale(loss).backward()?;
+            let unscaled = scaler.unscale(&mut model, scaled)?;
+            let outcome = scaler.step(&mut opt, &mut model, unscaled)?;
+            scaler.update(outcome.found_inf);
+            grads = outcome.grads;
+            steps += 1;
+            bar.inc(1);
+            bar.set_message(format!(
+                "loss {:.4}  acc {:.2}%  scale {}",
+                loss_sum / seen as f64,
+                100.0 * right as f64 / seen as f64,
+                scaler.get_scale()
+            ));
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        bar.finish_and_clear();
+        let test_accuracy = evaluate::<I, _>(&dev, model.working(), &data.test)?;
+        epochs.push(EpochReport {
+            epoch: epoch + 1,
+            seconds,
+            train_loss: (loss_sum / seen.max(1) as f64) as f32,
+            train_accuracy: right as f32 / seen.max(1) as f32,
+            test_accuracy,
+        });
+        if let Some(path) = &cfg.save {
+            let meta = run_metadata(cfg, epoch + 1, steps, rng.get_word_pos());
+            checkpoint::save(path, &mut model, &opt, &scaler, &meta)?;
+        }
+    }
+
+    let test_accuracy = match epochs.last() {
+        Some(e) => e.test_accuracy,
+        None => evaluate::<I, _>(&dev, model.working(), &data.test)?,
+    };
+    let peak_rss_bytes = peak_rss();
+    let checkpoint_bytes = match &cfg.save {
+        Some(path) => std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
+        None => measure_checkpoint(&mut model, &opt, &scaler)?,
+    };
+    let master_bytes: usize = model
+        .master()
+        .param_summary()
+        .iter()
+        .map(|p| p.size_in_bytes())
+        .sum();
+    let working_bytes: usize = model
+        .working()
+        .param_summary()
+        .iter()
+        .map(|p| p.size_in_bytes())
+        .sum();
+    let weights_bytes = if M::CONFIG.master_weights {
+        master_bytes + working_bytes
+    } else {
+        master_bytes
+    };
+    Ok(RunReport {
+        config: cfg.clone(),
+        recipe: M::CONFIG.to_string(),
+        epochs,
+        test_accuracy,
+        steps,
+        skipped_steps: scaler.skipped_steps(),
+        final_scale: scaler.get_scale(),
+        weights_bytes,
+        checkpoint_bytes,
+        peak_rss_bytes,
+    })
+}
+
+fn run_metadata(
+    cfg: &RunConfig,
+    epoch: usize,
+    step: u64,
+    word_pos: u128,
+) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("model".to_string(), cfg.arch.name().to_string()),
+        ("policy".to_string(), cfg.policy.to_string()),
+        ("batch".to_string(), cfg.batch.to_string()),
+        ("seed".to_string(), cfg.seed.to_string()),
+        ("lr".to_string(), cfg.lr.to_string()),
+        ("epoch".to_string(), epoch.to_string()),
+        ("step".to_string(), step.to_string()),
+        ("rng".to_string(), "ChaCha8".to_string()),
+        ("rng_word_pos".to_string(), word_pos.to_string()),
+    ])
+}
+
+/// Size of the run's checkpoint, written to a temporary file and removed.
+fn measure_checkpoint<T: TrainTarget<Cpu>, O: OptimizerState<Cpu>>(
+    model: &mut T,
+    opt: &O,
+    scaler: &GradScaler,
+) -> Result<u64, RunError> {
+    let path =
+        std::env::temp_dir().join(format!("typed-amp-size-{}.safetensors", std::process::id()));
+    let size = checkpoint::save(&path, model, opt, scaler, &BTreeMap::new())?;
+    let _ = std::fs::remove_file(&path);
+    Ok(size)
+}
+
+/// Trains `cfg.arch` under `cfg.policy` with Adam.
+pub fn run(cfg: &RunConfig, data: &FashionMnist) -> Result<RunReport, RunError> {
+    let adam = AdamConfig {
+        lr: cfg.lr,
+        ..Default::default()
+    };
+    match (cfg.arch, cfg.policy) {
+        (Arch::Mlp, OptLevel::O0) => {
+            run_model::<MlpO0, Flat, _>(cfg, data, |m| Adam::<_, f32, Cpu>::new(m, adam))
+        }
+        (Arch::Mlp, OptLevel::O1) => {
+            run_model::<MlpO1, Flat, _>(cfg, data, |m| Adam::<_, f32, Cpu>::new(m, adam))
+        }
+        (Arch::Mlp, OptLevel::O2) => {
+            run_model::<MlpO2, Flat, _>(cfg, data, |m| Adam::<_, f32, Cpu>::new(m, adam))
+        }
+        (Arch::Mlp, OptLevel::O3) => run_model::<MlpO3, Flat, _>(cfg, data, |m| {
+            Fp16Updates(Adam::<_, f16, Cpu>::new(m, adam))
+        }),
+        (Arch::Cnn, OptLevel::O0) => {
+            run_model::<CnnO0, Image, _>(cfg, data, |m| Adam::<_, f32, Cpu>::new(m, adam))
+        }
+        (Arch::Cnn, OptLevel::O1) => {
+            run_model::<CnnO1, Image, _>(cfg, data, |m| Adam::<_, f32, Cpu>::new(m, adam))
+        }
+        (Arch::Cnn, OptLevel::O2) => {
+            run_model::<CnnO2, Image, _>(cfg, data, |m| Adam::<_, f32, Cpu>::new(m, adam))
+        }
+        (Arch::Cnn, OptLevel::O3) => run_model::<CnnO3, Image, _>(cfg, data, |m| {
+            Fp16Updates(Adam::<_, f16, Cpu>::new(m, adam))
+        }),
+    }
+}
