@@ -68,6 +68,11 @@ impl<D: AmpDevice> MixedGradients<D> {
     /// Zeroes the gradients of `module`'s trainable parameters (allocating any that are missing)
     /// and marks them as the gradients to keep.
     pub fn zero_params<M: Parameters<D>>(&mut self, module: &M) -> Result<(), AmpError> {
+        // Both stores keep only parameters' gradients, even a store no parameter is in: an FP16
+        // model's FP32 store still receives the gradients of FP32 temporaries (the input before
+        // its cast, the logits), which must not outlive the backward pass.
+        self.f32.retain_leafs(&[]);
+        self.f16.retain_leafs(&[]);
         struct Zero<'g, D: AmpDevice>(&'g mut MixedGradients<D>);
         impl<D: AmpDevice> ParamVisitor<D> for Zero<'_, D> {
             type Error = D::Err;

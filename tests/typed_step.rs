@@ -292,3 +292,27 @@ fn clipping_works_on_unscaled_master_gradients() {
     assert!(max <= 1e-3);
     assert!(unscaled.clip_grad_norm(&model, -1.0).is_err());
 }
+
+#[test]
+fn gradients_of_temporaries_do_not_outlive_backward() {
+    // An FP16 model has no FP32 parameter, yet its FP32 gradient store receives the gradients
+    // of the FP32 input and logits; they must be freed, or every step leaks an input's worth.
+    let (dev, model) = model(16);
+    let scaler = GradScaler::default();
+    let x32: Tensor<Rank2<4, 6>, f32, Cpu> = dev.sample_normal();
+    let y = batch(&dev).1;
+    let x = x32
+        .clone()
+        .traced_mixed(model.alloc_grads().unwrap())
+        .to_f16();
+    let logits = model.working().forward(x).to_f32();
+    let grads = scaler
+        .scale(cross_entropy_with_logits_loss(logits, y))
+        .backward()
+        .unwrap();
+    assert!(
+        grads.grads().get(&x32).is_none(),
+        "the input's gradient was kept"
+    );
+    assert!(grads.grads().get(&model.working().0.weight).is_some());
+}

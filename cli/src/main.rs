@@ -22,11 +22,12 @@ OPTIONS:
     --epochs N             epochs                                        [default: 5]
     --batch B              examples per step                             [default: 128]
     --seed S               seed for initialisation and data order        [default: 0]
-    --lr LR                Adam's learning rate                          [default: 0.001]
+    --lr LR                Adam's initial learning rate (cosine decay)   [default: 0.001]
     --data-dir DIR         the four Fashion-MNIST IDX .gz files          [default: /usr/share/datasets/fashion-mnist,
                                                                                    else the embedded subset]
     --device cpu           device                                        [default: cpu]
     --save PATH            (train) write a checkpoint after every epoch
+    --stop-after N         (train) stop after N epochs of this invocation (resume later)
     --resume PATH          (train) continue from a checkpoint
     --quiet                no progress bar
     --json                 print results as JSON
@@ -58,6 +59,7 @@ fn parse_args() -> Result<Option<Args>, String> {
         batch: 128,
         seed: 0,
         lr: 1e-3,
+        stop_after: None,
         save: None,
         resume: None,
         progress: true,
@@ -98,6 +100,9 @@ fn parse_args() -> Result<Option<Args>, String> {
             Long("batch") => config.batch = parser.value().map_err(err)?.parse().map_err(err)?,
             Long("seed") => config.seed = parser.value().map_err(err)?.parse().map_err(err)?,
             Long("lr") => config.lr = parser.value().map_err(err)?.parse().map_err(err)?,
+            Long("stop-after") => {
+                config.stop_after = Some(parser.value().map_err(err)?.parse().map_err(err)?)
+            }
             Long("data-dir") => data_dir = Some(PathBuf::from(parser.value().map_err(err)?)),
             Long("save") => config.save = Some(PathBuf::from(parser.value().map_err(err)?)),
             Long("resume") => config.resume = Some(PathBuf::from(parser.value().map_err(err)?)),
@@ -116,8 +121,10 @@ fn parse_args() -> Result<Option<Args>, String> {
         }
     }
     let command = command.unwrap_or(Command::Compare);
-    if command == Command::Compare && (config.save.is_some() || config.resume.is_some()) {
-        return Err("--save and --resume belong to `typed-amp train`".to_string());
+    if command == Command::Compare
+        && (config.save.is_some() || config.resume.is_some() || config.stop_after.is_some())
+    {
+        return Err("--save, --resume and --stop-after belong to `typed-amp train`".to_string());
     }
     if config.batch == 0 {
         return Err("--batch must be at least 1".to_string());

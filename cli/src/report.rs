@@ -94,9 +94,14 @@ pub fn comparison_table(fp32: &RunReport, mixed: &RunReport) -> String {
         .max()
         .unwrap_or(0)
         .max(head_mixed.len());
-    let mut out = format!("{:<20} {:<w1$}  {:<w2$}\n", "", head_fp32, head_mixed);
-    for (name, a, b) in rows {
-        out.push_str(&format!("{name:<20} {a:<w1$}  {b:<w2$}\n"));
+    let mut out = String::new();
+    let mut line = |name: &str, a: &str, b: &str| {
+        out.push_str(format!("{name:<20} {a:<w1$}  {b:<w2$}").trim_end());
+        out.push('\n');
+    };
+    line("", &head_fp32, &head_mixed);
+    for (name, a, b) in &rows {
+        line(name, a, b);
     }
     out
 }

@@ -14,7 +14,7 @@ use typed_amp::checkpoint::{self, CheckpointError};
 use typed_amp::data::{DataError, FashionMnist, Split, CLASSES, IMAGE_SIZE};
 use typed_amp::dfdx::optim::Adam;
 use typed_amp::loss::try_cross_entropy_with_logits_loss;
-use typed_amp::optim::{MasterOptimizer, OptimizerState};
+use typed_amp::optim::{cosine_lr, LearningRate, MasterOptimizer, OptimizerState};
 use typed_amp::prelude::*;
 use typed_amp::{AmpError, Fp16Updates, Parameters, TrainTarget};
 
@@ -50,13 +50,16 @@ pub struct RunConfig {
     pub arch: Arch,
     /// The mixed-precision policy.
     pub policy: OptLevel,
-    /// Epochs to train (in total, counting those a resumed checkpoint already did).
+    /// Epochs to train (in total, counting those a resumed checkpoint already did); the
+    /// learning-rate schedule spans them.
     pub epochs: usize,
+    /// Stop after this many epochs in this invocation (to split a run across processes).
+    pub stop_after: Option<usize>,
     /// Examples per step.
     pub batch: usize,
     /// Seeds initialisation and data order.
     pub seed: u64,
-    /// Adam's learning rate.
+    /// Adam's learning rate at the start; it follows a cosine schedule down to 0 at the end.
     pub lr: f64,
     /// Write a checkpoint here after every epoch.
     pub save: Option<PathBuf>,
@@ -251,7 +254,7 @@ where
             Output = Logits<MixedTape<Cpu>>,
             Error = CpuError,
         > + Module<Tensor<I::Shape, f32, Cpu>, Output = Logits, Error = CpuError>,
-    O: MasterOptimizer<MasterOf<M>, Cpu> + OptimizerState<Cpu>,
+    O: MasterOptimizer<MasterOf<M>, Cpu> + OptimizerState<Cpu> + LearningRate,
 {
     if cfg.batch == 0 {
         return Err(RunError::Usage("--batch must be at least 1".to_string()));
@@ -280,6 +283,8 @@ where
         expect("policy", cfg.policy.to_string())?;
         expect("batch", cfg.batch.to_string())?;
         expect("seed", cfg.seed.to_string())?;
+        expect("epochs", cfg.epochs.to_string())?;
+        expect("lr", cfg.lr.to_string())?;
         first_epoch = meta_get(&meta, "epoch")?;
         steps = meta_get(&meta, "step")?;
         rng.set_word_pos(meta_get::<u128>(&meta, "rng_word_pos")?);
@@ -287,9 +292,13 @@ where
 
     let train = &data.train;
     let steps_per_epoch = train.len().div_ceil(cfg.batch);
+    let total_steps = (steps_per_epoch * cfg.epochs) as u64;
     let mut grads = model.alloc_grads()?;
     let mut epochs = Vec::new();
-    for epoch in first_epoch..cfg.epochs {
+    let last_epoch = cfg
+        .stop_after
+        .map_or(cfg.epochs, |n| (first_epoch + n).min(cfg.epochs));
+    for epoch in first_epoch..last_epoch {
         let mut order: Vec<usize> = (0..train.len()).collect();
         order.shuffle(&mut rng);
         let bar = if cfg.progress {
@@ -307,6 +316,7 @@ where
         let (mut loss_sum, mut right, mut seen) = (0.0f64, 0usize, 0usize);
         let started = Instant::now();
         for chunk in order.chunks(cfg.batch) {
+            opt.set_learning_rate(cosine_lr(cfg.lr, steps, total_steps));
             let (x, y, labels) = batch::<I>(&dev, train, chunk);
             let logits = model
                 .working_mut()
@@ -398,6 +408,7 @@ fn run_metadata(
         ("batch".to_string(), cfg.batch.to_string()),
         ("seed".to_string(), cfg.seed.to_string()),
         ("lr".to_string(), cfg.lr.to_string()),
+        ("epochs".to_string(), cfg.epochs.to_string()),
         ("epoch".to_string(), epoch.to_string()),
         ("step".to_string(), step.to_string()),
         ("rng".to_string(), "ChaCha8".to_string()),

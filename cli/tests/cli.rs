@@ -1,0 +1,262 @@
+//! The `typed-amp` program end to end: resumed runs match uninterrupted ones bit for bit,
+//! damaged data gives a clear error and a non-zero exit code, and the table prints.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const SUBSET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/fashion-mnist-subset");
+
+fn typed_amp(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_typed-amp"))
+        .args(args)
+        .output()
+        .expect("the typed-amp binary runs")
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("typed-amp-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn ok(output: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "typed-amp failed: {stderr}");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Every tensor of a checkpoint, as raw bytes, by name.
+fn tensors(path: &Path) -> Vec<(String, Vec<u8>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut out: Vec<(String, Vec<u8>)> = file
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| (name, view.data().to_vec()))
+        .collect();
+    out.sort();
+    out
+}
+
+fn scaler_state(path: &Path) -> Vec<(String, String)> {
+    let bytes = std::fs::read(path).unwrap();
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let mut state: Vec<(String, String)> = header
+        .metadata()
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, _)| {
+            k.starts_with("scaler.") || k.starts_with("optim.") || k.starts_with("user.")
+        })
+        .collect();
+    state.sort();
+    state
+}
+
+fn resume_matches(model: &str, policy: &str) {
+    let dir = temp_dir(&format!("resume-{model}-{policy}"));
+    let common = [
+        "train",
+        "--model",
+        model,
+        "--policy",
+        policy,
+        "--epochs",
+        "2",
+        "--batch",
+        "250",
+        "--seed",
+        "3",
+        "--quiet",
+        "--data-dir",
+        SUBSET,
+    ];
+    let full = dir.join("full.safetensors");
+    let part = dir.join("part.safetensors");
+    let resumed = dir.join("resumed.safetensors");
+    fn args<'a>(common: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        common.iter().chain(extra).copied().collect()
+    }
+
+    ok(&typed_amp(&args(
+        &common,
+        &["--save", full.to_str().unwrap()],
+    )));
+    ok(&typed_amp(&args(
+        &common,
+        &["--stop-after", "1", "--save", part.to_str().unwrap()],
+    )));
+    ok(&typed_amp(&args(
+        &common,
+        &[
+            "--resume",
+            part.to_str().unwrap(),
+            "--save",
+            resumed.to_str().unwrap(),
+        ],
+    )));
+
+    let (a, b) = (tensors(&full), tensors(&resumed));
+    assert!(
+        a.iter().any(|(n, _)| n.starts_with("optim.")),
+        "optimizer state is saved"
+    );
+    assert_eq!(a.len(), b.len());
+    for ((name, x), (other, y)) in a.iter().zip(&b) {
+        assert_eq!(name, other);
+        assert!(
+            x == y,
+            "{model} {policy}: `{name}` differs between the resumed and the uninterrupted run"
+        );
+    }
+    assert_eq!(scaler_state(&full), scaler_state(&resumed));
+    assert_ne!(tensors(&part), a, "the split run really stopped halfway");
+}
+
+#[test]
+fn a_resumed_mlp_run_matches_the_uninterrupted_run_bit_for_bit() {
+    resume_matches("mlp", "O2");
+}
+
+#[test]
+fn a_resumed_cnn_run_with_batch_norm_matches_bit_for_bit() {
+    resume_matches("cnn", "O2");
+}
+
+#[test]
+fn resuming_with_other_settings_is_refused() {
+    let dir = temp_dir("mismatch");
+    let ckpt = dir.join("a.safetensors");
+    let base = [
+        "train",
+        "--epochs",
+        "2",
+        "--stop-after",
+        "1",
+        "--batch",
+        "500",
+        "--quiet",
+        "--data-dir",
+        SUBSET,
+    ];
+    ok(&typed_amp(
+        &[&base[..], &["--save", ckpt.to_str().unwrap()]].concat(),
+    ));
+    let out = typed_amp(&[
+        "train",
+        "--policy",
+        "O0",
+        "--epochs",
+        "2",
+        "--batch",
+        "500",
+        "--quiet",
+        "--data-dir",
+        SUBSET,
+        "--resume",
+        ckpt.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("policy = O2, this run has O0"), "{stderr}");
+}
+
+#[test]
+fn damaged_data_gives_a_clear_error_and_a_nonzero_exit_code() {
+    let dir = temp_dir("damaged");
+    for name in [
+        "train-images-idx3-ubyte.gz",
+        "train-labels-idx1-ubyte.gz",
+        "t10k-images-idx3-ubyte.gz",
+        "t10k-labels-idx1-ubyte.gz",
+    ] {
+        std::fs::copy(Path::new(SUBSET).join(name), dir.join(name)).unwrap();
+    }
+    // Truncate the training images.
+    let images = dir.join("train-images-idx3-ubyte.gz");
+    let bytes = std::fs::read(&images).unwrap();
+    std::fs::write(&images, &bytes[..bytes.len() / 2]).unwrap();
+
+    let out = typed_amp(&[
+        "compare",
+        "--epochs",
+        "1",
+        "--quiet",
+        "--data-dir",
+        dir.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    assert!(stderr.contains("train-images-idx3-ubyte.gz"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    let missing = temp_dir("missing");
+    let out = typed_amp(&["train", "--quiet", "--data-dir", missing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("train-images-idx3-ubyte.gz"));
+}
+
+#[test]
+fn bad_arguments_are_usage_errors() {
+    for args in [
+        &["train", "--model", "resnet"][..],
+        &["train", "--policy", "O5"],
+        &["train", "--batch", "0"],
+        &["compare", "--save", "x"],
+        &["train", "--device", "cuda:0"],
+        &["fit"],
+    ] {
+        let out = typed_amp(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: "));
+    }
+}
+
+#[test]
+fn compare_prints_the_table_and_json() {
+    let out = ok(&typed_amp(&[
+        "compare",
+        "--epochs",
+        "1",
+        "--batch",
+        "250",
+        "--quiet",
+        "--data-dir",
+        SUBSET,
+    ]));
+    for row in [
+        "time / epoch",
+        "weights in memory",
+        "checkpoint on disk",
+        "peak memory (RSS)",
+        "test accuracy",
+        "skipped steps",
+        "final loss scale",
+    ] {
+        assert!(out.contains(row), "missing `{row}` in:\n{out}");
+    }
+    assert!(out.contains("FP32 (O0)") && out.contains("mixed (O2)"));
+
+    let out = ok(&typed_amp(&[
+        "compare",
+        "--epochs",
+        "1",
+        "--batch",
+        "250",
+        "--quiet",
+        "--json",
+        "--data-dir",
+        SUBSET,
+    ]));
+    let value: serde_json::Value = serde_json::from_str(&out).expect("--json prints JSON");
+    assert_eq!(value["mixed"]["policy"], "O2");
+    assert_eq!(value["fp32"]["final_loss_scale"], 1.0);
+    let accuracy = value["mixed"]["test_accuracy"].as_f64().unwrap();
+    assert!(
+        accuracy > 0.5,
+        "one epoch on the subset learns something: {accuracy}"
+    );
+}
