@@ -92,7 +92,7 @@ fn typed_fp32(dev: &Cpu, data: &Data, steps: usize) -> Duration {
         let scaled = scaler.scale(loss).backward().unwrap();
         let unscaled = scaler.unscale(&mut model, scaled).unwrap();
         let outcome = scaler.step(&mut opt, &mut model, unscaled).unwrap();
-        scaler.update(outcome.found_inf);
+        scaler.update(outcome.found_inf).unwrap();
         grads = outcome.grads;
     }
     start.elapsed()
@@ -116,7 +116,7 @@ fn typed_fp16(dev: &Cpu, data: &Data, steps: usize) -> (Duration, Phases) {
         let unscaled = scaler.unscale(&mut model, scaled).unwrap();
         phases.unscale += t.elapsed();
         let outcome = scaler.step(&mut opt, &mut model, unscaled).unwrap();
-        scaler.update(outcome.found_inf);
+        scaler.update(outcome.found_inf).unwrap();
         grads = outcome.grads;
         // `step` refreshed the working copy after the update; time one more refresh, in the
         // same conditions, and leave it out of the step's total.

@@ -220,6 +220,20 @@ fn scaler_metadata(state: &ScalerState, meta: &mut HashMap<String, String>) {
     put("growth_interval", state.growth_interval.to_string());
     put("growth_tracker", state.growth_tracker.to_string());
     put("skipped_steps", state.skipped_steps.to_string());
+    put(
+        "min_scale_bits",
+        state
+            .min_scale
+            .map_or(String::new(), |v| v.to_bits().to_string()),
+    );
+    put(
+        "max_scale_bits",
+        state
+            .max_scale
+            .map_or(String::new(), |v| v.to_bits().to_string()),
+    );
+    put("floor_patience", state.floor_patience.to_string());
+    put("floor_hits", state.floor_hits.to_string());
 }
 
 /// Saves `target`'s master weights (buffers synced first), `optimizer`'s state, `scaler`'s
@@ -428,6 +442,12 @@ fn parse_scaler(
             u32::try_from(num(key)?).map_err(|_| bad(key))?,
         ))
     };
+    let optional_bits = |key: &str| -> Result<Option<f32>, CheckpointError> {
+        match get(key)?.as_str() {
+            "" => Ok(None),
+            text => Ok(Some(f32::from_bits(text.parse().map_err(|_| bad(key))?))),
+        }
+    };
     let mode = match get("mode")?.as_str() {
         "dynamic" => ScaleMode::Dynamic,
         "static" => ScaleMode::Static,
@@ -443,6 +463,10 @@ fn parse_scaler(
             .map_err(|_| bad("growth_interval"))?,
         growth_tracker: u32::try_from(num("growth_tracker")?).map_err(|_| bad("growth_tracker"))?,
         skipped_steps: num("skipped_steps")?,
+        min_scale: optional_bits("min_scale_bits")?,
+        max_scale: optional_bits("max_scale_bits")?,
+        floor_patience: u32::try_from(num("floor_patience")?).map_err(|_| bad("floor_patience"))?,
+        floor_hits: u32::try_from(num("floor_hits")?).map_err(|_| bad("floor_hits"))?,
     })
 }
 

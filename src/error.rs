@@ -32,9 +32,27 @@ pub enum AmpError {
     #[error("invalid loss-scaler setting: {0}")]
     InvalidScalerConfig(String),
 
+    /// An accumulation window was used out of order.
+    #[error("gradient accumulation: {0}")]
+    AccumulationOrder(&'static str),
+
     /// A clipping limit is out of range.
     #[error("invalid gradient clipping: {0}")]
     InvalidClip(String),
+
+    /// The dynamic loss scale has sat at its floor through too many overflowing steps: the
+    /// model itself produces inf or NaN (a loss scale cannot fix that).
+    #[error(
+        "the loss scale is stuck at its floor ({scale}) after {steps} overflowing steps in a row: \
+         the model produces inf or NaN on its own; check the non-finite parameters the step \
+         reports, the learning rate and the inputs"
+    )]
+    ScaleFloor {
+        /// The scale.
+        scale: f32,
+        /// Overflowing steps in a row at the floor.
+        steps: u32,
+    },
 
     /// Saved scaler state could not be restored.
     #[error("invalid loss-scaler state: {0}")]

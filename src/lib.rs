@@ -39,7 +39,7 @@
 //! let mut unscaled = scaler.unscale(&mut model, scaled)?;         // FP32 master gradients
 //! unscaled.clip_grad_norm(&model, 1.0)?;                          // only on unscaled ones
 //! let outcome = scaler.step(&mut opt, &mut model, unscaled)?;     // skipped on inf/NaN
-//! scaler.update(outcome.found_inf);
+//! scaler.update(outcome.found_inf)?;
 //! grads = outcome.grads;                                          // zeroed, for the next step
 //! # let _ = grads;
 //! # Ok(())
@@ -173,8 +173,8 @@ pub use precision::{
     AmpElem, AmpTensor, DType, LossPrecision, LowPrecision, Precision, UpdatablePrecision, BF16,
     F16, F32,
 };
-pub use scaler::{GradScaler, ScaleMode, ScalerState};
-pub use step::{ScaledGrads, ScaledLoss, StepOutcome, UnscaledGrads};
+pub use scaler::{GradScaler, LossScalers, ScaleMode, ScalerState};
+pub use step::{Accumulation, ScaledGrads, ScaledLoss, StepOutcome, UnscaledGrads};
 pub use tape::{MixedGradients, MixedTape, TraceMixed};
 pub use typed_amp_macros::amp;
 
@@ -192,3 +192,8 @@ pub mod prelude {
         MixedTape, Parameters, TraceMixed, TrainTarget, F16, F32,
     };
 }
+
+/// The README's Rust example, compiled and run as a doctest so that it stays true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

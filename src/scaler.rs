@@ -20,6 +20,11 @@ pub const DEFAULT_GROWTH_FACTOR: f32 = 2.0;
 pub const DEFAULT_BACKOFF_FACTOR: f32 = 0.5;
 /// PyTorch's default number of clean steps between growths.
 pub const DEFAULT_GROWTH_INTERVAL: u32 = 2000;
+/// Apex's ceiling on the dynamic scale, 2^24.
+pub const APEX_MAX_SCALE: f32 = 16_777_216.0;
+/// Overflowing steps in a row at the floor before [`GradScaler::update`] reports an error, unless
+/// set with [`GradScaler::with_floor_patience`].
+pub const DEFAULT_FLOOR_PATIENCE: u32 = 10;
 
 /// How the scale evolves.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -51,6 +56,14 @@ pub struct ScalerState {
     pub growth_tracker: u32,
     /// Steps skipped because of non-finite gradients, since the scaler was created.
     pub skipped_steps: u64,
+    /// The lowest scale a backoff may reach (none: PyTorch's behaviour).
+    pub min_scale: Option<f32>,
+    /// The highest scale growth may reach (none: PyTorch's; Apex uses 2^24).
+    pub max_scale: Option<f32>,
+    /// Overflowing steps in a row at `min_scale` that [`GradScaler::update`] tolerates.
+    pub floor_patience: u32,
+    /// Overflowing steps in a row taken at `min_scale` so far.
+    pub floor_hits: u32,
 }
 
 /// The loss scaler.
@@ -64,10 +77,10 @@ pub struct ScalerState {
 /// ```rust
 /// # use typed_amp::GradScaler;
 /// let mut scaler = GradScaler::new(65536.0, 2.0, 0.5, 2).unwrap();
-/// scaler.update(false);
-/// scaler.update(false); // two clean steps: grow
+/// scaler.update(false).unwrap();
+/// scaler.update(false).unwrap(); // two clean steps: grow
 /// assert_eq!(scaler.get_scale(), 131072.0);
-/// scaler.update(true); // overflow: back off
+/// scaler.update(true).unwrap(); // overflow: back off
 /// assert_eq!((scaler.get_scale(), scaler.growth_tracker()), (65536.0, 0));
 /// ```
 #[derive(Debug, Clone, PartialEq)]
@@ -105,6 +118,10 @@ impl GradScaler {
                 growth_interval: DEFAULT_GROWTH_INTERVAL,
                 growth_tracker: 0,
                 skipped_steps: 0,
+                min_scale: None,
+                max_scale: None,
+                floor_patience: DEFAULT_FLOOR_PATIENCE,
+                floor_hits: 0,
             },
         }
     }
@@ -145,8 +162,58 @@ impl GradScaler {
                 growth_interval,
                 growth_tracker: 0,
                 skipped_steps: 0,
+                min_scale: None,
+                max_scale: None,
+                floor_patience: DEFAULT_FLOOR_PATIENCE,
+                floor_hits: 0,
             },
         })
+    }
+
+    /// Sets a floor under the dynamic scale: backoffs stop at `min_scale`, and once the scale
+    /// sits there, [`GradScaler::update`] reports [`AmpError::ScaleFloor`] after
+    /// [`floor_patience`](GradScaler::with_floor_patience) overflowing steps in a row, rather than
+    /// skipping steps forever. A scale collapsing towards 0 usually means the model itself
+    /// produces inf or NaN.
+    pub fn with_min_scale(mut self, min_scale: f32) -> Result<Self, AmpError> {
+        check_scale(min_scale)?;
+        if let Some(max) = self.state.max_scale {
+            if min_scale > max {
+                return Err(AmpError::InvalidScalerConfig(format!(
+                    "min_scale {min_scale} is above max_scale {max}"
+                )));
+            }
+        }
+        self.state.min_scale = Some(min_scale);
+        self.state.scale = self.state.scale.max(min_scale);
+        Ok(self)
+    }
+
+    /// Sets a ceiling over the dynamic scale (Apex caps it at [`APEX_MAX_SCALE`]).
+    pub fn with_max_scale(mut self, max_scale: f32) -> Result<Self, AmpError> {
+        check_scale(max_scale)?;
+        if let Some(min) = self.state.min_scale {
+            if max_scale < min {
+                return Err(AmpError::InvalidScalerConfig(format!(
+                    "max_scale {max_scale} is below min_scale {min}"
+                )));
+            }
+        }
+        self.state.max_scale = Some(max_scale);
+        self.state.scale = self.state.scale.min(max_scale);
+        Ok(self)
+    }
+
+    /// How many overflowing steps in a row at the floor [`GradScaler::update`] tolerates before
+    /// reporting an error (default [`DEFAULT_FLOOR_PATIENCE`]).
+    pub fn with_floor_patience(mut self, steps: u32) -> Result<Self, AmpError> {
+        if steps == 0 {
+            return Err(AmpError::InvalidScalerConfig(
+                "floor_patience must be at least 1".to_string(),
+            ));
+        }
+        self.state.floor_patience = steps;
+        Ok(self)
     }
 
     /// A scaler with a fixed scale (Apex's `loss_scale=<number>`).
@@ -194,11 +261,15 @@ impl GradScaler {
     /// Ends an iteration: `found_inf` says whether any gradient of this iteration was non-finite
     /// (with several optimizers, whether any of them found one).
     ///
-    /// Dynamic mode: on `found_inf` the scale is multiplied by the backoff factor and the growth
-    /// tracker reset; otherwise the tracker advances and, on reaching the growth interval, the
-    /// scale is multiplied by the growth factor (unless that would overflow FP32) and the
-    /// tracker reset. Static mode counts skipped steps only; disabled mode does nothing.
-    pub fn update(&mut self, found_inf: bool) {
+    /// Dynamic mode: on `found_inf` the scale is multiplied by the backoff factor (not below the
+    /// floor, if set) and the growth tracker reset; otherwise the tracker advances and, on
+    /// reaching the growth interval, the scale is multiplied by the growth factor (unless that
+    /// would overflow FP32; not above the ceiling, if set) and the tracker reset. Static mode
+    /// counts skipped steps only; disabled mode does nothing.
+    ///
+    /// Errors with [`AmpError::ScaleFloor`] when the scale has sat at its floor for
+    /// `floor_patience` overflowing steps in a row; the state is updated all the same.
+    pub fn update(&mut self, found_inf: bool) -> Result<(), AmpError> {
         let s = &mut self.state;
         match s.mode {
             ScaleMode::Disabled => {}
@@ -206,12 +277,29 @@ impl GradScaler {
             ScaleMode::Dynamic => {
                 if found_inf {
                     s.skipped_steps += 1;
+                    let at_floor = s.min_scale.is_some_and(|min| s.scale <= min);
                     s.scale *= s.backoff_factor;
+                    if let Some(min) = s.min_scale {
+                        s.scale = s.scale.max(min);
+                    }
                     s.growth_tracker = 0;
+                    if at_floor {
+                        s.floor_hits += 1;
+                        if s.floor_hits >= s.floor_patience {
+                            return Err(AmpError::ScaleFloor {
+                                scale: s.scale,
+                                steps: s.floor_hits,
+                            });
+                        }
+                    }
                 } else {
+                    s.floor_hits = 0;
                     let successful = s.growth_tracker + 1;
                     if successful == s.growth_interval {
-                        let grown = s.scale * s.growth_factor;
+                        let mut grown = s.scale * s.growth_factor;
+                        if let Some(max) = s.max_scale {
+                            grown = grown.min(max);
+                        }
                         if grown.is_finite() {
                             s.scale = grown;
                         }
@@ -222,6 +310,7 @@ impl GradScaler {
                 }
             }
         }
+        Ok(())
     }
 
     /// The scaler's complete state.
@@ -252,6 +341,14 @@ impl GradScaler {
             if let Err(e) = probe {
                 return invalid(e.to_string());
             }
+            if let (Some(min), Some(max)) = (state.min_scale, state.max_scale) {
+                if min > max {
+                    return invalid(format!("min_scale {min} is above max_scale {max}"));
+                }
+            }
+            if state.floor_patience == 0 {
+                return invalid("floor_patience must be at least 1".to_string());
+            }
             if state.growth_tracker >= state.growth_interval {
                 return invalid(format!(
                     "growth_tracker {} must be below growth_interval {}",
@@ -265,6 +362,54 @@ impl GradScaler {
     /// Restores saved state into this scaler; on error the scaler is unchanged.
     pub fn load_state(&mut self, state: ScalerState) -> Result<(), AmpError> {
         *self = Self::from_state(state)?;
+        Ok(())
+    }
+}
+
+/// One loss scaler per loss (Apex's `num_losses`): each loss is scaled, backward and unscaled
+/// with its own scaler, whose scale then follows only that loss's overflows. The unscaled
+/// gradients of the losses are summed with [`UnscaledGrads::merge`](crate::UnscaledGrads::merge)
+/// before one step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LossScalers {
+    scalers: Vec<GradScaler>,
+}
+
+impl LossScalers {
+    /// `losses` scalers, each a copy of `template`.
+    pub fn new(losses: usize, template: GradScaler) -> Self {
+        Self {
+            scalers: vec![template; losses],
+        }
+    }
+
+    /// The scaler of loss `loss`, if there is one.
+    pub fn get(&self, loss: usize) -> Option<&GradScaler> {
+        self.scalers.get(loss)
+    }
+
+    /// Number of losses.
+    pub fn len(&self) -> usize {
+        self.scalers.len()
+    }
+
+    /// Whether there are no losses.
+    pub fn is_empty(&self) -> bool {
+        self.scalers.is_empty()
+    }
+
+    /// Ends an iteration: `found_inf[i]` says whether loss `i`'s gradients overflowed.
+    pub fn update(&mut self, found_inf: &[bool]) -> Result<(), AmpError> {
+        if found_inf.len() != self.scalers.len() {
+            return Err(AmpError::InvalidScalerConfig(format!(
+                "{} overflow flags for {} losses",
+                found_inf.len(),
+                self.scalers.len()
+            )));
+        }
+        for (scaler, found) in self.scalers.iter_mut().zip(found_inf) {
+            scaler.update(*found)?;
+        }
         Ok(())
     }
 }
@@ -301,7 +446,7 @@ mod tests {
     #[test]
     fn growth_stops_before_overflowing_fp32() {
         let mut scaler = GradScaler::new(f32::MAX / 1.5, 2.0, 0.5, 1).unwrap();
-        scaler.update(false);
+        scaler.update(false).unwrap();
         assert_eq!(scaler.get_scale(), f32::MAX / 1.5);
         assert_eq!(scaler.growth_tracker(), 0);
     }
@@ -311,8 +456,8 @@ mod tests {
         let mut fixed = GradScaler::with_static_scale(128.0).unwrap();
         let mut off = GradScaler::disabled();
         for found_inf in [true, false, false, true] {
-            fixed.update(found_inf);
-            off.update(found_inf);
+            fixed.update(found_inf).unwrap();
+            off.update(found_inf).unwrap();
         }
         assert_eq!((fixed.get_scale(), fixed.skipped_steps()), (128.0, 2));
         assert_eq!((off.get_scale(), off.skipped_steps()), (1.0, 0));
@@ -322,9 +467,9 @@ mod tests {
     #[test]
     fn state_round_trips_and_bad_state_is_refused() {
         let mut scaler = GradScaler::new(1024.0, 2.0, 0.5, 5).unwrap();
-        scaler.update(false);
-        scaler.update(true);
-        scaler.update(false);
+        scaler.update(false).unwrap();
+        scaler.update(true).unwrap();
+        scaler.update(false).unwrap();
         let saved = scaler.state();
         let mut restored = GradScaler::dynamic();
         restored.load_state(saved).unwrap();
@@ -340,5 +485,59 @@ mod tests {
             restored, scaler,
             "a failed load leaves the scaler unchanged"
         );
+    }
+}
+
+#[cfg(test)]
+mod bounds {
+    use super::*;
+
+    #[test]
+    fn the_ceiling_caps_growth_and_the_floor_caps_backoff() {
+        let mut scaler = GradScaler::new(4.0, 2.0, 0.5, 1)
+            .unwrap()
+            .with_max_scale(8.0)
+            .unwrap()
+            .with_min_scale(2.0)
+            .unwrap();
+        for _ in 0..3 {
+            scaler.update(false).unwrap();
+        }
+        assert_eq!(scaler.get_scale(), 8.0);
+        scaler.update(true).unwrap();
+        scaler.update(true).unwrap();
+        assert_eq!(scaler.get_scale(), 2.0);
+    }
+
+    #[test]
+    fn a_scale_stuck_at_its_floor_is_an_error() {
+        let mut scaler = GradScaler::new(2.0, 2.0, 0.5, 100)
+            .unwrap()
+            .with_min_scale(1.0)
+            .unwrap()
+            .with_floor_patience(3)
+            .unwrap();
+        scaler.update(true).unwrap(); // 2 -> 1: reaches the floor
+        scaler.update(true).unwrap(); // at the floor: 1
+        scaler.update(true).unwrap(); // 2
+        let err = scaler.update(true).unwrap_err(); // 3 in a row
+        assert!(
+            matches!(err, AmpError::ScaleFloor { steps: 3, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("floor"));
+        // A clean step resets the count.
+        scaler.update(false).unwrap();
+        scaler.update(true).unwrap();
+        assert_eq!(scaler.skipped_steps(), 5);
+    }
+
+    #[test]
+    fn pytorch_defaults_have_no_bounds() {
+        let mut scaler = GradScaler::new(1.0, 2.0, 0.5, 1).unwrap();
+        for _ in 0..200 {
+            scaler.update(true).unwrap();
+        }
+        assert!(scaler.get_scale() < 1e-30, "PyTorch's scale keeps halving");
     }
 }

@@ -51,13 +51,106 @@ impl<D: AmpDevice> ScaledLoss<D> {
     /// loss, which would round it once more). Every parameter's gradient lands in that
     /// parameter's own precision, multiplied by the scale.
     pub fn backward(self) -> Result<ScaledGrads<D>, AmpError> {
-        let (loss, tape) = self.loss.into_tensor().split_tape();
         let scale = self.scale;
-        let grads = tape.execute(|grads| {
-            let seed = grads.f32.get_or_alloc_mut(&loss)?;
-            loss.device().try_fill(AnyBufMut::F32(seed), scale)
-        })?;
+        let grads = backward_seeded(self.loss, scale)?;
         Ok(ScaledGrads { grads, scale })
+    }
+}
+
+/// Runs a loss's tape with its gradient seeded with `scale`.
+fn backward_seeded<D: AmpDevice>(loss: Loss<D>, scale: f32) -> Result<MixedGradients<D>, AmpError> {
+    let (loss, tape) = loss.into_tensor().split_tape();
+    tape.execute(|grads| {
+        let seed = grads.f32.get_or_alloc_mut(&loss)?;
+        loss.device().try_fill(AnyBufMut::F32(seed), scale)
+    })
+}
+
+/// A gradient-accumulation window: the scaled gradients of several micro-batches (or of several
+/// losses, backward one after another) add up in one store at one scale, then are unscaled and
+/// stepped once.
+///
+/// The window borrows the scaler, so the scale cannot change inside it: `scaler.update(..)`
+/// needs the scaler mutably and does not compile until the window is finished.
+///
+/// ```rust
+/// # use typed_amp::prelude::*;
+/// # fn main() -> Result<(), AmpError> {
+/// # let dev = Cpu::default();
+/// # let mut model = MasterWeights::build::<(Linear<4, 2>,)>(&dev)?;
+/// # let mut opt = typed_amp::optim::sgd(model.master(), SgdConfig::default());
+/// # let mut scaler = GradScaler::default();
+/// let mut window = scaler.accumulate(model.alloc_grads()?);
+/// for _ in 0..4 {
+///     let x: Tensor<Rank2<8, 4>, f16, _> = dev.zeros();
+///     let logits = model.working().forward(window.trace(x)?);
+///     let loss = mse_loss(logits.to_f32(), dev.zeros());
+///     window.backward(loss * 0.25)?; // the mean over four micro-batches
+/// }
+/// let scaled = window.finish()?;
+/// let unscaled = scaler.unscale(&mut model, scaled)?;
+/// let outcome = scaler.step(&mut opt, &mut model, unscaled)?;
+/// scaler.update(outcome.found_inf)?;
+/// # Ok(())
+/// # }
+/// ```
+#[must_use = "an accumulation window does nothing until `finish()` hands its gradients on"]
+#[derive(Debug)]
+pub struct Accumulation<'s, D: AmpDevice> {
+    scaler: std::marker::PhantomData<&'s GradScaler>,
+    scale: f32,
+    grads: Option<MixedGradients<D>>,
+    micro_batches: usize,
+}
+
+impl<D: AmpDevice> Accumulation<'_, D> {
+    /// Starts a micro-batch: `x` carries the window's gradients. Each traced micro-batch needs
+    /// its [`Accumulation::backward`] before the next is traced.
+    pub fn trace<S: Shape, E: AmpElem>(
+        &mut self,
+        x: Tensor<S, E, D>,
+    ) -> Result<Tensor<S, E, D, crate::tape::MixedTape<D>>, AmpError>
+    where
+        D: Device<E>,
+    {
+        let grads = self.grads.take().ok_or(AmpError::AccumulationOrder(
+            "a micro-batch was traced before the previous one's backward",
+        ))?;
+        Ok(crate::tape::TraceMixed::traced_mixed(x, grads))
+    }
+
+    /// Backward of a micro-batch's loss at the window's scale; its gradients add to the
+    /// window's. Weigh the loss (e.g. `loss * 0.25` for four micro-batches) for a mean.
+    pub fn backward(&mut self, loss: Loss<D>) -> Result<(), AmpError> {
+        if self.grads.is_some() {
+            return Err(AmpError::AccumulationOrder(
+                "backward was called without a traced micro-batch (trace inputs with `window.trace(x)`)",
+            ));
+        }
+        self.grads = Some(backward_seeded(loss, self.scale)?);
+        self.micro_batches += 1;
+        Ok(())
+    }
+
+    /// Micro-batches accumulated so far.
+    pub fn micro_batches(&self) -> usize {
+        self.micro_batches
+    }
+
+    /// The scale every micro-batch was scaled with.
+    pub fn scale(&self) -> f32 {
+        self.scale
+    }
+
+    /// Ends the window: the accumulated gradients, still scaled, for [`GradScaler::unscale`].
+    pub fn finish(self) -> Result<ScaledGrads<D>, AmpError> {
+        let grads = self.grads.ok_or(AmpError::AccumulationOrder(
+            "the window ended with a traced micro-batch whose backward never ran",
+        ))?;
+        Ok(ScaledGrads {
+            grads,
+            scale: self.scale,
+        })
     }
 }
 
@@ -139,6 +232,65 @@ impl<D: AmpDevice> UnscaledGrads<D> {
         let grads = E::same_grads(&self.master)?;
         grads.get_ref_checked(master_param)?;
         Some(grads.get(master_param))
+    }
+
+    /// Adds another loss's unscaled gradients of the same model into these (Apex's one scaler
+    /// per loss: each loss is scaled, backward and unscaled with its own scaler, then the
+    /// gradients are summed for one step). The step is skipped if either found inf or NaN.
+    pub fn merge<T: TrainTarget<D>>(
+        &mut self,
+        target: &T,
+        other: UnscaledGrads<D>,
+    ) -> Result<(), AmpError> {
+        let UnscaledGrads {
+            master: mut other_master,
+            found_inf,
+            non_finite,
+            ..
+        } = other;
+        struct Add<'g, D: AmpDevice> {
+            into: &'g mut AnyGrads<D>,
+            from: &'g mut AnyGrads<D>,
+        }
+        impl<D: AmpDevice> ParamVisitor<D> for Add<'_, D> {
+            type Error = AmpError;
+            fn visit<S: Shape, E: AmpElem>(
+                &mut self,
+                path: &str,
+                param: &Tensor<S, E, D>,
+                trainable: bool,
+            ) -> Result<(), AmpError>
+            where
+                D: Device<E>,
+            {
+                if !trainable {
+                    return Ok(());
+                }
+                let Some(src) = self.from.of_mut::<E>(path)?.get_ref_checked(param) else {
+                    return Ok(());
+                };
+                let dst = self
+                    .into
+                    .of_mut::<E>(path)?
+                    .get_or_alloc_mut(param)
+                    .map_err(AmpError::device)?;
+                param
+                    .device()
+                    .try_add_cast(E::erase::<D>(src), E::erase_mut::<D>(dst))
+                    .map_err(AmpError::device)
+            }
+        }
+        target.master().visit_params(&mut Add {
+            into: &mut self.master,
+            from: &mut other_master,
+        })?;
+        self.found_inf |= found_inf;
+        for path in non_finite {
+            if !self.non_finite.contains(&path) {
+                self.non_finite.push(path);
+            }
+        }
+        Ok(())
     }
 
     /// Every trainable master parameter's gradient, copied to the host, with its path.
@@ -342,6 +494,17 @@ pub struct StepOutcome<D: AmpDevice> {
 }
 
 impl GradScaler {
+    /// Opens a gradient-accumulation window over `grads` (usually a model's zeroed gradients,
+    /// or a previous step's `outcome.grads`) at the current scale. See [`Accumulation`].
+    pub fn accumulate<D: AmpDevice>(&self, grads: MixedGradients<D>) -> Accumulation<'_, D> {
+        Accumulation {
+            scaler: std::marker::PhantomData,
+            scale: self.get_scale(),
+            grads: Some(grads),
+            micro_batches: 0,
+        }
+    }
+
     /// Scales a loss for backward by the current scale (1 when the scaler is disabled).
     pub fn scale<D: AmpDevice>(&self, loss: Loss<D>) -> ScaledLoss<D> {
         ScaledLoss {

@@ -168,7 +168,7 @@ where
         let scaled = scaler.scale(loss).backward().unwrap();
         let unscaled = scaler.unscale(&mut model, scaled).unwrap();
         let outcome = scaler.step(&mut opt, &mut model, unscaled).unwrap();
-        scaler.update(outcome.found_inf);
+        scaler.update(outcome.found_inf).unwrap();
         grads = outcome.grads;
     }
     let total: f32 = held_out

@@ -52,7 +52,7 @@ fn train_steps(
         let scaled = scaler.scale(loss).backward().unwrap();
         let unscaled = scaler.unscale(model, scaled).unwrap();
         let outcome = scaler.step(opt, model, unscaled).unwrap();
-        scaler.update(outcome.found_inf);
+        scaler.update(outcome.found_inf).unwrap();
         grads = outcome.grads;
     }
 }

@@ -657,7 +657,7 @@ macro_rules! train {
             let found_inf = unscaled.found_inf();
             let non_finite_params = unscaled.non_finite_params().to_vec();
             let outcome = s.step(&mut opt, &mut model, unscaled).unwrap();
-            scaler.update(outcome.found_inf);
+            scaler.update(outcome.found_inf).unwrap();
             records.push((
                 Record {
                     found_inf,

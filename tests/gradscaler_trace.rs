@@ -105,7 +105,7 @@ fn replay(trace: &Value) {
             numbers(&row["p_after"]),
         );
 
-        scaler.update(outcome.found_inf);
+        scaler.update(outcome.found_inf).unwrap();
         assert_eq!(
             scaler.get_scale(),
             number(&row["scale_after_update"]),

@@ -179,7 +179,7 @@ fn a_skipped_step_leaves_master_weights_and_optimizer_state_untouched() {
     .unwrap();
     let outcome = scaler.step(&mut opt, &mut model, unscaled).unwrap();
     assert!(!outcome.skipped);
-    scaler.update(outcome.found_inf);
+    scaler.update(outcome.found_inf).unwrap();
 
     // A twin that will never see the overflowing step.
     let mut twin_model =
@@ -241,7 +241,7 @@ fn fp16_overflow_backs_the_scale_off_until_steps_succeed() {
         }
         .unwrap();
         let outcome = scaler.step(&mut opt, &mut model, unscaled).unwrap();
-        scaler.update(outcome.found_inf);
+        scaler.update(outcome.found_inf).unwrap();
         if !outcome.skipped {
             break;
         }

@@ -329,7 +329,7 @@ where
             let scaled = scaler.scale(loss).backward()?;
             let unscaled = scaler.unscale(&mut model, scaled)?;
             let outcome = scaler.step(&mut opt, &mut model, unscaled)?;
-            scaler.update(outcome.found_inf);
+            scaler.update(outcome.found_inf)?;
             grads = outcome.grads;
             steps += 1;
             bar.inc(1);

@@ -17,7 +17,7 @@ fn fp16_mlp() -> Result<(), AmpError> {
     let mut grads = scaler.unscale(&mut model, grads)?;
     grads.clip_grad_norm(&model, 1.0)?;
     let outcome = scaler.step(&mut opt, &mut model, grads)?;
-    scaler.update(outcome.found_inf);
+    scaler.update(outcome.found_inf)?;
     Ok(())
 }
 
@@ -41,7 +41,7 @@ fn fp16_layers_around_an_fp32_norm() -> Result<(), AmpError> {
     let grads = scaler.scale(loss).backward()?;
     let grads = scaler.unscale(&mut model, grads)?;
     let outcome = scaler.step(&mut opt, &mut model, grads)?;
-    scaler.update(outcome.found_inf);
+    scaler.update(outcome.found_inf)?;
     Ok(())
 }
 
@@ -56,7 +56,7 @@ fn fp32_model() -> Result<(), AmpError> {
     let grads = scaler.scale(loss).backward()?;
     let grads = scaler.unscale(&mut model, grads)?;
     let outcome = scaler.step(&mut opt, &mut model, grads)?;
-    scaler.update(outcome.found_inf);
+    scaler.update(outcome.found_inf)?;
     Ok(())
 }
 
