@@ -161,6 +161,7 @@ pub mod precision;
 pub mod scaler;
 pub mod step;
 pub mod tape;
+pub mod watch;
 
 pub use device::AmpDevice;
 pub use error::AmpError;

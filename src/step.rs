@@ -202,6 +202,7 @@ pub struct UnscaledGrads<D: AmpDevice> {
     working: MixedGradients<D>,
     found_inf: bool,
     non_finite: Vec<String>,
+    layers: Vec<crate::watch::LayerReport>,
 }
 
 impl<D: AmpDevice> UnscaledGrads<D> {
@@ -214,6 +215,17 @@ impl<D: AmpDevice> UnscaledGrads<D> {
     /// [`UnscaledGrads::found_inf`]).
     pub fn non_finite_params(&self) -> &[String] {
         &self.non_finite
+    }
+
+    /// Per-layer magnitudes of the pass, when watching
+    /// ([`MixedGradients::watch_layers`]).
+    pub fn layer_report(&self) -> &[crate::watch::LayerReport] {
+        &self.layers
+    }
+
+    /// The layer where values first stopped being finite, when watching.
+    pub fn overflowing_layer(&self) -> Option<crate::watch::Overflow> {
+        crate::watch::overflowing_layer(&self.layers)
     }
 
     /// The master gradients.
@@ -489,6 +501,10 @@ pub struct StepOutcome<D: AmpDevice> {
     pub skipped: bool,
     /// Paths of the parameters whose gradients were inf or NaN.
     pub non_finite_params: Vec<String>,
+    /// Per-layer magnitudes of the pass, when watching ([`MixedGradients::watch_layers`]).
+    pub layers: Vec<crate::watch::LayerReport>,
+    /// The layer where values first stopped being finite, when watching.
+    pub overflow: Option<crate::watch::Overflow>,
     /// The working gradients, zeroed, to trace the next iteration with.
     pub grads: MixedGradients<D>,
 }
@@ -535,11 +551,13 @@ impl GradScaler {
             .filter(|(_, flag)| **flag)
             .map(|(p, _)| p.path.clone())
             .collect();
+        let layers = std::mem::take(&mut grads.layer_report);
         Ok(UnscaledGrads {
             master,
             working: grads,
             found_inf: !non_finite.is_empty(),
             non_finite,
+            layers,
         })
     }
 
@@ -564,6 +582,7 @@ impl GradScaler {
             working,
             found_inf,
             non_finite,
+            layers,
         } = grads.into_unscaled();
         if !found_inf {
             optimizer.try_update(target.master_mut(), &master)?;
@@ -574,6 +593,8 @@ impl GradScaler {
             found_inf,
             skipped: found_inf,
             non_finite_params: non_finite,
+            overflow: crate::watch::overflowing_layer(&layers),
+            layers,
             grads,
         })
     }

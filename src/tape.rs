@@ -24,6 +24,12 @@ use crate::precision::AmpElem;
 pub struct MixedGradients<D: AmpDevice> {
     pub(crate) f32: Gradients<f32, D>,
     pub(crate) f16: Gradients<f16, D>,
+    /// Whether `#[amp]` models record per-layer activation and gradient magnitudes.
+    pub(crate) watch_layers: bool,
+    /// Gradient magnitudes recorded by layer probes during backward, by probe.
+    pub(crate) probe_grads: Vec<(u64, f32)>,
+    /// The last backward's per-layer report (empty unless watching).
+    pub(crate) layer_report: Vec<crate::watch::LayerReport>,
 }
 
 impl<D: AmpDevice> Clone for MixedGradients<D> {
@@ -31,6 +37,9 @@ impl<D: AmpDevice> Clone for MixedGradients<D> {
         Self {
             f32: self.f32.clone(),
             f16: self.f16.clone(),
+            watch_layers: self.watch_layers,
+            probe_grads: self.probe_grads.clone(),
+            layer_report: self.layer_report.clone(),
         }
     }
 }
@@ -54,7 +63,24 @@ impl<D: AmpDevice> MixedGradients<D> {
         Self {
             f32: Gradients::leaky(),
             f16: Gradients::leaky(),
+            watch_layers: false,
+            probe_grads: Vec::new(),
+            layer_report: Vec::new(),
         }
+    }
+
+    /// Turns per-layer watching on or off for the passes traced with these gradients: each
+    /// layer of an `#[amp]` model then records the largest magnitude of its output and of the
+    /// gradient of its output, and a step that overflows can name the layer that overflowed
+    /// ([`crate::watch::overflowing_layer`]). Costs a reduction and a device→host read per
+    /// layer per pass, so it is off by default.
+    pub fn watch_layers(&mut self, on: bool) {
+        self.watch_layers = on;
+    }
+
+    /// The last backward pass's per-layer report (empty unless watching).
+    pub fn layer_report(&self) -> &[crate::watch::LayerReport] {
+        &self.layer_report
     }
 
     /// Zeroed gradients for every trainable parameter of `module`, in each parameter's own
@@ -135,7 +161,7 @@ enum BackwardOp<D: AmpDevice> {
 
 /// Orders recorded ops across every tape of both precisions, the way dfdx's tensor ids order a
 /// single-dtype tape.
-fn next_op_order() -> u64 {
+pub(crate) fn next_op_order() -> u64 {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     COUNTER.fetch_add(1, Ordering::Relaxed)
 }
@@ -147,6 +173,8 @@ fn next_op_order() -> u64 {
 pub struct MixedTape<D: AmpDevice> {
     ops: Vec<(u64, BackwardOp<D>)>,
     grads: Option<MixedGradients<D>>,
+    /// Activation magnitudes recorded by layer probes during forward.
+    activations: Vec<crate::watch::ActivationRecord>,
     /// Set when two tapes that each carried gradients were merged: their stores cannot be joined,
     /// so backward reports it instead of silently dropping one.
     conflicting_grads: bool,
@@ -157,6 +185,7 @@ impl<D: AmpDevice> Default for MixedTape<D> {
         Self {
             ops: Vec::new(),
             grads: None,
+            activations: Vec::new(),
             conflicting_grads: false,
         }
     }
@@ -177,6 +206,7 @@ impl<D: AmpDevice> MixedTape<D> {
         Self {
             ops: Vec::new(),
             grads: Some(grads),
+            activations: Vec::new(),
             conflicting_grads: false,
         }
     }
@@ -188,6 +218,16 @@ impl<D: AmpDevice> MixedTape<D> {
     {
         self.ops
             .push((next_op_order(), BackwardOp::Mixed(Box::new(op))));
+    }
+
+    /// Whether layer probes should record (see [`MixedGradients::watch_layers`]).
+    pub(crate) fn watching(&self) -> bool {
+        self.grads.as_ref().is_some_and(|g| g.watch_layers)
+    }
+
+    /// Records a layer's activation magnitude (forward).
+    pub(crate) fn record_activation(&mut self, record: crate::watch::ActivationRecord) {
+        self.activations.push(record);
     }
 
     /// Number of recorded backward ops.
@@ -205,6 +245,7 @@ impl<D: AmpDevice> MixedTape<D> {
             return Err(AmpError::ConflictingGradients);
         }
         let mut grads = self.grads.take().unwrap_or_default();
+        grads.probe_grads.clear();
         seed(&mut grads).map_err(AmpError::device)?;
         self.ops.sort_unstable_by_key(|(order, _)| *order);
         for (_, op) in self.ops.into_iter().rev() {
@@ -216,6 +257,8 @@ impl<D: AmpDevice> MixedTape<D> {
             .map_err(AmpError::device)?;
         }
         grads.drop_non_leafs();
+        grads.layer_report =
+            crate::watch::report(self.activations, std::mem::take(&mut grads.probe_grads));
         Ok(grads)
     }
 }
@@ -254,6 +297,7 @@ impl<D: AmpDevice> Merge<NoneTape> for MixedTape<D> {
 impl<D: AmpDevice> Merge<MixedTape<D>> for MixedTape<D> {
     fn merge(mut self, mut other: Self) -> Self {
         self.conflicting_grads |= other.conflicting_grads;
+        self.activations.append(&mut other.activations);
         match (&self.grads, other.grads.take()) {
             (_, None) => {}
             (None, Some(grads)) => self.grads = Some(grads),

@@ -3,6 +3,7 @@
 
 use typed_amp::dfdx::nn::builders::{BatchNorm1D, Linear};
 use typed_amp::prelude::*;
+use typed_amp::watch::Overflow;
 use typed_amp::{AmpElem, DType, LossScalers, UnscaledGrads};
 
 /// FP16's machine epsilon, 2^-10.
@@ -246,7 +247,8 @@ fn one_scaler_per_loss_sums_gradients_and_backs_off_only_the_overflowing_loss() 
     assert!(scalers.update(&[true]).is_err(), "one flag per loss");
 }
 
-/// A deliberately exploding layer: FP16 overflow is blamed on the parameters it reaches.
+/// A deliberately exploding layer is named: the parameters whose gradients overflow are its
+/// neighbours, and the layer probes find the layer itself.
 #[test]
 fn exploding_activations_are_blamed_on_the_layer_by_name() {
     #[typed_amp::amp(policy = "O2", cast_model_outputs = "fp32")]
@@ -259,33 +261,47 @@ fn exploding_activations_are_blamed_on_the_layer_by_name() {
     }
     let dev = Cpu::seed_from_u64(6);
     let mut model = Net::build(&dev).unwrap();
-    // fc2's weights times 512: its activations reach thousands, and the gradient of fc3's
-    // weights (those activations times the scaled loss gradient) overflows FP16.
+    // fc2's weights times 512: its activations reach thousands, and the gradients it passes
+    // back are 512 times larger than they should be.
     model.master_mut().fc2.weight = model.master().fc2.weight.clone() * 512.0;
     model.reload_working().unwrap();
     let mut opt = typed_amp::optim::sgd(model.master(), SgdConfig::default());
     let mut scaler = Net::scaler();
     let (x, y) = data(&dev, 32);
-    let mut blamed = Vec::new();
+    let mut skipped = Vec::new();
     for _ in 0..20 {
-        let logits = model
-            .working()
-            .forward(x.clone().traced_mixed(model.alloc_grads().unwrap()));
+        let mut grads = model.alloc_grads().unwrap();
+        grads.watch_layers(true);
+        let logits = model.working().forward(x.clone().traced_mixed(grads));
         let loss = cross_entropy_with_logits_loss(logits, y.clone());
         let scaled = scaler.scale(loss).backward().unwrap();
         let unscaled = scaler.unscale(&mut model, scaled).unwrap();
         let outcome = scaler.step(&mut opt, &mut model, unscaled).unwrap();
         scaler.update(outcome.found_inf).unwrap();
         if !outcome.skipped {
+            assert_eq!(outcome.overflow, None);
+            let layers: Vec<&str> = outcome.layers.iter().map(|l| l.layer).collect();
+            assert_eq!(layers, ["input", "fc1", "act1", "fc2", "act2", "fc3"]);
             break;
         }
-        blamed.push(outcome.non_finite_params);
+        skipped.push(outcome);
     }
-    assert!(!blamed.is_empty(), "the first steps overflow");
-    // fc2's big weights blow up both its activations (so fc3's weight gradient overflows) and
-    // the gradients flowing back through it (so fc1's do); fc2's own gradients stay finite.
-    assert_eq!(blamed[0], ["fc1.weight", "fc1.bias", "fc3.weight"]);
-    assert_eq!(scaler.skipped_steps(), blamed.len() as u64);
+    assert!(!skipped.is_empty(), "the first steps overflow");
+    let first = &skipped[0];
+    // The overflow spreads to fc2's neighbours' gradients, not its own...
+    assert_eq!(
+        first.non_finite_params,
+        ["fc1.weight", "fc1.bias", "fc3.weight"]
+    );
+    // ...and the probes name fc2: finite gradient at its output, inf at its input.
+    assert_eq!(first.overflow, Some(Overflow::Backward("fc2")));
+    let layer = |name| first.layers.iter().find(|l| l.layer == name).unwrap();
+    let (fc1, fc2) = (layer("fc1"), layer("fc2"));
+    assert!(
+        fc2.activation_max_abs > 100.0 * fc1.activation_max_abs,
+        "fc2's activations explode: {fc2:?} after {fc1:?}"
+    );
+    assert_eq!(scaler.skipped_steps(), skipped.len() as u64);
 }
 
 #[test]

@@ -93,6 +93,8 @@ fn working_from(
 /// One step of the forward pass: a layer (tuples are flattened), where it is in the struct, its
 /// type parameter (with tuple indices), and how it computes.
 struct Step {
+    /// The layer's path in the struct (`stem.0`), for layer probes.
+    name: String,
     /// The struct field (`self.stem`).
     field: TokenStream,
     /// Tuple elements to descend into: each element's tuple type and index.
@@ -132,6 +134,7 @@ fn steps(recipe: &Recipe, model: &Model) -> (Vec<Step>, Vec<TokenStream>) {
     #[allow(clippy::too_many_arguments)]
     fn walk(
         recipe: &Recipe,
+        name: String,
         field: &TokenStream,
         path: Vec<(TokenStream, Index)>,
         module_ty: TokenStream,
@@ -147,17 +150,20 @@ fn steps(recipe: &Recipe, model: &Model) -> (Vec<Step>, Vec<TokenStream>) {
                     bounds.push(quote!(#module_ty: ::typed_amp::amp::TupleField<#i>));
                     let ty = quote!(<#module_ty as ::typed_amp::amp::TupleField<#i>>::Field);
                     let mut path = path.clone();
+                    let element = format!("{name}.{}", i.index);
                     path.push((module_ty.clone(), i));
-                    walk(recipe, field, path, ty, l, pin, out, bounds);
+                    walk(recipe, element, field, path, ty, l, pin, out, bounds);
                 }
             }
             Layer::Known(kind) => out.push(Step {
+                name,
                 field: field.clone(),
                 path,
                 module_ty,
                 compute: Some(plan_layer(recipe, *kind, pin).compute),
             }),
             Layer::Nested => out.push(Step {
+                name,
                 field: field.clone(),
                 path,
                 module_ty,
@@ -171,6 +177,7 @@ fn steps(recipe: &Recipe, model: &Model) -> (Vec<Step>, Vec<TokenStream>) {
         let param = layer_param(i);
         walk(
             recipe,
+            ident.to_string(),
             &quote!(self.#ident),
             Vec::new(),
             quote!(#param),
@@ -206,6 +213,15 @@ fn forward_impl(recipe: &Recipe, model: &Model, layers: &Ident, mutable: bool) -
     current = quote!(<#current as ::typed_amp::amp::CastTo<#entry>>::Output);
     let mut precision = Some(recipe.entry());
 
+    let watch = |name: &str,
+                 current: &TokenStream,
+                 bounds: &mut Vec<TokenStream>,
+                 body: &mut Vec<TokenStream>| {
+        bounds.push(quote!(#current: ::typed_amp::watch::Watch<Error = #err>));
+        body.push(quote!(let x = ::typed_amp::watch::Watch::try_watch(x, #name)?;));
+    };
+    watch("input", &current, &mut bounds, &mut body);
+
     let cast = |to: Prec,
                 current: &mut TokenStream,
                 bounds: &mut Vec<TokenStream>,
@@ -230,6 +246,7 @@ fn forward_impl(recipe: &Recipe, model: &Model, layers: &Ident, mutable: bool) -
                 current =
                     quote!(<#current as ::typed_amp::amp::AutocastForward<#module_ty>>::Output);
                 precision = Some(Prec::F16);
+                watch(&step.name, &current, &mut bounds, &mut body);
                 continue;
             }
             Some(Compute::In(p)) => {
@@ -245,6 +262,7 @@ fn forward_impl(recipe: &Recipe, model: &Model, layers: &Ident, mutable: bool) -
         bounds.push(quote!(#module_ty: #trait_path<#current, Error = #err>));
         body.push(quote!(let x = #trait_path::#call(#receiver, x)?;));
         current = quote!(<#module_ty as #trait_path<#current>>::Output);
+        watch(&step.name, &current, &mut bounds, &mut body);
     }
     if let Some(out) = recipe.cast_model_outputs {
         cast(out, &mut current, &mut bounds, &mut body);

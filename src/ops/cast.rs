@@ -23,6 +23,12 @@ pub trait AmpTape<D: AmpDevice>: Tape<f32, D> + Tape<f16, D> {
     fn record_mixed<F>(&mut self, op: F)
     where
         F: 'static + FnOnce(&mut MixedGradients<D>) -> Result<(), D::Err>;
+
+    /// Whether layer probes record on this tape (see [`MixedGradients::watch_layers`]).
+    fn watching(&self) -> bool;
+
+    /// Records a layer's activation magnitude.
+    fn record_activation(&mut self, record: crate::watch::ActivationRecord);
 }
 
 impl<D: AmpDevice> AmpTape<D> for NoneTape {
@@ -31,6 +37,12 @@ impl<D: AmpDevice> AmpTape<D> for NoneTape {
         F: 'static + FnOnce(&mut MixedGradients<D>) -> Result<(), D::Err>,
     {
     }
+
+    fn watching(&self) -> bool {
+        false
+    }
+
+    fn record_activation(&mut self, _record: crate::watch::ActivationRecord) {}
 }
 
 impl<D: AmpDevice> AmpTape<D> for MixedTape<D> {
@@ -39,6 +51,14 @@ impl<D: AmpDevice> AmpTape<D> for MixedTape<D> {
         F: 'static + FnOnce(&mut MixedGradients<D>) -> Result<(), D::Err>,
     {
         self.add_mixed_backward_op(op);
+    }
+
+    fn watching(&self) -> bool {
+        MixedTape::watching(self)
+    }
+
+    fn record_activation(&mut self, record: crate::watch::ActivationRecord) {
+        MixedTape::record_activation(self, record);
     }
 }
 
