@@ -22,13 +22,13 @@ fn model(seed: u64) -> (Cpu, Model) {
     (dev, model)
 }
 
-fn data(
-    dev: &Cpu,
-    n: usize,
-) -> (
+/// Inputs (FP16) and one-hot labels.
+type Batch = (
     Tensor<(usize, Const<8>), f16, Cpu>,
     Tensor<(usize, Const<4>), f32, Cpu>,
-) {
+);
+
+fn data(dev: &Cpu, n: usize) -> Batch {
     let x: Tensor<(usize, Const<8>), f32, Cpu> = dev.sample_normal_like(&(n, Const));
     let labels: Vec<f32> = (0..n * 4)
         .map(|i| if i % 4 == (i / 4) % 4 { 1.0 } else { 0.0 })
