@@ -19,8 +19,8 @@ struct Net {
 fn main() -> Result<(), AmpError> {
     let dev = Cpu::seed_from_u64(6);
     let mut model = Net::build(&dev)?;
-    // Sabotage: fc2's weights 512 times too large.
-    model.master_mut().fc2.weight = model.master().fc2.weight.clone() * 512.0;
+    // Sabotage: fc2's weights 64 times too large.
+    model.master_mut().fc2.weight = model.master().fc2.weight.clone() * 64.0;
     model.reload_working()?;
     let mut opt = typed_amp::optim::sgd(model.master(), SgdConfig::default());
     let mut scaler = Net::scaler();
