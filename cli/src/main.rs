@@ -7,7 +7,7 @@ use typed_amp::amp::OptLevel;
 use typed_amp::data::FashionMnist;
 use typed_amp_cli::models::Arch;
 use typed_amp_cli::report::{comparison_table, run_json};
-use typed_amp_cli::run::{run, RunConfig, RunError};
+use typed_amp_cli::run::{run, DeviceChoice, RunConfig, RunError};
 
 const USAGE: &str = "\
 typed-amp: train Fashion-MNIST in FP32 and mixed precision
@@ -25,7 +25,7 @@ OPTIONS:
     --lr LR                Adam's initial learning rate (cosine decay)   [default: 0.001]
     --data-dir DIR         the four Fashion-MNIST IDX .gz files          [default: /usr/share/datasets/fashion-mnist,
                                                                                    else the embedded subset]
-    --device cpu           device                                        [default: cpu]
+    --device cpu|cuda:N    device (cuda needs `--features cuda`)        [default: cpu]
     --save PATH            (train) write a checkpoint after every epoch
     --stop-after N         (train) stop after N epochs of this invocation (resume later)
     --resume PATH          (train) continue from a checkpoint
@@ -63,6 +63,7 @@ fn parse_args() -> Result<Option<Args>, String> {
         save: None,
         resume: None,
         progress: true,
+        device: DeviceChoice::Cpu,
     };
     let (mut data_dir, mut json) = (None, false);
     let err = |e: lexopt::Error| e.to_string();
@@ -107,12 +108,12 @@ fn parse_args() -> Result<Option<Args>, String> {
             Long("save") => config.save = Some(PathBuf::from(parser.value().map_err(err)?)),
             Long("resume") => config.resume = Some(PathBuf::from(parser.value().map_err(err)?)),
             Long("device") => {
-                let device = parser.value().map_err(err)?.string().map_err(err)?;
-                if device != "cpu" {
-                    return Err(format!(
-                        "device `{device}` is not available: this build trains on the CPU (`--device cpu`)"
-                    ));
-                }
+                config.device = parser
+                    .value()
+                    .map_err(err)?
+                    .string()
+                    .map_err(err)?
+                    .parse()?
             }
             Long("quiet") => config.progress = false,
             Long("json") => json = true,
@@ -143,13 +144,17 @@ fn parse_args() -> Result<Option<Args>, String> {
 fn describe(args: &Args, data: &FashionMnist) -> String {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     format!(
-        "{}\n{}, {} epochs, batch {}, seed {}, Adam lr {}, CPU ({threads} threads)",
+        "{}\n{}, {} epochs, batch {}, seed {}, Adam lr {} (cosine), {}",
         data.describe(),
         args.config.arch.describe(),
         args.config.epochs,
         args.config.batch,
         args.config.seed,
         args.config.lr,
+        match args.config.device {
+            DeviceChoice::Cpu => format!("CPU ({threads} threads)"),
+            gpu => gpu.to_string(),
+        },
     )
 }
 

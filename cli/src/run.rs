@@ -16,7 +16,7 @@ use typed_amp::dfdx::optim::Adam;
 use typed_amp::loss::try_cross_entropy_with_logits_loss;
 use typed_amp::optim::{cosine_lr, LearningRate, MasterOptimizer, OptimizerState};
 use typed_amp::prelude::*;
-use typed_amp::{AmpError, Fp16Updates, Parameters, TrainTarget};
+use typed_amp::{AmpDevice, AmpError, Fp16Updates, Parameters, TrainTarget};
 
 use crate::models::*;
 
@@ -67,6 +67,8 @@ pub struct RunConfig {
     pub resume: Option<PathBuf>,
     /// Show a progress bar.
     pub progress: bool,
+    /// The device to train on.
+    pub device: DeviceChoice,
 }
 
 /// One epoch's figures.
@@ -146,19 +148,19 @@ impl Input for Image {
     }
 }
 
-type Logits<T = NoneTape> = Tensor<(usize, Const<CLASSES>), f32, Cpu, T>;
-type WorkingOf<M> = <<M as AmpModel<Cpu>>::Weights as TrainTarget<Cpu>>::Working;
-type MasterOf<M> = <<M as AmpModel<Cpu>>::Weights as TrainTarget<Cpu>>::Master;
+type Logits<D, T = NoneTape> = Tensor<(usize, Const<CLASSES>), f32, D, T>;
+type WorkingOf<M, D> = <<M as AmpModel<D>>::Weights as TrainTarget<D>>::Working;
+type MasterOf<M, D> = <<M as AmpModel<D>>::Weights as TrainTarget<D>>::Master;
 
 /// A batch: normalised pixels, one-hot labels, and the labels themselves.
-type Batch<I> = (
-    Tensor<<I as Input>::Shape, f32, Cpu>,
-    Tensor<(usize, Const<CLASSES>), f32, Cpu>,
+type Batch<I, D> = (
+    Tensor<<I as Input>::Shape, f32, D>,
+    Tensor<(usize, Const<CLASSES>), f32, D>,
     Vec<u8>,
 );
 
 /// The examples `indices` of `split`.
-fn batch<I: Input>(dev: &Cpu, split: &Split, indices: &[usize]) -> Batch<I> {
+fn batch<I: Input, D: AmpDevice>(dev: &D, split: &Split, indices: &[usize]) -> Batch<I, D> {
     let mut x = Vec::with_capacity(indices.len() * IMAGE_SIZE);
     let mut y = vec![0.0f32; indices.len() * CLASSES];
     let mut labels = Vec::with_capacity(indices.len());
@@ -202,14 +204,14 @@ fn correct(logits: &[f32], labels: &[u8]) -> usize {
         .count()
 }
 
-fn evaluate<I: Input, W>(dev: &Cpu, model: &W, test: &Split) -> Result<f32, RunError>
+fn evaluate<I: Input, W, D: AmpDevice>(dev: &D, model: &W, test: &Split) -> Result<f32, RunError>
 where
-    W: Module<Tensor<I::Shape, f32, Cpu>, Output = Logits, Error = CpuError>,
+    W: Module<Tensor<I::Shape, f32, D>, Output = Logits<D>, Error = D::Err>,
 {
     let indices: Vec<usize> = (0..test.len()).collect();
     let mut right = 0;
     for chunk in indices.chunks(EVAL_BATCH) {
-        let (x, _, labels) = batch::<I>(dev, test, chunk);
+        let (x, _, labels) = batch::<I, D>(dev, test, chunk);
         let logits = model.try_forward(x).map_err(AmpError::device)?;
         right += correct(&logits.as_vec(), &labels);
     }
@@ -241,26 +243,27 @@ fn meta_get<T: std::str::FromStr>(
 }
 
 /// Trains one model under one policy.
-fn run_model<M, I, O>(
+fn run_model<M, I, O, D>(
     cfg: &RunConfig,
     data: &FashionMnist,
-    make_optimizer: impl FnOnce(&MasterOf<M>) -> O,
+    dev: D,
+    make_optimizer: impl FnOnce(&MasterOf<M, D>) -> O,
 ) -> Result<RunReport, RunError>
 where
-    M: AmpModel<Cpu>,
+    D: AmpDevice,
+    M: AmpModel<D>,
     I: Input,
-    WorkingOf<M>: ModuleMut<
-            Tensor<I::Shape, f32, Cpu, MixedTape<Cpu>>,
-            Output = Logits<MixedTape<Cpu>>,
-            Error = CpuError,
-        > + Module<Tensor<I::Shape, f32, Cpu>, Output = Logits, Error = CpuError>,
-    O: MasterOptimizer<MasterOf<M>, Cpu> + OptimizerState<Cpu> + LearningRate,
+    WorkingOf<M, D>: ModuleMut<
+            Tensor<I::Shape, f32, D, MixedTape<D>>,
+            Output = Logits<D, MixedTape<D>>,
+            Error = D::Err,
+        > + Module<Tensor<I::Shape, f32, D>, Output = Logits<D>, Error = D::Err>,
+    O: MasterOptimizer<MasterOf<M, D>, D> + OptimizerState<D> + LearningRate,
 {
     if cfg.batch == 0 {
         return Err(RunError::Usage("--batch must be at least 1".to_string()));
     }
     reset_peak_rss();
-    let dev = Cpu::seed_from_u64(cfg.seed);
     let mut model = M::try_build(&dev)?;
     let mut opt = make_optimizer(model.master());
     let mut scaler = M::scaler();
@@ -317,7 +320,7 @@ where
         let started = Instant::now();
         for chunk in order.chunks(cfg.batch) {
             opt.set_learning_rate(cosine_lr(cfg.lr, steps, total_steps));
-            let (x, y, labels) = batch::<I>(&dev, train, chunk);
+            let (x, y, labels) = batch::<I, D>(&dev, train, chunk);
             let logits = model
                 .working_mut()
                 .try_forward_mut(x.traced_mixed(grads))
@@ -342,7 +345,7 @@ where
         }
         let seconds = started.elapsed().as_secs_f64();
         bar.finish_and_clear();
-        let test_accuracy = evaluate::<I, _>(&dev, model.working(), &data.test)?;
+        let test_accuracy = evaluate::<I, _, D>(&dev, model.working(), &data.test)?;
         epochs.push(EpochReport {
             epoch: epoch + 1,
             seconds,
@@ -358,7 +361,7 @@ where
 
     let test_accuracy = match epochs.last() {
         Some(e) => e.test_accuracy,
-        None => evaluate::<I, _>(&dev, model.working(), &data.test)?,
+        None => evaluate::<I, _, D>(&dev, model.working(), &data.test)?,
     };
     let peak_rss_bytes = peak_rss();
     let checkpoint_bytes = match &cfg.save {
@@ -417,7 +420,7 @@ fn run_metadata(
 }
 
 /// Size of the run's checkpoint, written to a temporary file and removed.
-fn measure_checkpoint<T: TrainTarget<Cpu>, O: OptimizerState<Cpu>>(
+fn measure_checkpoint<D: AmpDevice, T: TrainTarget<D>, O: OptimizerState<D>>(
     model: &mut T,
     opt: &O,
     scaler: &GradScaler,
@@ -429,36 +432,90 @@ fn measure_checkpoint<T: TrainTarget<Cpu>, O: OptimizerState<Cpu>>(
     Ok(size)
 }
 
-/// Trains `cfg.arch` under `cfg.policy` with Adam.
+/// The device a run trains on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// The CPU.
+    Cpu,
+    /// An NVIDIA GPU, by ordinal (with the `cuda` feature).
+    Cuda(usize),
+}
+
+impl std::str::FromStr for DeviceChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(DeviceChoice::Cpu),
+            "cuda" => Ok(DeviceChoice::Cuda(0)),
+            other => other
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(DeviceChoice::Cuda)
+                .ok_or_else(|| format!("unknown device `{other}`: expected cpu or cuda:N")),
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceChoice::Cpu => write!(f, "cpu"),
+            DeviceChoice::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// Trains `cfg.arch` under `cfg.policy` with Adam, on `cfg.device`.
 pub fn run(cfg: &RunConfig, data: &FashionMnist) -> Result<RunReport, RunError> {
+    match cfg.device {
+        DeviceChoice::Cpu => run_on(cfg, data, Cpu::seed_from_u64(cfg.seed)),
+        #[cfg(feature = "cuda")]
+        DeviceChoice::Cuda(ordinal) => {
+            let dev = typed_amp::dfdx::prelude::Cuda::try_build(ordinal, cfg.seed)
+                .map_err(|e| RunError::Usage(format!("cannot open cuda:{ordinal}: {e}")))?;
+            run_on(cfg, data, dev)
+        }
+        #[cfg(not(feature = "cuda"))]
+        DeviceChoice::Cuda(_) => Err(RunError::Usage(format!(
+            "device `{}` needs a build with CUDA: `cargo run --release -p typed-amp-cli --features cuda -- ...`",
+            cfg.device
+        ))),
+    }
+}
+
+fn run_on<D: AmpDevice>(
+    cfg: &RunConfig,
+    data: &FashionMnist,
+    dev: D,
+) -> Result<RunReport, RunError> {
     let adam = AdamConfig {
         lr: cfg.lr,
         ..Default::default()
     };
     match (cfg.arch, cfg.policy) {
         (Arch::Mlp, OptLevel::O0) => {
-            run_model::<MlpO0, Flat, _>(cfg, data, |m| Adam::<_, f32, Cpu>::new(m, adam))
+            run_model::<MlpO0, Flat, _, D>(cfg, data, dev, |m| Adam::<_, f32, D>::new(m, adam))
         }
         (Arch::Mlp, OptLevel::O1) => {
-            run_model::<MlpO1, Flat, _>(cfg, data, |m| Adam::<_, f32, Cpu>::new(m, adam))
+            run_model::<MlpO1, Flat, _, D>(cfg, data, dev, |m| Adam::<_, f32, D>::new(m, adam))
         }
         (Arch::Mlp, OptLevel::O2) => {
-            run_model::<MlpO2, Flat, _>(cfg, data, |m| Adam::<_, f32, Cpu>::new(m, adam))
+            run_model::<MlpO2, Flat, _, D>(cfg, data, dev, |m| Adam::<_, f32, D>::new(m, adam))
         }
-        (Arch::Mlp, OptLevel::O3) => run_model::<MlpO3, Flat, _>(cfg, data, |m| {
-            Fp16Updates(Adam::<_, f16, Cpu>::new(m, adam))
+        (Arch::Mlp, OptLevel::O3) => run_model::<MlpO3, Flat, _, D>(cfg, data, dev, |m| {
+            Fp16Updates(Adam::<_, f16, D>::new(m, adam))
         }),
         (Arch::Cnn, OptLevel::O0) => {
-            run_model::<CnnO0, Image, _>(cfg, data, |m| Adam::<_, f32, Cpu>::new(m, adam))
+            run_model::<CnnO0, Image, _, D>(cfg, data, dev, |m| Adam::<_, f32, D>::new(m, adam))
         }
         (Arch::Cnn, OptLevel::O1) => {
-            run_model::<CnnO1, Image, _>(cfg, data, |m| Adam::<_, f32, Cpu>::new(m, adam))
+            run_model::<CnnO1, Image, _, D>(cfg, data, dev, |m| Adam::<_, f32, D>::new(m, adam))
         }
         (Arch::Cnn, OptLevel::O2) => {
-            run_model::<CnnO2, Image, _>(cfg, data, |m| Adam::<_, f32, Cpu>::new(m, adam))
+            run_model::<CnnO2, Image, _, D>(cfg, data, dev, |m| Adam::<_, f32, D>::new(m, adam))
         }
-        (Arch::Cnn, OptLevel::O3) => run_model::<CnnO3, Image, _>(cfg, data, |m| {
-            Fp16Updates(Adam::<_, f16, Cpu>::new(m, adam))
+        (Arch::Cnn, OptLevel::O3) => run_model::<CnnO3, Image, _, D>(cfg, data, dev, |m| {
+            Fp16Updates(Adam::<_, f16, D>::new(m, adam))
         }),
     }
 }

@@ -31,7 +31,13 @@ mod sealed {
     message = "`{Self}` is not a device typed-amp can train on",
     note = "train on `dfdx::prelude::Cpu`, or on `dfdx::prelude::Cuda` with typed-amp's `cuda` feature"
 )]
-pub trait AmpDevice: Device<f32> + Device<f16> + sealed::Sealed {
+pub trait AmpDevice:
+    Device<f32>
+    + Device<f16>
+    + dfdx::tensor_ops::ConvDevice<f32>
+    + dfdx::tensor_ops::ConvDevice<f16>
+    + sealed::Sealed
+{
     /// One `f32` per tensor, kept on the device: non-finite flags or sums of squares.
     type Stats: 'static;
 
