@@ -49,6 +49,12 @@
 //! The mixed-precision autograd underneath is [`MixedTape`]: one dfdx tape for both precisions,
 //! with differentiable casts ([`to_f16`], [`to_f32`]).
 //!
+//! Beyond one step: [`GradScaler::accumulate`] opens a gradient-accumulation window (the scale
+//! cannot change inside it); several optimizers share a scaler by stepping their own targets and
+//! updating once with the OR of their overflows; [`LossScalers`] and [`UnscaledGrads::merge`]
+//! give each loss its own scaler; [`MixedGradients::watch_layers`] makes a skipped step name the
+//! layer that overflowed ([`watch`]); [`checkpoint`] saves and restores a run exactly.
+//!
 //! # Policies: `#[amp(policy = ...)]`
 //!
 //! [`macro@amp`] on a struct whose fields are layers gives each layer the precision of Apex's
