@@ -1,8 +1,8 @@
 //! Procedural macros for [typed-amp](https://docs.rs/typed-amp): the `#[amp(policy = ...)]`
 //! attribute. Its documentation, with the policy table, is on `typed_amp::amp`.
 //!
-//! The entry point only dispatches: [`attr`] parses the attribute, [`ast`] the struct and its
-//! layers, [`valid`] turns both into a checked recipe, and [`expand`] generates code. Every error
+//! The entry point only dispatches: `attr` parses the attribute, `ast` the struct and its
+//! layers, `valid` turns both into a checked recipe, and `expand` generates code. Every error
 //! is a `syn::Error` on the offending tokens.
 
 mod ast;
