@@ -297,13 +297,48 @@ impl<D: AmpDevice> ParamVisitor<D> for UnscaleInto<'_, '_, D> {
     }
 }
 
-fn non_finite_flags<D: AmpDevice>(dev: &D, stats: &D::Stats) -> Result<Vec<bool>, AmpError> {
-    Ok(dev
-        .try_read_stats(stats)
-        .map_err(AmpError::device)?
-        .into_iter()
-        .map(|flag| flag != 0.0)
-        .collect())
+/// The per-parameter non-finite flags of an unscale, kept on the device between steps.
+struct NonFiniteFlags<D: AmpDevice> {
+    device: D,
+    slots: usize,
+    stats: Option<D::Stats>,
+}
+
+impl<D: AmpDevice> NonFiniteFlags<D> {
+    fn new(device: &D, layout: &[ParamInfo]) -> Self {
+        Self {
+            device: device.clone(),
+            slots: layout.iter().filter(|p| p.trainable).count(),
+            stats: None,
+        }
+    }
+
+    /// Runs `unscale` with the flag buffer, then reads the flags back (once) if `check`.
+    fn record(
+        &mut self,
+        check: bool,
+        unscale: impl FnOnce(&mut D::Stats) -> Result<(), AmpError>,
+    ) -> Result<Vec<bool>, AmpError> {
+        let mut stats = match self.stats.take() {
+            Some(stats) => stats,
+            None => self
+                .device
+                .try_alloc_stats(self.slots)
+                .map_err(AmpError::device)?,
+        };
+        let unscaled = unscale(&mut stats);
+        let flags = match unscaled {
+            Ok(()) if check => self
+                .device
+                .try_read_stats(&stats)
+                .map_err(AmpError::device)
+                .map(|values| values.into_iter().map(|flag| flag != 0.0).collect()),
+            Ok(()) => Ok(vec![false; self.slots]),
+            Err(e) => Err(e),
+        };
+        self.stats = Some(stats);
+        flags
+    }
 }
 
 /// An FP32 master module `M` and its working copy `W`, whose parameters may be FP16 or FP32
@@ -322,11 +357,10 @@ fn non_finite_flags<D: AmpDevice>(dev: &D, stats: &D::Stats) -> Result<Vec<bool>
 pub struct MasterWeights<M, W, D: AmpDevice> {
     master: M,
     working: W,
-    device: D,
     layout: Vec<ParamInfo>,
     has_buffers: bool,
     master_grads: Option<Gradients<f32, D>>,
-    stats: Option<D::Stats>,
+    flags: NonFiniteFlags<D>,
 }
 
 impl<M, W, D> MasterWeights<M, W, D>
@@ -348,11 +382,10 @@ where
         Ok(Self {
             master,
             working,
-            device: device.clone(),
+            flags: NonFiniteFlags::new(device, &layout),
             layout,
             has_buffers,
             master_grads: None,
-            stats: None,
         })
     }
 
@@ -462,36 +495,24 @@ where
             Some(grads) => grads,
             None => self.master.try_alloc_grads().map_err(AmpError::device)?,
         });
-        let trainable = self.layout.iter().filter(|p| p.trainable).count();
-        let mut stats = match self.stats.take() {
-            Some(stats) => stats,
-            None => self
-                .device
-                .try_alloc_stats(trainable)
-                .map_err(AmpError::device)?,
-        };
         let mut collect = CollectGrads {
             grads: working,
-            out: Vec::with_capacity(trainable),
+            out: Vec::with_capacity(self.layout.len()),
         };
         match self.working.visit_params(&mut collect) {
             Ok(()) => {}
             Err(never) => match never {},
         }
-        let mut unscale = UnscaleInto {
-            working: &collect.out,
-            master_grads: &mut master_grads,
-            stats: &mut stats,
-            inv_scale,
-            index: 0,
-        };
-        self.master.visit_params(&mut unscale)?;
-        let flags = if check {
-            non_finite_flags(&self.device, &stats)?
-        } else {
-            vec![false; trainable]
-        };
-        self.stats = Some(stats);
+        let master = &self.master;
+        let flags = self.flags.record(check, |stats| {
+            master.visit_params(&mut UnscaleInto {
+                working: &collect.out,
+                master_grads: &mut master_grads,
+                stats,
+                inv_scale,
+                index: 0,
+            })
+        })?;
         Ok((master_grads, flags))
     }
 
@@ -529,9 +550,8 @@ where
 /// [`Fp16Weights`] (O3).
 pub struct SinglePrecision<M, E, D: AmpDevice> {
     module: M,
-    device: D,
     layout: Vec<ParamInfo>,
-    stats: Option<D::Stats>,
+    flags: NonFiniteFlags<D>,
     elem: std::marker::PhantomData<E>,
 }
 
@@ -563,9 +583,8 @@ where
         let layout = module.param_summary();
         Self {
             module,
-            device: device.clone(),
+            flags: NonFiniteFlags::new(device, &layout),
             layout,
-            stats: None,
             elem: std::marker::PhantomData,
         }
     }
@@ -683,33 +702,21 @@ where
         inv_scale: f32,
         check: bool,
     ) -> Result<(AnyGrads<D>, Vec<bool>), AmpError> {
-        let trainable = self.layout.iter().filter(|p| p.trainable).count();
         let grads = std::mem::replace(E::grads_mut(working), Gradients::leaky());
         let mut grads = E::into_any_grads(grads);
         if !check && inv_scale == 1.0 {
             // Scaling disabled: the gradients already are the master gradients.
-            return Ok((grads, vec![false; trainable]));
+            return Ok((grads, vec![false; self.flags.slots]));
         }
-        let mut stats = match self.stats.take() {
-            Some(stats) => stats,
-            None => self
-                .device
-                .try_alloc_stats(trainable)
-                .map_err(AmpError::device)?,
-        };
-        let mut unscale = UnscaleInPlace {
-            grads: &mut grads,
-            stats: &mut stats,
-            inv_scale,
-            index: 0,
-        };
-        self.module.visit_params(&mut unscale)?;
-        let flags = if check {
-            non_finite_flags(&self.device, &stats)?
-        } else {
-            vec![false; trainable]
-        };
-        self.stats = Some(stats);
+        let module = &self.module;
+        let flags = self.flags.record(check, |stats| {
+            module.visit_params(&mut UnscaleInPlace {
+                grads: &mut grads,
+                stats,
+                inv_scale,
+                index: 0,
+            })
+        })?;
         Ok((grads, flags))
     }
 
