@@ -93,13 +93,12 @@ pub struct AmpConfig {
 }
 
 impl AmpConfig {
-    /// A loss scaler for this recipe.
-    pub fn scaler(&self) -> GradScaler {
+    /// A loss scaler for this recipe; errors on a static scale that is not finite and positive.
+    pub fn try_scaler(&self) -> Result<GradScaler, AmpError> {
         match self.loss_scale {
-            LossScale::None => GradScaler::disabled(),
-            LossScale::Dynamic => GradScaler::dynamic(),
-            LossScale::Static(scale) => GradScaler::with_static_scale(scale)
-                .expect("#[amp] checks static loss scales at compile time"),
+            LossScale::None => Ok(GradScaler::disabled()),
+            LossScale::Dynamic => Ok(GradScaler::dynamic()),
+            LossScale::Static(scale) => GradScaler::with_static_scale(scale),
         }
     }
 }
@@ -125,12 +124,6 @@ impl std::fmt::Display for AmpConfig {
         write!(f, ")")
     }
 }
-
-/// Something that cannot be converted with dfdx's `to_dtype`/`to_device`: the type a
-/// `#[amp]` model's dfdx `TensorCollection::To` names. Build the architecture for another
-/// device or precision instead.
-#[derive(Debug, Clone, Copy)]
-pub enum NotConvertible {}
 
 /// A model declared with `#[amp(policy = ...)]`: an architecture whose fields are layers, with
 /// a master type, a working type and a training target chosen by its policy.
@@ -163,9 +156,7 @@ pub trait AmpModel<D: AmpDevice>: Sized {
     fn try_build(device: &D) -> Result<Self::Weights, AmpError>;
 
     /// A loss scaler for the model's recipe.
-    fn scaler() -> GradScaler {
-        Self::CONFIG.scaler()
-    }
+    fn scaler() -> GradScaler;
 }
 
 /// Casts a tensor to precision `P` (a no-op if it already is): what `#[amp]` inserts at

@@ -485,6 +485,15 @@ pub fn expand(recipe: &Recipe, model: &Model) -> TokenStream {
     };
     let input = marker(recipe.entry());
     let config = config_tokens(recipe);
+    let scaler = match recipe.loss_scale {
+        LossScale::None => quote!(::typed_amp::GradScaler::disabled()),
+        LossScale::Dynamic => quote!(::typed_amp::GradScaler::dynamic()),
+        LossScale::Static(s) => {
+            let s = s as f32;
+            // `valid` accepted only finite, positive scales below FP16's overflow.
+            quote!(::typed_amp::GradScaler::with_static_scale(#s).expect("a scale checked by #[amp]"))
+        }
+    };
 
     let mut arch = model.item.clone();
     arch.attrs.push(syn::parse_quote!(#[allow(dead_code)]));
@@ -520,6 +529,10 @@ pub fn expand(recipe: &Recipe, model: &Model) -> TokenStream {
             fn try_build(device: &D) -> ::core::result::Result<Self::Weights, ::typed_amp::AmpError> {
                 #build
             }
+
+            fn scaler() -> ::typed_amp::GradScaler {
+                #scaler
+            }
         }
 
         impl #ident {
@@ -535,7 +548,7 @@ pub fn expand(recipe: &Recipe, model: &Model) -> TokenStream {
 
             /// A loss scaler for this model's policy.
             pub fn scaler() -> ::typed_amp::GradScaler {
-                Self::AMP_CONFIG.scaler()
+                #scaler
             }
         }
     }
