@@ -293,6 +293,12 @@ tuple_fields! {
     [A, B, C, F, G, H] => 0 A, 1 B, 2 C, 3 F, 4 G, 5 H;
 }
 
+/// The working model of an `#[amp]` model `M` on device `D` (what forward runs on).
+pub type WorkingOf<M, D> = <<M as AmpModel<D>>::Weights as TrainTarget<D>>::Working;
+
+/// The module the optimizer of an `#[amp]` model `M` updates on device `D`.
+pub type MasterOf<M, D> = <<M as AmpModel<D>>::Weights as TrainTarget<D>>::Master;
+
 /// `<A as BuildOnDevice<D, E>>::Built`, spelled shorter for generated code.
 pub type Built<A, E, D> = <A as dfdx::nn::BuildOnDevice<D, E>>::Built;
 

@@ -63,6 +63,19 @@ pub enum AmpError {
     Optimizer(String),
 }
 
+impl From<dfdx::prelude::CpuError> for AmpError {
+    fn from(err: dfdx::prelude::CpuError) -> Self {
+        AmpError::device(err)
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl From<dfdx::prelude::CudaError> for AmpError {
+    fn from(err: dfdx::prelude::CudaError) -> Self {
+        AmpError::device(err)
+    }
+}
+
 impl AmpError {
     /// Wraps a device error.
     pub fn device(err: impl std::fmt::Display) -> Self {

@@ -72,6 +72,20 @@ fn mismatch<E: AmpElem, D: AmpDevice>(grads: &AnyGrads<D>) -> AmpError {
 #[derive(Debug, Clone)]
 pub struct Fp16Updates<O>(pub O);
 
+impl<M, D: AmpDevice> Fp16Updates<Sgd<M, f16, D>> {
+    /// SGD over FP16 weights, opted in.
+    pub fn sgd(weights: &M, config: dfdx::prelude::SgdConfig) -> Self {
+        Fp16Updates(Sgd::new(weights, config))
+    }
+}
+
+impl<M, D: AmpDevice> Fp16Updates<Adam<M, f16, D>> {
+    /// Adam over FP16 weights, opted in.
+    pub fn adam(weights: &M, config: AdamConfig) -> Self {
+        Fp16Updates(Adam::new(weights, config))
+    }
+}
+
 impl<M, D, O> MasterOptimizer<M, D> for Fp16Updates<O>
 where
     D: AmpDevice,

@@ -136,9 +136,8 @@ fn bars(dev: &Cpu, batches: usize) -> Data<Rank4<BATCH, 1, SIDE, SIDE>> {
 }
 
 type Logits<T = NoneTape> = Tensor<Rank2<BATCH, CLASSES>, f32, Cpu, T>;
-type Target<M> = <M as AmpModel<Cpu>>::Weights;
-type WorkingOf<M> = <Target<M> as TrainTarget<Cpu>>::Working;
-type MasterOf<M> = <Target<M> as TrainTarget<Cpu>>::Master;
+type WorkingOf<M> = typed_amp::amp::WorkingOf<M, Cpu>;
+type MasterOf<M> = typed_amp::amp::MasterOf<M, Cpu>;
 
 /// Trains `STEPS` steps with SGD (momentum 0.9) and returns the loss on held-out batches.
 fn train<M, S, O>(

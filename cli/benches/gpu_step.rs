@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use typed_amp::amp::AmpModel;
+use typed_amp::amp::{AmpModel, MasterOf, WorkingOf};
 use typed_amp::dfdx::nn::builders::Linear;
 use typed_amp::dfdx::optim::Adam;
 use typed_amp::optim::MasterOptimizer;
@@ -37,9 +37,6 @@ big_mlp!(BigMlpO0, "O0");
 big_mlp!(BigMlpO1, "O1");
 big_mlp!(BigMlpO2, "O2");
 
-type WorkingOf<M> = <<M as AmpModel<Cuda>>::Weights as TrainTarget<Cuda>>::Working;
-type MasterOf<M> = <<M as AmpModel<Cuda>>::Weights as TrainTarget<Cuda>>::Master;
-
 /// Memory in use on the device, in bytes.
 fn used_memory() -> usize {
     cudarc::driver::result::mem_get_info().map_or(0, |(free, total)| total - free)
@@ -55,18 +52,19 @@ fn bench<M, S>(dev: &Cuda, shape: S) -> Figures
 where
     M: AmpModel<Cuda>,
     S: Shape,
-    WorkingOf<M>: ModuleMut<
+    WorkingOf<M, Cuda>: ModuleMut<
         Tensor<S, f32, Cuda, MixedTape<Cuda>>,
         Output = Tensor<(usize, Const<10>), f32, Cuda, MixedTape<Cuda>>,
         Error = CudaError,
     >,
-    Adam<MasterOf<M>, f32, Cuda>: MasterOptimizer<MasterOf<M>, Cuda>,
+    Adam<MasterOf<M, Cuda>, f32, Cuda>: MasterOptimizer<MasterOf<M, Cuda>, Cuda>,
 {
     dev.synchronize();
     let baseline = used_memory();
     let mut peak = baseline;
     let mut model = M::try_build(dev).expect("the model builds on the GPU");
-    let mut opt: Adam<MasterOf<M>, f32, Cuda> = Adam::new(model.master(), AdamConfig::default());
+    let mut opt: Adam<MasterOf<M, Cuda>, f32, Cuda> =
+        Adam::new(model.master(), AdamConfig::default());
     let mut scaler = M::scaler();
     let x: Tensor<S, f32, Cuda> = dev.sample_normal_like(&shape);
     let batch = shape.concrete().into_iter().next().unwrap_or(1);

@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use typed_amp::amp::{AmpModel, OptLevel};
+use typed_amp::amp::{AmpModel, MasterOf, OptLevel, WorkingOf};
 use typed_amp::checkpoint::{self, CheckpointError};
 use typed_amp::data::{DataError, FashionMnist, Split, CLASSES, IMAGE_SIZE};
 use typed_amp::dfdx::optim::Adam;
@@ -149,8 +149,6 @@ impl Input for Image {
 }
 
 type Logits<D, T = NoneTape> = Tensor<(usize, Const<CLASSES>), f32, D, T>;
-type WorkingOf<M, D> = <<M as AmpModel<D>>::Weights as TrainTarget<D>>::Working;
-type MasterOf<M, D> = <<M as AmpModel<D>>::Weights as TrainTarget<D>>::Master;
 
 /// A batch: normalised pixels, one-hot labels, and the labels themselves.
 type Batch<I, D> = (

@@ -485,6 +485,8 @@ pub fn expand(recipe: &Recipe, model: &Model) -> TokenStream {
     };
     let input = marker(recipe.entry());
     let config = config_tokens(recipe);
+    let weights_name = format_ident!("{}Weights", ident);
+    let weights_doc = format!("What the optimizer trains for [`{ident}`] under its policy (what `{ident}::build` returns).");
     let scaler = match recipe.loss_scale {
         LossScale::None => quote!(::typed_amp::GradScaler::disabled()),
         LossScale::Dynamic => quote!(::typed_amp::GradScaler::dynamic()),
@@ -535,6 +537,9 @@ pub fn expand(recipe: &Recipe, model: &Model) -> TokenStream {
             }
         }
 
+        #[doc = #weights_doc]
+        #vis type #weights_name<D> = #weights_ty;
+
         impl #ident {
             /// The mixed-precision recipe this model was declared with.
             pub const AMP_CONFIG: ::typed_amp::amp::AmpConfig = #config;
@@ -542,7 +547,7 @@ pub fn expand(recipe: &Recipe, model: &Model) -> TokenStream {
             /// Builds the model on `device`, ready to train under its policy.
             pub fn build<D: ::typed_amp::AmpDevice>(
                 device: &D,
-            ) -> ::core::result::Result<<Self as ::typed_amp::amp::AmpModel<D>>::Weights, ::typed_amp::AmpError> {
+            ) -> ::core::result::Result<#weights_name<D>, ::typed_amp::AmpError> {
                 <Self as ::typed_amp::amp::AmpModel<D>>::try_build(device)
             }
 
