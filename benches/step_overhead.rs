@@ -8,8 +8,8 @@
 //! gradients into FP32 master gradients with the non-finite check, and refreshing the FP16
 //! working weights from the master.
 //!
-//! Run with `cargo bench --bench step_overhead` (add `-- --steps N` to change the number of
-//! timed steps per repetition). Prints milliseconds per step (median over repetitions).
+//! Run with `cargo bench --bench step_overhead` (add `-- --steps N --repetitions R` to change
+//! the number of timed steps per repetition and of repetitions). Prints milliseconds per step (median over repetitions).
 
 use std::time::{Duration, Instant};
 

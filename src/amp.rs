@@ -156,7 +156,16 @@ pub trait AmpModel<D: AmpDevice>: Sized {
     fn try_build(device: &D) -> Result<Self::Weights, AmpError>;
 
     /// A loss scaler for the model's recipe.
-    fn scaler() -> GradScaler;
+    ///
+    /// # Panics
+    ///
+    /// If [`Self::CONFIG`](AmpModel::CONFIG) holds a static loss scale that is not finite and
+    /// positive, which `#[amp]` rejects at compile time.
+    fn scaler() -> GradScaler {
+        Self::CONFIG
+            .try_scaler()
+            .expect("#[amp] validated the loss scale")
+    }
 }
 
 /// Casts a tensor to precision `P` (a no-op if it already is): what `#[amp]` inserts at

@@ -89,9 +89,13 @@ struct Entry {
 
 fn encode(dtype: DType, values: &[f32]) -> Vec<u8> {
     match dtype {
-        DType::F16 | DType::BF16 => values
+        DType::F16 => values
             .iter()
             .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+            .collect(),
+        DType::BF16 => values
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
             .collect(),
         DType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
     }
@@ -111,6 +115,26 @@ fn decode(view: &TensorView<'_>) -> Option<Vec<f32>> {
                 .collect(),
         ),
         _ => None,
+    }
+}
+
+/// The entry for values (read back as FP32) of a tensor shaped and typed like `param`.
+fn entry<S: Shape, E: AmpElem, D: AmpDevice + Device<E>>(
+    param: &Tensor<S, E, D>,
+    values: &[f32],
+) -> Entry {
+    let dtype = dtype_of::<E>();
+    Entry {
+        dtype,
+        shape: param.shape().concrete().into_iter().collect(),
+        bytes: encode(dtype, values),
+    }
+}
+
+fn state_precision_mismatch(path: &str) -> AmpError {
+    AmpError::ParamMismatch {
+        path: path.to_string(),
+        detail: "the optimizer's state is in another precision than the parameter".to_string(),
     }
 }
 
@@ -135,15 +159,8 @@ impl<D: AmpDevice> ParamVisitor<D> for SaveParams<'_> {
             .device()
             .try_read_f32(E::erase::<D>(param.storage()))
             .map_err(AmpError::device)?;
-        let dtype = dtype_of::<E>();
-        self.entries.insert(
-            format!("{}.{path}", self.prefix),
-            Entry {
-                dtype,
-                shape: param.shape().concrete().into_iter().collect(),
-                bytes: encode(dtype, &values),
-            },
-        );
+        self.entries
+            .insert(format!("{}.{path}", self.prefix), entry(param, &values));
         Ok(())
     }
 }
@@ -174,26 +191,16 @@ impl<D: AmpDevice> ParamVisitor<D> for SaveState<'_, '_, D> {
                 StateRef::F32(g) => StateRef::F32(*g),
                 StateRef::F16(g) => StateRef::F16(*g),
             };
-            let store = E::downcast_grads(store).ok_or_else(|| AmpError::ParamMismatch {
-                path: path.to_string(),
-                detail: "the optimizer's state is in another precision than the parameter"
-                    .to_string(),
-            })?;
+            let store = E::downcast_grads(store).ok_or_else(|| state_precision_mismatch(path))?;
             // A parameter the optimizer has not updated yet has no state.
             let Some(buf) = store.get_ref_checked(param) else {
                 continue;
             };
-            let buf = E::erase::<D>(buf);
-            let dtype = dtype_of::<E>();
-            let values = dev.try_read_f32(buf).map_err(AmpError::device)?;
-            self.entries.insert(
-                format!("optim.{name}.{path}"),
-                Entry {
-                    dtype,
-                    shape: param.shape().concrete().into_iter().collect(),
-                    bytes: encode(dtype, &values),
-                },
-            );
+            let values = dev
+                .try_read_f32(E::erase::<D>(buf))
+                .map_err(AmpError::device)?;
+            self.entries
+                .insert(format!("optim.{name}.{path}"), entry(param, &values));
         }
         Ok(())
     }
@@ -413,11 +420,8 @@ impl<D: AmpDevice> ParamVisitor<D> for LoadState<'_, '_, D> {
                 StateMut::F32(g) => StateMut::F32(&mut **g),
                 StateMut::F16(g) => StateMut::F16(&mut **g),
             };
-            let store = E::downcast_grads_mut(store).ok_or_else(|| AmpError::ParamMismatch {
-                path: path.to_string(),
-                detail: "the optimizer's state is in another precision than the parameter"
-                    .to_string(),
-            })?;
+            let store =
+                E::downcast_grads_mut(store).ok_or_else(|| state_precision_mismatch(path))?;
             let buf = store.get_or_alloc_mut(param).map_err(AmpError::device)?;
             dev.try_write_f32(E::erase_mut::<D>(buf), &values)
                 .map_err(AmpError::device)?;

@@ -14,7 +14,7 @@ use half::f16;
 use crate::device::AmpDevice;
 use crate::error::AmpError;
 use crate::params::{ParamInfo, ParamVisitor, ParamVisitorMut, Parameters};
-use crate::precision::{AmpElem, AnyBuf, AnyGrads};
+use crate::precision::{AmpElem, AnyBuf, AnyBufMut, AnyGrads};
 use crate::tape::MixedGradients;
 
 /// Something the typed training step can train: it holds the FP32 master module the optimizer
@@ -256,45 +256,61 @@ impl<'a, D: AmpDevice> ParamVisitor<D> for CollectGrads<'a, D> {
     }
 }
 
-/// Unscales collected working gradients into the master's gradients, one kernel per parameter.
-struct UnscaleInto<'s, 'a, D: AmpDevice> {
-    working: &'s [Option<AnyBuf<'a, D>>],
-    master_grads: &'s mut AnyGrads<D>,
-    stats: &'s mut D::Stats,
-    inv_scale: f32,
-    index: usize,
-}
-
-impl<D: AmpDevice> ParamVisitor<D> for UnscaleInto<'_, '_, D> {
-    type Error = AmpError;
-    fn visit<S: Shape, E: AmpElem>(
-        &mut self,
-        path: &str,
-        param: &Tensor<S, E, D>,
-        trainable: bool,
-    ) -> Result<(), AmpError>
-    where
-        D: Device<E>,
-    {
-        if !trainable {
-            return Ok(());
-        }
-        let slot = self.index;
-        self.index += 1;
-        let dev = param.device().clone();
-        let master = self
-            .master_grads
-            .of_mut::<E>(path)?
-            .get_or_alloc_mut(param)
-            .map_err(AmpError::device)?;
-        let master = E::erase_mut::<D>(master);
-        match &self.working[slot] {
-            Some(src) => dev.try_unscale(src.reborrow(), master, self.inv_scale, self.stats, slot),
-            // A parameter the loss did not reach gets a zero gradient, as dfdx gives it.
-            None => dev.try_fill(master, 0.0),
-        }
-        .map_err(AmpError::device)
+/// Visits the gradient buffer in `grads` of every trainable parameter of `module` (allocating
+/// any that is missing), in model order, with its slot (its index among trainable parameters).
+/// Returns the device, if there was a parameter.
+pub(crate) fn for_each_trainable_grad<D: AmpDevice, M: Parameters<D>>(
+    module: &M,
+    grads: &mut AnyGrads<D>,
+    f: impl FnMut(&D, usize, AnyBufMut<'_, D>) -> Result<(), D::Err>,
+) -> Result<Option<D>, AmpError> {
+    struct Visit<'g, D: AmpDevice, F> {
+        grads: &'g mut AnyGrads<D>,
+        f: F,
+        slot: usize,
+        device: Option<D>,
     }
+    impl<D, F> ParamVisitor<D> for Visit<'_, D, F>
+    where
+        D: AmpDevice,
+        F: FnMut(&D, usize, AnyBufMut<'_, D>) -> Result<(), D::Err>,
+    {
+        type Error = AmpError;
+        fn visit<S: Shape, E: AmpElem>(
+            &mut self,
+            path: &str,
+            param: &Tensor<S, E, D>,
+            trainable: bool,
+        ) -> Result<(), AmpError>
+        where
+            D: Device<E>,
+        {
+            if !trainable {
+                return Ok(());
+            }
+            let slot = self.slot;
+            self.slot += 1;
+            let grad = self
+                .grads
+                .of_mut::<E>(path)?
+                .get_or_alloc_mut(param)
+                .map_err(AmpError::device)?;
+            let dev = param.device();
+            (self.f)(dev, slot, E::erase_mut::<D>(grad)).map_err(AmpError::device)?;
+            if self.device.is_none() {
+                self.device = Some(dev.clone());
+            }
+            Ok(())
+        }
+    }
+    let mut visit = Visit {
+        grads,
+        f,
+        slot: 0,
+        device: None,
+    };
+    module.visit_params(&mut visit)?;
+    Ok(visit.device)
 }
 
 /// The per-parameter non-finite flags of an unscale, kept on the device between steps.
@@ -503,15 +519,17 @@ where
             Ok(()) => {}
             Err(never) => match never {},
         }
+        let working = &collect.out;
         let master = &self.master;
         let flags = self.flags.record(check, |stats| {
-            master.visit_params(&mut UnscaleInto {
-                working: &collect.out,
-                master_grads: &mut master_grads,
-                stats,
-                inv_scale,
-                index: 0,
+            for_each_trainable_grad(master, &mut master_grads, |dev, slot, dst| {
+                match &working[slot] {
+                    Some(src) => dev.try_unscale(src.reborrow(), dst, inv_scale, stats, slot),
+                    // A parameter the loss did not reach gets a zero gradient, as dfdx gives it.
+                    None => dev.try_fill(dst, 0.0),
+                }
             })
+            .map(drop)
         })?;
         Ok((master_grads, flags))
     }
@@ -632,41 +650,6 @@ where
     }
 }
 
-/// Unscales a model's gradients in place.
-struct UnscaleInPlace<'s, D: AmpDevice> {
-    grads: &'s mut AnyGrads<D>,
-    stats: &'s mut D::Stats,
-    inv_scale: f32,
-    index: usize,
-}
-
-impl<D: AmpDevice> ParamVisitor<D> for UnscaleInPlace<'_, D> {
-    type Error = AmpError;
-    fn visit<S: Shape, E: AmpElem>(
-        &mut self,
-        path: &str,
-        param: &Tensor<S, E, D>,
-        trainable: bool,
-    ) -> Result<(), AmpError>
-    where
-        D: Device<E>,
-    {
-        if !trainable {
-            return Ok(());
-        }
-        let slot = self.index;
-        self.index += 1;
-        let dev = param.device().clone();
-        let grad = self
-            .grads
-            .of_mut::<E>(path)?
-            .get_or_alloc_mut(param)
-            .map_err(AmpError::device)?;
-        dev.try_unscale_in_place(E::erase_mut::<D>(grad), self.inv_scale, self.stats, slot)
-            .map_err(AmpError::device)
-    }
-}
-
 impl<M, E, D> TrainTarget<D> for SinglePrecision<M, E, D>
 where
     E: AmpElem,
@@ -710,12 +693,10 @@ where
         }
         let module = &self.module;
         let flags = self.flags.record(check, |stats| {
-            module.visit_params(&mut UnscaleInPlace {
-                grads: &mut grads,
-                stats,
-                inv_scale,
-                index: 0,
+            for_each_trainable_grad(module, &mut grads, |dev, slot, grad| {
+                dev.try_unscale_in_place(grad, inv_scale, stats, slot)
             })
+            .map(drop)
         })?;
         Ok((grads, flags))
     }

@@ -388,28 +388,34 @@ where
 /// Implements [`Parameters`] for dfdx layers generic over their dtype `E` and device `D`.
 macro_rules! collection_params {
     ($([$($generics:tt)*] $layer:ty;)*) => {$(
-        impl<$($generics)* E: AmpElem, D: AmpDevice + Device<E>> Parameters<D> for $layer
+        impl<
+            $($generics)*
+            E: $crate::precision::AmpElem,
+            D: $crate::device::AmpDevice + $crate::dfdx::prelude::Device<E>,
+        > $crate::params::Parameters<D> for $layer
         where
-            Self: TensorCollection<E, D>,
+            Self: $crate::dfdx::nn::TensorCollection<E, D>,
         {
-            fn visit_params_at<V: ParamVisitor<D>>(
+            fn visit_params_at<V: $crate::params::ParamVisitor<D>>(
                 &self,
-                path: &mut ParamPath,
+                path: &mut $crate::params::ParamPath,
                 visitor: &mut V,
             ) -> Result<(), V::Error> {
-                visit_collection::<Self, E, D, V>(self, path, visitor)
+                $crate::params::visit_collection::<Self, E, D, V>(self, path, visitor)
             }
 
-            fn visit_params_mut_at<V: ParamVisitorMut<D>>(
+            fn visit_params_mut_at<V: $crate::params::ParamVisitorMut<D>>(
                 &mut self,
-                path: &mut ParamPath,
+                path: &mut $crate::params::ParamPath,
                 visitor: &mut V,
             ) -> Result<(), V::Error> {
-                visit_collection_mut::<Self, E, D, V>(self, path, visitor)
+                $crate::params::visit_collection_mut::<Self, E, D, V>(self, path, visitor)
             }
         }
     )*};
 }
+
+pub(crate) use collection_params;
 
 collection_params! {
     [const I: usize, const O: usize,] Linear<I, O, E, D>;

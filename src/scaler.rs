@@ -153,21 +153,12 @@ impl GradScaler {
                 "growth_interval must be at least 1".to_string(),
             ));
         }
-        Ok(Self {
-            state: ScalerState {
-                mode: ScaleMode::Dynamic,
-                scale: init_scale,
-                growth_factor,
-                backoff_factor,
-                growth_interval,
-                growth_tracker: 0,
-                skipped_steps: 0,
-                min_scale: None,
-                max_scale: None,
-                floor_patience: DEFAULT_FLOOR_PATIENCE,
-                floor_hits: 0,
-            },
-        })
+        let mut scaler = Self::dynamic();
+        scaler.state.scale = init_scale;
+        scaler.state.growth_factor = growth_factor;
+        scaler.state.backoff_factor = backoff_factor;
+        scaler.state.growth_interval = growth_interval;
+        Ok(scaler)
     }
 
     /// Sets a floor under the dynamic scale: backoffs stop at `min_scale`, and once the scale

@@ -21,7 +21,7 @@ use dfdx::prelude::{Device, Shape, SplitTape, Tensor};
 use crate::device::AmpDevice;
 use crate::error::AmpError;
 use crate::loss::Loss;
-use crate::master::TrainTarget;
+use crate::master::{for_each_trainable_grad, TrainTarget};
 use crate::optim::MasterOptimizer;
 use crate::params::{ParamVisitor, Parameters};
 use crate::precision::{AmpElem, AnyBufMut, AnyGrads};
@@ -311,7 +311,7 @@ impl<D: AmpDevice> UnscaledGrads<D> {
         target: &T,
     ) -> Result<Vec<(String, Vec<f32>)>, AmpError> {
         let mut values = Vec::new();
-        for_each_master_grad(target, &mut self.master, |dev, _, grad| {
+        for_each_trainable_grad(target.master(), &mut self.master, |dev, _, grad| {
             values.push(dev.try_read_f32(grad.as_buf())?);
             Ok(())
         })?;
@@ -342,7 +342,7 @@ impl<D: AmpDevice> UnscaledGrads<D> {
         let norm = self.global_norm(target)?;
         let factor = max_norm / (norm + 1e-6);
         if factor < 1.0 {
-            for_each_master_grad(target, &mut self.master, |dev, _, grad| {
+            for_each_trainable_grad(target.master(), &mut self.master, |dev, _, grad| {
                 dev.try_scale(grad, factor)
             })?;
         }
@@ -357,7 +357,7 @@ impl<D: AmpDevice> UnscaledGrads<D> {
         clip_value: f32,
     ) -> Result<(), AmpError> {
         check_clip_limit(clip_value, "clip_value")?;
-        for_each_master_grad(target, &mut self.master, |dev, _, grad| {
+        for_each_trainable_grad(target.master(), &mut self.master, |dev, _, grad| {
             dev.try_clamp(grad, clip_value)
         })?;
         Ok(())
@@ -374,62 +374,6 @@ fn check_clip_limit(limit: f32, name: &str) -> Result<(), AmpError> {
     }
 }
 
-/// Visits the gradient buffer of every trainable master parameter, in model order, with its
-/// slot (its index among trainable parameters). Returns the device, if there was a parameter.
-fn for_each_master_grad<D: AmpDevice, T: TrainTarget<D>>(
-    target: &T,
-    grads: &mut AnyGrads<D>,
-    f: impl FnMut(&D, usize, AnyBufMut<'_, D>) -> Result<(), D::Err>,
-) -> Result<Option<D>, AmpError> {
-    struct Visit<'g, D: AmpDevice, F> {
-        grads: &'g mut AnyGrads<D>,
-        f: F,
-        slot: usize,
-        device: Option<D>,
-    }
-    impl<D, F> ParamVisitor<D> for Visit<'_, D, F>
-    where
-        D: AmpDevice,
-        F: FnMut(&D, usize, AnyBufMut<'_, D>) -> Result<(), D::Err>,
-    {
-        type Error = AmpError;
-        fn visit<S: Shape, E: AmpElem>(
-            &mut self,
-            path: &str,
-            param: &Tensor<S, E, D>,
-            trainable: bool,
-        ) -> Result<(), AmpError>
-        where
-            D: Device<E>,
-        {
-            if !trainable {
-                return Ok(());
-            }
-            let slot = self.slot;
-            self.slot += 1;
-            let grad = self
-                .grads
-                .of_mut::<E>(path)?
-                .get_or_alloc_mut(param)
-                .map_err(AmpError::device)?;
-            let dev = param.device();
-            (self.f)(dev, slot, E::erase_mut::<D>(grad)).map_err(AmpError::device)?;
-            if self.device.is_none() {
-                self.device = Some(dev.clone());
-            }
-            Ok(())
-        }
-    }
-    let mut visit = Visit {
-        grads,
-        f,
-        slot: 0,
-        device: None,
-    };
-    target.master().visit_params(&mut visit)?;
-    Ok(visit.device)
-}
-
 /// Per trainable master parameter, the sum of squares of its gradient, computed on the device
 /// and read back once.
 fn master_sums_of_squares<D: AmpDevice, T: TrainTarget<D>>(
@@ -438,7 +382,7 @@ fn master_sums_of_squares<D: AmpDevice, T: TrainTarget<D>>(
 ) -> Result<Vec<f32>, AmpError> {
     let slots = target.layout().iter().filter(|p| p.trainable).count();
     let mut stats: Option<D::Stats> = None;
-    let device = for_each_master_grad(target, grads, |dev, slot, grad| {
+    let device = for_each_trainable_grad(target.master(), grads, |dev, slot, grad| {
         let stats = match &mut stats {
             Some(stats) => stats,
             None => stats.insert(dev.try_alloc_stats(slots)?),

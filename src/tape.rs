@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use dfdx::prelude::{Device, Gradients, Merge, NoneTape, PutTape, Shape, Tape, Tensor};
-use dfdx::tensor::TrainingTape;
+use dfdx::tensor::{TrainingTape, UniqueId};
 use half::f16;
 
 use crate::device::AmpDevice;
@@ -21,6 +21,7 @@ use crate::params::{ParamVisitor, Parameters};
 use crate::precision::AmpElem;
 
 /// Gradients of both precisions: each tensor's gradient is kept in that tensor's precision.
+#[derive(Clone)]
 pub struct MixedGradients<D: AmpDevice> {
     pub(crate) f32: Gradients<f32, D>,
     pub(crate) f16: Gradients<f16, D>,
@@ -30,18 +31,6 @@ pub struct MixedGradients<D: AmpDevice> {
     pub(crate) probe_grads: Vec<(u64, f32)>,
     /// The last backward's per-layer report (empty unless watching).
     pub(crate) layer_report: Vec<crate::watch::LayerReport>,
-}
-
-impl<D: AmpDevice> Clone for MixedGradients<D> {
-    fn clone(&self) -> Self {
-        Self {
-            f32: self.f32.clone(),
-            f16: self.f16.clone(),
-            watch_layers: self.watch_layers,
-            probe_grads: self.probe_grads.clone(),
-            layer_report: self.layer_report.clone(),
-        }
-    }
 }
 
 impl<D: AmpDevice> std::fmt::Debug for MixedGradients<D> {
@@ -94,12 +83,10 @@ impl<D: AmpDevice> MixedGradients<D> {
     /// Zeroes the gradients of `module`'s trainable parameters (allocating any that are missing)
     /// and marks them as the gradients to keep.
     pub fn zero_params<M: Parameters<D>>(&mut self, module: &M) -> Result<(), AmpError> {
-        // Both stores keep only parameters' gradients, even a store no parameter is in: an FP16
-        // model's FP32 store still receives the gradients of FP32 temporaries (the input before
-        // its cast, the logits), which must not outlive the backward pass.
-        self.f32.retain_leafs(&[]);
-        self.f16.retain_leafs(&[]);
-        struct Zero<'g, D: AmpDevice>(&'g mut MixedGradients<D>);
+        struct Zero<'g, D: AmpDevice> {
+            grads: &'g mut MixedGradients<D>,
+            ids: Vec<UniqueId>,
+        }
         impl<D: AmpDevice> ParamVisitor<D> for Zero<'_, D> {
             type Error = D::Err;
             fn visit<S: Shape, E: AmpElem>(
@@ -112,17 +99,27 @@ impl<D: AmpDevice> MixedGradients<D> {
                 D: Device<E>,
             {
                 if trainable {
-                    let grads = E::grads_mut(self.0);
-                    let buf = grads.get_or_alloc_mut(param)?;
+                    let buf = E::grads_mut(self.grads).get_or_alloc_mut(param)?;
                     param.device().try_fill(E::erase_mut::<D>(buf), 0.0)?;
-                    grads.retain_leafs(&[param.id()]);
+                    self.ids.push(param.id());
                 }
                 Ok(())
             }
         }
-        module
-            .visit_params(&mut Zero(self))
-            .map_err(AmpError::device)
+        let mut zero = Zero {
+            grads: self,
+            ids: Vec::new(),
+        };
+        module.visit_params(&mut zero).map_err(AmpError::device)?;
+        // One `retain_leafs` per store, not per parameter: each call sweeps the whole store.
+        // Both stores keep only parameters' gradients, even a store no parameter is in: an FP16
+        // model's FP32 store still receives the gradients of FP32 temporaries (the input before
+        // its cast, the logits), which must not outlive the backward pass. Ids are unique across
+        // precisions, so one list serves both stores.
+        let ids = zero.ids;
+        self.f32.retain_leafs(&ids);
+        self.f16.retain_leafs(&ids);
+        Ok(())
     }
 
     /// The gradients of one precision, as dfdx's [`Gradients`].
@@ -170,6 +167,7 @@ pub(crate) fn next_op_order() -> u64 {
 ///
 /// Put it on an input with [`TraceMixed::traced_mixed`]; every dfdx op and module then records
 /// onto it. A scaled loss's `backward` runs it (see [`crate::GradScaler::scale`]).
+#[derive(Default)]
 pub struct MixedTape<D: AmpDevice> {
     ops: Vec<(u64, BackwardOp<D>)>,
     grads: Option<MixedGradients<D>>,
@@ -178,17 +176,6 @@ pub struct MixedTape<D: AmpDevice> {
     /// Set when two tapes that each carried gradients were merged: their stores cannot be joined,
     /// so backward reports it instead of silently dropping one.
     conflicting_grads: bool,
-}
-
-impl<D: AmpDevice> Default for MixedTape<D> {
-    fn default() -> Self {
-        Self {
-            ops: Vec::new(),
-            grads: None,
-            activations: Vec::new(),
-            conflicting_grads: false,
-        }
-    }
 }
 
 impl<D: AmpDevice> std::fmt::Debug for MixedTape<D> {
@@ -204,10 +191,8 @@ impl<D: AmpDevice> MixedTape<D> {
     /// A tape that accumulates into `grads`.
     pub fn new(grads: MixedGradients<D>) -> Self {
         Self {
-            ops: Vec::new(),
             grads: Some(grads),
-            activations: Vec::new(),
-            conflicting_grads: false,
+            ..Self::default()
         }
     }
 

@@ -189,6 +189,9 @@ fn sgd() -> SgdConfig {
     }
 }
 
+/// The acceptance threshold, not a derived bound: training runs drift apart once their
+/// first roundings differ, so no per-op error analysis covers 200 steps. Observed: MLP 0.49%,
+/// CNN 1.17% (O1 and O2 alike).
 fn assert_within_2_percent(policy: &str, loss: f32, o0: f32) {
     let relative = (loss - o0).abs() / o0;
     eprintln!(

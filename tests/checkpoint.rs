@@ -2,7 +2,6 @@
 //! by name with any safetensors reader, and refuse files that are not theirs.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use typed_amp::checkpoint::{self, CheckpointError};
 use typed_amp::dfdx::nn::builders::{BatchNorm1D, Linear};
@@ -17,13 +16,10 @@ pub struct Net {
     fc2: Linear<8, 3>,
 }
 
-type Model = <Net as typed_amp::amp::AmpModel<Cpu>>::Weights;
+mod common;
+use common::TempDir;
 
-fn temp_path(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("typed-amp-ckpt-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join("model.safetensors")
-}
+type Model = <Net as typed_amp::amp::AmpModel<Cpu>>::Weights;
 
 fn batch(dev: &Cpu, i: u64) -> (Tensor<Rank2<5, 6>, f32, Cpu>, Tensor<Rank2<5, 3>, f32, Cpu>) {
     let x: Tensor<Rank2<5, 6>, f32, Cpu> = Cpu::seed_from_u64(i).sample_normal();
@@ -63,9 +59,11 @@ fn master_bits(model: &Model) -> Vec<u32> {
         m.fc1.weight.as_vec(),
         m.fc1.bias.as_vec(),
         m.bn.scale.as_vec(),
+        m.bn.bias.as_vec(),
         m.bn.running_mean.as_vec(),
         m.bn.running_var.as_vec(),
         m.fc2.weight.as_vec(),
+        m.fc2.bias.as_vec(),
     ]
     .concat()
     .into_iter()
@@ -76,7 +74,8 @@ fn master_bits(model: &Model) -> Vec<u32> {
 #[test]
 fn a_resumed_run_matches_the_uninterrupted_one_bit_for_bit() {
     let dev = Cpu::seed_from_u64(0);
-    let path = temp_path("resume");
+    let dir = TempDir::new("checkpoint-resume");
+    let path = dir.join("model.safetensors");
 
     let mut model = Net::build(&dev).unwrap();
     let mut opt = Adam::new(model.master(), AdamConfig::default());
@@ -108,7 +107,8 @@ fn a_resumed_run_matches_the_uninterrupted_one_bit_for_bit() {
 #[test]
 fn tensors_are_readable_by_name_with_any_safetensors_reader() {
     let dev = Cpu::seed_from_u64(1);
-    let path = temp_path("names");
+    let dir = TempDir::new("checkpoint-names");
+    let path = dir.join("model.safetensors");
     let mut model = Net::build(&dev).unwrap();
     let opt = typed_amp::optim::sgd(model.master(), SgdConfig::default());
     checkpoint::save(
@@ -140,7 +140,8 @@ fn tensors_are_readable_by_name_with_any_safetensors_reader() {
 #[test]
 fn foreign_or_damaged_files_are_refused_without_touching_the_model() {
     let dev = Cpu::seed_from_u64(2);
-    let path = temp_path("bad");
+    let dir = TempDir::new("checkpoint-bad");
+    let path = dir.join("model.safetensors");
     let mut model = Net::build(&dev).unwrap();
     let mut opt = typed_amp::optim::sgd(model.master(), SgdConfig::default());
     let mut scaler = GradScaler::default();

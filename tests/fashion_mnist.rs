@@ -2,7 +2,7 @@
 //! per kind of damaged file.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use flate2::{write::GzEncoder, Compression};
 use typed_amp::data::{
@@ -11,30 +11,8 @@ use typed_amp::data::{
 };
 
 /// A fresh directory under the system temp dir, removed again when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(test_name: &str) -> Self {
-        let path = std::env::temp_dir().join(format!(
-            "typed-amp-fashion-mnist-{}-{test_name}",
-            std::process::id()
-        ));
-        // A leftover from an earlier run with the same pid would make the test lie.
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).expect("create temp dir");
-        Self(path)
-    }
-
-    fn write(&self, name: &str, bytes: &[u8]) {
-        std::fs::write(self.0.join(name), bytes).expect("write test file");
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+mod common;
+use common::TempDir;
 
 fn gzip(bytes: &[u8]) -> Vec<u8> {
     let mut encoder = GzEncoder::new(Vec::new(), Compression::fast());
@@ -72,7 +50,7 @@ fn valid_labels(count: usize) -> Vec<u8> {
 
 /// A directory with four small, valid files (5 train, 3 test examples).
 fn valid_dir(test_name: &str) -> TempDir {
-    let dir = TempDir::new(test_name);
+    let dir = TempDir::new(&format!("fashion-mnist-{test_name}"));
     dir.write(TRAIN_IMAGES_FILE, &gzip(&valid_images(5)));
     dir.write(TRAIN_LABELS_FILE, &gzip(&valid_labels(5)));
     dir.write(TEST_IMAGES_FILE, &gzip(&valid_images(3)));
@@ -82,7 +60,7 @@ fn valid_dir(test_name: &str) -> TempDir {
 
 /// Loads `dir` explicitly and returns the error, which must name `file_name`.
 fn load_error(dir: &TempDir, file_name: &str) -> DataError {
-    let err = FashionMnist::load(Some(&dir.0)).expect_err("damaged data must not load");
+    let err = FashionMnist::load(Some(dir)).expect_err("damaged data must not load");
     let message = err.to_string();
     assert!(
         message.contains(file_name),
@@ -153,24 +131,24 @@ fn full_set_loads_when_installed() {
 #[test]
 fn explicit_directory_loads_and_says_so() {
     let dir = valid_dir("explicit");
-    let data = FashionMnist::load(Some(&dir.0)).expect("valid files");
+    let data = FashionMnist::load(Some(&dir)).expect("valid files");
     assert_eq!((data.train.len(), data.test.len()), (5, 3));
     assert_eq!(data.train.label(4), 4);
     assert_eq!(data.test.image(2)[0], ((2 * IMAGE_SIZE) % 256) as u8);
-    assert_eq!(data.origin, DataOrigin::Directory(dir.0.clone()));
+    assert_eq!(data.origin, DataOrigin::Directory(dir.to_path_buf()));
     assert_eq!(
         data.describe(),
-        format!("Fashion-MNIST (5 train / 3 test) from {}", dir.0.display())
+        format!("Fashion-MNIST (5 train / 3 test) from {}", dir.display())
     );
 }
 
 #[test]
 fn missing_file_in_explicit_directory() {
     let dir = valid_dir("missing");
-    std::fs::remove_file(dir.0.join(TEST_LABELS_FILE)).expect("remove");
+    std::fs::remove_file(dir.join(TEST_LABELS_FILE)).expect("remove");
     let err = load_error(&dir, TEST_LABELS_FILE);
     assert!(
-        matches!(&err, DataError::Missing { path } if *path == dir.0.join(TEST_LABELS_FILE)),
+        matches!(&err, DataError::Missing { path } if *path == dir.join(TEST_LABELS_FILE)),
         "{err:?}"
     );
     assert!(err.to_string().contains("not found"), "{err}");
@@ -178,8 +156,8 @@ fn missing_file_in_explicit_directory() {
 
 #[test]
 fn missing_explicit_directory_does_not_fall_back() {
-    let dir = TempDir::new("no-such-dir");
-    let absent = dir.0.join("absent");
+    let dir = TempDir::new("fashion-mnist-no-such-dir");
+    let absent = dir.join("absent");
     let err = FashionMnist::load(Some(&absent)).expect_err("no fallback");
     assert!(matches!(err, DataError::Missing { .. }), "{err:?}");
     assert!(err.to_string().contains(TRAIN_IMAGES_FILE), "{err}");

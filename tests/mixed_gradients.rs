@@ -196,21 +196,26 @@ fn cnn_with_fp16_convolutions_and_fp32_batch_norm() {
     let grads = scaler.scale(loss).backward().unwrap();
     let got = master_grads(&mut scaler.unscale(&mut mixed, grads).unwrap(), &mixed);
 
-    // L = 2 FP16 layers with parameters plus ReLU, pooling and the two casts around batch
-    // norm, each rounding once: R = 2·6 + 1 = 13.
-    let worst = assert_close(&got, &want, 13.0);
+    // Roundings on the conv weight's path: forward, the conv's output, the cast back to FP16
+    // after batch norm and the linear layer's output; backward, the loss gradient cast into
+    // FP16, the linear layer's input gradient, batch norm's input gradient cast into FP16 and
+    // the conv's weight gradient. ReLU and non-overlapping max pooling are exact and batch norm
+    // runs in FP32, so R = 7, as for three FP16 layers.
+    let worst = assert_close(&got, &want, 7.0);
     eprintln!(
         "CNN: worst |g16 - g32| / max|g32| = {worst:.2e} (bound {:.2e})",
-        13.0 * F16_EPS
+        7.0 * F16_EPS
     );
 
-    // Batch norm trained in FP32 in both models: identical running statistics.
+    // Batch norm trained in FP32 in both models. Its input differs only by the one rounding of
+    // the conv's output (relative u = ε/2 per element); after ReLU every element is
+    // non-negative, so the batch mean's relative error is at most u too: ε leaves a factor 2.
     let (master, working) = mixed.into_parts();
     let _ = master;
     let running = working.0 .3.running_mean.array();
     let expected = reference.working().0 .3.running_mean.array();
     for (a, b) in running.iter().zip(expected) {
-        assert_abs_diff_eq!(*a, b, epsilon = 13.0 * F16_EPS * b.abs().max(1e-3));
+        assert_abs_diff_eq!(*a, b, epsilon = F16_EPS * b.abs().max(1e-3));
     }
 }
 
@@ -263,10 +268,13 @@ fn layer_norm_and_softmax_in_fp32_between_fp16_layers() {
     let grads = scaler.scale(mse_loss(probs, target)).backward().unwrap();
     let got = master_grads(&mut scaler.unscale(&mut mixed, grads).unwrap(), &mixed);
 
-    // Two FP16 layers and two casts into FP16: R = 2·4 + 1 = 9.
-    let worst = assert_close(&got, &want, 9.0);
+    // Roundings on the first layer's path: forward, its output, the cast back to FP16 after
+    // layer norm and the second layer's output; backward, softmax's input gradient cast into
+    // FP16, the second layer's input gradient, layer norm's input gradient cast into FP16 and
+    // the first layer's weight gradient. Layer norm and softmax run in FP32: R = 7.
+    let worst = assert_close(&got, &want, 7.0);
     eprintln!(
         "LayerNorm/softmax: worst |g16 - g32| / max|g32| = {worst:.2e} (bound {:.2e})",
-        9.0 * F16_EPS
+        7.0 * F16_EPS
     );
 }

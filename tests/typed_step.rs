@@ -248,6 +248,7 @@ fn fp16_overflow_backs_the_scale_off_until_steps_succeed() {
         skipped += 1;
     }
     assert!(skipped > 0, "2^40 must overflow FP16 gradients");
+    assert!(skipped < 40, "no step succeeded within 40 tries");
     assert_eq!(scaler.get_scale(), 2f32.powi(40 - skipped));
     assert_eq!(scaler.skipped_steps(), skipped as u64);
     // The largest FP16 value is 65504; a working gradient scaled by the final scale fits.

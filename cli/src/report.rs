@@ -37,7 +37,7 @@ pub fn run_json(report: &RunReport) -> Value {
 /// The FP32-vs-mixed-precision table.
 pub fn comparison_table(fp32: &RunReport, mixed: &RunReport) -> String {
     let weights_note = |r: &RunReport| {
-        if r.recipe.contains("master weights: FP32") {
+        if r.master_weights {
             " (FP32 master + working copy)".to_string()
         } else {
             String::new()

@@ -93,6 +93,8 @@ pub struct RunReport {
     pub config: RunConfig,
     /// The model's recipe, as `#[amp]` compiled it.
     pub recipe: String,
+    /// Whether the model keeps FP32 master weights beside a separate working copy.
+    pub master_weights: bool,
     /// Epochs trained in this process.
     pub epochs: Vec<EpochReport>,
     /// Test accuracy at the end.
@@ -334,12 +336,14 @@ where
             grads = outcome.grads;
             steps += 1;
             bar.inc(1);
-            bar.set_message(format!(
-                "loss {:.4}  acc {:.2}%  scale {}",
-                loss_sum / seen as f64,
-                100.0 * right as f64 / seen as f64,
-                scaler.get_scale()
-            ));
+            if cfg.progress {
+                bar.set_message(format!(
+                    "loss {:.4}  acc {:.2}%  scale {}",
+                    loss_sum / seen as f64,
+                    100.0 * right as f64 / seen as f64,
+                    scaler.get_scale()
+                ));
+            }
         }
         let seconds = started.elapsed().as_secs_f64();
         bar.finish_and_clear();
@@ -366,26 +370,18 @@ where
         Some(path) => std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
         None => measure_checkpoint(&mut model, &opt, &scaler)?,
     };
-    let master_bytes: usize = model
-        .master()
-        .param_summary()
-        .iter()
-        .map(|p| p.size_in_bytes())
-        .sum();
-    let working_bytes: usize = model
-        .working()
-        .param_summary()
-        .iter()
-        .map(|p| p.size_in_bytes())
-        .sum();
+    // The layout is the master's parameter summary.
+    let master_bytes: usize = model.layout().iter().map(|p| p.size_in_bytes()).sum();
     let weights_bytes = if M::CONFIG.master_weights {
-        master_bytes + working_bytes
+        let working = model.working().param_summary();
+        master_bytes + working.iter().map(|p| p.size_in_bytes()).sum::<usize>()
     } else {
         master_bytes
     };
     Ok(RunReport {
         config: cfg.clone(),
         recipe: M::CONFIG.to_string(),
+        master_weights: M::CONFIG.master_weights,
         epochs,
         test_accuracy,
         steps,
@@ -490,30 +486,25 @@ fn run_on<D: AmpDevice>(
         lr: cfg.lr,
         ..Default::default()
     };
+    // FP32 Adam on the master weights, or (O3) FP16 Adam on the FP16 weights, opted into.
+    macro_rules! train {
+        ($model:ty, $input:ty, fp32) => {
+            run_model::<$model, $input, _, D>(cfg, data, dev, |m| Adam::<_, f32, D>::new(m, adam))
+        };
+        ($model:ty, $input:ty, fp16) => {
+            run_model::<$model, $input, _, D>(cfg, data, dev, |m| {
+                Fp16Updates(Adam::<_, f16, D>::new(m, adam))
+            })
+        };
+    }
     match (cfg.arch, cfg.policy) {
-        (Arch::Mlp, OptLevel::O0) => {
-            run_model::<MlpO0, Flat, _, D>(cfg, data, dev, |m| Adam::<_, f32, D>::new(m, adam))
-        }
-        (Arch::Mlp, OptLevel::O1) => {
-            run_model::<MlpO1, Flat, _, D>(cfg, data, dev, |m| Adam::<_, f32, D>::new(m, adam))
-        }
-        (Arch::Mlp, OptLevel::O2) => {
-            run_model::<MlpO2, Flat, _, D>(cfg, data, dev, |m| Adam::<_, f32, D>::new(m, adam))
-        }
-        (Arch::Mlp, OptLevel::O3) => run_model::<MlpO3, Flat, _, D>(cfg, data, dev, |m| {
-            Fp16Updates(Adam::<_, f16, D>::new(m, adam))
-        }),
-        (Arch::Cnn, OptLevel::O0) => {
-            run_model::<CnnO0, Image, _, D>(cfg, data, dev, |m| Adam::<_, f32, D>::new(m, adam))
-        }
-        (Arch::Cnn, OptLevel::O1) => {
-            run_model::<CnnO1, Image, _, D>(cfg, data, dev, |m| Adam::<_, f32, D>::new(m, adam))
-        }
-        (Arch::Cnn, OptLevel::O2) => {
-            run_model::<CnnO2, Image, _, D>(cfg, data, dev, |m| Adam::<_, f32, D>::new(m, adam))
-        }
-        (Arch::Cnn, OptLevel::O3) => run_model::<CnnO3, Image, _, D>(cfg, data, dev, |m| {
-            Fp16Updates(Adam::<_, f16, D>::new(m, adam))
-        }),
+        (Arch::Mlp, OptLevel::O0) => train!(MlpO0, Flat, fp32),
+        (Arch::Mlp, OptLevel::O1) => train!(MlpO1, Flat, fp32),
+        (Arch::Mlp, OptLevel::O2) => train!(MlpO2, Flat, fp32),
+        (Arch::Mlp, OptLevel::O3) => train!(MlpO3, Flat, fp16),
+        (Arch::Cnn, OptLevel::O0) => train!(CnnO0, Image, fp32),
+        (Arch::Cnn, OptLevel::O1) => train!(CnnO1, Image, fp32),
+        (Arch::Cnn, OptLevel::O2) => train!(CnnO2, Image, fp32),
+        (Arch::Cnn, OptLevel::O3) => train!(CnnO3, Image, fp16),
     }
 }

@@ -1,8 +1,12 @@
 //! The `typed-amp` program end to end: resumed runs match uninterrupted ones bit for bit,
 //! damaged data gives a clear error and a non-zero exit code, and the table prints.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+use common::TempDir;
 
 const SUBSET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/fashion-mnist-subset");
 
@@ -11,13 +15,6 @@ fn typed_amp(args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("the typed-amp binary runs")
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("typed-amp-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 fn ok(output: &Output) -> String {
@@ -56,7 +53,7 @@ fn scaler_state(path: &Path) -> Vec<(String, String)> {
 }
 
 fn resume_matches(model: &str, policy: &str) {
-    let dir = temp_dir(&format!("resume-{model}-{policy}"));
+    let dir = TempDir::new(&format!("cli-resume-{model}-{policy}"));
     let common = [
         "train",
         "--model",
@@ -127,7 +124,7 @@ fn a_resumed_cnn_run_with_batch_norm_matches_bit_for_bit() {
 
 #[test]
 fn resuming_with_other_settings_is_refused() {
-    let dir = temp_dir("mismatch");
+    let dir = TempDir::new("cli-mismatch");
     let ckpt = dir.join("a.safetensors");
     let base = [
         "train",
@@ -165,7 +162,7 @@ fn resuming_with_other_settings_is_refused() {
 
 #[test]
 fn damaged_data_gives_a_clear_error_and_a_nonzero_exit_code() {
-    let dir = temp_dir("damaged");
+    let dir = TempDir::new("cli-damaged");
     for name in [
         "train-images-idx3-ubyte.gz",
         "train-labels-idx1-ubyte.gz",
@@ -193,7 +190,7 @@ fn damaged_data_gives_a_clear_error_and_a_nonzero_exit_code() {
     assert!(stderr.contains("train-images-idx3-ubyte.gz"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 
-    let missing = temp_dir("missing");
+    let missing = TempDir::new("cli-missing");
     let out = typed_amp(&["train", "--quiet", "--data-dir", missing.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("train-images-idx3-ubyte.gz"));

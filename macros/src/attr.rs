@@ -15,6 +15,20 @@ pub enum OptLevel {
     O3,
 }
 
+impl OptLevel {
+    const ALL: [OptLevel; 4] = [OptLevel::O0, OptLevel::O1, OptLevel::O2, OptLevel::O3];
+
+    /// `"O0"`, `"O1"`, `"O2"` or `"O3"`: the policy as written.
+    pub fn name(self) -> &'static str {
+        match self {
+            OptLevel::O0 => "O0",
+            OptLevel::O1 => "O1",
+            OptLevel::O2 => "O2",
+            OptLevel::O3 => "O3",
+        }
+    }
+}
+
 /// A precision named in an attribute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Prec {
@@ -64,19 +78,14 @@ impl AmpArgs {
         match key.as_str() {
             "policy" => {
                 let lit: LitStr = meta.value()?.parse()?;
-                let value = match lit.value().as_str() {
-                    "O0" => OptLevel::O0,
-                    "O1" => OptLevel::O1,
-                    "O2" => OptLevel::O2,
-                    "O3" => OptLevel::O3,
-                    other => {
-                        return Err(Error::new_spanned(
-                            &lit,
-                            format!(
-                            "unknown policy `{other}`: expected \"O0\", \"O1\", \"O2\" or \"O3\""
+                let name = lit.value();
+                let Some(value) = OptLevel::ALL.into_iter().find(|l| l.name() == name) else {
+                    return Err(Error::new_spanned(
+                        &lit,
+                        format!(
+                            "unknown policy `{name}`: expected \"O0\", \"O1\", \"O2\" or \"O3\""
                         ),
-                        ))
-                    }
+                    ));
                 };
                 set(&mut self.policy, value, lit.span(), &meta)
             }

@@ -6,7 +6,7 @@ use quote::{format_ident, quote, ToTokens};
 use syn::{Ident, Index, Type};
 
 use crate::ast::{Field, Layer, Model};
-use crate::attr::{OptLevel, Prec};
+use crate::attr::Prec;
 use crate::valid::{plan_layer, Compute, LossScale, Recipe, Target};
 
 /// The marker type of a precision.
@@ -195,13 +195,18 @@ fn steps(recipe: &Recipe, model: &Model) -> (Vec<Step>, Vec<TokenStream>) {
 fn forward_impl(recipe: &Recipe, model: &Model, layers: &Ident, mutable: bool) -> TokenStream {
     let (steps, tuple_bounds) = steps(recipe, model);
     let params: Vec<Ident> = (0..model.fields.len()).map(layer_param).collect();
-    let (trait_path, call) = if mutable {
+    let (trait_path, method, receiver) = if mutable {
         (
             quote!(::typed_amp::dfdx::nn::ModuleMut),
             quote!(try_forward_mut),
+            quote!(&mut self),
         )
     } else {
-        (quote!(::typed_amp::dfdx::nn::Module), quote!(try_forward))
+        (
+            quote!(::typed_amp::dfdx::nn::Module),
+            quote!(try_forward),
+            quote!(&self),
+        )
     };
     let entry = marker(recipe.entry());
     // Every step shares the entry cast's error type (the device's).
@@ -258,20 +263,15 @@ fn forward_impl(recipe: &Recipe, model: &Model, layers: &Ident, mutable: bool) -
             Some(Compute::Pass) => {}
             None => precision = None,
         }
-        let receiver = step.borrow(mutable);
+        let layer = step.borrow(mutable);
         bounds.push(quote!(#module_ty: #trait_path<#current, Error = #err>));
-        body.push(quote!(let x = #trait_path::#call(#receiver, x)?;));
+        body.push(quote!(let x = #trait_path::#method(#layer, x)?;));
         current = quote!(<#module_ty as #trait_path<#current>>::Output);
         watch(&step.name, &current, &mut bounds, &mut body);
     }
     if let Some(out) = recipe.cast_model_outputs {
         cast(out, &mut current, &mut bounds, &mut body);
     }
-    let (method, receiver) = if mutable {
-        (quote!(try_forward_mut), quote!(&mut self))
-    } else {
-        (quote!(try_forward), quote!(&self))
-    };
     quote! {
         impl<X, #(#params),*> #trait_path<X> for #layers<#(#params),*>
         where
@@ -360,21 +360,13 @@ fn layers_struct(model: &Model, name: &Ident) -> TokenStream {
 }
 
 fn config_tokens(recipe: &Recipe) -> TokenStream {
-    let level = match recipe.opt_level {
-        OptLevel::O0 => quote!(O0),
-        OptLevel::O1 => quote!(O1),
-        OptLevel::O2 => quote!(O2),
-        OptLevel::O3 => quote!(O3),
-    };
-    let master = recipe.master_weights && recipe.target == Target::MasterWeights;
+    let level = format_ident!("{}", recipe.opt_level.name());
+    let master = recipe.target == Target::MasterWeights;
     let keep = recipe.keep_batchnorm_fp32;
     let scale = match recipe.loss_scale {
         LossScale::None => quote!(::typed_amp::amp::LossScale::None),
         LossScale::Dynamic => quote!(::typed_amp::amp::LossScale::Dynamic),
-        LossScale::Static(s) => {
-            let s = s as f32;
-            quote!(::typed_amp::amp::LossScale::Static(#s))
-        }
+        LossScale::Static(s) => quote!(::typed_amp::amp::LossScale::Static(#s)),
     };
     let outputs = match recipe.cast_model_outputs {
         None => quote!(::core::option::Option::None),
@@ -487,15 +479,6 @@ pub fn expand(recipe: &Recipe, model: &Model) -> TokenStream {
     let config = config_tokens(recipe);
     let weights_name = format_ident!("{}Weights", ident);
     let weights_doc = format!("What the optimizer trains for [`{ident}`] under its policy (what `{ident}::build` returns).");
-    let scaler = match recipe.loss_scale {
-        LossScale::None => quote!(::typed_amp::GradScaler::disabled()),
-        LossScale::Dynamic => quote!(::typed_amp::GradScaler::dynamic()),
-        LossScale::Static(s) => {
-            let s = s as f32;
-            // `valid` accepted only finite, positive scales below FP16's overflow.
-            quote!(::typed_amp::GradScaler::with_static_scale(#s).expect("a scale checked by #[amp]"))
-        }
-    };
 
     let mut arch = model.item.clone();
     arch.attrs.push(syn::parse_quote!(#[allow(dead_code)]));
@@ -518,7 +501,7 @@ pub fn expand(recipe: &Recipe, model: &Model) -> TokenStream {
             type Weights = #weights_ty;
             type Input = #input;
 
-            const CONFIG: ::typed_amp::amp::AmpConfig = #config;
+            const CONFIG: ::typed_amp::amp::AmpConfig = #ident::AMP_CONFIG;
 
             fn try_build_master(device: &D) -> ::core::result::Result<#master_name<D>, ::typed_amp::AmpError> {
                 ::core::result::Result::Ok(#layers_name { #(#field_idents: #builds,)* })
@@ -530,10 +513,6 @@ pub fn expand(recipe: &Recipe, model: &Model) -> TokenStream {
 
             fn try_build(device: &D) -> ::core::result::Result<Self::Weights, ::typed_amp::AmpError> {
                 #build
-            }
-
-            fn scaler() -> ::typed_amp::GradScaler {
-                #scaler
             }
         }
 
@@ -553,7 +532,9 @@ pub fn expand(recipe: &Recipe, model: &Model) -> TokenStream {
 
             /// A loss scaler for this model's policy.
             pub fn scaler() -> ::typed_amp::GradScaler {
-                #scaler
+                // `valid` accepted only finite, positive static scales below FP16's overflow.
+                ::typed_amp::amp::AmpConfig::try_scaler(&Self::AMP_CONFIG)
+                    .expect("#[amp] validated the loss scale")
             }
         }
     }

@@ -1,21 +1,21 @@
 //! From the attribute as written to the recipe: the policy's defaults (Apex's table), the
 //! properties that override them, the conflicts between them, and each layer's precision.
 
-use proc_macro2::Span;
 use syn::{Error, Result};
 
 use crate::ast::{Field, Kind, Model};
 use crate::attr::{AmpArgs, LossScaleSpec, OptLevel, Prec};
 
 /// FP16's largest finite value is 65504; 65520 is the first value that rounds to infinity.
-const FP16_OVERFLOW: f64 = 65520.0;
+const FP16_OVERFLOW: f32 = 65520.0;
 
 /// How the loss is scaled.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum LossScale {
     None,
     Dynamic,
-    Static(f64),
+    /// The scale as the generated code holds it (checked after the conversion to `f32`).
+    Static(f32),
 }
 
 /// What the optimizer trains.
@@ -33,11 +33,9 @@ pub enum Target {
 #[derive(Debug, Clone)]
 pub struct Recipe {
     pub opt_level: OptLevel,
-    pub master_weights: bool,
     pub keep_batchnorm_fp32: bool,
     pub loss_scale: LossScale,
     pub cast_model_outputs: Option<Prec>,
-    pub allow_fp16_updates: bool,
     pub custom_forward: bool,
     pub target: Target,
 }
@@ -77,10 +75,6 @@ pub struct LayerPlan {
     pub compute: Compute,
 }
 
-fn err(span: Span, msg: impl std::fmt::Display) -> Error {
-    Error::new(span, msg)
-}
-
 /// Applies the policy's defaults and the properties, rejecting conflicts.
 pub fn recipe(args: &AmpArgs, model: &Model) -> Result<Recipe> {
     let Some(policy) = args.policy else {
@@ -90,15 +84,12 @@ pub fn recipe(args: &AmpArgs, model: &Model) -> Result<Recipe> {
         ));
     };
     let level = policy.value;
-    let name = match level {
-        OptLevel::O0 => "O0",
-        OptLevel::O1 => "O1",
-        OptLevel::O2 => "O2",
-        OptLevel::O3 => "O3",
-    };
+    let name = level.name();
+    // Both end up in `target`, which is all the expansion reads.
+    let mut master_weights = level == OptLevel::O2;
+    let allow_fp16_updates = args.allow_fp16_updates.is_some_and(|a| a.value);
     let mut recipe = Recipe {
         opt_level: level,
-        master_weights: level == OptLevel::O2,
         keep_batchnorm_fp32: level != OptLevel::O3,
         loss_scale: match level {
             OptLevel::O0 => LossScale::None,
@@ -106,7 +97,6 @@ pub fn recipe(args: &AmpArgs, model: &Model) -> Result<Recipe> {
             OptLevel::O3 => LossScale::Static(1.0),
         },
         cast_model_outputs: args.cast_model_outputs.map(|c| c.value),
-        allow_fp16_updates: args.allow_fp16_updates.is_some_and(|a| a.value),
         custom_forward: args.custom_forward.is_some_and(|a| a.value),
         target: Target::Fp32,
     };
@@ -114,34 +104,34 @@ pub fn recipe(args: &AmpArgs, model: &Model) -> Result<Recipe> {
     if let Some(keep) = args.keep_batchnorm_fp32 {
         match level {
             OptLevel::O0 if !keep.value => {
-                return Err(err(keep.span, "O0 keeps every layer in FP32: `keep_batchnorm_fp32 = false` conflicts with it"))
+                return Err(Error::new(keep.span, "O0 keeps every layer in FP32: `keep_batchnorm_fp32 = false` conflicts with it"))
             }
             OptLevel::O1 if !keep.value => {
-                return Err(err(keep.span, "O1 runs norms in FP32 by its op lists: `keep_batchnorm_fp32 = false` conflicts with it (pin a norm with `#[amp(fp16)]` instead)"))
+                return Err(Error::new(keep.span, "O1 runs norms in FP32 by its op lists: `keep_batchnorm_fp32 = false` conflicts with it (pin a norm with `#[amp(fp16)]` instead)"))
             }
             _ => recipe.keep_batchnorm_fp32 = keep.value,
         }
     }
     if let Some(master) = args.master_weights {
         if master.value && matches!(level, OptLevel::O0 | OptLevel::O1) {
-            return Err(err(
+            return Err(Error::new(
                 master.span,
                 format!("{name} keeps the weights in FP32: there is no FP16 copy for `master_weights = true` to back"),
             ));
         }
-        recipe.master_weights = master.value;
+        master_weights = master.value;
     }
     if let Some(allow) = args.allow_fp16_updates.filter(|a| a.value) {
         if matches!(level, OptLevel::O0 | OptLevel::O1) {
-            return Err(err(
+            return Err(Error::new(
                 allow.span,
                 format!(
                     "{name} keeps the weights in FP32: `allow_fp16_updates` has nothing to allow"
                 ),
             ));
         }
-        if recipe.master_weights {
-            return Err(err(
+        if master_weights {
+            return Err(Error::new(
                 allow.span,
                 "`allow_fp16_updates` conflicts with FP32 master weights: with master weights the optimizer updates FP32, so drop one of the two",
             ));
@@ -151,39 +141,43 @@ pub fn recipe(args: &AmpArgs, model: &Model) -> Result<Recipe> {
         recipe.loss_scale = match scale.value {
             LossScaleSpec::Dynamic => LossScale::Dynamic,
             LossScaleSpec::Static(value) => {
-                if !(value.is_finite() && value > 0.0) {
-                    return Err(err(
+                // Checked as the generated code holds it: `1e-50` is positive as written but
+                // 0 in `f32`, and `65519.999` rounds up to 65520.
+                let v = value as f32;
+                // A finite literal beyond `f32`'s range becomes inf: that one overflows FP16.
+                if !(value.is_finite() && v > 0.0) {
+                    return Err(Error::new(
                         scale.span,
                         "a static loss scale must be finite and positive",
                     ));
                 }
-                if value >= FP16_OVERFLOW {
-                    return Err(err(
+                if v >= FP16_OVERFLOW {
+                    return Err(Error::new(
                         scale.span,
                         format!("a static loss scale of {value} overflows FP16 (largest finite value 65504): every FP16 gradient it multiplies becomes inf and every step is skipped; use a scale below 65520 or `loss_scale = \"dynamic\"`"),
                     ));
                 }
-                LossScale::Static(value)
+                LossScale::Static(v)
             }
         };
     }
 
     recipe.target = if matches!(level, OptLevel::O0 | OptLevel::O1) {
         Target::Fp32
-    } else if recipe.master_weights {
+    } else if master_weights {
         Target::MasterWeights
-    } else if recipe.allow_fp16_updates {
+    } else if allow_fp16_updates {
         Target::Fp16
     } else {
         let span = args.master_weights.map_or(policy.span, |m| m.span);
-        return Err(err(
+        return Err(Error::new(
             span,
             format!("{name} without master weights would have the optimizer update FP16 weights, breaking the rule that optimizers update only FP32 master weights (small updates round away in FP16); add `allow_fp16_updates` to opt in explicitly, or `master_weights = true`"),
         ));
     };
     if recipe.target == Target::Fp16 && recipe.keep_batchnorm_fp32 {
         let span = args.keep_batchnorm_fp32.map_or(policy.span, |k| k.span);
-        return Err(err(
+        return Err(Error::new(
             span,
             "without master weights every layer is FP16 and updated as such: `keep_batchnorm_fp32 = true` needs `master_weights = true`",
         ));
@@ -197,11 +191,11 @@ pub fn recipe(args: &AmpArgs, model: &Model) -> Result<Recipe> {
 fn check_pins(recipe: &Recipe, field: &Field) -> Result<()> {
     let Some(pin) = field.pin else { return Ok(()) };
     match (recipe.opt_level, recipe.target, pin.value) {
-        (OptLevel::O0, _, Prec::F16) => Err(err(
+        (OptLevel::O0, _, Prec::F16) => Err(Error::new(
             pin.span,
             "O0 trains in FP32 only: pinning a layer to FP16 needs O1 or O2",
         )),
-        (_, Target::Fp16, Prec::F32) => Err(err(
+        (_, Target::Fp16, Prec::F32) => Err(Error::new(
             pin.span,
             "without master weights every layer is FP16 and updated as such: an FP32 layer needs `master_weights = true`",
         )),
@@ -384,6 +378,14 @@ mod tests {
         .contains("needs `master_weights = true`"));
         assert!(msg(quote::quote!(policy = "O2", loss_scale = 65536.0)).contains("overflows FP16"));
         assert!(recipe_of(quote::quote!(policy = "O2", loss_scale = 65504)).is_ok());
+        // Checked in f32, as the generated code holds it.
+        assert!(
+            msg(quote::quote!(policy = "O2", loss_scale = 1e-50)).contains("finite and positive")
+        );
+        assert!(
+            msg(quote::quote!(policy = "O2", loss_scale = 65519.999)).contains("overflows FP16")
+        );
+        assert!(msg(quote::quote!(policy = "O2", loss_scale = 1e40)).contains("overflows FP16"));
         assert!(msg(quote::quote!(loss_scale = 8.0)).contains("needs a policy"));
     }
 }

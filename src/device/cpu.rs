@@ -193,8 +193,12 @@ impl AmpDevice for Cpu {
         slot_of(stats, slot)?;
         let non_finite = match buf {
             AnyBufMut::F32(buf) => {
-                let non_finite = any_non_finite(buf);
-                buf.iter_mut().for_each(|x| *x *= inv_scale);
+                // Chunked, so each chunk is checked and scaled while it is in cache.
+                let mut non_finite = false;
+                for chunk in buf.chunks_mut(CHUNK) {
+                    non_finite |= any_non_finite(chunk);
+                    chunk.iter_mut().for_each(|x| *x *= inv_scale);
+                }
                 non_finite
             }
             AnyBufMut::F16(buf) => {

@@ -420,6 +420,35 @@ where
     Ok(())
 }
 
+/// Reduces `buf` into stats slot `slot` (reset first) with the kernel for its precision.
+fn reduce(
+    dev: &Cuda,
+    table: [&'static str; 2],
+    buf: AnyBuf<'_, Cuda>,
+    stats: &mut CudaSlice<f32>,
+    slot: usize,
+) -> Result<(), CudaError> {
+    let b = raw(dev, &buf)?;
+    let out = reset_slot(dev, stats, slot)?;
+    launch(
+        dev,
+        table[b.prec as usize],
+        b.len,
+        (b.len as u64, b.ptr, out),
+    )
+}
+
+/// Applies an elementwise kernel taking one scalar, `x`, to `buf` in place.
+fn map_scalar(
+    dev: &Cuda,
+    table: [&'static str; 2],
+    mut buf: AnyBufMut<'_, Cuda>,
+    x: f32,
+) -> Result<(), CudaError> {
+    let b = raw_mut(dev, &mut buf)?;
+    launch(dev, table[b.prec as usize], b.len, (b.len as u64, b.ptr, x))
+}
+
 impl AmpDevice for Cuda {
     type Stats = CudaSlice<f32>;
 
@@ -585,14 +614,7 @@ impl AmpDevice for Cuda {
         stats: &mut Self::Stats,
         slot: usize,
     ) -> Result<(), CudaError> {
-        let b = raw(self, &buf)?;
-        let out = reset_slot(self, stats, slot)?;
-        launch(
-            self,
-            SUM_SQUARES[b.prec as usize],
-            b.len,
-            (b.len as u64, b.ptr, out),
-        )
+        reduce(self, SUM_SQUARES, buf, stats, slot)
     }
 
     fn try_max_abs(
@@ -601,34 +623,15 @@ impl AmpDevice for Cuda {
         stats: &mut Self::Stats,
         slot: usize,
     ) -> Result<(), CudaError> {
-        let b = raw(self, &buf)?;
-        let out = reset_slot(self, stats, slot)?;
-        launch(
-            self,
-            MAX_ABS[b.prec as usize],
-            b.len,
-            (b.len as u64, b.ptr, out),
-        )
+        reduce(self, MAX_ABS, buf, stats, slot)
     }
 
-    fn try_scale(&self, mut buf: AnyBufMut<'_, Self>, factor: f32) -> Result<(), CudaError> {
-        let b = raw_mut(self, &mut buf)?;
-        launch(
-            self,
-            SCALE[b.prec as usize],
-            b.len,
-            (b.len as u64, b.ptr, factor),
-        )
+    fn try_scale(&self, buf: AnyBufMut<'_, Self>, factor: f32) -> Result<(), CudaError> {
+        map_scalar(self, SCALE, buf, factor)
     }
 
-    fn try_clamp(&self, mut buf: AnyBufMut<'_, Self>, limit: f32) -> Result<(), CudaError> {
-        let b = raw_mut(self, &mut buf)?;
-        launch(
-            self,
-            CLAMP[b.prec as usize],
-            b.len,
-            (b.len as u64, b.ptr, limit),
-        )
+    fn try_clamp(&self, buf: AnyBufMut<'_, Self>, limit: f32) -> Result<(), CudaError> {
+        map_scalar(self, CLAMP, buf, limit)
     }
 }
 

@@ -8,12 +8,6 @@ use num_traits::Float;
 use rand_distr::uniform::SampleUniform;
 use rand_distr::Uniform;
 
-use crate::device::AmpDevice;
-use crate::params::{
-    visit_collection, visit_collection_mut, ParamPath, ParamVisitor, ParamVisitorMut, Parameters,
-};
-use crate::precision::AmpElem;
-
 /// Architecture type for [`Conv2D`](super::modules::Conv2D).
 pub mod builder {
     /// `IN` → `OUT` channels, `KERNEL`×`KERNEL` filters, `STRIDE` and zero `PADDING` on each side.
@@ -60,6 +54,11 @@ pub struct Conv2D<
     pub bias: Tensor<Rank1<OUT>, E, D>,
 }
 
+/// PyTorch's (and dfdx's) initialisation bound for weights and bias: `1/√fan_in`.
+fn init_bound<E: Dtype + Float>(fan_in: usize) -> E {
+    E::ONE / E::from_usize(fan_in).unwrap().sqrt()
+}
+
 impl<const I: usize, const O: usize, const K: usize, const S: usize, const P: usize, E, D>
     TensorCollection<E, D> for Conv2D<I, O, K, S, P, E, D>
 where
@@ -78,7 +77,7 @@ where
                     |s| &s.weight,
                     |s| &mut s.weight,
                     TensorOptions::reset_with(|t| {
-                        let b = E::ONE / E::from_usize(I * K * K).unwrap().sqrt();
+                        let b = init_bound::<E>(I * K * K);
                         t.try_fill_with_distr(Uniform::new(-b, b))
                     }),
                 ),
@@ -87,7 +86,7 @@ where
                     |s| &s.bias,
                     |s| &mut s.bias,
                     TensorOptions::reset_with(|t| {
-                        let b = E::ONE / E::from_usize(I * K * K).unwrap().sqrt();
+                        let b = init_bound::<E>(I * K * K);
                         t.try_fill_with_distr(Uniform::new(-b, b))
                     }),
                 ),
@@ -145,28 +144,10 @@ where
     }
 }
 
-impl<const I: usize, const O: usize, const K: usize, const S: usize, const P: usize, E, D>
-    Parameters<D> for Conv2D<I, O, K, S, P, E, D>
-where
-    E: AmpElem + Float + SampleUniform,
-    D: AmpDevice + Device<E>,
-{
-    fn visit_params_at<V: ParamVisitor<D>>(
-        &self,
-        path: &mut ParamPath,
-        visitor: &mut V,
-    ) -> Result<(), V::Error> {
-        visit_collection::<Self, E, D, V>(self, path, visitor)
-    }
-
-    fn visit_params_mut_at<V: ParamVisitorMut<D>>(
-        &mut self,
-        path: &mut ParamPath,
-        visitor: &mut V,
-    ) -> Result<(), V::Error> {
-        visit_collection_mut::<Self, E, D, V>(self, path, visitor)
-    }
-}
+crate::params::collection_params!(
+    [const I: usize, const O: usize, const K: usize, const S: usize, const P: usize,]
+    Conv2D<I, O, K, S, P, E, D>;
+);
 
 #[cfg(test)]
 mod tests {
