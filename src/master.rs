@@ -522,11 +522,15 @@ where
         let working = &collect.out;
         let master = &self.master;
         let flags = self.flags.record(check, |stats| {
-            for_each_trainable_grad(master, &mut master_grads, |dev, slot, dst| {
+            for_each_trainable_grad(master, &mut master_grads, |dev, slot, mut dst| {
                 match &working[slot] {
                     Some(src) => dev.try_unscale(src.reborrow(), dst, inv_scale, stats, slot),
-                    // A parameter the loss did not reach gets a zero gradient, as dfdx gives it.
-                    None => dev.try_fill(dst, 0.0),
+                    // A parameter the loss did not reach gets a zero gradient, as dfdx gives it,
+                    // and its flag is written too: the flag buffer is reused across steps.
+                    None => {
+                        dev.try_fill(dst.reborrow(), 0.0)?;
+                        dev.try_unscale_in_place(dst, 1.0, stats, slot)
+                    }
                 }
             })
             .map(drop)

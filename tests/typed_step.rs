@@ -317,3 +317,26 @@ fn gradients_of_temporaries_do_not_outlive_backward() {
     );
     assert!(grads.grads().get(&model.working().0.weight).is_some());
 }
+
+/// The per-parameter non-finite flags stay on the device between steps: a parameter the next
+/// loss does not reach (possible with leaky gradients) must not inherit an earlier overflow.
+#[test]
+fn a_parameter_the_loss_does_not_reach_does_not_inherit_an_earlier_overflow() {
+    let (dev, mut model) = model(16);
+    let scaler = GradScaler::default();
+    let (x, y) = batch(&dev);
+    let mut grads = backward(&scaler, &model, x.clone(), y);
+    inject(&mut grads, &model.working().4.bias, f32::INFINITY);
+    let unscaled = scaler.unscale(&mut model, grads).unwrap();
+    assert_eq!(unscaled.non_finite_params(), ["4.bias"]);
+
+    // Only the first layer: the loss reaches neither layer 2 nor layer 4.
+    let hidden = model
+        .working()
+        .0
+        .forward(x.traced_mixed(MixedGradients::leaky()));
+    let loss = typed_amp::loss::mse_loss(hidden.to_f32(), dev.zeros::<Rank2<4, 8>>());
+    let grads = scaler.scale(loss).backward().unwrap();
+    let unscaled = scaler.unscale(&mut model, grads).unwrap();
+    assert!(!unscaled.found_inf(), "{:?}", unscaled.non_finite_params());
+}
