@@ -92,9 +92,8 @@ fn main() -> Result<(), AmpError> {
 
         let scaled = scaler.scale(loss).backward()?;
         let unscaled = scaler.unscale(&mut model, scaled)?;
-        let outcome = scaler.step(&mut opt, &mut model, unscaled)?;
-        scaler.update(outcome.found_inf)?;
-        grads = outcome.grads;
+        let outcome = scaler.step(&mut opt, unscaled)?;
+        grads = scaler.update(outcome)?;
 
         if step == 1 || step % 50 == 0 {
             println!(

@@ -33,9 +33,8 @@ fn main() -> Result<(), AmpError> {
         let micro_batches = window.micro_batches();
         let scaled = window.finish()?;
         let unscaled = scaler.unscale(&mut model, scaled)?;
-        let outcome = scaler.step(&mut opt, &mut model, unscaled)?;
-        scaler.update(outcome.found_inf)?;
-        grads = outcome.grads;
+        let outcome = scaler.step(&mut opt, unscaled)?;
+        grads = scaler.update(outcome)?;
         println!(
             "step {step}: {micro_batches} micro-batches, loss {loss_sum:.4}, scale {}",
             scaler.get_scale()

@@ -35,21 +35,24 @@ fn main() -> Result<(), AmpError> {
         let loss_value = loss.value();
         let scaled = scaler.scale(loss).backward()?;
         let mut unscaled = scaler.unscale(&mut model, scaled)?;
-        let norm = unscaled.clip_grad_norm(&model, 1.0)?;
-        let outcome = scaler.step(&mut opt, &mut model, unscaled)?;
-        scaler.update(outcome.found_inf)?;
-        if outcome.skipped {
+        let norm = clip_grad_norm(&mut unscaled, 1.0)?;
+        let outcome = scaler.step(&mut opt, unscaled)?;
+        if outcome.skipped() {
             println!(
                 "step {step:>2}: skipped at scale {:>7}: non-finite gradients in {:?}",
-                scaler.get_scale() * 2.0,
-                outcome.non_finite_params
+                scaler.get_scale(),
+                outcome.non_finite_params()
             );
             // The probes see layer outputs and their gradients; when only a weight gradient
             // (activations times output gradient) overflowed, the parameters above say where.
-            if let Some(overflow) = &outcome.overflow {
+            if let Some(overflow) = outcome.overflow() {
                 println!("         {overflow}");
             }
-        } else {
+        }
+        let skipped = outcome.skipped();
+        // A fresh, watched set of gradients is allocated each step above, so these go unused.
+        let _ = scaler.update(outcome)?;
+        if !skipped {
             println!("step {step:>2}: loss {loss_value:.3}, gradient norm {norm:.3} (clipped to 1), scale {}", scaler.get_scale());
         }
     }

@@ -50,7 +50,7 @@ fn main() -> Result<(), AmpError> {
             dev.zeros(),
         ))?;
         let unscaled_d = scaler.unscale(&mut discriminator, window.finish()?)?;
-        let outcome_d = scaler.step(&mut opt_d, &mut discriminator, unscaled_d)?;
+        let outcome_d = scaler.step(&mut opt_d, unscaled_d)?;
 
         // Generator: make the discriminator say 1; only the generator's gradients are kept.
         let fake = generator
@@ -60,10 +60,12 @@ fn main() -> Result<(), AmpError> {
         let loss_g = binary_cross_entropy_with_logits_loss(verdict.to_f32(), dev.ones());
         let loss_g_value = loss_g.value();
         let unscaled_g = scaler.unscale(&mut generator, scaler.scale(loss_g).backward()?)?;
-        let outcome_g = scaler.step(&mut opt_g, &mut generator, unscaled_g)?;
+        let outcome_g = scaler.step(&mut opt_g, unscaled_g)?;
 
-        // One update per iteration; back off if either optimizer found inf or NaN.
-        scaler.update(outcome_d.found_inf || outcome_g.found_inf)?;
+        // One update per iteration, taking both outcomes: it backs off if either optimizer
+        // found inf or NaN. (The gradients it hands back go unused: this loop allocates each
+        // model's gradients where it traces.)
+        let _ = scaler.update((outcome_d, outcome_g))?;
         if iteration % 50 == 0 {
             println!(
                 "iteration {iteration}: generator loss {loss_g_value:.3}, scale {}, skipped {}",

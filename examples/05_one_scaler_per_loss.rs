@@ -18,9 +18,9 @@ fn main() -> Result<(), AmpError> {
     for step in 1..=200 {
         let x: Tensor<Rank2<16, 8>, f32, _> = dev.sample_normal();
         let target: Tensor<Rank2<16, 4>, f32, _> = dev.sample_normal();
-        let mut found = Vec::new();
-        let mut total: Option<typed_amp::UnscaledGrads<Cpu>> = None;
-        // Loss 0: a regression loss. Loss 1: a large auxiliary penalty on the outputs.
+        // Loss 0: a regression loss. Loss 1: a large auxiliary penalty on the outputs. Each is
+        // scaled and backward with its own scaler.
+        let mut scaled = Vec::new();
         for loss_index in 0..2 {
             let scaler = scalers.get(loss_index).expect("two scalers");
             let out = model.working().forward(
@@ -32,32 +32,29 @@ fn main() -> Result<(), AmpError> {
                 0 => mse_loss(out.to_f32(), target.clone()),
                 _ => mse_loss(out.to_f32(), dev.zeros()) * 1000.0,
             };
-            let unscaled = scaler.unscale(&mut model, scaler.scale(loss).backward()?)?;
-            found.push(unscaled.found_inf());
-            match &mut total {
-                None => total = Some(unscaled),
-                Some(total) => total.merge(&model, unscaled)?,
-            }
+            scaled.push(scaler.scale(loss).backward()?);
         }
-        let outcome = scaler_step(&mut opt, &mut model, total.expect("two losses"))?;
-        scalers.update(&found)?;
+        // Unscaled into one sum, each by its own scaler; one step.
+        let mut scaled = scaled.into_iter();
+        let (first, second) = (
+            scaled.next().expect("loss 0"),
+            scaled.next().expect("loss 1"),
+        );
+        let (scaler0, scaler1) = (scalers.get(0).expect("0"), scalers.get(1).expect("1"));
+        let mut total = scaler0.unscale(&mut model, first)?;
+        total.merge(scaler1, second)?;
+        let outcome = scaler0.step(&mut opt, total)?;
+        let skipped = outcome.skipped();
+        // Each scaler backs off only if its own loss overflowed.
+        let _ = scalers.update(outcome)?;
         if step % 50 == 0 {
             println!(
                 "step {step}: scales {} / {}, skipped {}",
                 scalers.get(0).map_or(0.0, GradScaler::get_scale),
                 scalers.get(1).map_or(0.0, GradScaler::get_scale),
-                outcome.skipped
+                skipped
             );
         }
     }
     Ok(())
-}
-
-/// The step itself does not depend on a scaler's scale: any of them takes it.
-fn scaler_step<T: TrainTarget<Cpu>, O: typed_amp::MasterOptimizer<T::Master, Cpu>>(
-    opt: &mut O,
-    model: &mut T,
-    grads: typed_amp::UnscaledGrads<Cpu>,
-) -> Result<typed_amp::StepOutcome<Cpu>, AmpError> {
-    GradScaler::disabled().step(opt, model, grads)
 }

@@ -6,15 +6,14 @@
 
 use dfdx::nn::modules::Module;
 use dfdx::nn::{RecursiveWalker, TensorCollection, TensorOptions, TensorVisitor, ViewTensorRef};
-use dfdx::prelude::{Device, PutTape, Shape, SplitTape, Tensor};
-use half::f16;
+use dfdx::prelude::{PutTape, Shape, SplitTape, Tensor};
 
-use crate::device::AmpDevice;
+use crate::device::{AmpDevice, Kernels};
 use crate::error::AmpError;
 use crate::master::TrainTarget;
-use crate::ops::cast::{AmpTape, Cast, CastFrom};
+use crate::ops::cast::{AmpTape, Cast, CastDevice};
 use crate::params::Parameters;
-use crate::precision::{AmpElem, DType, Precision};
+use crate::precision::{AmpElem, DType, LowPrecision, Precision};
 use crate::scaler::GradScaler;
 
 /// Apex's optimisation levels.
@@ -182,10 +181,9 @@ pub trait CastTo<P: Precision> {
 impl<P, S, E, D, T> CastTo<P> for Tensor<S, E, D, T>
 where
     P: Precision,
-    P::Elem: AmpElem + CastFrom<E>,
     S: Shape,
     E: AmpElem,
-    D: AmpDevice + Device<E> + Device<P::Elem>,
+    D: CastDevice<E, P::Elem>,
     T: AmpTape<D>,
 {
     type Output = Tensor<S, P::Elem, D, T>;
@@ -195,70 +193,76 @@ where
     }
 }
 
-/// Converts an FP32 module to FP16 for one forward pass, recording on a tape how each FP16
-/// parameter's gradient flows back (converted) into its FP32 parameter.
-struct CastModule<T> {
+/// Converts an FP32 module to precision `P` for one forward pass, recording on a tape how each
+/// 16-bit parameter's gradient flows back (converted) into its FP32 parameter.
+struct CastModule<T, P> {
     tape: T,
+    precision: std::marker::PhantomData<P>,
 }
 
-impl<D, T> TensorVisitor<f32, D> for CastModule<T>
+impl<D, T, P> TensorVisitor<f32, D> for CastModule<T, P>
 where
-    D: AmpDevice,
+    D: CastDevice<f32, P::Elem>,
     T: AmpTape<D>,
+    P: LowPrecision,
 {
     type Viewer = ViewTensorRef;
     type Err = D::Err;
-    type E2 = f16;
+    type E2 = P::Elem;
     type D2 = D;
 
     fn visit<S: Shape>(
         &mut self,
         _opts: TensorOptions<S, f32, D>,
         t: &Tensor<S, f32, D>,
-    ) -> Result<Option<Tensor<S, f16, D>>, D::Err> {
-        let (half, piece) = t.retaped::<T>().try_to_f16()?.split_tape();
+    ) -> Result<Option<Tensor<S, P::Elem, D>>, D::Err> {
+        let (low, piece) = t.retaped::<T>().try_cast::<P>()?.split_tape();
         self.tape = std::mem::take(&mut self.tape).merge(piece);
-        Ok(Some(half))
+        Ok(Some(low))
     }
 }
 
-/// O1's cast-for-compute: runs an FP32 module `M` in FP16 on this input, for one forward pass.
+/// O1's cast-for-compute: runs an FP32 module `M` in the 16-bit precision `P` on this input,
+/// for one forward pass.
 ///
-/// The input and every FP32 parameter are cast to FP16 (differentiably, so gradients reach the
-/// FP32 parameters in FP32), and the FP16 copy runs the forward. As with PyTorch's autocast,
-/// the weights stay FP32; the FP16 copy lives for the pass.
-pub trait AutocastForward<M> {
-    /// The FP16 module's output.
+/// The input and every FP32 parameter are cast to `P` (differentiably, so gradients reach the
+/// FP32 parameters in FP32), and the 16-bit copy runs the forward. As with PyTorch's autocast,
+/// the weights stay FP32; the 16-bit copy lives for the pass.
+pub trait AutocastForward<M, P: LowPrecision> {
+    /// The 16-bit module's output.
     type Output;
     /// The error the forward can return.
     type Error: std::fmt::Debug;
-    /// Runs `module` in FP16 on `self`.
+    /// Runs `module` in `P` on `self`.
     fn try_autocast_forward(self, module: &M) -> Result<Self::Output, Self::Error>;
 }
 
-impl<M, S, E, D, T> AutocastForward<M> for Tensor<S, E, D, T>
+impl<M, P, S, E, D, T> AutocastForward<M, P> for Tensor<S, E, D, T>
 where
+    P: LowPrecision,
     M: TensorCollection<f32, D>,
-    M::To<f16, D>: Module<Tensor<S, f16, D, T>, Error = D::Err>,
+    M::To<P::Elem, D>: Module<Tensor<S, P::Elem, D, T>, Error = D::Err>,
     S: Shape,
     E: AmpElem,
-    f16: CastFrom<E>,
-    D: AmpDevice + Device<E>,
+    D: CastDevice<E, P::Elem> + CastDevice<f32, P::Elem>,
     T: AmpTape<D>,
 {
-    type Output = <M::To<f16, D> as Module<Tensor<S, f16, D, T>>>::Output;
+    type Output = <M::To<P::Elem, D> as Module<Tensor<S, P::Elem, D, T>>>::Output;
     type Error = D::Err;
 
     fn try_autocast_forward(self, module: &M) -> Result<Self::Output, D::Err> {
-        let mut cast = CastModule { tape: T::default() };
-        let half = M::iter_tensors(&mut RecursiveWalker {
+        let mut cast = CastModule::<T, P> {
+            tape: T::default(),
+            precision: std::marker::PhantomData,
+        };
+        let low = M::iter_tensors(&mut RecursiveWalker {
             m: module,
             f: &mut cast,
         })?
         .expect("casting visits every tensor and returns the converted module");
         // The parameter casts are recorded before the layer's ops, so their backward runs after.
-        let (x, tape) = self.try_to_f16()?.split_tape();
-        half.try_forward(x.put_tape(cast.tape.merge(tape)))
+        let (x, tape) = self.try_cast::<P>()?.split_tape();
+        low.try_forward(x.put_tape(cast.tape.merge(tape)))
     }
 }
 
@@ -319,7 +323,7 @@ pub fn try_convert<M, E, D>(module: &M) -> Result<Converted<M, E, D>, AmpError>
 where
     M: TensorCollection<f32, D>,
     E: AmpElem,
-    D: AmpDevice + Device<E>,
+    D: AmpDevice + Kernels<E>,
 {
     dfdx::nn::ToDtype::try_to_dtype::<E>(module).map_err(AmpError::device)
 }
@@ -329,6 +333,7 @@ mod tests {
     use super::*;
     use crate::tape::TraceMixed;
     use dfdx::prelude::*;
+    use half::f16;
 
     #[test]
     fn autocast_computes_in_fp16_and_sends_fp32_gradients_to_fp32_weights() {
@@ -339,7 +344,8 @@ mod tests {
         let x: Tensor<Rank2<1, 3>, f32, Cpu> = dev.tensor([[1.0, 1.0, 1.0]]);
         let grads = crate::tape::MixedGradients::for_params(&linear).unwrap();
         let y: Tensor<Rank2<1, 2>, f16, Cpu, _> =
-            x.traced_mixed(grads).try_autocast_forward(&linear).unwrap();
+            AutocastForward::<_, crate::F16>::try_autocast_forward(x.traced_mixed(grads), &linear)
+                .unwrap();
         assert_eq!(
             y.array()[0].map(f32::from),
             [6.1, -0.35].map(|v| f16::from_f32(v).to_f32())

@@ -13,17 +13,16 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use dfdx::prelude::{Device, HasShape, Shape, Tensor};
-use half::f16;
+use dfdx::prelude::{HasShape, Shape, Tensor};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype as StDtype, SafeTensors};
 
-use crate::device::AmpDevice;
+use crate::device::{AmpDevice, HostKernel, Kernels};
 use crate::error::AmpError;
 use crate::master::TrainTarget;
 use crate::optim::{OptimizerState, StateMut, StateRef};
 use crate::params::{ParamVisitor, ParamVisitorMut, Parameters};
-use crate::precision::{dtype_of, AmpElem, DType};
+use crate::precision::{dtype_of, AmpElem, DType, Precision};
 use crate::scaler::{GradScaler, ScaleMode, ScalerState};
 
 /// The format tag written in every checkpoint.
@@ -72,13 +71,26 @@ pub enum CheckpointError {
     Amp(#[from] AmpError),
 }
 
-fn st_dtype(dtype: DType) -> StDtype {
-    match dtype {
-        DType::F16 => StDtype::F16,
-        DType::BF16 => StDtype::BF16,
-        DType::F32 => StDtype::F32,
-    }
+macro_rules! st_dtypes {
+    ($([$marker:ident, $elem:ty, $variant:ident, $name:literal, $st:ident, $index:literal])*) => {
+        /// The safetensors dtype a precision is stored as.
+        fn st_dtype(dtype: DType) -> StDtype {
+            match dtype {
+                $(DType::$variant => StDtype::$st,)*
+            }
+        }
+
+        /// The precision a safetensors dtype holds, if typed-amp trains in it.
+        fn dtype_of_st(dtype: StDtype) -> Option<DType> {
+            match dtype {
+                $(StDtype::$st => Some(DType::$variant),)*
+                _ => None,
+            }
+        }
+    };
 }
+
+crate::with_precisions!(st_dtypes);
 
 /// A tensor ready to serialise.
 struct Entry {
@@ -87,47 +99,15 @@ struct Entry {
     bytes: Vec<u8>,
 }
 
-fn encode(dtype: DType, values: &[f32]) -> Vec<u8> {
-    match dtype {
-        DType::F16 => values
-            .iter()
-            .flat_map(|v| f16::from_f32(*v).to_le_bytes())
-            .collect(),
-        DType::BF16 => values
-            .iter()
-            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
-            .collect(),
-        DType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-    }
-}
-
-fn decode(view: &TensorView<'_>) -> Option<Vec<f32>> {
-    let data = view.data();
-    match view.dtype() {
-        StDtype::F32 => Some(
-            data.chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-        ),
-        StDtype::F16 => Some(
-            data.chunks_exact(2)
-                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-        ),
-        _ => None,
-    }
-}
-
-/// The entry for values (read back as FP32) of a tensor shaped and typed like `param`.
-fn entry<S: Shape, E: AmpElem, D: AmpDevice + Device<E>>(
+/// The entry for `values` of a tensor shaped like `param`, in its own precision, bit for bit.
+fn entry<S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>>(
     param: &Tensor<S, E, D>,
-    values: &[f32],
+    values: &[E],
 ) -> Entry {
-    let dtype = dtype_of::<E>();
     Entry {
-        dtype,
+        dtype: dtype_of::<E>(),
         shape: param.shape().concrete().into_iter().collect(),
-        bytes: encode(dtype, values),
+        bytes: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
     }
 }
 
@@ -153,12 +133,10 @@ impl<D: AmpDevice> ParamVisitor<D> for SaveParams<'_> {
         _trainable: bool,
     ) -> Result<(), AmpError>
     where
-        D: Device<E>,
+        D: Kernels<E>,
     {
-        let values = param
-            .device()
-            .try_read_f32(E::erase::<D>(param.storage()))
-            .map_err(AmpError::device)?;
+        let values =
+            HostKernel::<E>::try_read(param.device(), param.storage()).map_err(AmpError::device)?;
         self.entries
             .insert(format!("{}.{path}", self.prefix), entry(param, &values));
         Ok(())
@@ -166,12 +144,12 @@ impl<D: AmpDevice> ParamVisitor<D> for SaveParams<'_> {
 }
 
 /// Collects `optim.<store>.<path>` entries for every trainable master parameter.
-struct SaveState<'s, 'e, D: AmpDevice> {
-    stores: &'s [(&'static str, StateRef<'s, D>)],
+struct SaveState<'s, 'e> {
+    stores: &'s [(&'static str, StateRef<'s>)],
     entries: &'e mut BTreeMap<String, Entry>,
 }
 
-impl<D: AmpDevice> ParamVisitor<D> for SaveState<'_, '_, D> {
+impl<D: AmpDevice> ParamVisitor<D> for SaveState<'_, '_> {
     type Error = AmpError;
     fn visit<S: Shape, E: AmpElem>(
         &mut self,
@@ -180,25 +158,21 @@ impl<D: AmpDevice> ParamVisitor<D> for SaveState<'_, '_, D> {
         trainable: bool,
     ) -> Result<(), AmpError>
     where
-        D: Device<E>,
+        D: Kernels<E>,
     {
         if !trainable {
             return Ok(());
         }
         let dev = param.device();
         for (name, store) in self.stores {
-            let store = match store {
-                StateRef::F32(g) => StateRef::F32(*g),
-                StateRef::F16(g) => StateRef::F16(*g),
-            };
-            let store = E::downcast_grads(store).ok_or_else(|| state_precision_mismatch(path))?;
+            let store = store
+                .get::<E, D>()
+                .ok_or_else(|| state_precision_mismatch(path))?;
             // A parameter the optimizer has not updated yet has no state.
             let Some(buf) = store.get_ref_checked(param) else {
                 continue;
             };
-            let values = dev
-                .try_read_f32(E::erase::<D>(buf))
-                .map_err(AmpError::device)?;
+            let values = HostKernel::<E>::try_read(dev, buf).map_err(AmpError::device)?;
             self.entries
                 .insert(format!("optim.{name}.{path}"), entry(param, &values));
         }
@@ -274,6 +248,10 @@ where
         .map(|(k, v)| (format!("user.{k}"), v.clone()))
         .collect();
     meta.insert("format".into(), FORMAT.into());
+    meta.insert(
+        "model.precision".into(),
+        <T::Precision as Precision>::DTYPE.name().into(),
+    );
     meta.insert("optim.kind".into(), optimizer.kind().into());
     for (name, value) in optimizer.scalars() {
         meta.insert(format!("optim.scalar.{name}"), value.to_string());
@@ -342,12 +320,13 @@ struct LoadParams<'a> {
     prefix: &'static str,
 }
 
-fn tensor_values(
+/// The values of tensor `name`, which must be stored in precision `E` with `param`'s shape.
+fn tensor_values<S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>>(
     file: &Path,
     tensors: &SafeTensors<'_>,
     name: &str,
-    numel: usize,
-) -> Result<Vec<f32>, CheckpointError> {
+    param: &Tensor<S, E, D>,
+) -> Result<Vec<E>, CheckpointError> {
     let err = |detail: String| CheckpointError::Tensor {
         path: file.to_path_buf(),
         name: name.to_string(),
@@ -356,15 +335,29 @@ fn tensor_values(
     let view = tensors
         .tensor(name)
         .map_err(|_| err("missing from the checkpoint".to_string()))?;
-    let values =
-        decode(&view).ok_or_else(|| err(format!("unsupported dtype {:?}", view.dtype())))?;
-    if values.len() != numel {
+    let want = dtype_of::<E>();
+    match dtype_of_st(view.dtype()) {
+        Some(stored) if stored == want => {}
+        Some(stored) => {
+            return Err(err(format!(
+                "stored in {stored}, the model's parameter is {want}"
+            )))
+        }
+        None => return Err(err(format!("unsupported dtype {:?}", view.dtype()))),
+    }
+    let shape: Vec<usize> = param.shape().concrete().into_iter().collect();
+    if view.shape() != shape.as_slice() {
         return Err(err(format!(
-            "holds {} values, the model's parameter has {numel}",
-            values.len()
+            "has shape {:?}, the model's parameter has shape {shape:?}",
+            view.shape()
         )));
     }
-    Ok(values)
+    let size = want.size_in_bytes();
+    Ok(view
+        .data()
+        .chunks_exact(size)
+        .map(E::from_le_bytes)
+        .collect())
 }
 
 impl<D: AmpDevice> ParamVisitorMut<D> for LoadParams<'_> {
@@ -376,24 +369,24 @@ impl<D: AmpDevice> ParamVisitorMut<D> for LoadParams<'_> {
         _trainable: bool,
     ) -> Result<(), CheckpointError>
     where
-        D: Device<E>,
+        D: Kernels<E>,
     {
         let name = format!("{}.{path}", self.prefix);
-        let values = tensor_values(self.file, self.tensors, &name, param.shape().num_elements())?;
+        let values = tensor_values(self.file, self.tensors, &name, &*param)?;
         let dev = param.device().clone();
-        dev.try_write_f32(E::erase_mut::<D>(param.storage_mut()), &values)
+        HostKernel::<E>::try_write(&dev, param.storage_mut(), &values)
             .map_err(|e| CheckpointError::Amp(AmpError::device(e)))
     }
 }
 
 /// Writes `optim.<store>.<path>` tensors into the optimizer's stores, per trainable parameter.
-struct LoadState<'s, 'a, D: AmpDevice> {
+struct LoadState<'s, 'a> {
     file: &'a Path,
     tensors: &'a SafeTensors<'a>,
-    stores: &'s mut [(&'static str, StateMut<'s, D>)],
+    stores: &'s mut [(&'static str, StateMut<'s>)],
 }
 
-impl<D: AmpDevice> ParamVisitor<D> for LoadState<'_, '_, D> {
+impl<D: AmpDevice> ParamVisitor<D> for LoadState<'_, '_> {
     type Error = CheckpointError;
     fn visit<S: Shape, E: AmpElem>(
         &mut self,
@@ -402,7 +395,7 @@ impl<D: AmpDevice> ParamVisitor<D> for LoadState<'_, '_, D> {
         trainable: bool,
     ) -> Result<(), CheckpointError>
     where
-        D: Device<E>,
+        D: Kernels<E>,
     {
         if !trainable {
             return Ok(());
@@ -414,17 +407,12 @@ impl<D: AmpDevice> ParamVisitor<D> for LoadState<'_, '_, D> {
                 // Saved before the optimizer's first update of this parameter.
                 continue;
             }
-            let values =
-                tensor_values(self.file, self.tensors, &name, param.shape().num_elements())?;
-            let store = match store {
-                StateMut::F32(g) => StateMut::F32(&mut **g),
-                StateMut::F16(g) => StateMut::F16(&mut **g),
-            };
-            let store =
-                E::downcast_grads_mut(store).ok_or_else(|| state_precision_mismatch(path))?;
+            let values = tensor_values(self.file, self.tensors, &name, param)?;
+            let store = store
+                .get::<E, D>()
+                .ok_or_else(|| state_precision_mismatch(path))?;
             let buf = store.get_or_alloc_mut(param).map_err(AmpError::device)?;
-            dev.try_write_f32(E::erase_mut::<D>(buf), &values)
-                .map_err(AmpError::device)?;
+            HostKernel::<E>::try_write(dev, buf, &values).map_err(AmpError::device)?;
         }
         Ok(())
     }
@@ -472,6 +460,26 @@ fn parse_scaler(
         floor_patience: u32::try_from(num("floor_patience")?).map_err(|_| bad("floor_patience"))?,
         floor_hits: u32::try_from(num("floor_hits")?).map_err(|_| bad("floor_hits"))?,
     })
+}
+
+/// The caller's metadata of a checkpoint written by [`save`] (what `extra` held), without
+/// loading anything: to check a run's settings against it before [`load`].
+pub fn read_metadata(path: &Path) -> Result<BTreeMap<String, String>, CheckpointError> {
+    let bytes = std::fs::read(path).map_err(|source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| CheckpointError::Format {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    })?;
+    Ok(user_metadata(header.metadata().clone().unwrap_or_default()))
+}
+
+fn user_metadata(meta: HashMap<String, String>) -> BTreeMap<String, String> {
+    meta.into_iter()
+        .filter_map(|(k, v)| k.strip_prefix("user.").map(|k| (k.to_string(), v)))
+        .collect()
 }
 
 /// Restores a checkpoint written by [`save`] into `target`, `optimizer` and `scaler`, and
@@ -527,8 +535,22 @@ where
             )))
         }
     }
+    let precision = <T::Precision as Precision>::DTYPE;
+    match meta.get("model.precision").map(String::as_str) {
+        Some(saved) if saved == precision.name() => {}
+        Some(saved) => {
+            return Err(mismatch(format!(
+                "a checkpoint of a {saved} model cannot be loaded into a {precision} model"
+            )))
+        }
+        None => {
+            return Err(mismatch(
+                "the checkpoint does not say which precision its model trains in".to_string(),
+            ))
+        }
+    }
     let scaler_state = parse_scaler(path, &meta)?;
-    let restored = GradScaler::from_state(scaler_state).map_err(|e| mismatch(e.to_string()))?;
+    GradScaler::from_state(scaler_state).map_err(|e| mismatch(e.to_string()))?;
     let mut scalars = Vec::new();
     for (name, _) in optimizer.scalars() {
         let key = format!("optim.scalar.{name}");
@@ -556,9 +578,8 @@ where
     for (name, value) in scalars {
         optimizer.set_scalar(name, value)?;
     }
-    *scaler = restored;
-    Ok(meta
-        .into_iter()
-        .filter_map(|(k, v)| k.strip_prefix("user.").map(|k| (k.to_string(), v)))
-        .collect())
+    scaler
+        .load_state(scaler_state)
+        .map_err(|e| mismatch(e.to_string()))?;
+    Ok(user_metadata(meta))
 }

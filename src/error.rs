@@ -58,6 +58,14 @@ pub enum AmpError {
     #[error("invalid loss-scaler state: {0}")]
     InvalidScalerState(String),
 
+    /// Gradients were unscaled into a model that did not allocate them.
+    #[error("these gradients do not belong to this model: {0}")]
+    ForeignGradients(&'static str),
+
+    /// Gradients or a step outcome met a scaler other than the one that scaled them.
+    #[error("loss scaler mismatch: {0}")]
+    ScalerMismatch(&'static str),
+
     /// The optimizer failed to update the master weights.
     #[error("optimizer update failed: {0}")]
     Optimizer(String),

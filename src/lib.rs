@@ -37,10 +37,9 @@
 //! let loss = cross_entropy_with_logits_loss(logits.to_f32(), y);  // FP32 only
 //! let scaled = scaler.scale(loss).backward()?;                    // gradients x scale
 //! let mut unscaled = scaler.unscale(&mut model, scaled)?;         // FP32 master gradients
-//! unscaled.clip_grad_norm(&model, 1.0)?;                          // only on unscaled ones
-//! let outcome = scaler.step(&mut opt, &mut model, unscaled)?;     // skipped on inf/NaN
-//! scaler.update(outcome.found_inf)?;
-//! grads = outcome.grads;                                          // zeroed, for the next step
+//! clip_grad_norm(&mut unscaled, 1.0)?;                            // only on unscaled ones
+//! let outcome = scaler.step(&mut opt, unscaled)?;                 // skipped on inf/NaN
+//! grads = scaler.update(outcome)?;                                // zeroed, for the next step
 //! # let _ = grads;
 //! # Ok(())
 //! # }
@@ -122,7 +121,7 @@
 //! let y: Tensor<Rank2<4, 2>, f32, _> = model.working().forward(x);
 //! ```
 //!
-//! O3, pure FP16, only with its explicit opt-in; its optimizer is wrapped in [`Fp16Updates`]:
+//! O3, pure FP16, only with its explicit opt-in; its optimizer is wrapped in [`LowPrecisionUpdates`]:
 //!
 //! ```rust
 //! # use typed_amp::prelude::*;
@@ -133,8 +132,8 @@
 //!
 //! let model = Mlp::build(&Cpu::default()).unwrap(); // Fp16Weights<MlpWorking<Cpu>, Cpu>
 //! let _: &typed_amp::dfdx::nn::modules::Linear<8, 16, f16, Cpu> = &model.master().fc1;
-//! let opt: typed_amp::Fp16Updates<Sgd<_, f16, Cpu>> =
-//!     typed_amp::Fp16Updates(Sgd::new(model.master(), SgdConfig::default()));
+//! let opt: typed_amp::LowPrecisionUpdates<Sgd<_, f16, Cpu>> =
+//!     typed_amp::LowPrecisionUpdates(Sgd::new(model.master(), SgdConfig::default()));
 //! ```
 //!
 //! Without `allow_fp16_updates`, O3 does not compile, and the error says why:
@@ -174,14 +173,17 @@ pub use error::AmpError;
 pub use loss::Loss;
 pub use master::{Fp16Weights, Fp32Weights, MasterWeights, SinglePrecision, TrainTarget};
 pub use ops::cast::{to_f16, to_f32, Cast};
-pub use optim::{adamw_config, Fp16Updates, MasterOptimizer};
+pub use optim::{adamw_config, LowPrecisionUpdates, MasterOptimizer};
 pub use params::{ParamInfo, Parameters};
 pub use precision::{
-    AmpElem, AmpTensor, DType, LossPrecision, LowPrecision, Precision, UpdatablePrecision, BF16,
-    F16, F32,
+    AmpElem, AmpTensor, DType, FullRange, LossPrecision, LowPrecision, Precision,
+    UpdatablePrecision, BF16, F16, F32,
 };
 pub use scaler::{GradScaler, LossScalers, ScaleMode, ScalerState};
-pub use step::{Accumulation, ScaledGrads, ScaledLoss, StepOutcome, UnscaledGrads};
+pub use step::{
+    clip_grad_norm, clip_grad_value, Accumulation, RawGrads, ScaledGrads, ScaledLoss, StepOutcome,
+    UnscaledGrads,
+};
 pub use tape::{MixedGradients, MixedTape, TraceMixed};
 pub use typed_amp_macros::amp;
 
@@ -195,8 +197,9 @@ pub mod prelude {
     };
     pub use crate::ops::cast::{to_f16, to_f32, Cast};
     pub use crate::{
-        adamw_config, AmpDevice, AmpError, Fp32Weights, GradScaler, MasterWeights, MixedGradients,
-        MixedTape, Parameters, TraceMixed, TrainTarget, F16, F32,
+        adamw_config, clip_grad_norm, clip_grad_value, AmpDevice, AmpError, Fp32Weights,
+        GradScaler, MasterWeights, MixedGradients, MixedTape, Parameters, TraceMixed, TrainTarget,
+        F16, F32,
     };
 }
 

@@ -1,5 +1,5 @@
-//! What an optimizer trains: FP32 master weights with a low-precision working copy
-//! ([`MasterWeights`]), a plain FP32 model ([`Fp32Weights`]), or, for O3 only, a plain FP16
+//! What an optimizer trains: FP32 master weights with a 16-bit working copy
+//! ([`MasterWeights`]), a plain FP32 model ([`Fp32Weights`]), or, for O3 only, a plain 16-bit
 //! model ([`Fp16Weights`]).
 //!
 //! Forward and backward run on the working copy; unscaled gradients are written into gradients
@@ -7,35 +7,43 @@
 //! place. Parameters are paired by walking both models with [`Parameters`] (same architecture,
 //! same order, same names), checked once at construction.
 
-use dfdx::nn::{BuildOnDevice, DeviceBuildExt, TensorCollection, ToDtype, ZeroGrads};
-use dfdx::prelude::{Device, Gradients, Shape, Tensor};
-use half::f16;
+use std::any::Any;
 
-use crate::device::AmpDevice;
+use dfdx::nn::{BuildOnDevice, DeviceBuildExt, TensorCollection, ToDtype};
+use dfdx::prelude::{Shape, Storage, Tensor};
+
+use crate::device::{AmpDevice, Kernels, StatsDevice};
 use crate::error::AmpError;
+use crate::ops::cast::CastKernel;
+use crate::ops::unscale::UnscaleKernel;
 use crate::params::{ParamInfo, ParamVisitor, ParamVisitorMut, Parameters};
-use crate::precision::{AmpElem, AnyBuf, AnyBufMut, AnyGrads};
-use crate::tape::MixedGradients;
+use crate::precision::{dtype_of, AmpElem, DType, LowPrecision, Precision, F16};
+use crate::tape::{MixedGradients, TargetId};
 
-/// Something the typed training step can train: it holds the FP32 master module the optimizer
-/// updates, turns the working gradients into master gradients, and refreshes its working copy
-/// after an update.
+/// Something the typed training step can train: it holds the master module the optimizer
+/// updates (FP32, except for O3), turns the working gradients into master gradients, and
+/// refreshes its working copy after an update.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` has no FP32 master weights for an optimizer to update",
     label = "not a `MasterWeights` or `Fp32Weights`",
-    note = "optimizers update FP32 master weights only: wrap an FP16 model as `MasterWeights::build::<Arch>(&dev)` (or `MasterWeights::from_parts`), and an FP32 model as `Fp32Weights::new(model)`"
+    note = "optimizers update FP32 master weights only: wrap a 16-bit model as `MasterWeights::build::<Arch>(&dev)` (or `MasterWeights::from_parts`), and an FP32 model as `Fp32Weights::new(model, &dev)`"
 )]
 pub trait TrainTarget<D: AmpDevice> {
-    /// The module the optimizer updates: FP32, except for O3's [`Fp16Weights`].
+    /// The module the optimizer updates: FP32, except for O3's 16-bit models ([`Fp16Weights`]).
     type Master: Parameters<D>;
 
     /// The module forward and backward run on.
     type Working: Parameters<D>;
 
-    /// The FP32 master module.
+    /// The narrowest precision of the working copy's parameters: [`F16`] needs a loss scaler,
+    /// [`BF16`](crate::BF16) and [`F32`](crate::F32) do not (rule
+    /// [`FullRange`](crate::FullRange)).
+    type Precision: Precision;
+
+    /// The master module.
     fn master(&self) -> &Self::Master;
 
-    /// The FP32 master module, mutably (for the optimizer).
+    /// The master module, mutably (for the optimizer).
     fn master_mut(&mut self) -> &mut Self::Master;
 
     /// The working module.
@@ -45,29 +53,38 @@ pub trait TrainTarget<D: AmpDevice> {
     /// of batch norm).
     fn working_mut(&mut self) -> &mut Self::Working;
 
-    /// Zeroed gradients for the working module's parameters, each in its own precision.
+    /// This target's identity: the gradients it allocates carry it, and unscaling gradients of
+    /// another target is refused.
+    fn id(&self) -> TargetId;
+
+    /// Zeroed gradients for the working module's parameters, each in its own precision, marked
+    /// as this target's.
     fn alloc_grads(&self) -> Result<MixedGradients<D>, AmpError> {
-        MixedGradients::for_params(self.working())
+        let mut grads = MixedGradients::for_params(self.working())?;
+        grads.owner = Some(self.id());
+        Ok(grads)
     }
 
     /// Every parameter of the master module, in visiting order.
     fn layout(&self) -> &[ParamInfo];
 
-    /// Writes `working / scale` into master gradients, flagging non-finite values per parameter
-    /// when `check` is set. Returns the master gradients and, per trainable parameter in
-    /// [`TrainTarget::layout`] order, whether it held inf or NaN.
+    /// Writes `working / scale` into master gradients and flags non-finite values per
+    /// parameter. Returns the master gradients and, per trainable parameter in
+    /// [`TrainTarget::layout`] order, whether it held inf or NaN (before or after the
+    /// division).
+    #[doc(hidden)]
     fn unscale_into_master(
         &mut self,
         working: &mut MixedGradients<D>,
         inv_scale: f32,
-        check: bool,
-    ) -> Result<(AnyGrads<D>, Vec<bool>), AmpError>;
+    ) -> Result<(MixedGradients<D>, Vec<bool>), AmpError>;
 
     /// Takes back master gradients after a step, and zeroes the working gradients for the next
     /// iteration.
+    #[doc(hidden)]
     fn recycle(
         &mut self,
-        master_grads: AnyGrads<D>,
+        master_grads: MixedGradients<D>,
         working: MixedGradients<D>,
     ) -> Result<MixedGradients<D>, AmpError>;
 
@@ -84,14 +101,38 @@ pub trait TrainTarget<D: AmpDevice> {
     fn reload_working(&mut self) -> Result<(), AmpError>;
 }
 
-/// Cheap clones (shared buffers) of every parameter of a model, in visiting order, with their
-/// trainability. Shapes differ from parameter to parameter, so each is boxed; the visitor that
-/// consumes them knows the shape and precision it expects.
-struct CollectParams {
-    params: Vec<(Box<dyn std::any::Any>, bool)>,
+/// Views a buffer of element type `E` as one of `F`, mutably: `Some` exactly when they are the
+/// same type.
+pub(crate) fn same_buf_mut<E: AmpElem, F: AmpElem, D: Storage<E> + Storage<F>>(
+    buf: &mut <D as Storage<E>>::Vec,
+) -> Option<&mut <D as Storage<F>>::Vec> {
+    (buf as &mut dyn Any).downcast_mut()
 }
 
-impl<D: AmpDevice> ParamVisitor<D> for CollectParams {
+/// A parameter collected from one model, to be copied into the matching parameter of another.
+trait CollectedParam<D: AmpDevice> {
+    /// The parameter itself, for a consumer that knows its shape and precision.
+    fn as_any(&self) -> &dyn Any;
+    /// `dst = convert(self)` for an FP32 destination.
+    fn copy_into_f32(&self, dev: &D, dst: &mut <D as Storage<f32>>::Vec) -> Result<(), D::Err>;
+}
+
+impl<S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>> CollectedParam<D> for Tensor<S, E, D> {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn copy_into_f32(&self, dev: &D, dst: &mut <D as Storage<f32>>::Vec) -> Result<(), D::Err> {
+        CastKernel::<E, f32>::try_copy_cast(dev, self.storage(), dst)
+    }
+}
+
+/// Cheap clones (shared buffers) of every parameter of a model, in visiting order, with their
+/// trainability.
+struct CollectParams<D: AmpDevice> {
+    params: Vec<(Box<dyn CollectedParam<D>>, bool)>,
+}
+
+impl<D: AmpDevice> ParamVisitor<D> for CollectParams<D> {
     type Error = std::convert::Infallible;
     fn visit<S: Shape, E: AmpElem>(
         &mut self,
@@ -100,7 +141,7 @@ impl<D: AmpDevice> ParamVisitor<D> for CollectParams {
         trainable: bool,
     ) -> Result<(), Self::Error>
     where
-        D: Device<E>,
+        D: Kernels<E>,
     {
         self.params.push((Box::new(param.clone()), trainable));
         Ok(())
@@ -109,22 +150,11 @@ impl<D: AmpDevice> ParamVisitor<D> for CollectParams {
 
 fn collect_params<D: AmpDevice, M: Parameters<D>>(
     module: &M,
-) -> Vec<(Box<dyn std::any::Any>, bool)> {
+) -> Vec<(Box<dyn CollectedParam<D>>, bool)> {
     let mut collect = CollectParams { params: Vec::new() };
     match module.visit_params(&mut collect) {
         Ok(()) => collect.params,
         Err(never) => match never {},
-    }
-}
-
-/// The buffer of a collected parameter of shape `S`, whichever its precision.
-fn collected_buf<S: Shape, D: AmpDevice>(param: &dyn std::any::Any) -> Option<AnyBuf<'_, D>> {
-    if let Some(t) = param.downcast_ref::<Tensor<S, f32, D>>() {
-        Some(AnyBuf::F32(t.storage()))
-    } else {
-        param
-            .downcast_ref::<Tensor<S, f16, D>>()
-            .map(|t| AnyBuf::F16(t.storage()))
     }
 }
 
@@ -136,15 +166,25 @@ enum CopyWhich {
     All,
 }
 
-/// Copies parameters collected from a source model (in visiting order) into the visited ones,
-/// converting precision in place.
-struct CopyInto<'s> {
-    src: &'s [(Box<dyn std::any::Any>, bool)],
+impl CopyWhich {
+    fn includes(self, trainable: bool) -> bool {
+        match self {
+            CopyWhich::Trainable => trainable,
+            CopyWhich::Buffers => !trainable,
+            CopyWhich::All => true,
+        }
+    }
+}
+
+/// Copies an FP32 model's parameters (collected in visiting order) into the visited ones,
+/// converting to each one's precision in place.
+struct CopyFromF32<'s, D: AmpDevice> {
+    src: &'s [(Box<dyn CollectedParam<D>>, bool)],
     index: usize,
     which: CopyWhich,
 }
 
-impl<D: AmpDevice> ParamVisitorMut<D> for CopyInto<'_> {
+impl<D: AmpDevice> ParamVisitorMut<D> for CopyFromF32<'_, D> {
     type Error = AmpError;
     fn visit_mut<S: Shape, E: AmpElem>(
         &mut self,
@@ -153,45 +193,95 @@ impl<D: AmpDevice> ParamVisitorMut<D> for CopyInto<'_> {
         trainable: bool,
     ) -> Result<(), AmpError>
     where
-        D: Device<E>,
+        D: Kernels<E>,
     {
         let (src, _) = &self.src[self.index];
         self.index += 1;
-        let copy = match self.which {
-            CopyWhich::Trainable => trainable,
-            CopyWhich::Buffers => !trainable,
-            CopyWhich::All => true,
-        };
-        if copy {
-            let src =
-                collected_buf::<S, D>(src.as_ref()).ok_or_else(|| AmpError::ParamMismatch {
+        if self.which.includes(trainable) {
+            let src = src
+                .as_any()
+                .downcast_ref::<Tensor<S, f32, D>>()
+                .ok_or_else(|| AmpError::ParamMismatch {
                     path: path.to_string(),
                     detail: "the two models store this parameter in different shapes".to_string(),
                 })?;
             let dev = param.device().clone();
-            dev.try_copy_cast(src, E::erase_mut::<D>(param.storage_mut()))
+            CastKernel::<f32, E>::try_copy_cast(&dev, src.storage(), param.storage_mut())
                 .map_err(AmpError::device)?;
         }
         Ok(())
     }
 }
 
-fn copy_params<D: AmpDevice, S: Parameters<D>, T: Parameters<D>>(
-    src: &S,
-    dst: &mut T,
+/// Copies a model's parameters (collected in visiting order) into the visited FP32 ones.
+struct CopyIntoF32<'s, D: AmpDevice> {
+    src: &'s [(Box<dyn CollectedParam<D>>, bool)],
+    index: usize,
+    which: CopyWhich,
+}
+
+impl<D: AmpDevice> ParamVisitorMut<D> for CopyIntoF32<'_, D> {
+    type Error = AmpError;
+    fn visit_mut<S: Shape, E: AmpElem>(
+        &mut self,
+        path: &str,
+        param: &mut Tensor<S, E, D>,
+        trainable: bool,
+    ) -> Result<(), AmpError>
+    where
+        D: Kernels<E>,
+    {
+        let (src, _) = &self.src[self.index];
+        self.index += 1;
+        if self.which.includes(trainable) {
+            let dev = param.device().clone();
+            let dst = same_buf_mut::<E, f32, D>(param.storage_mut()).ok_or_else(|| {
+                AmpError::ParamMismatch {
+                    path: path.to_string(),
+                    detail: format!("master parameters are F32, this one is {}", dtype_of::<E>()),
+                }
+            })?;
+            src.copy_into_f32(&dev, dst).map_err(AmpError::device)?;
+        }
+        Ok(())
+    }
+}
+
+/// `master → working` (the master is FP32).
+fn copy_from_master<D: AmpDevice, M: Parameters<D>, W: Parameters<D>>(
+    master: &M,
+    working: &mut W,
     which: CopyWhich,
 ) -> Result<(), AmpError> {
-    let params = collect_params(src);
-    let mut copy = CopyInto {
+    let params = collect_params(master);
+    working.visit_params_mut(&mut CopyFromF32 {
         src: &params,
         index: 0,
         which,
-    };
-    dst.visit_params_mut(&mut copy)
+    })
 }
 
-/// Checks that two models have the same parameters (path, element count, trainability).
-fn check_pairing(master: &[ParamInfo], working: &[ParamInfo]) -> Result<(), AmpError> {
+/// `working → master` (the master is FP32).
+fn copy_into_master<D: AmpDevice, W: Parameters<D>, M: Parameters<D>>(
+    working: &W,
+    master: &mut M,
+    which: CopyWhich,
+) -> Result<(), AmpError> {
+    let params = collect_params(working);
+    master.visit_params_mut(&mut CopyIntoF32 {
+        src: &params,
+        index: 0,
+        which,
+    })
+}
+
+/// Checks that two models have the same parameters (path, element count, trainability), that
+/// the master is FP32, and that no working parameter is narrower than the declared working
+/// precision `P` (an FP16 parameter in a model declared BF16 would step without a loss scale).
+fn check_pairing<P: Precision>(
+    master: &[ParamInfo],
+    working: &[ParamInfo],
+) -> Result<(), AmpError> {
     for (m, w) in master.iter().zip(working) {
         let detail = if m.path != w.path {
             Some(format!("the working copy has `{}` here", w.path))
@@ -202,10 +292,17 @@ fn check_pairing(master: &[ParamInfo], working: &[ParamInfo]) -> Result<(), AmpE
             ))
         } else if m.trainable != w.trainable {
             Some("trainable in one model, a buffer in the other".to_string())
-        } else if m.dtype != crate::precision::DType::F32 {
+        } else if m.dtype != DType::F32 {
             Some(format!(
                 "master parameters are F32, this one is {}",
                 m.dtype
+            ))
+        } else if P::DTYPE.has_full_range() && !w.dtype.has_full_range() {
+            Some(format!(
+                "the working copy is declared {} but holds this parameter in {}, which needs a loss scaler: declare the working precision {}",
+                P::DTYPE,
+                w.dtype,
+                w.dtype
             ))
         } else {
             None
@@ -231,59 +328,49 @@ fn check_pairing(master: &[ParamInfo], working: &[ParamInfo]) -> Result<(), AmpE
     Ok(())
 }
 
-/// Collects, per trainable parameter of a working model, its gradient buffer (if any).
-struct CollectGrads<'a, D: AmpDevice> {
-    grads: &'a MixedGradients<D>,
-    out: Vec<Option<AnyBuf<'a, D>>>,
-}
-
-impl<'a, D: AmpDevice> ParamVisitor<D> for CollectGrads<'a, D> {
-    type Error = std::convert::Infallible;
-    fn visit<S: Shape, E: AmpElem>(
+/// An operation on the gradient of each trainable parameter of a module, generic over the
+/// parameter's precision.
+pub(crate) trait GradOp<D: AmpDevice> {
+    /// Applies the operation to the gradient buffer of the trainable parameter number `slot`.
+    fn apply<E: AmpElem>(
         &mut self,
-        _path: &str,
-        param: &Tensor<S, E, D>,
-        trainable: bool,
-    ) -> Result<(), Self::Error>
+        dev: &D,
+        slot: usize,
+        grad: &mut <D as Storage<E>>::Vec,
+    ) -> Result<(), D::Err>
     where
-        D: Device<E>,
-    {
-        if trainable {
-            let grad = E::grads(self.grads).get_ref_checked(param);
-            self.out.push(grad.map(|g| E::erase::<D>(g)));
-        }
-        Ok(())
-    }
+        D: Kernels<E>;
 }
 
-/// Visits the gradient buffer in `grads` of every trainable parameter of `module` (allocating
+/// Applies `op` to the gradient in `grads` of every trainable parameter of `module` (allocating
 /// any that is missing), in model order, with its slot (its index among trainable parameters).
 /// Returns the device, if there was a parameter.
-pub(crate) fn for_each_trainable_grad<D: AmpDevice, M: Parameters<D>>(
+pub(crate) fn for_each_trainable_grad<D, M, O>(
     module: &M,
-    grads: &mut AnyGrads<D>,
-    f: impl FnMut(&D, usize, AnyBufMut<'_, D>) -> Result<(), D::Err>,
-) -> Result<Option<D>, AmpError> {
-    struct Visit<'g, D: AmpDevice, F> {
-        grads: &'g mut AnyGrads<D>,
-        f: F,
+    grads: &mut MixedGradients<D>,
+    op: &mut O,
+) -> Result<Option<D>, AmpError>
+where
+    D: AmpDevice,
+    M: Parameters<D>,
+    O: GradOp<D>,
+{
+    struct Visit<'g, D: AmpDevice, O> {
+        grads: &'g mut MixedGradients<D>,
+        op: &'g mut O,
         slot: usize,
         device: Option<D>,
     }
-    impl<D, F> ParamVisitor<D> for Visit<'_, D, F>
-    where
-        D: AmpDevice,
-        F: FnMut(&D, usize, AnyBufMut<'_, D>) -> Result<(), D::Err>,
-    {
+    impl<D: AmpDevice, O: GradOp<D>> ParamVisitor<D> for Visit<'_, D, O> {
         type Error = AmpError;
         fn visit<S: Shape, E: AmpElem>(
             &mut self,
-            path: &str,
+            _path: &str,
             param: &Tensor<S, E, D>,
             trainable: bool,
         ) -> Result<(), AmpError>
         where
-            D: Device<E>,
+            D: Kernels<E>,
         {
             if !trainable {
                 return Ok(());
@@ -292,11 +379,13 @@ pub(crate) fn for_each_trainable_grad<D: AmpDevice, M: Parameters<D>>(
             self.slot += 1;
             let grad = self
                 .grads
-                .of_mut::<E>(path)?
+                .store_mut::<E>()
                 .get_or_alloc_mut(param)
                 .map_err(AmpError::device)?;
             let dev = param.device();
-            (self.f)(dev, slot, E::erase_mut::<D>(grad)).map_err(AmpError::device)?;
+            self.op
+                .apply::<E>(dev, slot, grad)
+                .map_err(AmpError::device)?;
             if self.device.is_none() {
                 self.device = Some(dev.clone());
             }
@@ -305,7 +394,7 @@ pub(crate) fn for_each_trainable_grad<D: AmpDevice, M: Parameters<D>>(
     }
     let mut visit = Visit {
         grads,
-        f,
+        op,
         slot: 0,
         device: None,
     };
@@ -317,7 +406,7 @@ pub(crate) fn for_each_trainable_grad<D: AmpDevice, M: Parameters<D>>(
 struct NonFiniteFlags<D: AmpDevice> {
     device: D,
     slots: usize,
-    stats: Option<D::Stats>,
+    stats: Option<<D as StatsDevice>::Stats>,
 }
 
 impl<D: AmpDevice> NonFiniteFlags<D> {
@@ -329,11 +418,10 @@ impl<D: AmpDevice> NonFiniteFlags<D> {
         }
     }
 
-    /// Runs `unscale` with the flag buffer, then reads the flags back (once) if `check`.
+    /// Runs `unscale` with the flag buffer, then reads the flags back (once).
     fn record(
         &mut self,
-        check: bool,
-        unscale: impl FnOnce(&mut D::Stats) -> Result<(), AmpError>,
+        unscale: impl FnOnce(&mut <D as StatsDevice>::Stats) -> Result<(), AmpError>,
     ) -> Result<Vec<bool>, AmpError> {
         let mut stats = match self.stats.take() {
             Some(stats) => stats,
@@ -342,58 +430,168 @@ impl<D: AmpDevice> NonFiniteFlags<D> {
                 .try_alloc_stats(self.slots)
                 .map_err(AmpError::device)?,
         };
-        let unscaled = unscale(&mut stats);
-        let flags = match unscaled {
-            Ok(()) if check => self
-                .device
+        let flags = unscale(&mut stats).and_then(|()| {
+            self.device
                 .try_read_stats(&stats)
                 .map_err(AmpError::device)
-                .map(|values| values.into_iter().map(|flag| flag != 0.0).collect()),
-            Ok(()) => Ok(vec![false; self.slots]),
-            Err(e) => Err(e),
-        };
+                .map(|values| values.into_iter().map(|flag| flag != 0.0).collect())
+        });
         self.stats = Some(stats);
         flags
     }
 }
 
-/// An FP32 master module `M` and its working copy `W`, whose parameters may be FP16 or FP32
-/// (FP16 linear layers with FP32 batch norm, say).
+/// A working parameter's gradient, to be unscaled into the FP32 master gradient.
+trait WorkingGrad<D: AmpDevice> {
+    fn unscale_into(
+        &self,
+        dev: &D,
+        dst: &mut <D as Storage<f32>>::Vec,
+        inv_scale: f32,
+        stats: &mut <D as StatsDevice>::Stats,
+        slot: usize,
+    ) -> Result<(), D::Err>;
+}
+
+struct WorkingBuf<'a, E: AmpElem, D: Storage<E>>(&'a <D as Storage<E>>::Vec);
+
+impl<E: AmpElem, D: AmpDevice + Kernels<E>> WorkingGrad<D> for WorkingBuf<'_, E, D> {
+    fn unscale_into(
+        &self,
+        dev: &D,
+        dst: &mut <D as Storage<f32>>::Vec,
+        inv_scale: f32,
+        stats: &mut <D as StatsDevice>::Stats,
+        slot: usize,
+    ) -> Result<(), D::Err> {
+        UnscaleKernel::<E>::try_unscale_to_f32(dev, self.0, dst, inv_scale, stats, slot)
+    }
+}
+
+/// Collects, per trainable parameter of a working model, its gradient buffer (if any).
+struct CollectGrads<'a, D: AmpDevice> {
+    grads: &'a MixedGradients<D>,
+    out: Vec<Option<Box<dyn WorkingGrad<D> + 'a>>>,
+}
+
+impl<'a, D: AmpDevice> ParamVisitor<D> for CollectGrads<'a, D> {
+    type Error = std::convert::Infallible;
+    fn visit<S: Shape, E: AmpElem>(
+        &mut self,
+        _path: &str,
+        param: &Tensor<S, E, D>,
+        trainable: bool,
+    ) -> Result<(), Self::Error>
+    where
+        D: Kernels<E>,
+    {
+        if trainable {
+            let grads: &'a MixedGradients<D> = self.grads;
+            let grad = grads.store::<E>().and_then(|g| g.get_ref_checked(param));
+            self.out.push(
+                grad.map(|g| Box::new(WorkingBuf::<'a, E, D>(g)) as Box<dyn WorkingGrad<D> + 'a>),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Unscales collected working gradients into FP32 master gradients, slot by slot.
+struct UnscaleFromWorking<'a, 'w, D: AmpDevice> {
+    working: &'a [Option<Box<dyn WorkingGrad<D> + 'w>>],
+    inv_scale: f32,
+    stats: &'a mut <D as StatsDevice>::Stats,
+}
+
+impl<D: AmpDevice> GradOp<D> for UnscaleFromWorking<'_, '_, D> {
+    fn apply<E: AmpElem>(
+        &mut self,
+        dev: &D,
+        slot: usize,
+        grad: &mut <D as Storage<E>>::Vec,
+    ) -> Result<(), D::Err>
+    where
+        D: Kernels<E>,
+    {
+        let dst = same_buf_mut::<E, f32, D>(grad)
+            .expect("master gradients are FP32 (checked when the master was paired)");
+        match &self.working[slot] {
+            Some(src) => src.unscale_into(dev, dst, self.inv_scale, self.stats, slot),
+            // A parameter the loss did not reach gets a zero gradient, as dfdx gives it, and its
+            // flag is written too: the flag buffer is reused across steps.
+            None => {
+                crate::ops::fill::FillKernel::<f32>::try_fill(dev, dst, 0.0)?;
+                UnscaleKernel::<f32>::try_unscale_in_place(dev, dst, 1.0, self.stats, slot)
+            }
+        }
+    }
+}
+
+/// Unscales gradients in place.
+struct UnscaleInPlace<'a, D: AmpDevice> {
+    inv_scale: f32,
+    stats: &'a mut <D as StatsDevice>::Stats,
+}
+
+impl<D: AmpDevice> GradOp<D> for UnscaleInPlace<'_, D> {
+    fn apply<E: AmpElem>(
+        &mut self,
+        dev: &D,
+        slot: usize,
+        grad: &mut <D as Storage<E>>::Vec,
+    ) -> Result<(), D::Err>
+    where
+        D: Kernels<E>,
+    {
+        UnscaleKernel::<E>::try_unscale_in_place(dev, grad, self.inv_scale, self.stats, slot)
+    }
+}
+
+/// FP32 master weights `M` with their working copy `W`, whose parameters are `P` (FP16 or
+/// BF16) or FP32 (FP16 linear layers with FP32 batch norm, say).
+///
+/// `P` names the working copy's 16-bit precision: with [`F16`] the step needs a loss scaler;
+/// with [`BF16`](crate::BF16), whose exponent range is FP32's, it does not.
 ///
 /// ```rust
 /// # use typed_amp::prelude::*;
 /// type Mlp = (Linear<4, 8>, ReLU, Linear<8, 2>);
 /// let dev = Cpu::default();
-/// let model = MasterWeights::<_, _, Cpu>::build::<Mlp>(&dev).unwrap();
+/// let model = MasterWeights::build::<Mlp>(&dev).unwrap();
 /// // The working copy holds the master's values, rounded to FP16:
 /// let master = model.master().0.weight.array()[0][0];
 /// let working = model.working().0.weight.array()[0][0];
 /// assert_eq!(f16::from_f32(master), working);
 /// ```
-pub struct MasterWeights<M, W, D: AmpDevice> {
+pub struct MasterWeights<M, W, D: AmpDevice, P: LowPrecision = F16> {
     master: M,
     working: W,
     layout: Vec<ParamInfo>,
     has_buffers: bool,
-    master_grads: Option<Gradients<f32, D>>,
+    master_grads: Option<MixedGradients<D>>,
     flags: NonFiniteFlags<D>,
+    id: TargetId,
+    precision: std::marker::PhantomData<P>,
 }
 
-impl<M, W, D> MasterWeights<M, W, D>
+impl<M, W, D, P> MasterWeights<M, W, D, P>
 where
     D: AmpDevice,
     M: Parameters<D> + TensorCollection<f32, D>,
     W: Parameters<D>,
+    P: LowPrecision,
 {
-    /// Pairs an FP32 master module with a working copy of the same architecture, and sets the
-    /// working copy to the master's values (rounded to the working precision).
+    /// Pairs an FP32 master module with a working copy of the same architecture whose 16-bit
+    /// parameters are `P`, and sets the working copy to the master's values (rounded to the
+    /// working precisions).
     ///
-    /// Errors if the two differ in any parameter's path, size or trainability, or if the master
-    /// is not entirely FP32.
-    pub fn from_parts(master: M, mut working: W, device: &D) -> Result<Self, AmpError> {
+    /// Errors if the two differ in any parameter's path, size or trainability, if the master
+    /// is not entirely FP32, or if a working parameter is narrower than `P` allows (FP16 in a
+    /// copy declared BF16).
+    pub fn pair(master: M, mut working: W, device: &D) -> Result<Self, AmpError> {
         let layout = master.param_summary();
-        check_pairing(&layout, &working.param_summary())?;
-        copy_params(&master, &mut working, CopyWhich::All)?;
+        check_pairing::<P>(&layout, &working.param_summary())?;
+        copy_from_master(&master, &mut working, CopyWhich::All)?;
         let has_buffers = layout.iter().any(|p| !p.trainable);
         Ok(Self {
             master,
@@ -402,6 +600,8 @@ where
             layout,
             has_buffers,
             master_grads: None,
+            id: TargetId::fresh(),
+            precision: std::marker::PhantomData,
         })
     }
 
@@ -423,7 +623,7 @@ where
 
     /// Zeroed gradients for the working copy's parameters, each in its own precision.
     pub fn alloc_grads(&self) -> Result<MixedGradients<D>, AmpError> {
-        MixedGradients::for_params(&self.working)
+        TrainTarget::alloc_grads(self)
     }
 
     /// Splits into the master module and the working copy.
@@ -446,11 +646,37 @@ where
     }
 }
 
-impl<M, D> MasterWeights<M, M::To<f16, D>, D>
+impl<M, W, D> MasterWeights<M, W, D, F16>
+where
+    D: AmpDevice,
+    M: Parameters<D> + TensorCollection<f32, D>,
+    W: Parameters<D>,
+{
+    /// [`MasterWeights::pair`] with an FP16 working copy.
+    pub fn from_parts(master: M, working: W, device: &D) -> Result<Self, AmpError> {
+        Self::pair(master, working, device)
+    }
+}
+
+impl<M, D, P> MasterWeights<M, M::To<P::Elem, D>, D, P>
+where
+    D: AmpDevice + Kernels<P::Elem>,
+    P: LowPrecision,
+    M: Parameters<D> + TensorCollection<f32, D> + ToDtype<f32, D>,
+    M::To<P::Elem, D>: Parameters<D>,
+{
+    /// Wraps an FP32 module as the master of a new working copy in `P`.
+    pub fn convert(master: M, device: &D) -> Result<Self, AmpError> {
+        let working = master.try_to_dtype::<P::Elem>().map_err(AmpError::device)?;
+        Self::pair(master, working, device)
+    }
+}
+
+impl<M, D> MasterWeights<M, M::To<half::f16, D>, D, F16>
 where
     D: AmpDevice,
     M: Parameters<D> + TensorCollection<f32, D> + ToDtype<f32, D>,
-    M::To<f16, D>: Parameters<D>,
+    M::To<half::f16, D>: Parameters<D>,
 {
     /// Builds an architecture `A` (a dfdx builder type such as `(Linear<784, 512>, ReLU, ...)`)
     /// with FP32 master weights and an FP16 working copy.
@@ -462,24 +688,25 @@ where
         let master = device
             .try_build_module::<A, f32>()
             .map_err(AmpError::device)?;
-        Self::fp16(master, device)
+        Self::convert(master, device)
     }
 
     /// Wraps an FP32 module as the master of a new FP16 working copy.
     pub fn fp16(master: M, device: &D) -> Result<Self, AmpError> {
-        let working = master.try_to_dtype::<f16>().map_err(AmpError::device)?;
-        Self::from_parts(master, working, device)
+        Self::convert(master, device)
     }
 }
 
-impl<M, W, D> TrainTarget<D> for MasterWeights<M, W, D>
+impl<M, W, D, P> TrainTarget<D> for MasterWeights<M, W, D, P>
 where
     D: AmpDevice,
     M: Parameters<D> + TensorCollection<f32, D>,
     W: Parameters<D>,
+    P: LowPrecision,
 {
     type Master = M;
     type Working = W;
+    type Precision = P;
 
     fn master(&self) -> &M {
         &self.master
@@ -497,6 +724,10 @@ where
         &mut self.working
     }
 
+    fn id(&self) -> TargetId {
+        self.id
+    }
+
     fn layout(&self) -> &[ParamInfo] {
         &self.layout
     }
@@ -505,12 +736,11 @@ where
         &mut self,
         working: &mut MixedGradients<D>,
         inv_scale: f32,
-        check: bool,
-    ) -> Result<(AnyGrads<D>, Vec<bool>), AmpError> {
-        let mut master_grads = AnyGrads::F32(match self.master_grads.take() {
+    ) -> Result<(MixedGradients<D>, Vec<bool>), AmpError> {
+        let mut master_grads = match self.master_grads.take() {
             Some(grads) => grads,
-            None => self.master.try_alloc_grads().map_err(AmpError::device)?,
-        });
+            None => MixedGradients::for_params(&self.master)?,
+        };
         let mut collect = CollectGrads {
             grads: working,
             out: Vec::with_capacity(self.layout.len()),
@@ -521,49 +751,41 @@ where
         }
         let working = &collect.out;
         let master = &self.master;
-        let flags = self.flags.record(check, |stats| {
-            for_each_trainable_grad(master, &mut master_grads, |dev, slot, mut dst| {
-                match &working[slot] {
-                    Some(src) => dev.try_unscale(src.reborrow(), dst, inv_scale, stats, slot),
-                    // A parameter the loss did not reach gets a zero gradient, as dfdx gives it,
-                    // and its flag is written too: the flag buffer is reused across steps.
-                    None => {
-                        dev.try_fill(dst.reborrow(), 0.0)?;
-                        dev.try_unscale_in_place(dst, 1.0, stats, slot)
-                    }
-                }
-            })
-            .map(drop)
+        let flags = self.flags.record(|stats| {
+            let mut op = UnscaleFromWorking {
+                working,
+                inv_scale,
+                stats,
+            };
+            for_each_trainable_grad(master, &mut master_grads, &mut op).map(drop)
         })?;
         Ok((master_grads, flags))
     }
 
     fn recycle(
         &mut self,
-        master_grads: AnyGrads<D>,
+        master_grads: MixedGradients<D>,
         mut working: MixedGradients<D>,
     ) -> Result<MixedGradients<D>, AmpError> {
-        if let AnyGrads::F32(grads) = master_grads {
-            self.master_grads = Some(grads);
-        }
+        self.master_grads = Some(master_grads);
         working.zero_params(&self.working)?;
         Ok(working)
     }
 
     fn refresh(&mut self) -> Result<(), AmpError> {
-        copy_params(&self.master, &mut self.working, CopyWhich::Trainable)?;
+        copy_from_master(&self.master, &mut self.working, CopyWhich::Trainable)?;
         self.sync_buffers_to_master()
     }
 
     fn sync_buffers_to_master(&mut self) -> Result<(), AmpError> {
         if self.has_buffers {
-            copy_params(&self.working, &mut self.master, CopyWhich::Buffers)?;
+            copy_into_master(&self.working, &mut self.master, CopyWhich::Buffers)?;
         }
         Ok(())
     }
 
     fn reload_working(&mut self) -> Result<(), AmpError> {
-        copy_params(&self.master, &mut self.working, CopyWhich::All)
+        copy_from_master(&self.master, &mut self.working, CopyWhich::All)
     }
 }
 
@@ -574,6 +796,7 @@ pub struct SinglePrecision<M, E, D: AmpDevice> {
     module: M,
     layout: Vec<ParamInfo>,
     flags: NonFiniteFlags<D>,
+    id: TargetId,
     elem: std::marker::PhantomData<E>,
 }
 
@@ -590,14 +813,14 @@ pub type Fp32Weights<M, D> = SinglePrecision<M, f32, D>;
 /// A plain FP16 model with no FP32 master weights (Apex's O3).
 ///
 /// This breaks the rule that optimizers update only FP32 weights: small updates round away in
-/// FP16. An optimizer over it must be wrapped in [`Fp16Updates`](crate::optim::Fp16Updates) to
+/// FP16. An optimizer over it must be wrapped in [`LowPrecisionUpdates`](crate::optim::LowPrecisionUpdates) to
 /// say so explicitly.
-pub type Fp16Weights<M, D> = SinglePrecision<M, f16, D>;
+pub type Fp16Weights<M, D> = SinglePrecision<M, half::f16, D>;
 
 impl<M, E, D> SinglePrecision<M, E, D>
 where
     E: AmpElem,
-    D: AmpDevice + Device<E>,
+    D: AmpDevice + Kernels<E>,
     M: Parameters<D>,
 {
     /// Wraps a module whose parameters are all of precision `E`.
@@ -607,6 +830,7 @@ where
             module,
             flags: NonFiniteFlags::new(device, &layout),
             layout,
+            id: TargetId::fresh(),
             elem: std::marker::PhantomData,
         }
     }
@@ -640,7 +864,7 @@ where
 
     /// Zeroed gradients for the module's parameters.
     pub fn alloc_grads(&self) -> Result<MixedGradients<D>, AmpError> {
-        MixedGradients::for_params(&self.module)
+        TrainTarget::alloc_grads(self)
     }
 
     /// Unwraps the module.
@@ -657,11 +881,12 @@ where
 impl<M, E, D> TrainTarget<D> for SinglePrecision<M, E, D>
 where
     E: AmpElem,
-    D: AmpDevice + Device<E>,
+    D: AmpDevice + Kernels<E>,
     M: Parameters<D>,
 {
     type Master = M;
     type Working = M;
+    type Precision = E::Precision;
 
     fn master(&self) -> &M {
         &self.module
@@ -679,6 +904,10 @@ where
         &mut self.module
     }
 
+    fn id(&self) -> TargetId {
+        self.id
+    }
+
     fn layout(&self) -> &[ParamInfo] {
         &self.layout
     }
@@ -687,32 +916,24 @@ where
         &mut self,
         working: &mut MixedGradients<D>,
         inv_scale: f32,
-        check: bool,
-    ) -> Result<(AnyGrads<D>, Vec<bool>), AmpError> {
-        let grads = std::mem::replace(E::grads_mut(working), Gradients::leaky());
-        let mut grads = E::into_any_grads(grads);
-        if !check && inv_scale == 1.0 {
-            // Scaling disabled: the gradients already are the master gradients.
-            return Ok((grads, vec![false; self.flags.slots]));
-        }
+    ) -> Result<(MixedGradients<D>, Vec<bool>), AmpError> {
+        // The module is its own master: its gradients move over and are unscaled in place.
+        let mut grads = MixedGradients::leaky();
+        *grads.store_mut::<E>() = working.take_store::<E>();
         let module = &self.module;
-        let flags = self.flags.record(check, |stats| {
-            for_each_trainable_grad(module, &mut grads, |dev, slot, grad| {
-                dev.try_unscale_in_place(grad, inv_scale, stats, slot)
-            })
-            .map(drop)
+        let flags = self.flags.record(|stats| {
+            let mut op = UnscaleInPlace { inv_scale, stats };
+            for_each_trainable_grad(module, &mut grads, &mut op).map(drop)
         })?;
         Ok((grads, flags))
     }
 
     fn recycle(
         &mut self,
-        master_grads: AnyGrads<D>,
+        mut master_grads: MixedGradients<D>,
         mut working: MixedGradients<D>,
     ) -> Result<MixedGradients<D>, AmpError> {
-        let mut master_grads = master_grads;
-        let grads = master_grads.of_mut::<E>("")?;
-        std::mem::swap(E::grads_mut(&mut working), grads);
+        *working.store_mut::<E>() = master_grads.take_store::<E>();
         working.zero_params(&self.module)?;
         Ok(working)
     }
@@ -735,6 +956,7 @@ mod tests {
     use super::*;
     use dfdx::nn::builders::{BatchNorm1D, Linear};
     use dfdx::prelude::*;
+    use half::f16;
 
     #[test]
     fn pairing_rejects_a_different_architecture() {
@@ -759,7 +981,7 @@ mod tests {
         // Mixed masters (FP32 tuple with an FP16 element) compile and are refused here.
         let master = (dev.build_module::<Linear<2, 3>, f32>(), master);
         let working = (dev.build_module::<Linear<2, 3>, f16>(), working);
-        let err = check_pairing(
+        let err = check_pairing::<F16>(
             &Parameters::<Cpu>::param_summary(&master),
             &Parameters::<Cpu>::param_summary(&working),
         )

@@ -1,25 +1,36 @@
 //! Optimizers over FP32 master weights: dfdx's [`Sgd`], [`Adam`] (AdamW through
-//! [`adamw_config`]) and [`RMSprop`], admitted only when they update FP32 weights.
+//! [`adamw_config`]) and [`RMSprop`], admitted only when they update FP32 weights, and
+//! [`LowPrecisionUpdates`], the explicit opt-in for updating 16-bit weights (O3).
 
 use dfdx::nn::TensorCollection;
 use dfdx::optim::{Adam, Optimizer, OptimizerUpdateError, RMSprop, Sgd};
-use dfdx::prelude::{AdamConfig, WeightDecay};
-use half::f16;
+use dfdx::prelude::{AdamConfig, Gradients, WeightDecay};
 
-use crate::device::AmpDevice;
+use crate::device::{AmpDevice, Kernels};
 use crate::error::AmpError;
-use crate::precision::{AmpElem, AnyGrads, UpdatablePrecision};
-use dfdx::prelude::Gradients;
+use crate::precision::{AmpElem, LowPrecision, UpdatablePrecision};
+use crate::tape::MixedGradients;
 
-/// An optimizer that updates the FP32 master module `M`.
+/// An optimizer that updates the master module `M` (FP32, by rule [`UpdatablePrecision`]).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot update `{M}`: optimizers update FP32 master weights only",
     label = "this optimizer does not update the FP32 master module",
-    note = "build the optimizer on the master module, e.g. `Sgd::new(model.master(), config)`: its weights are FP32, unlike the FP16 working copy"
+    note = "build the optimizer on the master module, e.g. `Sgd::new(model.master(), config)`: its weights are FP32, unlike the 16-bit working copy"
 )]
 pub trait MasterOptimizer<M, D: AmpDevice> {
     /// Applies one update to `master` from its unscaled gradients.
-    fn try_update(&mut self, master: &mut M, grads: &AnyGrads<D>) -> Result<(), AmpError>;
+    fn try_update(&mut self, master: &mut M, grads: &MixedGradients<D>) -> Result<(), AmpError>;
+}
+
+/// The gradients of precision `E` in `grads`, or an empty store if no parameter of that
+/// precision has one.
+fn store_of<E: AmpElem, D: AmpDevice + Kernels<E>>(
+    grads: &MixedGradients<D>,
+) -> std::borrow::Cow<'_, Gradients<E, D>> {
+    match grads.store::<E>() {
+        Some(store) => std::borrow::Cow::Borrowed(store),
+        None => std::borrow::Cow::Owned(Gradients::leaky()),
+    }
 }
 
 fn map_update_error<Err: std::fmt::Display>(err: OptimizerUpdateError<Err>) -> AmpError {
@@ -41,11 +52,10 @@ macro_rules! master_optimizer {
             M: TensorCollection<E, D>,
             E: AmpElem,
             E::Precision: UpdatablePrecision,
-            D: AmpDevice + dfdx::prelude::Device<E>,
+            D: AmpDevice + Kernels<E>,
         {
-            fn try_update(&mut self, master: &mut M, grads: &AnyGrads<D>) -> Result<(), AmpError> {
-                let grads = E::same_grads(grads).ok_or_else(|| mismatch::<E, D>(grads))?;
-                Optimizer::update(self, master, grads).map_err(map_update_error)
+            fn try_update(&mut self, master: &mut M, grads: &MixedGradients<D>) -> Result<(), AmpError> {
+                Optimizer::update(self, master, &store_of::<E, D>(grads)).map_err(map_update_error)
             }
         }
     )*};
@@ -53,49 +63,54 @@ macro_rules! master_optimizer {
 
 master_optimizer!(Sgd, Adam, RMSprop);
 
-fn mismatch<E: AmpElem, D: AmpDevice>(grads: &AnyGrads<D>) -> AmpError {
-    AmpError::Optimizer(format!(
-        "the optimizer updates {} weights but the gradients are {}",
-        crate::precision::dtype_of::<E>(),
-        grads.dtype()
-    ))
-}
-
-/// The explicit opt-in for updating FP16 weights directly (Apex's O3, [`Fp16Weights`]
-/// models): wraps a dfdx optimizer over an FP16 module.
+/// The explicit opt-in for updating 16-bit weights directly (Apex's O3, [`Fp16Weights`]
+/// models): wraps a dfdx optimizer over an FP16 or BF16 module.
 ///
 /// Updates of FP16 weights lose every step smaller than half a unit in the last place of the
-/// weight (`|Δw| < |w|·2^-11`), which is why typed-amp otherwise admits only optimizers over FP32
-/// master weights.
+/// weight (`|Δw| < |w|·2^-11`; BF16: `|w|·2^-8`), which is why typed-amp otherwise admits only
+/// optimizers over FP32 master weights.
 ///
 /// [`Fp16Weights`]: crate::master::Fp16Weights
 #[derive(Debug, Clone)]
-pub struct Fp16Updates<O>(pub O);
+pub struct LowPrecisionUpdates<O>(pub O);
 
-impl<M, D: AmpDevice> Fp16Updates<Sgd<M, f16, D>> {
-    /// SGD over FP16 weights, opted in.
-    pub fn sgd(weights: &M, config: dfdx::prelude::SgdConfig) -> Self {
-        Fp16Updates(Sgd::new(weights, config))
-    }
-}
-
-impl<M, D: AmpDevice> Fp16Updates<Adam<M, f16, D>> {
-    /// Adam over FP16 weights, opted in.
-    pub fn adam(weights: &M, config: AdamConfig) -> Self {
-        Fp16Updates(Adam::new(weights, config))
-    }
-}
-
-impl<M, D, O> MasterOptimizer<M, D> for Fp16Updates<O>
+impl<M, E: AmpElem, D: AmpDevice + Kernels<E>> LowPrecisionUpdates<Sgd<M, E, D>>
 where
-    D: AmpDevice,
-    O: Optimizer<M, D, f16>,
+    E::Precision: LowPrecision,
 {
-    fn try_update(&mut self, master: &mut M, grads: &AnyGrads<D>) -> Result<(), AmpError> {
-        let grads = f16::same_grads(grads).ok_or_else(|| mismatch::<f16, D>(grads))?;
-        self.0.update(master, grads).map_err(map_update_error)
+    /// SGD over 16-bit weights, opted in.
+    pub fn sgd(weights: &M, config: dfdx::prelude::SgdConfig) -> Self {
+        LowPrecisionUpdates(Sgd::new(weights, config))
     }
 }
+
+impl<M, E: AmpElem, D: AmpDevice + Kernels<E>> LowPrecisionUpdates<Adam<M, E, D>>
+where
+    E::Precision: LowPrecision,
+{
+    /// Adam over 16-bit weights, opted in.
+    pub fn adam(weights: &M, config: AdamConfig) -> Self {
+        LowPrecisionUpdates(Adam::new(weights, config))
+    }
+}
+
+macro_rules! low_precision_optimizer {
+    ($($opt:ident),*) => {$(
+        impl<M, E, D> MasterOptimizer<M, D> for LowPrecisionUpdates<$opt<M, E, D>>
+        where
+            M: TensorCollection<E, D>,
+            E: AmpElem,
+            E::Precision: LowPrecision,
+            D: AmpDevice + Kernels<E>,
+        {
+            fn try_update(&mut self, master: &mut M, grads: &MixedGradients<D>) -> Result<(), AmpError> {
+                self.0.update(master, &store_of::<E, D>(grads)).map_err(map_update_error)
+            }
+        }
+    )*};
+}
+
+low_precision_optimizer!(Sgd, Adam, RMSprop);
 
 /// SGD over FP32 master weights (dfdx's [`Sgd`] with its element type fixed to `f32`, so
 /// nothing else needs annotating).
@@ -124,66 +139,62 @@ pub fn adamw_config(lr: f64, weight_decay: f64) -> AdamConfig {
     }
 }
 
-/// A borrowed optimizer state store (momentum, moments), in the optimizer's precision.
-pub type StateRef<'a, D> = crate::precision::AnyGradsRef<'a, D>;
+/// A borrowed optimizer state store (momentum, a moment), in the optimizer's precision.
+pub struct StateRef<'a>(&'a dyn std::any::Any);
 
 /// A mutably borrowed optimizer state store.
-pub type StateMut<'a, D> = crate::precision::AnyGradsMut<'a, D>;
+pub struct StateMut<'a>(&'a mut dyn std::any::Any);
+
+impl<'a> StateRef<'a> {
+    /// Wraps a store.
+    pub fn new<E: AmpElem, D: AmpDevice + Kernels<E>>(store: &'a Gradients<E, D>) -> Self {
+        StateRef(store)
+    }
+
+    /// The store, if it is of precision `E`.
+    pub fn get<E: AmpElem, D: AmpDevice + Kernels<E>>(&self) -> Option<&'a Gradients<E, D>> {
+        self.0.downcast_ref()
+    }
+}
+
+impl<'a> StateMut<'a> {
+    /// Wraps a store.
+    pub fn new<E: AmpElem, D: AmpDevice + Kernels<E>>(store: &'a mut Gradients<E, D>) -> Self {
+        StateMut(store)
+    }
+
+    /// The store, if it is of precision `E`.
+    pub fn get<E: AmpElem, D: AmpDevice + Kernels<E>>(&mut self) -> Option<&mut Gradients<E, D>> {
+        self.0.downcast_mut()
+    }
+}
 
 /// An optimizer whose state can be saved and restored, so that a resumed run continues exactly.
 ///
-/// State is a few named per-parameter stores (SGD's `velocity`, Adam's `moment1` and
-/// `moment2`) and a few named scalars (Adam's step count).
+/// State is a few named per-parameter stores in the optimizer's precision (SGD's `velocity`,
+/// Adam's `moment1` and `moment2`) and a few named scalars (Adam's step count).
 pub trait OptimizerState<D: AmpDevice> {
     /// A name for checkpoints (`"sgd"`, `"adam"`, `"rmsprop"`).
     fn kind(&self) -> &'static str;
     /// The per-parameter state stores, by name.
-    fn stores(&self) -> Vec<(&'static str, StateRef<'_, D>)>;
+    fn stores(&self) -> Vec<(&'static str, StateRef<'_>)>;
     /// The per-parameter state stores, mutably.
-    fn stores_mut(&mut self) -> Vec<(&'static str, StateMut<'_, D>)>;
+    fn stores_mut(&mut self) -> Vec<(&'static str, StateMut<'_>)>;
     /// Scalar state, by name.
     fn scalars(&self) -> Vec<(&'static str, i64)>;
     /// Restores one scalar; errors on a name this optimizer does not have.
     fn set_scalar(&mut self, name: &str, value: i64) -> Result<(), AmpError>;
 }
 
-/// Wraps a `Gradients` store of either precision, chosen by the optimizer's element type.
-trait StoreOf: AmpElem {
-    fn store_ref<D: AmpDevice + dfdx::prelude::Device<Self>>(
-        g: &Gradients<Self, D>,
-    ) -> StateRef<'_, D>;
-    fn store_mut<D: AmpDevice + dfdx::prelude::Device<Self>>(
-        g: &mut Gradients<Self, D>,
-    ) -> StateMut<'_, D>;
-}
-
-impl StoreOf for f32 {
-    fn store_ref<D: AmpDevice>(g: &Gradients<f32, D>) -> StateRef<'_, D> {
-        StateRef::F32(g)
-    }
-    fn store_mut<D: AmpDevice>(g: &mut Gradients<f32, D>) -> StateMut<'_, D> {
-        StateMut::F32(g)
-    }
-}
-
-impl StoreOf for f16 {
-    fn store_ref<D: AmpDevice>(g: &Gradients<f16, D>) -> StateRef<'_, D> {
-        StateRef::F16(g)
-    }
-    fn store_mut<D: AmpDevice>(g: &mut Gradients<f16, D>) -> StateMut<'_, D> {
-        StateMut::F16(g)
-    }
-}
-
-impl<M, E: StoreOf, D: AmpDevice + dfdx::prelude::Device<E>> OptimizerState<D> for Sgd<M, E, D> {
+impl<M, E: AmpElem, D: AmpDevice + Kernels<E>> OptimizerState<D> for Sgd<M, E, D> {
     fn kind(&self) -> &'static str {
         "sgd"
     }
-    fn stores(&self) -> Vec<(&'static str, StateRef<'_, D>)> {
-        vec![("velocity", E::store_ref(self.velocity()))]
+    fn stores(&self) -> Vec<(&'static str, StateRef<'_>)> {
+        vec![("velocity", StateRef::new(self.velocity()))]
     }
-    fn stores_mut(&mut self) -> Vec<(&'static str, StateMut<'_, D>)> {
-        vec![("velocity", E::store_mut(self.velocity_mut()))]
+    fn stores_mut(&mut self) -> Vec<(&'static str, StateMut<'_>)> {
+        vec![("velocity", StateMut::new(self.velocity_mut()))]
     }
     fn scalars(&self) -> Vec<(&'static str, i64)> {
         Vec::new()
@@ -195,17 +206,23 @@ impl<M, E: StoreOf, D: AmpDevice + dfdx::prelude::Device<E>> OptimizerState<D> f
     }
 }
 
-impl<M, E: StoreOf, D: AmpDevice + dfdx::prelude::Device<E>> OptimizerState<D> for Adam<M, E, D> {
+impl<M, E: AmpElem, D: AmpDevice + Kernels<E>> OptimizerState<D> for Adam<M, E, D> {
     fn kind(&self) -> &'static str {
         "adam"
     }
-    fn stores(&self) -> Vec<(&'static str, StateRef<'_, D>)> {
+    fn stores(&self) -> Vec<(&'static str, StateRef<'_>)> {
         let (m1, m2) = self.moments();
-        vec![("moment1", E::store_ref(m1)), ("moment2", E::store_ref(m2))]
+        vec![
+            ("moment1", StateRef::new(m1)),
+            ("moment2", StateRef::new(m2)),
+        ]
     }
-    fn stores_mut(&mut self) -> Vec<(&'static str, StateMut<'_, D>)> {
+    fn stores_mut(&mut self) -> Vec<(&'static str, StateMut<'_>)> {
         let (m1, m2) = self.moments_mut();
-        vec![("moment1", E::store_mut(m1)), ("moment2", E::store_mut(m2))]
+        vec![
+            ("moment1", StateMut::new(m1)),
+            ("moment2", StateMut::new(m2)),
+        ]
     }
     fn scalars(&self) -> Vec<(&'static str, i64)> {
         vec![("step_count", i64::from(self.step_count()))]
@@ -226,14 +243,14 @@ impl<M, E: StoreOf, D: AmpDevice + dfdx::prelude::Device<E>> OptimizerState<D> f
     }
 }
 
-impl<O: OptimizerState<D>, D: AmpDevice> OptimizerState<D> for Fp16Updates<O> {
+impl<O: OptimizerState<D>, D: AmpDevice> OptimizerState<D> for LowPrecisionUpdates<O> {
     fn kind(&self) -> &'static str {
         self.0.kind()
     }
-    fn stores(&self) -> Vec<(&'static str, StateRef<'_, D>)> {
+    fn stores(&self) -> Vec<(&'static str, StateRef<'_>)> {
         self.0.stores()
     }
-    fn stores_mut(&mut self) -> Vec<(&'static str, StateMut<'_, D>)> {
+    fn stores_mut(&mut self) -> Vec<(&'static str, StateMut<'_>)> {
         self.0.stores_mut()
     }
     fn scalars(&self) -> Vec<(&'static str, i64)> {
@@ -267,7 +284,7 @@ macro_rules! learning_rate {
 
 learning_rate!(Sgd, Adam, RMSprop);
 
-impl<O: LearningRate> LearningRate for Fp16Updates<O> {
+impl<O: LearningRate> LearningRate for LowPrecisionUpdates<O> {
     fn learning_rate(&self) -> f64 {
         self.0.learning_rate()
     }

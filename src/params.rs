@@ -11,10 +11,10 @@
 
 use dfdx::nn::modules::*;
 use dfdx::nn::{ModuleVisitor, ScalarOptions, TensorCollection, TensorOptions};
-use dfdx::prelude::{ConstDim, ConstShape, Device, HasShape, Shape, Tensor};
+use dfdx::prelude::{ConstDim, ConstShape, HasShape, Shape, Tensor};
 use num_traits::NumCast;
 
-use crate::device::AmpDevice;
+use crate::device::{AmpDevice, Kernels};
 use crate::precision::AmpElem;
 
 /// Visits parameters by shared reference.
@@ -31,7 +31,7 @@ pub trait ParamVisitor<D: AmpDevice> {
         trainable: bool,
     ) -> Result<(), Self::Error>
     where
-        D: Device<E>;
+        D: Kernels<E>;
 }
 
 /// Visits parameters by mutable reference.
@@ -47,7 +47,7 @@ pub trait ParamVisitorMut<D: AmpDevice> {
         trainable: bool,
     ) -> Result<(), Self::Error>
     where
-        D: Device<E>;
+        D: Kernels<E>;
 }
 
 /// A dotted parameter path under construction (`"block.0.weight"`).
@@ -134,7 +134,7 @@ pub trait Parameters<D: AmpDevice> {
                 trainable: bool,
             ) -> Result<(), Self::Error>
             where
-                D: Device<E>,
+                D: Kernels<E>,
             {
                 self.0.push(ParamInfo {
                     path: path.to_string(),
@@ -184,7 +184,7 @@ impl<T, E, D, V> ModuleVisitor<T, E, D> for RefWalker<'_, T, V>
 where
     T: TensorCollection<E, D>,
     E: AmpElem,
-    D: AmpDevice + Device<E>,
+    D: AmpDevice + Kernels<E>,
     V: ParamVisitor<D>,
 {
     type Err = V::Error;
@@ -269,7 +269,7 @@ impl<T, E, D, V> ModuleVisitor<T, E, D> for MutWalker<'_, T, V>
 where
     T: TensorCollection<E, D>,
     E: AmpElem,
-    D: AmpDevice + Device<E>,
+    D: AmpDevice + Kernels<E>,
     V: ParamVisitorMut<D>,
 {
     type Err = V::Error;
@@ -354,7 +354,7 @@ pub fn visit_collection<M, E, D, V>(
 where
     M: TensorCollection<E, D>,
     E: AmpElem,
-    D: AmpDevice + Device<E>,
+    D: AmpDevice + Kernels<E>,
     V: ParamVisitor<D>,
 {
     M::iter_tensors(&mut RefWalker {
@@ -374,7 +374,7 @@ pub fn visit_collection_mut<M, E, D, V>(
 where
     M: TensorCollection<E, D>,
     E: AmpElem,
-    D: AmpDevice + Device<E>,
+    D: AmpDevice + Kernels<E>,
     V: ParamVisitorMut<D>,
 {
     M::iter_tensors(&mut MutWalker {
@@ -391,7 +391,7 @@ macro_rules! collection_params {
         impl<
             $($generics)*
             E: $crate::precision::AmpElem,
-            D: $crate::device::AmpDevice + $crate::dfdx::prelude::Device<E>,
+            D: $crate::device::AmpDevice + $crate::device::Kernels<E>,
         > $crate::params::Parameters<D> for $layer
         where
             Self: $crate::dfdx::nn::TensorCollection<E, D>,

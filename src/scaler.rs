@@ -68,7 +68,7 @@ pub struct ScalerState {
 
 /// The loss scaler.
 ///
-/// The low-level API ([`GradScaler::new`], [`GradScaler::update`], [`GradScaler::get_scale`],
+/// The low-level API ([`GradScaler::new`], [`GradScaler::get_scale`],
 /// [`GradScaler::growth_tracker`], [`GradScaler::state`] / [`GradScaler::load_state`]) mirrors
 /// PyTorch's so the two can be compared step by step; the typed training step
 /// ([`GradScaler::scale`], [`GradScaler::unscale`], [`GradScaler::step`]) lives in
@@ -76,16 +76,42 @@ pub struct ScalerState {
 ///
 /// ```rust
 /// # use typed_amp::GradScaler;
-/// let mut scaler = GradScaler::new(65536.0, 2.0, 0.5, 2).unwrap();
-/// scaler.update(false).unwrap();
-/// scaler.update(false).unwrap(); // two clean steps: grow
-/// assert_eq!(scaler.get_scale(), 131072.0);
-/// scaler.update(true).unwrap(); // overflow: back off
+/// let scaler = GradScaler::new(65536.0, 2.0, 0.5, 2).unwrap();
 /// assert_eq!((scaler.get_scale(), scaler.growth_tracker()), (65536.0, 0));
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct GradScaler {
     state: ScalerState,
+    id: ScalerId,
+}
+
+/// Identifies a [`GradScaler`]: the gradients it scales carry it, so that only it unscales them
+/// and only it is updated from the step they make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ScalerId(u64);
+
+impl ScalerId {
+    fn fresh() -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        ScalerId(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+impl Clone for GradScaler {
+    /// A new scaler in the same state: gradients scaled by one are not the other's to unscale.
+    fn clone(&self) -> Self {
+        Self {
+            state: self.state,
+            id: ScalerId::fresh(),
+        }
+    }
+}
+
+impl PartialEq for GradScaler {
+    /// Scalers are equal when their states are.
+    fn eq(&self, other: &Self) -> bool {
+        self.state == other.state
+    }
 }
 
 impl Default for GradScaler {
@@ -110,6 +136,7 @@ impl GradScaler {
     /// backoff ×0.5.
     pub fn dynamic() -> Self {
         Self {
+            id: ScalerId::fresh(),
             state: ScalerState {
                 mode: ScaleMode::Dynamic,
                 scale: DEFAULT_INIT_SCALE,
@@ -249,8 +276,14 @@ impl GradScaler {
         self.state.skipped_steps
     }
 
+    /// This scaler's identity.
+    pub fn id(&self) -> ScalerId {
+        self.id
+    }
+
     /// Ends an iteration: `found_inf` says whether any gradient of this iteration was non-finite
-    /// (with several optimizers, whether any of them found one).
+    /// (with several optimizers, whether any of them found one). The typed step calls it from
+    /// [`GradScaler::update`], which takes the step outcomes rather than a flag.
     ///
     /// Dynamic mode: on `found_inf` the scale is multiplied by the backoff factor (not below the
     /// floor, if set) and the growth tracker reset; otherwise the tracker advances and, on
@@ -260,7 +293,7 @@ impl GradScaler {
     ///
     /// Errors with [`AmpError::ScaleFloor`] when the scale has sat at its floor for
     /// `floor_patience` overflowing steps in a row; the state is updated all the same.
-    pub fn update(&mut self, found_inf: bool) -> Result<(), AmpError> {
+    pub(crate) fn record(&mut self, found_inf: bool) -> Result<(), AmpError> {
         let s = &mut self.state;
         match s.mode {
             ScaleMode::Disabled => {}
@@ -347,12 +380,16 @@ impl GradScaler {
                 ));
             }
         }
-        Ok(Self { state })
+        Ok(Self {
+            state,
+            id: ScalerId::fresh(),
+        })
     }
 
-    /// Restores saved state into this scaler; on error the scaler is unchanged.
+    /// Restores saved state into this scaler (which keeps its identity); on error the scaler is
+    /// unchanged.
     pub fn load_state(&mut self, state: ScalerState) -> Result<(), AmpError> {
-        *self = Self::from_state(state)?;
+        self.state = Self::from_state(state)?.state;
         Ok(())
     }
 }
@@ -367,10 +404,10 @@ pub struct LossScalers {
 }
 
 impl LossScalers {
-    /// `losses` scalers, each a copy of `template`.
+    /// `losses` scalers, each starting in `template`'s state.
     pub fn new(losses: usize, template: GradScaler) -> Self {
         Self {
-            scalers: vec![template; losses],
+            scalers: (0..losses).map(|_| template.clone()).collect(),
         }
     }
 
@@ -389,8 +426,14 @@ impl LossScalers {
         self.scalers.is_empty()
     }
 
-    /// Ends an iteration: `found_inf[i]` says whether loss `i`'s gradients overflowed.
-    pub fn update(&mut self, found_inf: &[bool]) -> Result<(), AmpError> {
+    /// The scalers, in loss order.
+    pub fn iter(&self) -> impl Iterator<Item = &GradScaler> {
+        self.scalers.iter()
+    }
+
+    /// Ends an iteration: `found_inf[i]` says whether loss `i`'s gradients overflowed. The typed
+    /// step calls it from [`LossScalers::update`].
+    pub(crate) fn record(&mut self, found_inf: &[bool]) -> Result<(), AmpError> {
         if found_inf.len() != self.scalers.len() {
             return Err(AmpError::InvalidScalerConfig(format!(
                 "{} overflow flags for {} losses",
@@ -399,7 +442,7 @@ impl LossScalers {
             )));
         }
         for (scaler, found) in self.scalers.iter_mut().zip(found_inf) {
-            scaler.update(*found)?;
+            scaler.record(*found)?;
         }
         Ok(())
     }
@@ -437,7 +480,7 @@ mod tests {
     #[test]
     fn growth_stops_before_overflowing_fp32() {
         let mut scaler = GradScaler::new(f32::MAX / 1.5, 2.0, 0.5, 1).unwrap();
-        scaler.update(false).unwrap();
+        scaler.record(false).unwrap();
         assert_eq!(scaler.get_scale(), f32::MAX / 1.5);
         assert_eq!(scaler.growth_tracker(), 0);
     }
@@ -447,8 +490,8 @@ mod tests {
         let mut fixed = GradScaler::with_static_scale(128.0).unwrap();
         let mut off = GradScaler::disabled();
         for found_inf in [true, false, false, true] {
-            fixed.update(found_inf).unwrap();
-            off.update(found_inf).unwrap();
+            fixed.record(found_inf).unwrap();
+            off.record(found_inf).unwrap();
         }
         assert_eq!((fixed.get_scale(), fixed.skipped_steps()), (128.0, 2));
         assert_eq!((off.get_scale(), off.skipped_steps()), (1.0, 0));
@@ -458,9 +501,9 @@ mod tests {
     #[test]
     fn state_round_trips_and_bad_state_is_refused() {
         let mut scaler = GradScaler::new(1024.0, 2.0, 0.5, 5).unwrap();
-        scaler.update(false).unwrap();
-        scaler.update(true).unwrap();
-        scaler.update(false).unwrap();
+        scaler.record(false).unwrap();
+        scaler.record(true).unwrap();
+        scaler.record(false).unwrap();
         let saved = scaler.state();
         let mut restored = GradScaler::dynamic();
         restored.load_state(saved).unwrap();
@@ -492,11 +535,11 @@ mod bounds {
             .with_min_scale(2.0)
             .unwrap();
         for _ in 0..3 {
-            scaler.update(false).unwrap();
+            scaler.record(false).unwrap();
         }
         assert_eq!(scaler.get_scale(), 8.0);
-        scaler.update(true).unwrap();
-        scaler.update(true).unwrap();
+        scaler.record(true).unwrap();
+        scaler.record(true).unwrap();
         assert_eq!(scaler.get_scale(), 2.0);
     }
 
@@ -508,18 +551,18 @@ mod bounds {
             .unwrap()
             .with_floor_patience(3)
             .unwrap();
-        scaler.update(true).unwrap(); // 2 -> 1: reaches the floor
-        scaler.update(true).unwrap(); // at the floor: 1
-        scaler.update(true).unwrap(); // 2
-        let err = scaler.update(true).unwrap_err(); // 3 in a row
+        scaler.record(true).unwrap(); // 2 -> 1: reaches the floor
+        scaler.record(true).unwrap(); // at the floor: 1
+        scaler.record(true).unwrap(); // 2
+        let err = scaler.record(true).unwrap_err(); // 3 in a row
         assert!(
             matches!(err, AmpError::ScaleFloor { steps: 3, .. }),
             "{err}"
         );
         assert!(err.to_string().contains("floor"));
         // A clean step resets the count.
-        scaler.update(false).unwrap();
-        scaler.update(true).unwrap();
+        scaler.record(false).unwrap();
+        scaler.record(true).unwrap();
         assert_eq!(scaler.skipped_steps(), 5);
     }
 
@@ -527,7 +570,7 @@ mod bounds {
     fn pytorch_defaults_have_no_bounds() {
         let mut scaler = GradScaler::new(1.0, 2.0, 0.5, 1).unwrap();
         for _ in 0..200 {
-            scaler.update(true).unwrap();
+            scaler.record(true).unwrap();
         }
         assert!(scaler.get_scale() < 1e-30, "PyTorch's scale keeps halving");
     }

@@ -1,32 +1,75 @@
-//! The typed training step: scale → backward → unscale → (clip) → step → update.
+//! The typed training step.
 //!
-//! Each stage returns a value only the next stage accepts, so the order is checked by the
-//! compiler:
+//! With a loss scaler (FP16 models, and any model that wants one):
+//! scale → backward → unscale → (clip) → step → update.
 //!
 //! | stage | takes | gives |
 //! | --- | --- | --- |
 //! | [`GradScaler::scale`] | an FP32 [`Loss`] | [`ScaledLoss`] |
-//! | [`ScaledLoss::backward`] | | [`ScaledGrads`]: working-precision gradients, still × scale |
-//! | [`GradScaler::unscale`] | [`ScaledGrads`] | [`UnscaledGrads`]: FP32 master gradients + found-inf |
-//! | [`UnscaledGrads::clip_grad_norm`] | | the total norm |
-//! | [`GradScaler::step`] | [`UnscaledGrads`], an FP32-master optimizer | [`StepOutcome`] |
-//! | [`GradScaler::update`] | `found_inf` | |
+//! | [`ScaledLoss::backward`] | | [`ScaledGrads`]: working-precision gradients, still × scale, tagged with the scaler |
+//! | [`GradScaler::unscale`] | the model, [`ScaledGrads`] | [`UnscaledGrads`]: master gradients ÷ scale, checked for inf/NaN, borrowing the model |
+//! | [`clip_grad_norm`], [`clip_grad_value`] | [`UnscaledGrads`] | the total norm |
+//! | [`GradScaler::step`] | an FP32-master optimizer, [`UnscaledGrads`] | [`StepOutcome`] |
+//! | [`GradScaler::update`] | every [`StepOutcome`] of the iteration | the zeroed gradients for the next one |
 //!
-//! No optimizer accepts [`ScaledGrads`]; unscaling consumes them, so they cannot be unscaled
-//! twice; clipping exists only on [`UnscaledGrads`]; stepping consumes those, so a step cannot be
-//! taken twice with the same gradients.
+//! Without one (models whose working precision has FP32's exponent range: BF16 and FP32, rule
+//! [`FullRange`]): backward → check → (clip) → step.
+//!
+//! | stage | takes | gives |
+//! | --- | --- | --- |
+//! | [`Loss::backward`] | | [`RawGrads`]: working-precision gradients at scale 1 |
+//! | [`RawGrads::check`] | the model | [`UnscaledGrads`], checked for inf/NaN |
+//! | [`UnscaledGrads::step`] | an FP32-master optimizer | [`StepOutcome`], whose [`StepOutcome::into_grads`] gives the next gradients |
+//!
+//! Each stage returns a value only the next stage accepts, so the order is checked by the
+//! compiler: no optimizer accepts scaled gradients; unscaling consumes them, so they cannot be
+//! unscaled twice; clipping takes only unscaled gradients; stepping consumes those; the next
+//! iteration's gradients come only out of [`GradScaler::update`] (or, without a scaler, out of
+//! the outcome), so an iteration cannot skip its update, and an outcome cannot be counted twice.
+//! Unscaled gradients borrow the model they were unscaled into, so clipping and the step need
+//! no second reference to it. What cannot be a type is checked before anything changes: the
+//! gradients must have been allocated by the model they are unscaled into, and unscaled by the
+//! scaler that scaled them.
 
-use dfdx::prelude::{Device, Shape, SplitTape, Tensor};
+use std::marker::PhantomData;
 
-use crate::device::AmpDevice;
+use dfdx::prelude::{Device, Shape, SplitTape, Storage, Tensor};
+
+use crate::device::{AmpDevice, Kernels};
 use crate::error::AmpError;
 use crate::loss::Loss;
-use crate::master::{for_each_trainable_grad, TrainTarget};
+use crate::master::{for_each_trainable_grad, GradOp, TrainTarget};
+use crate::ops::cast::CastKernel;
+use crate::ops::fill::FillKernel;
+use crate::ops::host::HostKernel;
+use crate::ops::reduce::ReduceKernel;
 use crate::optim::MasterOptimizer;
-use crate::params::{ParamVisitor, Parameters};
-use crate::precision::{AmpElem, AnyBufMut, AnyGrads};
-use crate::scaler::GradScaler;
+use crate::params::Parameters;
+use crate::precision::{AmpElem, FullRange};
+use crate::scaler::{GradScaler, ScalerId};
 use crate::tape::MixedGradients;
+
+/// Where unscaled gradients came from: a [`GradScaler`] ([`FromScaler`]) or a backward pass
+/// without one ([`ScaleFree`]). It decides how the step's outcome is consumed.
+pub trait StepKind: sealed::Sealed + 'static {}
+
+/// Gradients unscaled by a [`GradScaler`]: the step's outcome goes to [`GradScaler::update`].
+#[derive(Debug)]
+pub struct FromScaler;
+
+/// Gradients of a backward pass without a loss scale (BF16 and FP32 models): the step's outcome
+/// gives the next gradients itself.
+#[derive(Debug)]
+pub struct ScaleFree;
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::FromScaler {}
+    impl Sealed for super::ScaleFree {}
+}
+
+impl StepKind for FromScaler {}
+impl StepKind for ScaleFree {}
 
 /// A loss multiplied, for backward, by the scale current when it was made.
 #[must_use = "a scaled loss does nothing until `backward()` is called"]
@@ -34,6 +77,7 @@ use crate::tape::MixedGradients;
 pub struct ScaledLoss<D: AmpDevice> {
     loss: Loss<D>,
     scale: f32,
+    scaler: ScalerId,
 }
 
 impl<D: AmpDevice> ScaledLoss<D> {
@@ -51,19 +95,115 @@ impl<D: AmpDevice> ScaledLoss<D> {
     /// loss, which would round it once more). Every parameter's gradient lands in that
     /// parameter's own precision, multiplied by the scale.
     pub fn backward(self) -> Result<ScaledGrads<D>, AmpError> {
-        let scale = self.scale;
-        let grads = backward_seeded(self.loss, scale)?;
-        Ok(ScaledGrads { grads, scale })
+        let grads = backward_seeded(self.loss, self.scale)?;
+        Ok(ScaledGrads {
+            grads,
+            scale: self.scale,
+            scaler: self.scaler,
+        })
     }
 }
 
 /// Runs a loss's tape with its gradient seeded with `scale`.
-fn backward_seeded<D: AmpDevice>(loss: Loss<D>, scale: f32) -> Result<MixedGradients<D>, AmpError> {
+pub(crate) fn backward_seeded<D: AmpDevice>(
+    loss: Loss<D>,
+    scale: f32,
+) -> Result<MixedGradients<D>, AmpError> {
     let (loss, tape) = loss.into_tensor().split_tape();
     tape.execute(|grads| {
-        let seed = grads.f32.get_or_alloc_mut(&loss)?;
-        loss.device().try_fill(AnyBufMut::F32(seed), scale)
+        let seed = grads.store_mut::<f32>().get_or_alloc_mut(&loss)?;
+        FillKernel::<f32>::try_fill(loss.device(), seed, scale)
     })
+}
+
+/// Gradients straight from a backward pass without a loss scale ([`Loss::backward`]).
+///
+/// Only a model whose working copy has FP32's exponent range (BF16 or FP32) may step on them:
+/// [`RawGrads::check`] is where that rule is a bound.
+#[must_use = "gradients do nothing until checked into a model (`grads.check(&mut model)`)"]
+#[derive(Debug)]
+pub struct RawGrads<D: AmpDevice> {
+    grads: MixedGradients<D>,
+}
+
+impl<D: AmpDevice> RawGrads<D> {
+    pub(crate) fn new(grads: MixedGradients<D>) -> Self {
+        Self { grads }
+    }
+
+    /// The gradients, per precision (for inspection).
+    pub fn grads(&self) -> &MixedGradients<D> {
+        &self.grads
+    }
+
+    /// The gradients, mutably (for gradient hooks, or to inject faults in tests).
+    pub fn grads_mut(&mut self) -> &mut MixedGradients<D> {
+        &mut self.grads
+    }
+
+    /// Writes these gradients into `target`'s master gradients, checking every one for inf and
+    /// NaN, for clipping and [`UnscaledGrads::step`]. Only models whose working precision has
+    /// FP32's exponent range qualify (rule [`FullRange`]); an FP16 model needs a
+    /// [`GradScaler`].
+    pub fn check<T>(self, target: &mut T) -> Result<UnscaledGrads<'_, T, D, ScaleFree>, AmpError>
+    where
+        T: TrainTarget<D>,
+        T::Precision: FullRange,
+    {
+        into_master(target, self.grads, 1.0, Vec::new())
+    }
+}
+
+/// Divides `grads` by the scale they carry into `target`'s master gradients, after checking
+/// that they belong to it.
+fn into_master<T, D, K>(
+    target: &mut T,
+    mut grads: MixedGradients<D>,
+    inv_scale: f32,
+    scalers: Vec<(ScalerId, bool)>,
+) -> Result<UnscaledGrads<'_, T, D, K>, AmpError>
+where
+    D: AmpDevice,
+    T: TrainTarget<D>,
+    K: StepKind,
+{
+    check_owner(target, &grads)?;
+    let (master, flags) = target.unscale_into_master(&mut grads, inv_scale)?;
+    let non_finite: Vec<String> = target
+        .layout()
+        .iter()
+        .filter(|p| p.trainable)
+        .zip(&flags)
+        .filter(|(_, flag)| **flag)
+        .map(|(p, _)| p.path.clone())
+        .collect();
+    let found_inf = !non_finite.is_empty();
+    let scalers = scalers.into_iter().map(|(id, _)| (id, found_inf)).collect();
+    let layers = std::mem::take(&mut grads.layer_report);
+    Ok(UnscaledGrads {
+        target,
+        master,
+        working: grads,
+        found_inf,
+        non_finite,
+        layers,
+        scalers,
+        kind: PhantomData,
+    })
+}
+
+fn check_owner<T: TrainTarget<D>, D: AmpDevice>(
+    target: &T,
+    grads: &MixedGradients<D>,
+) -> Result<(), AmpError> {
+    if grads.owner == Some(target.id()) {
+        Ok(())
+    } else {
+        Err(AmpError::ForeignGradients(match grads.owner {
+            Some(_) => "they were allocated by another model",
+            None => "they were not allocated by a model (use `model.alloc_grads()`, or reuse what the step returned)",
+        }))
+    }
 }
 
 /// A gradient-accumulation window: the scaled gradients of several micro-batches (or of several
@@ -89,15 +229,17 @@ fn backward_seeded<D: AmpDevice>(loss: Loss<D>, scale: f32) -> Result<MixedGradi
 /// }
 /// let scaled = window.finish()?;
 /// let unscaled = scaler.unscale(&mut model, scaled)?;
-/// let outcome = scaler.step(&mut opt, &mut model, unscaled)?;
-/// scaler.update(outcome.found_inf)?;
+/// let outcome = scaler.step(&mut opt, unscaled)?;
+/// let grads = scaler.update(outcome)?; // for the next window
+/// # let _ = grads;
 /// # Ok(())
 /// # }
 /// ```
 #[must_use = "an accumulation window does nothing until `finish()` hands its gradients on"]
 #[derive(Debug)]
 pub struct Accumulation<'s, D: AmpDevice> {
-    scaler: std::marker::PhantomData<&'s GradScaler>,
+    scaler: PhantomData<&'s GradScaler>,
+    id: ScalerId,
     scale: f32,
     grads: Option<MixedGradients<D>>,
     micro_batches: usize,
@@ -150,11 +292,13 @@ impl<D: AmpDevice> Accumulation<'_, D> {
         Ok(ScaledGrads {
             grads,
             scale: self.scale,
+            scaler: self.id,
         })
     }
 }
 
-/// Gradients of the working model, still multiplied by the loss scale.
+/// Gradients of the working model, still multiplied by the loss scale of the scaler that made
+/// them.
 ///
 /// No optimizer takes these: pass them to [`GradScaler::unscale`].
 #[must_use = "scaled gradients must be unscaled (`scaler.unscale(..)`) before a step"]
@@ -162,6 +306,7 @@ impl<D: AmpDevice> Accumulation<'_, D> {
 pub struct ScaledGrads<D: AmpDevice> {
     grads: MixedGradients<D>,
     scale: f32,
+    scaler: ScalerId,
 }
 
 impl<D: AmpDevice> ScaledGrads<D> {
@@ -179,33 +324,36 @@ impl<D: AmpDevice> ScaledGrads<D> {
     pub fn grads_mut(&mut self) -> &mut MixedGradients<D> {
         &mut self.grads
     }
-
-    /// Clipping needs unscaled gradients; this method exists only to say so at compile time.
-    pub fn clip_grad_norm<T: TrainTarget<D>>(
-        &mut self,
-        target: &T,
-        max_norm: f32,
-    ) -> Result<f32, AmpError>
-    where
-        Self: Unscaled<D>,
-    {
-        self.as_unscaled_mut().clip_grad_norm(target, max_norm)
-    }
 }
 
-/// Master gradients (FP32, or FP16 for O3's [`Fp16Weights`](crate::master::Fp16Weights)),
-/// divided by the scale, and whether any was inf or NaN.
-#[must_use = "unscaled gradients do nothing until passed to `scaler.step(..)`"]
-#[derive(Debug)]
-pub struct UnscaledGrads<D: AmpDevice> {
-    master: AnyGrads<D>,
+/// Master gradients (FP32, or 16-bit for O3), divided by the scale, checked for inf and NaN,
+/// and borrowing the model they belong to.
+///
+/// `K` says where they came from ([`FromScaler`] or [`ScaleFree`]).
+#[must_use = "unscaled gradients do nothing until stepped"]
+pub struct UnscaledGrads<'t, T: TrainTarget<D>, D: AmpDevice, K: StepKind = FromScaler> {
+    target: &'t mut T,
+    master: MixedGradients<D>,
     working: MixedGradients<D>,
     found_inf: bool,
     non_finite: Vec<String>,
     layers: Vec<crate::watch::LayerReport>,
+    /// The scalers whose losses these gradients hold, with whether that loss's gradients held
+    /// inf or NaN (one entry, or one per loss after [`UnscaledGrads::merge`]).
+    scalers: Vec<(ScalerId, bool)>,
+    kind: PhantomData<K>,
 }
 
-impl<D: AmpDevice> UnscaledGrads<D> {
+impl<T: TrainTarget<D>, D: AmpDevice, K: StepKind> std::fmt::Debug for UnscaledGrads<'_, T, D, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UnscaledGrads")
+            .field("found_inf", &self.found_inf)
+            .field("non_finite", &self.non_finite)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'t, T: TrainTarget<D>, D: AmpDevice, K: StepKind> UnscaledGrads<'t, T, D, K> {
     /// Whether any gradient (of any precision) held inf or NaN. The step will be skipped.
     pub fn found_inf(&self) -> bool {
         self.found_inf
@@ -228,139 +376,240 @@ impl<D: AmpDevice> UnscaledGrads<D> {
         crate::watch::overflowing_layer(&self.layers)
     }
 
+    /// The model these gradients belong to.
+    pub fn target(&self) -> &T {
+        self.target
+    }
+
     /// The master gradients.
-    pub fn master_grads(&self) -> &AnyGrads<D> {
+    pub fn master_grads(&self) -> &MixedGradients<D> {
         &self.master
     }
 
-    /// A copy of one master parameter's gradient.
-    pub fn get<S: Shape, E: AmpElem, T>(
-        &self,
-        master_param: &Tensor<S, E, D, T>,
-    ) -> Option<Tensor<S, E, D>>
+    /// A copy of one master parameter's gradient (`param` is a parameter of
+    /// `self.target().master()`).
+    pub fn get<S: Shape, E: AmpElem>(&self, param: &Tensor<S, E, D>) -> Option<Tensor<S, E, D>>
     where
-        D: Device<E>,
+        D: Kernels<E>,
     {
-        let grads = E::same_grads(&self.master)?;
-        grads.get_ref_checked(master_param)?;
-        Some(grads.get(master_param))
+        self.master.get(param)
     }
 
-    /// Adds another loss's unscaled gradients of the same model into these (Apex's one scaler
-    /// per loss: each loss is scaled, backward and unscaled with its own scaler, then the
-    /// gradients are summed for one step). The step is skipped if either found inf or NaN.
-    pub fn merge<T: TrainTarget<D>>(
-        &mut self,
-        target: &T,
-        other: UnscaledGrads<D>,
-    ) -> Result<(), AmpError> {
-        let UnscaledGrads {
-            master: mut other_master,
-            found_inf,
-            non_finite,
-            ..
-        } = other;
-        struct Add<'g, D: AmpDevice> {
-            into: &'g mut AnyGrads<D>,
-            from: &'g mut AnyGrads<D>,
-        }
-        impl<D: AmpDevice> ParamVisitor<D> for Add<'_, D> {
-            type Error = AmpError;
-            fn visit<S: Shape, E: AmpElem>(
+    /// Every trainable master parameter's gradient, copied to the host and widened to FP32,
+    /// with its path.
+    pub fn to_host(&mut self) -> Result<Vec<(String, Vec<f32>)>, AmpError> {
+        struct Read(Vec<Vec<f32>>);
+        impl<D: AmpDevice> GradOp<D> for Read {
+            fn apply<E: AmpElem>(
                 &mut self,
-                path: &str,
-                param: &Tensor<S, E, D>,
-                trainable: bool,
-            ) -> Result<(), AmpError>
+                dev: &D,
+                _slot: usize,
+                grad: &mut <D as Storage<E>>::Vec,
+            ) -> Result<(), D::Err>
             where
-                D: Device<E>,
+                D: Kernels<E>,
             {
-                if !trainable {
-                    return Ok(());
-                }
-                let Some(src) = self.from.of_mut::<E>(path)?.get_ref_checked(param) else {
-                    return Ok(());
-                };
-                let dst = self
-                    .into
-                    .of_mut::<E>(path)?
-                    .get_or_alloc_mut(param)
-                    .map_err(AmpError::device)?;
-                param
-                    .device()
-                    .try_add_cast(E::erase::<D>(src), E::erase_mut::<D>(dst))
-                    .map_err(AmpError::device)
+                let values = HostKernel::<E>::try_read(dev, grad)?;
+                self.0
+                    .push(values.into_iter().map(AmpElem::to_f32).collect());
+                Ok(())
             }
         }
-        target.master().visit_params(&mut Add {
-            into: &mut self.master,
-            from: &mut other_master,
-        })?;
-        self.found_inf |= found_inf;
-        for path in non_finite {
-            if !self.non_finite.contains(&path) {
-                self.non_finite.push(path);
-            }
-        }
-        Ok(())
-    }
-
-    /// Every trainable master parameter's gradient, copied to the host, with its path.
-    pub fn to_host<T: TrainTarget<D>>(
-        &mut self,
-        target: &T,
-    ) -> Result<Vec<(String, Vec<f32>)>, AmpError> {
-        let mut values = Vec::new();
-        for_each_trainable_grad(target.master(), &mut self.master, |dev, _, grad| {
-            values.push(dev.try_read_f32(grad.as_buf())?);
-            Ok(())
-        })?;
-        let paths = target
+        let mut read = Read(Vec::new());
+        for_each_trainable_grad(self.target.master(), &mut self.master, &mut read)?;
+        let paths = self
+            .target
             .layout()
             .iter()
             .filter(|p| p.trainable)
             .map(|p| p.path.clone());
-        Ok(paths.zip(values).collect())
+        Ok(paths.zip(read.0).collect())
     }
 
     /// The global 2-norm of all master gradients (inf or NaN if any gradient is).
-    pub fn global_norm<T: TrainTarget<D>>(&mut self, target: &T) -> Result<f32, AmpError> {
-        let squares = master_sums_of_squares(target, &mut self.master)?;
+    pub fn global_norm(&mut self) -> Result<f32, AmpError> {
+        let squares = master_sums_of_squares(self.target, &mut self.master)?;
         Ok(squares.iter().map(|s| f64::from(*s)).sum::<f64>().sqrt() as f32)
     }
 
-    /// Scales all master gradients so that their global 2-norm is at most `max_norm`, as
-    /// PyTorch's `clip_grad_norm_`: the factor is `max_norm / (norm + 1e-6)`, applied only when
-    /// below 1. Returns the norm before clipping (inf or NaN after an overflow, in which case the
-    /// step will be skipped anyway).
-    pub fn clip_grad_norm<T: TrainTarget<D>>(
-        &mut self,
-        target: &T,
-        max_norm: f32,
-    ) -> Result<f32, AmpError> {
+    fn clip_norm(&mut self, max_norm: f32) -> Result<f32, AmpError> {
         check_clip_limit(max_norm, "max_norm")?;
-        let norm = self.global_norm(target)?;
+        let norm = self.global_norm()?;
         let factor = max_norm / (norm + 1e-6);
         if factor < 1.0 {
-            for_each_trainable_grad(target.master(), &mut self.master, |dev, _, grad| {
-                dev.try_scale(grad, factor)
-            })?;
+            struct Scale(f32);
+            impl<D: AmpDevice> GradOp<D> for Scale {
+                fn apply<E: AmpElem>(
+                    &mut self,
+                    dev: &D,
+                    _slot: usize,
+                    grad: &mut <D as Storage<E>>::Vec,
+                ) -> Result<(), D::Err>
+                where
+                    D: Kernels<E>,
+                {
+                    FillKernel::<E>::try_scale(dev, grad, self.0)
+                }
+            }
+            for_each_trainable_grad(self.target.master(), &mut self.master, &mut Scale(factor))?;
         }
         Ok(norm)
     }
 
-    /// Clamps every master gradient element to `[-clip_value, clip_value]`, as PyTorch's
-    /// `clip_grad_value_`.
-    pub fn clip_grad_value<T: TrainTarget<D>>(
-        &mut self,
-        target: &T,
-        clip_value: f32,
-    ) -> Result<(), AmpError> {
+    fn clip_value(&mut self, clip_value: f32) -> Result<(), AmpError> {
         check_clip_limit(clip_value, "clip_value")?;
-        for_each_trainable_grad(target.master(), &mut self.master, |dev, _, grad| {
-            dev.try_clamp(grad, clip_value)
-        })?;
+        struct Clamp(f32);
+        impl<D: AmpDevice> GradOp<D> for Clamp {
+            fn apply<E: AmpElem>(
+                &mut self,
+                dev: &D,
+                _slot: usize,
+                grad: &mut <D as Storage<E>>::Vec,
+            ) -> Result<(), D::Err>
+            where
+                D: Kernels<E>,
+            {
+                FillKernel::<E>::try_clamp(dev, grad, self.0)
+            }
+        }
+        for_each_trainable_grad(
+            self.target.master(),
+            &mut self.master,
+            &mut Clamp(clip_value),
+        )?;
         Ok(())
+    }
+
+    /// Updates the master weights with `optimizer` and refreshes the working copy, unless a
+    /// gradient was inf or NaN, in which case master weights and optimizer state are left
+    /// exactly as they were.
+    fn take_step<O>(self, optimizer: &mut O) -> Result<StepOutcome<D, K>, AmpError>
+    where
+        O: MasterOptimizer<T::Master, D>,
+    {
+        let UnscaledGrads {
+            target,
+            master,
+            working,
+            found_inf,
+            non_finite,
+            layers,
+            scalers,
+            ..
+        } = self;
+        if !found_inf {
+            optimizer.try_update(target.master_mut(), &master)?;
+            target.refresh()?;
+        }
+        let grads = target.recycle(master, working)?;
+        Ok(StepOutcome {
+            found_inf,
+            non_finite_params: non_finite,
+            overflow: crate::watch::overflowing_layer(&layers),
+            layers,
+            scalers,
+            grads,
+            kind: PhantomData,
+        })
+    }
+}
+
+impl<'t, T: TrainTarget<D>, D: AmpDevice> UnscaledGrads<'t, T, D, FromScaler> {
+    /// Adds another loss's gradients of the same model, scaled by its own scaler, into these
+    /// (Apex's one scaler per loss: each loss is scaled and backward with its own scaler, then
+    /// the gradients are unscaled into one sum for one step). The step is skipped if either
+    /// held inf or NaN; [`LossScalers::update`](crate::LossScalers::update) backs off only the
+    /// scalers whose loss overflowed.
+    pub fn merge(&mut self, scaler: &GradScaler, other: ScaledGrads<D>) -> Result<(), AmpError> {
+        let ScaledGrads {
+            mut grads,
+            scale,
+            scaler: id,
+        } = other;
+        scaler.check_tag(id)?;
+        if self.scalers.iter().any(|(s, _)| *s == id) {
+            return Err(AmpError::ScalerMismatch(
+                "these gradients already hold a loss of this scaler: accumulate one scaler's losses in one backward (or an accumulation window)",
+            ));
+        }
+        check_owner(&*self.target, &grads)?;
+        let (other_master, flags) = self
+            .target
+            .unscale_into_master(&mut grads, inverse(scale))?;
+        add_master_grads(&*self.target, &mut self.master, &other_master)?;
+        let found: Vec<String> = self
+            .target
+            .layout()
+            .iter()
+            .filter(|p| p.trainable)
+            .zip(&flags)
+            .filter(|(_, flag)| **flag)
+            .map(|(p, _)| p.path.clone())
+            .collect();
+        let other_inf = !found.is_empty();
+        self.found_inf |= other_inf;
+        for path in found {
+            if !self.non_finite.contains(&path) {
+                self.non_finite.push(path);
+            }
+        }
+        self.scalers.push((id, other_inf));
+        Ok(())
+    }
+}
+
+/// `into += from`, parameter by parameter, for master gradients of one model.
+fn add_master_grads<T: TrainTarget<D>, D: AmpDevice>(
+    target: &T,
+    into: &mut MixedGradients<D>,
+    from: &MixedGradients<D>,
+) -> Result<(), AmpError> {
+    struct AddVisit<'g, D: AmpDevice> {
+        into: &'g mut MixedGradients<D>,
+        from: &'g MixedGradients<D>,
+    }
+    impl<D: AmpDevice> crate::params::ParamVisitor<D> for AddVisit<'_, D> {
+        type Error = AmpError;
+        fn visit<S: Shape, E: AmpElem>(
+            &mut self,
+            _path: &str,
+            param: &Tensor<S, E, D>,
+            trainable: bool,
+        ) -> Result<(), AmpError>
+        where
+            D: Kernels<E>,
+        {
+            if !trainable {
+                return Ok(());
+            }
+            let Some(src) = self
+                .from
+                .store::<E>()
+                .and_then(|g| g.get_ref_checked(param))
+            else {
+                return Ok(());
+            };
+            let dst = self
+                .into
+                .store_mut::<E>()
+                .get_or_alloc_mut(param)
+                .map_err(AmpError::device)?;
+            CastKernel::<E, E>::try_add_cast(param.device(), src, dst).map_err(AmpError::device)
+        }
+    }
+    target.master().visit_params(&mut AddVisit { into, from })
+}
+
+impl<'t, T: TrainTarget<D>, D: AmpDevice> UnscaledGrads<'t, T, D, ScaleFree> {
+    /// Updates the master weights with `optimizer` and refreshes the working copy, unless a
+    /// gradient was inf or NaN, in which case master weights and optimizer state are left
+    /// exactly as they were. There is no scaler to update: the outcome gives the next
+    /// iteration's gradients ([`StepOutcome::into_grads`]).
+    pub fn step<O>(self, optimizer: &mut O) -> Result<StepOutcome<D, ScaleFree>, AmpError>
+    where
+        O: MasterOptimizer<T::Master, D>,
+    {
+        self.take_step(optimizer)
     }
 }
 
@@ -378,18 +627,35 @@ fn check_clip_limit(limit: f32, name: &str) -> Result<(), AmpError> {
 /// and read back once.
 fn master_sums_of_squares<D: AmpDevice, T: TrainTarget<D>>(
     target: &T,
-    grads: &mut AnyGrads<D>,
+    grads: &mut MixedGradients<D>,
 ) -> Result<Vec<f32>, AmpError> {
-    let slots = target.layout().iter().filter(|p| p.trainable).count();
-    let mut stats: Option<D::Stats> = None;
-    let device = for_each_trainable_grad(target.master(), grads, |dev, slot, grad| {
-        let stats = match &mut stats {
-            Some(stats) => stats,
-            None => stats.insert(dev.try_alloc_stats(slots)?),
-        };
-        dev.try_sum_squares(grad.as_buf(), stats, slot)
-    })?;
-    match (device, stats) {
+    struct SumSquares<D: AmpDevice> {
+        slots: usize,
+        stats: Option<<D as crate::device::StatsDevice>::Stats>,
+    }
+    impl<D: AmpDevice> GradOp<D> for SumSquares<D> {
+        fn apply<E: AmpElem>(
+            &mut self,
+            dev: &D,
+            slot: usize,
+            grad: &mut <D as Storage<E>>::Vec,
+        ) -> Result<(), D::Err>
+        where
+            D: Kernels<E>,
+        {
+            let stats = match &mut self.stats {
+                Some(stats) => stats,
+                None => self.stats.insert(dev.try_alloc_stats(self.slots)?),
+            };
+            ReduceKernel::<E>::try_sum_squares(dev, grad, stats, slot)
+        }
+    }
+    let mut op = SumSquares::<D> {
+        slots: target.layout().iter().filter(|p| p.trainable).count(),
+        stats: None,
+    };
+    let device = for_each_trainable_grad(target.master(), grads, &mut op)?;
+    match (device, op.stats) {
         (Some(dev), Some(stats)) => dev.try_read_stats(&stats).map_err(AmpError::device),
         _ => Ok(Vec::new()),
     }
@@ -419,46 +685,192 @@ impl<D: AmpDevice> Scaled<D> for ScaledGrads<D> {
     label = "scaled gradients",
     note = "clip and step only unscaled gradients: call `scaler.unscale(&mut model, grads)?` first, then clip or `scaler.step(..)` what it returns"
 )]
-pub trait Unscaled<D: AmpDevice>: Sized {
+pub trait Unscaled<'t, D: AmpDevice>: Sized {
+    /// The model the gradients belong to.
+    type Target: TrainTarget<D> + 't;
+    /// Where they came from.
+    type Kind: StepKind;
     /// The unscaled gradients.
-    fn into_unscaled(self) -> UnscaledGrads<D>;
+    fn into_unscaled(self) -> UnscaledGrads<'t, Self::Target, D, Self::Kind>;
     /// The unscaled gradients, mutably.
-    fn as_unscaled_mut(&mut self) -> &mut UnscaledGrads<D>;
+    fn as_unscaled_mut(&mut self) -> &mut UnscaledGrads<'t, Self::Target, D, Self::Kind>;
 }
 
-impl<D: AmpDevice> Unscaled<D> for UnscaledGrads<D> {
-    fn into_unscaled(self) -> UnscaledGrads<D> {
+impl<'t, T: TrainTarget<D>, D: AmpDevice, K: StepKind> Unscaled<'t, D>
+    for UnscaledGrads<'t, T, D, K>
+{
+    type Target = T;
+    type Kind = K;
+    fn into_unscaled(self) -> UnscaledGrads<'t, T, D, K> {
         self
     }
-    fn as_unscaled_mut(&mut self) -> &mut UnscaledGrads<D> {
+    fn as_unscaled_mut(&mut self) -> &mut UnscaledGrads<'t, T, D, K> {
         self
     }
 }
 
-/// What [`GradScaler::step`] did.
-#[must_use = "pass `found_inf` to `scaler.update(..)` and reuse `grads` for the next iteration"]
-#[derive(Debug)]
-pub struct StepOutcome<D: AmpDevice> {
-    /// Whether a gradient was inf or NaN (pass this to [`GradScaler::update`]).
-    pub found_inf: bool,
-    /// Whether the optimizer step was skipped (because of `found_inf`).
-    pub skipped: bool,
+/// Scales all master gradients so that their global 2-norm is at most `max_norm`, as PyTorch's
+/// `clip_grad_norm_`: the factor is `max_norm / (norm + 1e-6)`, applied only when below 1.
+/// Returns the norm before clipping (inf or NaN after an overflow, in which case the step will
+/// be skipped anyway).
+///
+/// Takes only unscaled gradients: clipping scaled ones would clip at `max_norm × scale`.
+pub fn clip_grad_norm<'t, D: AmpDevice, G: Unscaled<'t, D>>(
+    grads: &mut G,
+    max_norm: f32,
+) -> Result<f32, AmpError> {
+    grads.as_unscaled_mut().clip_norm(max_norm)
+}
+
+/// Clamps every master gradient element to `[-clip_value, clip_value]`, as PyTorch's
+/// `clip_grad_value_`. Takes only unscaled gradients.
+pub fn clip_grad_value<'t, D: AmpDevice, G: Unscaled<'t, D>>(
+    grads: &mut G,
+    clip_value: f32,
+) -> Result<(), AmpError> {
+    grads.as_unscaled_mut().clip_value(clip_value)
+}
+
+/// What a step did, and the gradients for the next iteration.
+///
+/// With a scaler ([`FromScaler`]), the only way to the next gradients is
+/// [`GradScaler::update`], which consumes every outcome of the iteration; without one
+/// ([`ScaleFree`]), [`StepOutcome::into_grads`].
+#[must_use = "pass the outcome to `scaler.update(..)`: it returns the gradients for the next iteration"]
+pub struct StepOutcome<D: AmpDevice, K: StepKind = FromScaler> {
+    found_inf: bool,
+    non_finite_params: Vec<String>,
+    layers: Vec<crate::watch::LayerReport>,
+    overflow: Option<crate::watch::Overflow>,
+    scalers: Vec<(ScalerId, bool)>,
+    grads: MixedGradients<D>,
+    kind: PhantomData<K>,
+}
+
+impl<D: AmpDevice, K: StepKind> std::fmt::Debug for StepOutcome<D, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StepOutcome")
+            .field("skipped", &self.found_inf)
+            .field("non_finite_params", &self.non_finite_params)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: AmpDevice, K: StepKind> StepOutcome<D, K> {
+    /// Whether the optimizer step was skipped because a gradient was inf or NaN.
+    pub fn skipped(&self) -> bool {
+        self.found_inf
+    }
+
     /// Paths of the parameters whose gradients were inf or NaN.
-    pub non_finite_params: Vec<String>,
+    pub fn non_finite_params(&self) -> &[String] {
+        &self.non_finite_params
+    }
+
     /// Per-layer magnitudes of the pass, when watching ([`MixedGradients::watch_layers`]).
-    pub layers: Vec<crate::watch::LayerReport>,
+    pub fn layers(&self) -> &[crate::watch::LayerReport] {
+        &self.layers
+    }
+
     /// The layer where values first stopped being finite, when watching.
-    pub overflow: Option<crate::watch::Overflow>,
-    /// The working gradients, zeroed, to trace the next iteration with.
-    pub grads: MixedGradients<D>,
+    pub fn overflow(&self) -> Option<&crate::watch::Overflow> {
+        self.overflow.as_ref()
+    }
+}
+
+impl<D: AmpDevice> StepOutcome<D, ScaleFree> {
+    /// The zeroed gradients, to trace the next iteration with.
+    pub fn into_grads(self) -> MixedGradients<D> {
+        self.grads
+    }
+}
+
+/// The outcomes of one iteration's steps, consumed by [`GradScaler::update`]: one
+/// [`StepOutcome`], a tuple of them, an array or a `Vec` (several optimizers sharing a scaler).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not the outcome of a step taken with a loss scaler",
+    note = "`scaler.update(..)` takes what `scaler.step(..)` returned: one outcome, or a tuple, array or Vec of the outcomes of every optimizer that shared the scaler"
+)]
+pub trait StepOutcomes<D: AmpDevice> {
+    /// The next iteration's gradients, one per outcome.
+    type Grads;
+    /// Calls `f` with each outcome's scalers and flags.
+    #[doc(hidden)]
+    fn for_each_flag(&self, f: &mut dyn FnMut(ScalerId, bool));
+    /// The gradients, in the same shape as the outcomes.
+    #[doc(hidden)]
+    fn into_grads(self) -> Self::Grads;
+}
+
+impl<D: AmpDevice> StepOutcomes<D> for StepOutcome<D, FromScaler> {
+    type Grads = MixedGradients<D>;
+    fn for_each_flag(&self, f: &mut dyn FnMut(ScalerId, bool)) {
+        for (id, found) in &self.scalers {
+            f(*id, *found);
+        }
+    }
+    fn into_grads(self) -> MixedGradients<D> {
+        self.grads
+    }
+}
+
+macro_rules! tuple_outcomes {
+    ($([$($name:ident $idx:tt),+])*) => {$(
+        impl<D: AmpDevice, $($name: StepOutcomes<D>),+> StepOutcomes<D> for ($($name,)+) {
+            type Grads = ($($name::Grads,)+);
+            fn for_each_flag(&self, f: &mut dyn FnMut(ScalerId, bool)) {
+                $(self.$idx.for_each_flag(f);)+
+            }
+            fn into_grads(self) -> Self::Grads {
+                ($(self.$idx.into_grads(),)+)
+            }
+        }
+    )*};
+}
+
+tuple_outcomes! {
+    [A 0, B 1]
+    [A 0, B 1, C 2]
+    [A 0, B 1, C 2, F 3]
+}
+
+impl<D: AmpDevice, O: StepOutcomes<D>, const N: usize> StepOutcomes<D> for [O; N] {
+    type Grads = [O::Grads; N];
+    fn for_each_flag(&self, f: &mut dyn FnMut(ScalerId, bool)) {
+        for o in self {
+            o.for_each_flag(f);
+        }
+    }
+    fn into_grads(self) -> Self::Grads {
+        self.map(StepOutcomes::into_grads)
+    }
+}
+
+impl<D: AmpDevice, O: StepOutcomes<D>> StepOutcomes<D> for Vec<O> {
+    type Grads = Vec<O::Grads>;
+    fn for_each_flag(&self, f: &mut dyn FnMut(ScalerId, bool)) {
+        for o in self {
+            o.for_each_flag(f);
+        }
+    }
+    fn into_grads(self) -> Self::Grads {
+        self.into_iter().map(StepOutcomes::into_grads).collect()
+    }
+}
+
+/// PyTorch computes the reciprocal of the scale in double precision, then rounds to float.
+pub(crate) fn inverse(scale: f32) -> f32 {
+    (1.0f64 / f64::from(scale)) as f32
 }
 
 impl GradScaler {
     /// Opens a gradient-accumulation window over `grads` (usually a model's zeroed gradients,
-    /// or a previous step's `outcome.grads`) at the current scale. See [`Accumulation`].
+    /// or what the last [`GradScaler::update`] returned) at the current scale. See
+    /// [`Accumulation`].
     pub fn accumulate<D: AmpDevice>(&self, grads: MixedGradients<D>) -> Accumulation<'_, D> {
         Accumulation {
-            scaler: std::marker::PhantomData,
+            scaler: PhantomData,
+            id: self.id(),
             scale: self.get_scale(),
             grads: Some(grads),
             micro_batches: 0,
@@ -470,76 +882,135 @@ impl GradScaler {
         ScaledLoss {
             loss,
             scale: self.get_scale(),
+            scaler: self.id(),
         }
     }
 
-    /// Divides the working gradients by the scale they were made with, into FP32 gradients of
-    /// `target`'s master weights, checking every gradient of every precision for inf and NaN.
-    /// As in PyTorch, all gradients are unscaled even when one overflowed.
-    pub fn unscale<D, T, G>(&self, target: &mut T, grads: G) -> Result<UnscaledGrads<D>, AmpError>
+    /// Divides the working gradients by the scale they were made with, into master gradients of
+    /// `target`, checking every gradient of every precision for inf and NaN (after the
+    /// division, so that a scale whose reciprocal overflows is caught too). As in PyTorch, all
+    /// gradients are unscaled even when one overflowed.
+    ///
+    /// Errors, before anything changes, if the gradients were scaled by another scaler or
+    /// allocated by another model.
+    pub fn unscale<'t, D, T, G>(
+        &self,
+        target: &'t mut T,
+        grads: G,
+    ) -> Result<UnscaledGrads<'t, T, D, FromScaler>, AmpError>
     where
         D: AmpDevice,
         T: TrainTarget<D>,
         G: Scaled<D>,
     {
-        let ScaledGrads { mut grads, scale } = grads.into_scaled();
-        // PyTorch computes the reciprocal in double precision, then rounds to float.
-        let inv_scale = (1.0f64 / f64::from(scale)) as f32;
-        let (master, flags) =
-            target.unscale_into_master(&mut grads, inv_scale, self.is_enabled())?;
-        let non_finite: Vec<String> = target
-            .layout()
-            .iter()
-            .filter(|p| p.trainable)
-            .zip(&flags)
-            .filter(|(_, flag)| **flag)
-            .map(|(p, _)| p.path.clone())
-            .collect();
-        let layers = std::mem::take(&mut grads.layer_report);
-        Ok(UnscaledGrads {
-            master,
-            working: grads,
-            found_inf: !non_finite.is_empty(),
-            non_finite,
-            layers,
-        })
+        let ScaledGrads {
+            grads,
+            scale,
+            scaler,
+        } = grads.into_scaled();
+        self.check_tag(scaler)?;
+        into_master(target, grads, inverse(scale), vec![(scaler, false)])
     }
 
-    /// Updates `target`'s FP32 master weights with `optimizer` and refreshes its working copy,
-    /// unless a gradient was inf or NaN, in which case master weights and optimizer state are
-    /// left exactly as they were. Then call [`GradScaler::update`] with the outcome's
-    /// `found_inf`.
-    pub fn step<D, T, O, G>(
+    /// Updates the master weights with `optimizer` and refreshes the working copy, unless a
+    /// gradient was inf or NaN, in which case master weights and optimizer state are left
+    /// exactly as they were. Pass the outcome to [`GradScaler::update`].
+    pub fn step<'t, D, O, G>(
         &self,
         optimizer: &mut O,
-        target: &mut T,
         grads: G,
-    ) -> Result<StepOutcome<D>, AmpError>
+    ) -> Result<StepOutcome<D, FromScaler>, AmpError>
     where
         D: AmpDevice,
-        T: TrainTarget<D>,
-        O: MasterOptimizer<T::Master, D>,
-        G: Unscaled<D>,
+        G: Unscaled<'t, D, Kind = FromScaler>,
+        O: MasterOptimizer<<G::Target as TrainTarget<D>>::Master, D>,
     {
-        let UnscaledGrads {
-            master,
-            working,
-            found_inf,
-            non_finite,
-            layers,
-        } = grads.into_unscaled();
-        if !found_inf {
-            optimizer.try_update(target.master_mut(), &master)?;
-            target.refresh()?;
+        let grads = grads.into_unscaled();
+        if !grads.scalers.iter().any(|(id, _)| *id == self.id()) {
+            return Err(AmpError::ScalerMismatch(
+                "these gradients were unscaled by another scaler",
+            ));
         }
-        let grads = target.recycle(master, working)?;
-        Ok(StepOutcome {
-            found_inf,
-            skipped: found_inf,
-            non_finite_params: non_finite,
-            overflow: crate::watch::overflowing_layer(&layers),
-            layers,
-            grads,
-        })
+        grads.take_step(optimizer)
+    }
+
+    /// Ends the iteration: backs the scale off (once) if any step of the iteration found inf
+    /// or NaN, else counts a clean step towards growth, and returns the zeroed gradients for
+    /// the next iteration, one per outcome.
+    ///
+    /// Errors if an outcome came from another scaler, or with [`AmpError::ScaleFloor`] when
+    /// the scale is stuck at its floor (see [`GradScaler::with_min_scale`]).
+    pub fn update<D: AmpDevice, O: StepOutcomes<D>>(
+        &mut self,
+        outcomes: O,
+    ) -> Result<O::Grads, AmpError> {
+        let mut found_inf = false;
+        let mut foreign = false;
+        let id = self.id();
+        outcomes.for_each_flag(&mut |scaler, found| {
+            foreign |= scaler != id;
+            found_inf |= found;
+        });
+        if foreign {
+            return Err(AmpError::ScalerMismatch(
+                "an outcome of another scaler was passed to this one's update",
+            ));
+        }
+        self.record(found_inf)?;
+        Ok(outcomes.into_grads())
+    }
+
+    /// Errors unless gradients tagged `id` were scaled by this scaler.
+    pub(crate) fn check_tag(&self, id: ScalerId) -> Result<(), AmpError> {
+        if id == self.id() {
+            Ok(())
+        } else {
+            Err(AmpError::ScalerMismatch(
+                "these gradients were scaled by another scaler: unscale them with the scaler that scaled the loss",
+            ))
+        }
+    }
+}
+
+impl crate::scaler::LossScalers {
+    /// Ends an iteration of one-scaler-per-loss training: each scaler backs off if its own
+    /// loss's gradients held inf or NaN, and counts a clean step otherwise. Every scaler must
+    /// have a loss in the outcomes.
+    pub fn update<D: AmpDevice, O: StepOutcomes<D>>(
+        &mut self,
+        outcomes: O,
+    ) -> Result<O::Grads, AmpError> {
+        let mut flags: Vec<(ScalerId, bool)> = Vec::new();
+        outcomes.for_each_flag(&mut |id, found| flags.push((id, found)));
+        let mut found = Vec::with_capacity(self.len());
+        for scaler in self.iter() {
+            let flag = flags
+                .iter()
+                .filter(|(id, _)| *id == scaler.id())
+                .fold(None, |acc: Option<bool>, (_, f)| Some(acc.unwrap_or(false) | f))
+                .ok_or(AmpError::ScalerMismatch(
+                    "a scaler of these losses has no loss in the outcomes: each loss is unscaled (or merged) before the step",
+                ))?;
+            found.push(flag);
+        }
+        if flags
+            .iter()
+            .any(|(id, _)| !self.iter().any(|s| s.id() == *id))
+        {
+            return Err(AmpError::ScalerMismatch(
+                "an outcome holds a loss of a scaler that is not one of these",
+            ));
+        }
+        self.record(&found)?;
+        Ok(outcomes.into_grads())
+    }
+}
+
+impl<D: AmpDevice> Loss<D> {
+    /// Runs backward without a loss scale: every parameter's gradient lands in that
+    /// parameter's own precision. For models whose working precision has FP32's exponent range
+    /// (BF16, FP32), which [`RawGrads::check`] requires.
+    pub fn backward(self) -> Result<RawGrads<D>, AmpError> {
+        Ok(RawGrads::new(backward_seeded(self, 1.0)?))
     }
 }

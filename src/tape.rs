@@ -1,41 +1,103 @@
-//! The mixed-precision tape: one tape that records dfdx ops of both precisions and runs their
+//! The mixed-precision tape: one tape that records dfdx ops of every precision and runs their
 //! backward passes in one global reverse order.
 //!
 //! dfdx's own tape and gradient store hold a single dtype. [`MixedTape`] implements dfdx's public
-//! [`Tape`] trait for `f16` and `f32` at once, so every dfdx op and module records onto it
-//! unchanged, whichever precision it runs in. Each recorded op gets a number from one global
-//! counter; backward sorts by it and runs in reverse, so an FP16 layer's backward runs after the
-//! FP32 loss's backward that feeds it, across any number of casts. Gradients land in a
-//! [`MixedGradients`], one dfdx [`Gradients`] per precision, each parameter's gradient in the
-//! parameter's own precision.
+//! [`Tape`] trait once, generically over the element type, so every dfdx op and module records
+//! onto it unchanged, whichever precision it runs in. Each recorded op gets a number from one
+//! global counter; backward sorts by it and runs in reverse, so a 16-bit layer's backward runs
+//! after the FP32 loss's backward that feeds it, across any number of casts. Gradients land in a
+//! [`MixedGradients`]: one dfdx [`Gradients`] store per precision, each parameter's gradient in
+//! the parameter's own precision. The stores are indexed by the precision's position in
+//! [`with_precisions!`](crate::with_precisions), so nothing here names a precision.
 
+use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use dfdx::prelude::{Device, Gradients, Merge, NoneTape, PutTape, Shape, Tape, Tensor};
 use dfdx::tensor::{TrainingTape, UniqueId};
-use half::f16;
 
 use crate::device::AmpDevice;
 use crate::error::AmpError;
 use crate::params::{ParamVisitor, Parameters};
-use crate::precision::AmpElem;
+use crate::precision::{AmpElem, PRECISIONS};
 
-/// Gradients of both precisions: each tensor's gradient is kept in that tensor's precision.
-#[derive(Clone)]
+/// Identifies what a set of gradients belongs to: the training target whose parameters they
+/// were allocated for. Unscaling gradients into another target is refused with a typed error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TargetId(u64);
+
+impl TargetId {
+    /// A fresh id, distinct from every other in this process.
+    pub(crate) fn fresh() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        TargetId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// A gradient store of one precision, with its element type erased so that stores of every
+/// precision fit one array.
+trait ErasedStore: Any {
+    fn as_any(&self) -> &dyn Any;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+    fn clone_box(&self) -> Box<dyn ErasedStore>;
+    fn retain_leafs(&mut self, ids: &[UniqueId]);
+    fn drop_non_leafs(&mut self);
+}
+
+impl<E: AmpElem, D: AmpDevice + Device<E>> ErasedStore for Gradients<E, D> {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+    fn clone_box(&self) -> Box<dyn ErasedStore> {
+        Box::new(self.clone())
+    }
+    fn retain_leafs(&mut self, ids: &[UniqueId]) {
+        Gradients::retain_leafs(self, ids);
+    }
+    fn drop_non_leafs(&mut self) {
+        Gradients::drop_non_leafs(self);
+    }
+}
+
+/// Gradients of every precision: each tensor's gradient is kept in that tensor's precision.
 pub struct MixedGradients<D: AmpDevice> {
-    pub(crate) f32: Gradients<f32, D>,
-    pub(crate) f16: Gradients<f16, D>,
+    /// One store per precision, created on first use.
+    stores: [Option<Box<dyn ErasedStore>>; PRECISIONS],
+    /// Ids whose gradients survive a backward pass (parameters); `None` keeps all.
+    retained: Option<Vec<UniqueId>>,
+    /// The training target these gradients were allocated for.
+    pub(crate) owner: Option<TargetId>,
     /// Whether `#[amp]` models record per-layer activation and gradient magnitudes.
     pub(crate) watch_layers: bool,
     /// Gradient magnitudes recorded by layer probes during backward, by probe.
     pub(crate) probe_grads: Vec<(u64, f32)>,
     /// The last backward's per-layer report (empty unless watching).
     pub(crate) layer_report: Vec<crate::watch::LayerReport>,
+    device: std::marker::PhantomData<D>,
+}
+
+impl<D: AmpDevice> Clone for MixedGradients<D> {
+    fn clone(&self) -> Self {
+        Self {
+            stores: std::array::from_fn(|i| self.stores[i].as_ref().map(|s| s.clone_box())),
+            retained: self.retained.clone(),
+            owner: self.owner,
+            watch_layers: self.watch_layers,
+            probe_grads: self.probe_grads.clone(),
+            layer_report: self.layer_report.clone(),
+            device: std::marker::PhantomData,
+        }
+    }
 }
 
 impl<D: AmpDevice> std::fmt::Debug for MixedGradients<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MixedGradients").finish_non_exhaustive()
+        f.debug_struct("MixedGradients")
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
     }
 }
 
@@ -50,11 +112,13 @@ impl<D: AmpDevice> MixedGradients<D> {
     /// [`Gradients::leaky`]). Prefer [`MixedGradients::for_params`], which frees temporaries.
     pub fn leaky() -> Self {
         Self {
-            f32: Gradients::leaky(),
-            f16: Gradients::leaky(),
+            stores: std::array::from_fn(|_| None),
+            retained: None,
+            owner: None,
             watch_layers: false,
             probe_grads: Vec::new(),
             layer_report: Vec::new(),
+            device: std::marker::PhantomData,
         }
     }
 
@@ -96,11 +160,11 @@ impl<D: AmpDevice> MixedGradients<D> {
                 trainable: bool,
             ) -> Result<(), D::Err>
             where
-                D: Device<E>,
+                D: crate::device::Kernels<E>,
             {
                 if trainable {
-                    let buf = E::grads_mut(self.grads).get_or_alloc_mut(param)?;
-                    param.device().try_fill(E::erase_mut::<D>(buf), 0.0)?;
+                    let buf = self.grads.store_mut::<E>().get_or_alloc_mut(param)?;
+                    crate::ops::fill::FillKernel::<E>::try_fill(param.device(), buf, 0.0)?;
                     self.ids.push(param.id());
                 }
                 Ok(())
@@ -111,23 +175,81 @@ impl<D: AmpDevice> MixedGradients<D> {
             ids: Vec::new(),
         };
         module.visit_params(&mut zero).map_err(AmpError::device)?;
-        // One `retain_leafs` per store, not per parameter: each call sweeps the whole store.
-        // Both stores keep only parameters' gradients, even a store no parameter is in: an FP16
-        // model's FP32 store still receives the gradients of FP32 temporaries (the input before
-        // its cast, the logits), which must not outlive the backward pass. Ids are unique across
-        // precisions, so one list serves both stores.
+        // Every store keeps only parameters' gradients, even a store no parameter is in: an
+        // FP16 model's FP32 store still receives the gradients of FP32 temporaries (the input
+        // before its cast, the logits), which must not outlive the backward pass. Ids are unique
+        // across precisions, so one list serves every store; one `retain_leafs` per store, not
+        // per parameter, because each call sweeps the whole store.
         let ids = zero.ids;
-        self.f32.retain_leafs(&ids);
-        self.f16.retain_leafs(&ids);
+        for store in self.stores.iter_mut().flatten() {
+            store.retain_leafs(&ids);
+        }
+        self.retained = Some(ids);
         Ok(())
     }
 
-    /// The gradients of one precision, as dfdx's [`Gradients`].
-    pub fn of<E: AmpElem>(&self) -> &Gradients<E, D>
+    /// The gradients of precision `E`, if any tensor of that precision has one.
+    pub fn store<E: AmpElem>(&self) -> Option<&Gradients<E, D>>
     where
         D: Device<E>,
     {
-        E::grads(self)
+        let store = self.stores[E::INDEX].as_ref()?;
+        store.as_any().downcast_ref()
+    }
+
+    /// The gradients of precision `E`, mutably, created (empty) if there were none.
+    pub fn store_mut<E: AmpElem>(&mut self) -> &mut Gradients<E, D>
+    where
+        D: Device<E>,
+    {
+        let retained = &self.retained;
+        let store = self.stores[E::INDEX].get_or_insert_with(|| {
+            let mut store = Gradients::<E, D>::leaky();
+            if let Some(ids) = retained {
+                store.retain_leafs(ids);
+            }
+            Box::new(store)
+        });
+        store
+            .as_any_mut()
+            .downcast_mut()
+            .expect("the store at a precision's index holds that precision")
+    }
+
+    /// The store of precision `A` (if any) beside the store of another precision `B`, mutably
+    /// (created if there was none): what a cast's backward reads and writes.
+    pub(crate) fn pair_mut<A: AmpElem, B: AmpElem>(
+        &mut self,
+    ) -> (Option<&Gradients<A, D>>, &mut Gradients<B, D>)
+    where
+        D: Device<A> + Device<B>,
+    {
+        assert_ne!(A::INDEX, B::INDEX, "a pair of stores holds two precisions");
+        self.store_mut::<B>();
+        let (low, high) = self.stores.split_at_mut(A::INDEX.max(B::INDEX));
+        let (a, b) = if A::INDEX < B::INDEX {
+            (&low[A::INDEX], &mut high[0])
+        } else {
+            (&high[0], &mut low[B::INDEX])
+        };
+        let a = a.as_ref().and_then(|s| s.as_any().downcast_ref());
+        let b = b
+            .as_mut()
+            .and_then(|s| s.as_any_mut().downcast_mut())
+            .expect("created above");
+        (a, b)
+    }
+
+    /// Takes the store of precision `E` out, leaving an empty one with the same retained ids.
+    pub(crate) fn take_store<E: AmpElem>(&mut self) -> Gradients<E, D>
+    where
+        D: Device<E>,
+    {
+        let mut empty = Gradients::<E, D>::leaky();
+        if let Some(ids) = &self.retained {
+            empty.retain_leafs(ids);
+        }
+        std::mem::replace(self.store_mut::<E>(), empty)
     }
 
     /// A copy of `t`'s gradient as a tensor, if it has one.
@@ -135,39 +257,33 @@ impl<D: AmpDevice> MixedGradients<D> {
     where
         D: Device<E>,
     {
-        let grads = E::grads(self);
+        let grads = self.store::<E>()?;
         grads.get_ref_checked(t)?;
         Some(grads.get(&t.retaped::<NoneTape>()))
     }
 
     /// Frees every gradient not marked as a parameter's (see [`MixedGradients::for_params`]).
     pub(crate) fn drop_non_leafs(&mut self) {
-        self.f32.drop_non_leafs();
-        self.f16.drop_non_leafs();
+        for store in self.stores.iter_mut().flatten() {
+            store.drop_non_leafs();
+        }
     }
 }
 
-type Op<G, Err> = Box<dyn FnOnce(&mut G) -> Result<(), Err>>;
+type BackwardOp<D> =
+    Box<dyn FnOnce(&mut MixedGradients<D>) -> Result<(), <D as dfdx::prelude::HasErr>::Err>>;
 
-/// A backward op of one precision, or one that reads and writes both (a cast).
-enum BackwardOp<D: AmpDevice> {
-    F32(Op<Gradients<f32, D>, D::Err>),
-    F16(Op<Gradients<f16, D>, D::Err>),
-    Mixed(Op<MixedGradients<D>, D::Err>),
-}
-
-/// Orders recorded ops across every tape of both precisions, the way dfdx's tensor ids order a
+/// Orders recorded ops across every tape of every precision, the way dfdx's tensor ids order a
 /// single-dtype tape.
 pub(crate) fn next_op_order() -> u64 {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     COUNTER.fetch_add(1, Ordering::Relaxed)
 }
 
-/// A tape that records ops of both precisions in one global order.
+/// A tape that records ops of every precision in one global order.
 ///
 /// Put it on an input with [`TraceMixed::traced_mixed`]; every dfdx op and module then records
-/// onto it. A scaled loss's `backward` runs it (see [`crate::GradScaler::scale`]).
-#[derive(Default)]
+/// onto it. A loss's `backward` runs it (see [`crate::GradScaler::scale`]).
 pub struct MixedTape<D: AmpDevice> {
     ops: Vec<(u64, BackwardOp<D>)>,
     grads: Option<MixedGradients<D>>,
@@ -176,6 +292,17 @@ pub struct MixedTape<D: AmpDevice> {
     /// Set when two tapes that each carried gradients were merged: their stores cannot be joined,
     /// so backward reports it instead of silently dropping one.
     conflicting_grads: bool,
+}
+
+impl<D: AmpDevice> Default for MixedTape<D> {
+    fn default() -> Self {
+        Self {
+            ops: Vec::new(),
+            grads: None,
+            activations: Vec::new(),
+            conflicting_grads: false,
+        }
+    }
 }
 
 impl<D: AmpDevice> std::fmt::Debug for MixedTape<D> {
@@ -196,13 +323,12 @@ impl<D: AmpDevice> MixedTape<D> {
         }
     }
 
-    /// Records an op that reads or writes gradients of both precisions.
+    /// Records an op that reads or writes gradients of several precisions.
     pub fn add_mixed_backward_op<F>(&mut self, op: F)
     where
         F: 'static + FnOnce(&mut MixedGradients<D>) -> Result<(), D::Err>,
     {
-        self.ops
-            .push((next_op_order(), BackwardOp::Mixed(Box::new(op))));
+        self.ops.push((next_op_order(), Box::new(op)));
     }
 
     /// Whether layer probes should record (see [`MixedGradients::watch_layers`]).
@@ -234,12 +360,7 @@ impl<D: AmpDevice> MixedTape<D> {
         seed(&mut grads).map_err(AmpError::device)?;
         self.ops.sort_unstable_by_key(|(order, _)| *order);
         for (_, op) in self.ops.into_iter().rev() {
-            match op {
-                BackwardOp::F32(op) => op(&mut grads.f32),
-                BackwardOp::F16(op) => op(&mut grads.f16),
-                BackwardOp::Mixed(op) => op(&mut grads),
-            }
-            .map_err(AmpError::device)?;
+            op(&mut grads).map_err(AmpError::device)?;
         }
         grads.drop_non_leafs();
         grads.layer_report =
@@ -248,30 +369,17 @@ impl<D: AmpDevice> MixedTape<D> {
     }
 }
 
-impl<D: AmpDevice> Tape<f32, D> for MixedTape<D> {
+impl<E: AmpElem, D: AmpDevice + Device<E>> Tape<E, D> for MixedTape<D> {
     const OWNS_TAPE: bool = true;
     fn add_backward_op<F>(&mut self, operation: F)
     where
-        F: 'static + FnOnce(&mut Gradients<f32, D>) -> Result<(), D::Err>,
+        F: 'static + FnOnce(&mut Gradients<E, D>) -> Result<(), D::Err>,
     {
-        self.ops
-            .push((next_op_order(), BackwardOp::F32(Box::new(operation))));
+        self.add_mixed_backward_op(move |grads| operation(grads.store_mut::<E>()));
     }
 }
 
-impl<D: AmpDevice> Tape<f16, D> for MixedTape<D> {
-    const OWNS_TAPE: bool = true;
-    fn add_backward_op<F>(&mut self, operation: F)
-    where
-        F: 'static + FnOnce(&mut Gradients<f16, D>) -> Result<(), D::Err>,
-    {
-        self.ops
-            .push((next_op_order(), BackwardOp::F16(Box::new(operation))));
-    }
-}
-
-impl<D: AmpDevice> TrainingTape<f32, D> for MixedTape<D> {}
-impl<D: AmpDevice> TrainingTape<f16, D> for MixedTape<D> {}
+impl<E: AmpElem, D: AmpDevice + Device<E>> TrainingTape<E, D> for MixedTape<D> {}
 
 impl<D: AmpDevice> Merge<NoneTape> for MixedTape<D> {
     fn merge(self, _: NoneTape) -> Self {
@@ -347,5 +455,20 @@ mod tests {
         let (_, tape) = y.split_tape();
         assert!(tape.num_ops() >= 2);
         assert!(tape.execute(|_| Ok(())).is_ok());
+    }
+
+    #[test]
+    fn stores_are_created_on_first_use_and_keep_the_retained_ids() {
+        let dev = Cpu::default();
+        let p: Tensor<Rank1<2>, half::f16, Cpu> = dev.zeros();
+        let grads = MixedGradients::<Cpu>::for_params(&p).unwrap();
+        assert!(grads.store::<f32>().is_none());
+        assert!(grads.store::<half::f16>().is_some());
+        let mut grads = grads;
+        let t: Tensor<Rank1<2>, f32, Cpu> = dev.zeros();
+        grads.store_mut::<f32>().get_or_alloc_mut(&t).unwrap();
+        grads.drop_non_leafs();
+        assert!(grads.store::<f32>().unwrap().get_ref_checked(&t).is_none());
+        assert!(grads.get(&p).is_some());
     }
 }

@@ -10,10 +10,11 @@
 //! output is inf or NaN going forward, or, going backward from the loss, the first layer whose
 //! output gradient is finite while the gradient it passes back is not.
 
-use dfdx::prelude::{Device, PutTape, Shape, SplitTape, Tensor};
+use dfdx::prelude::{PutTape, Shape, SplitTape, Tensor};
 
-use crate::device::AmpDevice;
+use crate::device::{AmpDevice, Kernels};
 use crate::ops::cast::AmpTape;
+use crate::ops::reduce::ReduceKernel;
 use crate::precision::AmpElem;
 use crate::tape::next_op_order;
 
@@ -108,7 +109,7 @@ pub trait Watch: Sized {
     fn try_watch(self, layer: &'static str) -> Result<Self, Self::Error>;
 }
 
-impl<S: Shape, E: AmpElem, D: AmpDevice + Device<E>, T: AmpTape<D>> Watch for Tensor<S, E, D, T> {
+impl<S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>, T: AmpTape<D>> Watch for Tensor<S, E, D, T> {
     type Error = D::Err;
 
     fn try_watch(self, layer: &'static str) -> Result<Self, D::Err> {
@@ -117,7 +118,7 @@ impl<S: Shape, E: AmpElem, D: AmpDevice + Device<E>, T: AmpTape<D>> Watch for Te
             return Ok(x.put_tape(tape));
         }
         let dev = x.device().clone();
-        let activation = max_abs(&dev, E::erase::<D>(x.storage()))?;
+        let activation = max_abs::<E, D>(&dev, x.storage())?;
         let order = next_op_order();
         tape.record_activation(ActivationRecord {
             order,
@@ -126,10 +127,10 @@ impl<S: Shape, E: AmpElem, D: AmpDevice + Device<E>, T: AmpTape<D>> Watch for Te
         });
         let ghost = x.ghost();
         tape.record_mixed(move |grads| {
-            let Some(grad) = E::grads(grads).get_ref_checked(&ghost) else {
+            let Some(grad) = grads.store::<E>().and_then(|g| g.get_ref_checked(&ghost)) else {
                 return Ok(());
             };
-            let value = max_abs(&dev, E::erase::<D>(grad))?;
+            let value = max_abs::<E, D>(&dev, grad)?;
             grads.probe_grads.push((order, value));
             Ok(())
         });
@@ -137,9 +138,12 @@ impl<S: Shape, E: AmpElem, D: AmpDevice + Device<E>, T: AmpTape<D>> Watch for Te
     }
 }
 
-fn max_abs<D: AmpDevice>(dev: &D, buf: crate::precision::AnyBuf<'_, D>) -> Result<f32, D::Err> {
+fn max_abs<E: AmpElem, D: AmpDevice + Kernels<E>>(
+    dev: &D,
+    buf: &<D as dfdx::prelude::Storage<E>>::Vec,
+) -> Result<f32, D::Err> {
     let mut stats = dev.try_alloc_stats(1)?;
-    dev.try_max_abs(buf, &mut stats, 0)?;
+    ReduceKernel::<E>::try_max_abs(dev, buf, &mut stats, 0)?;
     Ok(dev.try_read_stats(&stats)?.first().copied().unwrap_or(0.0))
 }
 

@@ -9,7 +9,7 @@ use typed_amp::dfdx::nn::builders::{BatchNorm2D, Linear};
 use typed_amp::dfdx::optim::Sgd;
 use typed_amp::nn::builders::{Conv2D, Flatten, MaxPool2D};
 use typed_amp::prelude::*;
-use typed_amp::{DType, Fp16Updates, MasterOptimizer};
+use typed_amp::{DType, LowPrecisionUpdates, MasterOptimizer};
 
 const CLASSES: usize = 4;
 const BATCH: usize = 32;
@@ -166,9 +166,8 @@ where
         let loss = cross_entropy_with_logits_loss(logits, y.clone());
         let scaled = scaler.scale(loss).backward().unwrap();
         let unscaled = scaler.unscale(&mut model, scaled).unwrap();
-        let outcome = scaler.step(&mut opt, &mut model, unscaled).unwrap();
-        scaler.update(outcome.found_inf).unwrap();
-        grads = outcome.grads;
+        let outcome = scaler.step(&mut opt, unscaled).unwrap();
+        grads = scaler.update(outcome).unwrap();
     }
     let total: f32 = held_out
         .batches
@@ -212,7 +211,9 @@ fn mlp_trains_under_every_policy() {
     let o0 = train::<MlpO0, _, _>(&data, &held_out, |m| Sgd::new(m, sgd()));
     let o1 = train::<MlpO1, _, _>(&data, &held_out, |m| Sgd::new(m, sgd()));
     let o2 = train::<MlpO2, _, _>(&data, &held_out, |m| Sgd::new(m, sgd()));
-    let o3 = train::<MlpO3, _, _>(&data, &held_out, |m| Fp16Updates(Sgd::new(m, sgd())));
+    let o3 = train::<MlpO3, _, _>(&data, &held_out, |m| {
+        LowPrecisionUpdates(Sgd::new(m, sgd()))
+    });
     assert!(o0 < 0.6 * initial, "O0 learned: {o0} (chance: {initial})");
     assert!(o3 < 0.8 * initial, "O3 learned: {o3}");
     assert_within_2_percent("MLP O1", o1, o0);
@@ -227,7 +228,9 @@ fn cnn_with_batch_norm_trains_under_every_policy() {
     let o0 = train::<CnnO0, _, _>(&data, &held_out, |m| Sgd::new(m, sgd()));
     let o1 = train::<CnnO1, _, _>(&data, &held_out, |m| Sgd::new(m, sgd()));
     let o2 = train::<CnnO2, _, _>(&data, &held_out, |m| Sgd::new(m, sgd()));
-    let o3 = train::<CnnO3, _, _>(&data, &held_out, |m| Fp16Updates(Sgd::new(m, sgd())));
+    let o3 = train::<CnnO3, _, _>(&data, &held_out, |m| {
+        LowPrecisionUpdates(Sgd::new(m, sgd()))
+    });
     assert!(o0 < 0.6 * initial, "O0 learned: {o0} (chance: {initial})");
     assert!(o3 < 0.8 * initial, "O3 learned: {o3}");
     assert_within_2_percent("CNN O1", o1, o0);

@@ -47,9 +47,8 @@ fn train_steps(
         let loss = cross_entropy_with_logits_loss(logits, y);
         let scaled = scaler.scale(loss).backward().unwrap();
         let unscaled = scaler.unscale(model, scaled).unwrap();
-        let outcome = scaler.step(opt, model, unscaled).unwrap();
-        scaler.update(outcome.found_inf).unwrap();
-        grads = outcome.grads;
+        let outcome = scaler.step(opt, unscaled).unwrap();
+        grads = scaler.update(outcome).unwrap();
     }
 }
 

@@ -90,11 +90,10 @@ fn assert_close(
 }
 
 fn master_grads<T: TrainTarget<Cpu>>(
-    grads: &mut UnscaledGrads<Cpu>,
-    target: &T,
+    mut grads: UnscaledGrads<'_, T, Cpu>,
 ) -> Vec<(String, Vec<f32>)> {
     assert!(!grads.found_inf());
-    grads.to_host(target).unwrap()
+    grads.to_host().unwrap()
 }
 
 #[test]
@@ -116,10 +115,7 @@ fn mlp_with_fp16_linear_layers() {
         .forward(x.clone().traced_mixed(reference.alloc_grads().unwrap()));
     let loss = cross_entropy_with_logits_loss(logits, target.clone());
     let grads = scaler.scale(loss).backward().unwrap();
-    let want = master_grads(
-        &mut scaler.unscale(&mut reference, grads).unwrap(),
-        &reference,
-    );
+    let want = master_grads(scaler.unscale(&mut reference, grads).unwrap());
 
     let scaler = GradScaler::with_static_scale(SCALE).unwrap();
     let logits = mixed
@@ -131,7 +127,7 @@ fn mlp_with_fp16_linear_layers() {
         .to_f32();
     let loss = cross_entropy_with_logits_loss(logits, target);
     let grads = scaler.scale(loss).backward().unwrap();
-    let got = master_grads(&mut scaler.unscale(&mut mixed, grads).unwrap(), &mixed);
+    let got = master_grads(scaler.unscale(&mut mixed, grads).unwrap());
 
     // L = 3 FP16 layers: R = 7.
     let worst = assert_close(&got, &want, 7.0);
@@ -181,10 +177,7 @@ fn cnn_with_fp16_convolutions_and_fp32_batch_norm() {
         .forward_mut(x.clone().traced_mixed(grads));
     let loss = cross_entropy_with_logits_loss(logits, target.clone());
     let grads = scaler.scale(loss).backward().unwrap();
-    let want = master_grads(
-        &mut scaler.unscale(&mut reference, grads).unwrap(),
-        &reference,
-    );
+    let want = master_grads(scaler.unscale(&mut reference, grads).unwrap());
 
     let scaler = GradScaler::with_static_scale(SCALE).unwrap();
     let grads = mixed.alloc_grads().unwrap();
@@ -194,7 +187,7 @@ fn cnn_with_fp16_convolutions_and_fp32_batch_norm() {
         .to_f32();
     let loss = cross_entropy_with_logits_loss(logits, target);
     let grads = scaler.scale(loss).backward().unwrap();
-    let got = master_grads(&mut scaler.unscale(&mut mixed, grads).unwrap(), &mixed);
+    let got = master_grads(scaler.unscale(&mut mixed, grads).unwrap());
 
     // Roundings on the conv weight's path: forward, the conv's output, the cast back to FP16
     // after batch norm and the linear layer's output; backward, the loss gradient cast into
@@ -255,10 +248,7 @@ fn layer_norm_and_softmax_in_fp32_between_fp16_layers() {
         .scale(mse_loss(probs, target.clone()))
         .backward()
         .unwrap();
-    let want = master_grads(
-        &mut scaler.unscale(&mut reference, grads).unwrap(),
-        &reference,
-    );
+    let want = master_grads(scaler.unscale(&mut reference, grads).unwrap());
 
     let scaler = GradScaler::with_static_scale(SCALE).unwrap();
     let probs = mixed.working().forward(
@@ -266,7 +256,7 @@ fn layer_norm_and_softmax_in_fp32_between_fp16_layers() {
             .traced_mixed(mixed.alloc_grads().unwrap()),
     );
     let grads = scaler.scale(mse_loss(probs, target)).backward().unwrap();
-    let got = master_grads(&mut scaler.unscale(&mut mixed, grads).unwrap(), &mixed);
+    let got = master_grads(scaler.unscale(&mut mixed, grads).unwrap());
 
     // Roundings on the first layer's path: forward, its output, the cast back to FP16 after
     // layer norm and the second layer's output; backward, softmax's input gradient cast into

@@ -4,7 +4,7 @@
 use typed_amp::dfdx::nn::builders::{BatchNorm1D, Linear};
 use typed_amp::prelude::*;
 use typed_amp::watch::Overflow;
-use typed_amp::{AmpElem, DType, LossScalers, UnscaledGrads};
+use typed_amp::{DType, LossScalers, UnscaledGrads};
 
 /// FP16's machine epsilon, 2^-10.
 const F16_EPS: f32 = 1.0 / 1024.0;
@@ -56,8 +56,8 @@ fn label_rows(
         .tensor_from_vec(v[from * 4..to * 4].to_vec(), (to - from, Const))
 }
 
-fn host_grads(grads: &mut UnscaledGrads<Cpu>, model: &Model) -> Vec<(String, Vec<f32>)> {
-    grads.to_host(model).unwrap()
+fn host_grads(mut grads: UnscaledGrads<'_, Model, Cpu>) -> Vec<(String, Vec<f32>)> {
+    grads.to_host().unwrap()
 }
 
 #[test]
@@ -71,7 +71,7 @@ fn four_micro_batches_of_64_update_like_one_batch_of_256() {
         .forward(x.clone().traced_mixed(model.alloc_grads().unwrap()));
     let loss = cross_entropy_with_logits_loss(logits.to_f32(), y.clone());
     let scaled = scaler.scale(loss).backward().unwrap();
-    let whole = host_grads(&mut scaler.unscale(&mut model, scaled).unwrap(), &model);
+    let whole = host_grads(scaler.unscale(&mut model, scaled).unwrap());
 
     let mut window = scaler.accumulate(model.alloc_grads().unwrap());
     for k in 0..4 {
@@ -84,7 +84,7 @@ fn four_micro_batches_of_64_update_like_one_batch_of_256() {
     }
     assert_eq!(window.micro_batches(), 4);
     let scaled = window.finish().unwrap();
-    let accumulated = host_grads(&mut scaler.unscale(&mut model, scaled).unwrap(), &model);
+    let accumulated = host_grads(scaler.unscale(&mut model, scaled).unwrap());
 
     // Same FP16 forward and backward either way, except that the accumulated gradients are
     // summed in FP16: three more roundings, each within ε/2 of the running sum, on top of the
@@ -133,12 +133,14 @@ fn clipping_reports_a_non_finite_norm_after_an_overflow() {
         .scale(cross_entropy_with_logits_loss(logits.to_f32(), y))
         .backward()
         .unwrap();
-    let buf = f16::grads_mut(scaled.grads_mut())
+    let buf = scaled
+        .grads_mut()
+        .store_mut::<f16>()
         .get_or_alloc_mut(&model.working().2.weight)
         .unwrap();
     buf[3] = f16::INFINITY;
     let mut unscaled = scaler.unscale(&mut model, scaled).unwrap();
-    let norm = unscaled.clip_grad_norm(&model, 1.0).unwrap();
+    let norm = clip_grad_norm(&mut unscaled, 1.0).unwrap();
     assert!(
         !norm.is_finite(),
         "PyTorch's clip_grad_norm_ returns inf or NaN here; got {norm}"
@@ -168,15 +170,15 @@ fn two_optimizers_share_a_scaler_and_skip_on_their_own_overflow() {
     let loss_d = binary_cross_entropy_with_logits_loss(d_out.to_f32(), dev.zeros());
     let mut scaled_d = scaler.scale(loss_d).backward().unwrap();
     // The discriminator's gradients overflow this iteration.
-    let buf = f16::grads_mut(scaled_d.grads_mut())
+    let buf = scaled_d
+        .grads_mut()
+        .store_mut::<f16>()
         .get_or_alloc_mut(&discriminator.working().0.weight)
         .unwrap();
     buf[0] = f16::INFINITY;
-    let unscaled_d = scaler.unscale(&mut discriminator, scaled_d).unwrap();
     let d_before = discriminator.master().0.weight.as_vec();
-    let outcome_d = scaler
-        .step(&mut opt_d, &mut discriminator, unscaled_d)
-        .unwrap();
+    let unscaled_d = scaler.unscale(&mut discriminator, scaled_d).unwrap();
+    let outcome_d = scaler.step(&mut opt_d, unscaled_d).unwrap();
 
     // Generator step through the discriminator; only the generator's gradients are kept.
     let fake = generator
@@ -189,55 +191,70 @@ fn two_optimizers_share_a_scaler_and_skip_on_their_own_overflow() {
         .grads()
         .get(&discriminator.working().0.weight)
         .is_none());
-    let unscaled_g = scaler.unscale(&mut generator, scaled_g).unwrap();
     let g_before = generator.master().0.weight.as_vec();
-    let outcome_g = scaler.step(&mut opt_g, &mut generator, unscaled_g).unwrap();
+    let unscaled_g = scaler.unscale(&mut generator, scaled_g).unwrap();
+    let outcome_g = scaler.step(&mut opt_g, unscaled_g).unwrap();
 
-    assert!(outcome_d.skipped && !outcome_g.skipped);
+    assert!(outcome_d.skipped() && !outcome_g.skipped());
     assert_eq!(discriminator.master().0.weight.as_vec(), d_before);
     assert_ne!(generator.master().0.weight.as_vec(), g_before);
-    // One update per iteration, backing off because one optimizer found inf.
-    scaler
-        .update(outcome_d.found_inf || outcome_g.found_inf)
-        .unwrap();
+    // One update per iteration, taking both outcomes, backing off because one found inf.
+    let (grads_d, grads_g) = scaler.update((outcome_d, outcome_g)).unwrap();
     assert_eq!(scaler.get_scale(), start_scale / 2.0);
+    // Each model gets its own gradients back, zeroed, for the next iteration.
+    assert!(grads_d.get(&discriminator.working().0.weight).is_some());
+    assert!(grads_g.get(&generator.working().0.weight).is_some());
 }
 
 #[test]
 fn one_scaler_per_loss_sums_gradients_and_backs_off_only_the_overflowing_loss() {
     let (dev, mut model) = model(5);
+    let mut opt = typed_amp::optim::sgd(model.master(), SgdConfig::default());
     let mut scalers = LossScalers::new(2, GradScaler::new(1024.0, 2.0, 0.5, 2000).unwrap());
     let (x, y) = data(&dev, 16);
 
-    let mut unscaled = Vec::new();
+    let mut scaled = Vec::new();
     for (i, weight) in [(0, 1.0f32), (1, 0.5)] {
         let scaler = scalers.get(i).unwrap();
         let logits = model
             .working()
             .forward(x.clone().traced_mixed(model.alloc_grads().unwrap()));
         let loss = cross_entropy_with_logits_loss(logits.to_f32(), y.clone()) * weight;
-        let mut scaled = scaler.scale(loss).backward().unwrap();
+        let mut grads = scaler.scale(loss).backward().unwrap();
         if i == 1 {
-            let buf = f16::grads_mut(scaled.grads_mut())
+            let buf = grads
+                .grads_mut()
+                .store_mut::<f16>()
                 .get_or_alloc_mut(&model.working().4.bias)
                 .unwrap();
             buf[0] = f16::NAN;
         }
-        unscaled.push(scaler.unscale(&mut model, scaled).unwrap());
+        scaled.push(grads);
     }
-    let found: Vec<bool> = unscaled.iter().map(UnscaledGrads::found_inf).collect();
-    assert_eq!(found, [false, true]);
-    let second = unscaled.pop().unwrap();
-    let mut first = unscaled.pop().unwrap();
-    let only_first = first.to_host(&model).unwrap();
-    first.merge(&model, second).unwrap();
-    assert!(first.found_inf(), "the merged step is skipped");
-    assert_eq!(first.non_finite_params(), ["4.bias".to_string()]);
+    let second = scaled.pop().unwrap();
+    let first = scaled.pop().unwrap();
+    let (scaler0, scaler1) = (scalers.get(0).unwrap(), scalers.get(1).unwrap());
+    // Gradients scaled by one scaler are not another's to unscale, and nothing changes.
+    let logits = model
+        .working()
+        .forward(x.clone().traced_mixed(model.alloc_grads().unwrap()));
+    let loss = cross_entropy_with_logits_loss(logits.to_f32(), y.clone());
+    let probe = scaler0.scale(loss).backward().unwrap();
+    let master_before = model.master().0.weight.as_vec();
+    let err = scaler1.unscale(&mut model, probe).unwrap_err();
+    assert!(matches!(err, AmpError::ScalerMismatch(_)), "{err}");
+    assert_eq!(model.master().0.weight.as_vec(), master_before);
+    let mut unscaled = scaler0.unscale(&mut model, first).unwrap();
+    assert!(!unscaled.found_inf());
+    let only_first = unscaled.to_host().unwrap();
+    unscaled.merge(scaler1, second).unwrap();
+    assert!(unscaled.found_inf(), "the merged step is skipped");
+    assert_eq!(unscaled.non_finite_params(), ["4.bias".to_string()]);
     // The second loss is half the first, at the same power-of-two scale: its FP16 backward
     // pass computes exactly half of every value the first computes (halving commutes with
     // rounding; FP16 subnormals aside, which these gradients do not reach), so summed gradients
     // are 1.5 times the first's up to the FP32 rounding of the sum and of the product.
-    let merged = first.to_host(&model).unwrap();
+    let merged = unscaled.to_host().unwrap();
     assert_eq!(merged.len(), only_first.len());
     for ((path, a), (first_path, b)) in merged.iter().zip(&only_first) {
         assert_eq!(path, first_path);
@@ -248,10 +265,21 @@ fn one_scaler_per_loss_sums_gradients_and_backs_off_only_the_overflowing_loss() 
             approx::assert_relative_eq!(*m, 1.5 * f, max_relative = 2.0 * f32::EPSILON);
         }
     }
-    scalers.update(&found).unwrap();
+    let outcome = scaler0.step(&mut opt, unscaled).unwrap();
+    assert!(outcome.skipped());
+    let grads = scalers.update(outcome).unwrap();
     assert_eq!(scalers.get(0).unwrap().get_scale(), 1024.0);
     assert_eq!(scalers.get(1).unwrap().get_scale(), 512.0);
-    assert!(scalers.update(&[true]).is_err(), "one flag per loss");
+
+    // An iteration that leaves a loss out cannot update the scalers: one flag per loss.
+    let scaler0 = scalers.get(0).unwrap();
+    let logits = model.working().forward(x.traced_mixed(grads));
+    let loss = cross_entropy_with_logits_loss(logits.to_f32(), y);
+    let unscaled = scaler0
+        .unscale(&mut model, scaler0.scale(loss).backward().unwrap())
+        .unwrap();
+    let outcome = scaler0.step(&mut opt, unscaled).unwrap();
+    assert!(scalers.update(outcome).is_err(), "one flag per loss");
 }
 
 /// A deliberately exploding layer is named: the parameters whose gradients overflow are its
@@ -284,28 +312,30 @@ fn exploding_activations_are_blamed_on_the_layer_by_name() {
         let loss = cross_entropy_with_logits_loss(logits, y.clone());
         let scaled = scaler.scale(loss).backward().unwrap();
         let unscaled = scaler.unscale(&mut model, scaled).unwrap();
-        let outcome = scaler.step(&mut opt, &mut model, unscaled).unwrap();
-        scaler.update(outcome.found_inf).unwrap();
-        if !outcome.skipped {
-            assert_eq!(outcome.overflow, None);
-            let layers: Vec<&str> = outcome.layers.iter().map(|l| l.layer).collect();
+        let outcome = scaler.step(&mut opt, unscaled).unwrap();
+        if !outcome.skipped() {
+            assert_eq!(outcome.overflow(), None);
+            let layers: Vec<&str> = outcome.layers().iter().map(|l| l.layer).collect();
             assert_eq!(layers, ["input", "fc1", "act1", "fc2", "act2", "fc3"]);
             recovered = true;
+            scaler.update(outcome).unwrap();
             break;
         }
-        skipped.push(outcome);
+        skipped.push((
+            outcome.non_finite_params().to_vec(),
+            outcome.overflow().cloned(),
+            outcome.layers().to_vec(),
+        ));
+        scaler.update(outcome).unwrap();
     }
     assert!(!skipped.is_empty(), "the first steps overflow");
     assert!(recovered, "the scaler backed off until a step succeeded");
-    let first = &skipped[0];
+    let (non_finite, overflow, layers) = &skipped[0];
     // The overflow spreads to fc2's neighbours' gradients, not its own...
-    assert_eq!(
-        first.non_finite_params,
-        ["fc1.weight", "fc1.bias", "fc3.weight"]
-    );
+    assert_eq!(non_finite, &["fc1.weight", "fc1.bias", "fc3.weight"]);
     // ...and the probes name fc2: finite gradient at its output, inf at its input.
-    assert_eq!(first.overflow, Some(Overflow::Backward("fc2")));
-    let layer = |name| first.layers.iter().find(|l| l.layer == name).unwrap();
+    assert_eq!(overflow, &Some(Overflow::Backward("fc2")));
+    let layer = |name| layers.iter().find(|l| l.layer == name).unwrap();
     let (fc1, fc2) = (layer("fc1"), layer("fc2"));
     assert!(
         fc2.activation_max_abs > 100.0 * fc1.activation_max_abs,
@@ -337,8 +367,8 @@ fn a_model_that_always_overflows_hits_the_floor_and_says_so() {
             .backward()
             .unwrap();
         let unscaled = scaler.unscale(&mut model, scaled).unwrap();
-        let outcome = scaler.step(&mut opt, &mut model, unscaled).unwrap();
-        if let Err(e) = scaler.update(outcome.found_inf) {
+        let outcome = scaler.step(&mut opt, unscaled).unwrap();
+        if let Err(e) = scaler.update(outcome) {
             error = Some(e);
             break;
         }
@@ -377,8 +407,8 @@ fn batch_norm_statistics_stay_fp32_under_o2_and_reach_the_master() {
         .backward()
         .unwrap();
     let unscaled = scaler.unscale(&mut model, scaled).unwrap();
-    let outcome = scaler.step(&mut opt, &mut model, unscaled).unwrap();
-    scaler.update(outcome.found_inf).unwrap();
+    let outcome = scaler.step(&mut opt, unscaled).unwrap();
+    scaler.update(outcome).unwrap();
     let running = model.working().bn.running_mean.as_vec();
     assert!(
         running.iter().any(|v| *v != 0.0),

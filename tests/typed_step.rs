@@ -1,10 +1,10 @@
 //! The typed step's run-time behaviour: non-finite gradients are found wherever they arise, a
 //! skipped step changes nothing, and the dynamic scaler recovers from FP16 overflow.
 
+use typed_amp::device::{HostKernel, Kernels};
 use typed_amp::dfdx::nn::builders::Linear;
 use typed_amp::dfdx::optim::{Adam, Sgd};
 use typed_amp::loss::cross_entropy_with_logits_loss;
-use typed_amp::precision::AnyBufMut;
 use typed_amp::prelude::*;
 use typed_amp::{AmpElem, ScaledGrads};
 
@@ -78,8 +78,8 @@ fn inf_or_nan_in_the_input_is_found_and_the_step_skipped() {
         }
         .unwrap();
         assert!(unscaled.found_inf(), "{bad} in the input");
-        let outcome = scaler.step(&mut opt, &mut model, unscaled).unwrap();
-        assert!(outcome.skipped);
+        let outcome = scaler.step(&mut opt, unscaled).unwrap();
+        assert!(outcome.skipped());
         assert_eq!(master_bits(&model), before);
     }
 }
@@ -87,15 +87,17 @@ fn inf_or_nan_in_the_input_is_found_and_the_step_skipped() {
 /// Puts `value` into one element of one parameter's scaled gradient.
 fn inject<E: AmpElem>(grads: &mut ScaledGrads<Cpu>, param: &Tensor<impl Shape, E, Cpu>, value: f32)
 where
-    Cpu: Device<E>,
+    Cpu: Kernels<E>,
 {
-    let buf = E::grads_mut(grads.grads_mut())
+    let buf = grads
+        .grads_mut()
+        .store_mut::<E>()
         .get_or_alloc_mut(param)
         .unwrap();
-    match E::erase_mut::<Cpu>(buf) {
-        AnyBufMut::F16(buf) => buf[0] = f16::from_f32(value),
-        AnyBufMut::F32(buf) => buf[0] = value,
-    }
+    let dev = param.device();
+    let mut values = HostKernel::<E>::try_read(dev, buf).unwrap();
+    values[0] = <E as AmpElem>::from_f32(value);
+    HostKernel::<E>::try_write(dev, buf, &values).unwrap();
 }
 
 #[test]
@@ -177,9 +179,9 @@ fn a_skipped_step_leaves_master_weights_and_optimizer_state_untouched() {
         scaler.unscale(&mut model, grads)
     }
     .unwrap();
-    let outcome = scaler.step(&mut opt, &mut model, unscaled).unwrap();
-    assert!(!outcome.skipped);
-    scaler.update(outcome.found_inf).unwrap();
+    let outcome = scaler.step(&mut opt, unscaled).unwrap();
+    assert!(!outcome.skipped());
+    scaler.update(outcome).unwrap();
 
     // A twin that will never see the overflowing step.
     let mut twin_model =
@@ -191,8 +193,8 @@ fn a_skipped_step_leaves_master_weights_and_optimizer_state_untouched() {
     let mut grads = backward(&scaler, &model, x, y);
     inject(&mut grads, &model.working().2.weight, f32::INFINITY);
     let unscaled = scaler.unscale(&mut model, grads).unwrap();
-    let outcome = scaler.step(&mut opt, &mut model, unscaled).unwrap();
-    assert!(outcome.skipped);
+    let outcome = scaler.step(&mut opt, unscaled).unwrap();
+    assert!(outcome.skipped());
     assert_eq!(
         master_bits(&model),
         before,
@@ -221,7 +223,7 @@ fn a_skipped_step_leaves_master_weights_and_optimizer_state_untouched() {
             scaler.unscale(model, grads)
         }
         .unwrap();
-        assert!(!scaler.step(opt, model, unscaled).unwrap().skipped);
+        assert!(!scaler.step(opt, unscaled).unwrap().skipped());
     }
     assert_eq!(master_bits(&model), master_bits(&twin_model));
 }
@@ -240,9 +242,10 @@ fn fp16_overflow_backs_the_scale_off_until_steps_succeed() {
             scaler.unscale(&mut model, grads)
         }
         .unwrap();
-        let outcome = scaler.step(&mut opt, &mut model, unscaled).unwrap();
-        scaler.update(outcome.found_inf).unwrap();
-        if !outcome.skipped {
+        let outcome = scaler.step(&mut opt, unscaled).unwrap();
+        let skipped_now = outcome.skipped();
+        scaler.update(outcome).unwrap();
+        if !skipped_now {
             break;
         }
         skipped += 1;
@@ -265,9 +268,9 @@ fn clipping_works_on_unscaled_master_gradients() {
         scaler.unscale(&mut model, grads)
     }
     .unwrap();
-    let norm = unscaled.global_norm(&model).unwrap();
+    let norm = unscaled.global_norm().unwrap();
     let by_hand: f32 = unscaled
-        .to_host(&model)
+        .to_host()
         .unwrap()
         .iter()
         .flat_map(|(_, g)| g.iter().map(|x| x * x))
@@ -275,23 +278,23 @@ fn clipping_works_on_unscaled_master_gradients() {
         .sqrt();
     approx::assert_relative_eq!(norm, by_hand, max_relative = 1e-5);
 
-    let returned = unscaled.clip_grad_norm(&model, norm / 4.0).unwrap();
+    let returned = clip_grad_norm(&mut unscaled, norm / 4.0).unwrap();
     assert_eq!(returned, norm);
     approx::assert_relative_eq!(
-        unscaled.global_norm(&model).unwrap(),
+        unscaled.global_norm().unwrap(),
         norm / 4.0,
         max_relative = 1e-4
     );
 
-    unscaled.clip_grad_value(&model, 1e-3).unwrap();
+    clip_grad_value(&mut unscaled, 1e-3).unwrap();
     let max = unscaled
-        .to_host(&model)
+        .to_host()
         .unwrap()
         .iter()
         .flat_map(|(_, g)| g.clone())
         .fold(0f32, |m, x| m.max(x.abs()));
     assert!(max <= 1e-3);
-    assert!(unscaled.clip_grad_norm(&model, -1.0).is_err());
+    assert!(clip_grad_norm(&mut unscaled, -1.0).is_err());
 }
 
 #[test]
@@ -318,25 +321,26 @@ fn gradients_of_temporaries_do_not_outlive_backward() {
     assert!(grads.grads().get(&model.working().0.weight).is_some());
 }
 
-/// The per-parameter non-finite flags stay on the device between steps: a parameter the next
-/// loss does not reach (possible with leaky gradients) must not inherit an earlier overflow.
+/// Gradients know their model: unscaling them into another model, or unscaling gradients no
+/// model allocated, is refused before anything changes.
 #[test]
-fn a_parameter_the_loss_does_not_reach_does_not_inherit_an_earlier_overflow() {
+fn gradients_are_unscaled_only_into_the_model_that_allocated_them() {
     let (dev, mut model) = model(16);
+    let (_, mut other) = self::model(17);
     let scaler = GradScaler::default();
     let (x, y) = batch(&dev);
-    let mut grads = backward(&scaler, &model, x.clone(), y);
-    inject(&mut grads, &model.working().4.bias, f32::INFINITY);
-    let unscaled = scaler.unscale(&mut model, grads).unwrap();
-    assert_eq!(unscaled.non_finite_params(), ["4.bias"]);
+    let before = master_bits(&other);
+    let grads = backward(&scaler, &model, x.clone(), y.clone());
+    let err = scaler.unscale(&mut other, grads).unwrap_err();
+    assert!(matches!(err, AmpError::ForeignGradients(_)), "{err}");
+    assert!(err.to_string().contains("another model"), "{err}");
+    assert_eq!(master_bits(&other), before);
 
-    // Only the first layer: the loss reaches neither layer 2 nor layer 4.
-    let hidden = model
+    let logits = model
         .working()
-        .0
         .forward(x.traced_mixed(MixedGradients::leaky()));
-    let loss = typed_amp::loss::mse_loss(hidden.to_f32(), dev.zeros::<Rank2<4, 8>>());
+    let loss = cross_entropy_with_logits_loss(logits.to_f32(), y);
     let grads = scaler.scale(loss).backward().unwrap();
-    let unscaled = scaler.unscale(&mut model, grads).unwrap();
-    assert!(!unscaled.found_inf(), "{:?}", unscaled.non_finite_params());
+    let err = scaler.unscale(&mut model, grads).unwrap_err();
+    assert!(err.to_string().contains("alloc_grads"), "{err}");
 }

@@ -81,9 +81,8 @@ where
         let scaled = scaler.scale(loss).backward().expect("backward");
         peak = peak.max(used_memory());
         let unscaled = scaler.unscale(&mut model, scaled).expect("unscale");
-        let outcome = scaler.step(&mut opt, &mut model, unscaled).expect("step");
-        scaler.update(outcome.found_inf).expect("update");
-        grads = outcome.grads;
+        let outcome = scaler.step(&mut opt, unscaled).expect("step");
+        grads = scaler.update(outcome).expect("update");
         dev.synchronize();
         if step >= WARMUP {
             elapsed += started.elapsed();

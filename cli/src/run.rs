@@ -16,7 +16,7 @@ use typed_amp::dfdx::optim::Adam;
 use typed_amp::loss::try_cross_entropy_with_logits_loss;
 use typed_amp::optim::{cosine_lr, LearningRate, MasterOptimizer, OptimizerState};
 use typed_amp::prelude::*;
-use typed_amp::{AmpDevice, AmpError, Fp16Updates, Parameters, TrainTarget};
+use typed_amp::{AmpDevice, AmpError, LowPrecisionUpdates, Parameters, TrainTarget};
 
 use crate::models::*;
 
@@ -271,7 +271,8 @@ where
     let (mut first_epoch, mut steps) = (0usize, 0u64);
 
     if let Some(path) = &cfg.resume {
-        let meta = checkpoint::load(path, &mut model, &mut opt, &mut scaler)?;
+        // The run's settings are checked first: a checkpoint of another policy is a usage error.
+        let meta = checkpoint::read_metadata(path)?;
         let expect = |key: &str, value: String| -> Result<(), RunError> {
             match meta.get(key) {
                 Some(saved) if *saved == value => Ok(()),
@@ -288,6 +289,7 @@ where
         expect("seed", cfg.seed.to_string())?;
         expect("epochs", cfg.epochs.to_string())?;
         expect("lr", cfg.lr.to_string())?;
+        checkpoint::load(path, &mut model, &mut opt, &mut scaler)?;
         first_epoch = meta_get(&meta, "epoch")?;
         steps = meta_get(&meta, "step")?;
         rng.set_word_pos(meta_get::<u128>(&meta, "rng_word_pos")?);
@@ -331,9 +333,8 @@ where
             loss_sum += f64::from(loss.value()) * chunk.len() as f64;
             let scaled = scaler.scale(loss).backward()?;
             let unscaled = scaler.unscale(&mut model, scaled)?;
-            let outcome = scaler.step(&mut opt, &mut model, unscaled)?;
-            scaler.update(outcome.found_inf)?;
-            grads = outcome.grads;
+            let outcome = scaler.step(&mut opt, unscaled)?;
+            grads = scaler.update(outcome)?;
             steps += 1;
             bar.inc(1);
             if cfg.progress {
@@ -493,7 +494,7 @@ fn run_on<D: AmpDevice>(
         };
         ($model:ty, $input:ty, fp16) => {
             run_model::<$model, $input, _, D>(cfg, data, dev, |m| {
-                Fp16Updates(Adam::<_, f16, D>::new(m, adam))
+                LowPrecisionUpdates(Adam::<_, f16, D>::new(m, adam))
             })
         };
     }

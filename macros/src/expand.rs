@@ -241,15 +241,15 @@ fn forward_impl(recipe: &Recipe, model: &Model, layers: &Ident, mutable: bool) -
         let module_ty = &step.module_ty;
         match step.compute {
             Some(Compute::Autocast16) => {
+                let low = marker(Prec::F16);
                 bounds.push(
-                    quote!(#current: ::typed_amp::amp::AutocastForward<#module_ty, Error = #err>),
+                    quote!(#current: ::typed_amp::amp::AutocastForward<#module_ty, #low, Error = #err>),
                 );
                 let layer = step.borrow(false);
                 body.push(quote! {
-                    let x = ::typed_amp::amp::AutocastForward::<#module_ty>::try_autocast_forward(x, #layer)?;
+                    let x = ::typed_amp::amp::AutocastForward::<#module_ty, #low>::try_autocast_forward(x, #layer)?;
                 });
-                current =
-                    quote!(<#current as ::typed_amp::amp::AutocastForward<#module_ty>>::Output);
+                current = quote!(<#current as ::typed_amp::amp::AutocastForward<#module_ty, #low>>::Output);
                 precision = Some(Prec::F16);
                 watch(&step.name, &current, &mut bounds, &mut body);
                 continue;

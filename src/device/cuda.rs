@@ -1,17 +1,22 @@
-//! CUDA kernels: grid-stride loops over whole buffers, launched on dfdx's own stream so that they
-//! run in order with dfdx's ops and need no synchronisation of their own.
+//! What typed-amp's CUDA kernels share: the element types' device helpers, the assembled
+//! source, compilation with NVRTC (once per process), loading (once per device), launching on
+//! dfdx's own stream, and the stats buffer.
 //!
-//! The kernels are CUDA C++ compiled at run time with NVRTC (once per process) and loaded into
-//! each device at first use. They include no headers, because NVRTC may not find them: FP16 is
-//! carried as its bit pattern (`unsigned short`) and converted with the PTX instructions that
-//! hardware casts use, which round to nearest-even and overflow to ±inf exactly as `half` does on
-//! the CPU. Every kernel computes in FP32, so results match the CPU implementation bit for bit,
-//! NaN payloads and the order of the additions in [`AmpDevice::try_sum_squares`] aside.
+//! Each op's kernels live beside its CPU kernel (`ops/<op>/cuda_kernel.rs`) as a CUDA C++
+//! template plus the `extern "C"` entry points generated here for every precision of
+//! [`with_precisions!`](crate::with_precisions). The kernels include no headers, because NVRTC
+//! may not find them: 16-bit values are carried as their bit patterns, in one struct type per
+//! precision so that overloads tell them apart, and converted with the PTX instructions that
+//! hardware casts use (FP16) or with exact bit arithmetic (BF16), which round to nearest-even
+//! and overflow to ±inf exactly as the CPU conversions do. Every kernel computes in FP32, so
+//! results match the CPU kernels bit for bit, NaN payloads and the order of the additions in
+//! sums aside.
 //!
-//! Per-tensor results go to one slot each of a [`CudaSlice<f32>`] that stays on the device until
-//! [`AmpDevice::try_read_stats`] copies it back, once per step.
+//! Kernels run on dfdx's stream, in order with dfdx's ops, so they need no synchronisation of
+//! their own; per-tensor results go to one slot each of a [`CudaSlice<f32>`] that stays on the
+//! device until [`StatsDevice::try_read_stats`] copies it back, once per step.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use cudarc::driver::sys::CUresult;
 use cudarc::driver::{
@@ -22,14 +27,13 @@ use cudarc::nvrtc::result::NvrtcError;
 use cudarc::nvrtc::sys::nvrtcResult;
 use cudarc::nvrtc::{compile_ptx, CompileError, Ptx};
 use dfdx::tensor::{CpuError, Cuda, CudaError};
-use half::f16;
 
-use super::AmpDevice;
-use crate::precision::{AmpElem, AnyBuf, AnyBufMut};
+use super::StatsDevice;
+use crate::precision::AmpElem;
 
 /// Threads per block. The reductions' shared-memory trees are sized by it (`BLOCK` in the
 /// source), so every launch must use exactly this many.
-const BLOCK: u32 = 256;
+pub(crate) const BLOCK: u32 = 256;
 
 /// At most this many blocks: enough to fill a large GPU several times over, while the
 /// grid-stride loops cover any length and the reductions issue few atomics.
@@ -38,87 +42,67 @@ const MAX_BLOCKS: u32 = 2048;
 /// Module name under which the kernels are registered on a [`CudaDevice`].
 const MODULE: &str = "typed_amp";
 
-/// Kernels over one buffer, indexed by [`Prec`].
-const FILL: [&str; 2] = ["tamp_fill_f32", "tamp_fill_f16"];
-const UNSCALE_IN_PLACE: [&str; 2] = ["tamp_unscale_in_place_f32", "tamp_unscale_in_place_f16"];
-const SUM_SQUARES: [&str; 2] = ["tamp_sum_squares_f32", "tamp_sum_squares_f16"];
-const MAX_ABS: [&str; 2] = ["tamp_max_abs_f32", "tamp_max_abs_f16"];
-const SCALE: [&str; 2] = ["tamp_scale_f32", "tamp_scale_f16"];
-const CLAMP: [&str; 2] = ["tamp_clamp_f32", "tamp_clamp_f16"];
+/// An element type's device side: its name in kernel names, its type in CUDA C++, and the
+/// helpers that load it into and store it from FP32. Part of what adding a precision means.
+pub(crate) trait CudaElem: AmpElem {
+    /// Suffix of kernel names (`tamp_fill_f16`).
+    const TAG: &'static str;
+    /// The CUDA C++ type that carries it.
+    const C_TYPE: &'static str;
+    /// CUDA C++ defining `C_TYPE` (if it is not built in) and its `load`/`store` overloads.
+    const HELPERS: &'static str;
+}
 
-/// Kernels from one buffer into another, indexed by [`pair`].
-const ADD_CAST: [&str; 4] = [
-    "tamp_add_cast_f32_f32",
-    "tamp_add_cast_f32_f16",
-    "tamp_add_cast_f16_f32",
-    "tamp_add_cast_f16_f16",
-];
-const UNSCALE: [&str; 4] = [
-    "tamp_unscale_f32_f32",
-    "tamp_unscale_f32_f16",
-    "tamp_unscale_f16_f32",
-    "tamp_unscale_f16_f16",
-];
+impl CudaElem for f32 {
+    const TAG: &'static str = "f32";
+    const C_TYPE: &'static str = "float";
+    const HELPERS: &'static str = r#"
+__device__ __forceinline__ float load(const float *p, u64 i) { return p[i]; }
+__device__ __forceinline__ void store(float *p, u64 i, float v) { p[i] = v; }
+"#;
+}
 
-/// Copies between precisions; copies within one are `dtod_copy`s.
-const COPY_CAST_F32_F16: &str = "tamp_copy_cast_f32_f16";
-const COPY_CAST_F16_F32: &str = "tamp_copy_cast_f16_f32";
+impl CudaElem for half::f16 {
+    const TAG: &'static str = "f16";
+    const C_TYPE: &'static str = "tamp_f16";
+    const HELPERS: &'static str = r#"
+struct tamp_f16 { unsigned short bits; };
+// FP16 -> FP32 is exact.
+__device__ __forceinline__ float load(const tamp_f16 *p, u64 i) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(p[i].bits));
+    return f;
+}
+// FP32 -> FP16 rounds to nearest-even and overflows to +-inf, as a hardware cast does.
+__device__ __forceinline__ void store(tamp_f16 *p, u64 i, float v) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    p[i].bits = h;
+}
+"#;
+}
 
-/// Every kernel in [`SOURCE`], all loaded together.
-const FUNCS: [&str; 22] = [
-    FILL[0],
-    FILL[1],
-    UNSCALE_IN_PLACE[0],
-    UNSCALE_IN_PLACE[1],
-    SUM_SQUARES[0],
-    SUM_SQUARES[1],
-    MAX_ABS[0],
-    MAX_ABS[1],
-    SCALE[0],
-    SCALE[1],
-    CLAMP[0],
-    CLAMP[1],
-    ADD_CAST[0],
-    ADD_CAST[1],
-    ADD_CAST[2],
-    ADD_CAST[3],
-    UNSCALE[0],
-    UNSCALE[1],
-    UNSCALE[2],
-    UNSCALE[3],
-    COPY_CAST_F32_F16,
-    COPY_CAST_F16_F32,
-];
+/// The element types the kernels are instantiated for, from the list of precisions.
+macro_rules! cuda_elems {
+    ($([$marker:ident, $elem:ty, $variant:ident, $name:literal, $st:ident, $index:literal])*) => {
+        /// `(tag, C++ type, helpers)` of every precision, in the list's order.
+        const ELEMS: &[(&str, &str, &str)] = &[
+            $((<$elem as CudaElem>::TAG, <$elem as CudaElem>::C_TYPE, <$elem as CudaElem>::HELPERS),)*
+        ];
+    };
+}
 
-/// The kernels. `n` is a 64-bit count so that no buffer is too long for the index arithmetic.
-const SOURCE: &str = r#"
+crate::with_precisions!(cuda_elems);
+
+/// What every kernel source starts with.
+const PRELUDE: &str = r#"
 typedef unsigned long long u64;
 typedef unsigned int u32;
-typedef unsigned short h16;
 
 #define BLOCK 256
 
-// FP16 -> FP32 is exact.
-__device__ __forceinline__ float h2f(h16 h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-
-// FP32 -> FP16 rounds to nearest-even and overflows to +-inf, as a hardware cast does.
-__device__ __forceinline__ h16 f2h(float f) {
-    h16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
-
-__device__ __forceinline__ float load(const float *p, u64 i) { return p[i]; }
-__device__ __forceinline__ float load(const h16 *p, u64 i) { return h2f(p[i]); }
-__device__ __forceinline__ void store(float *p, u64 i, float v) { p[i] = v; }
-__device__ __forceinline__ void store(h16 *p, u64 i, float v) { p[i] = f2h(v); }
-
-// All exponent bits set: inf or NaN. FP16 inf and NaN convert to FP32 inf and NaN, so testing
-// after the conversion tests the FP16 bits.
+// All exponent bits set: inf or NaN. 16-bit inf and NaN load as FP32 inf and NaN, so testing
+// after the conversion tests the 16-bit bits.
 __device__ __forceinline__ int non_finite(float x) {
     return (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u;
 }
@@ -126,145 +110,73 @@ __device__ __forceinline__ int non_finite(float x) {
 #define FOR_EACH(i, n) \
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
          i += (u64)gridDim.x * blockDim.x)
-
-template <typename T>
-__device__ void amp_fill(u64 n, T *buf, float value) {
-    FOR_EACH(i, n) store(buf, i, value);
-}
-
-template <typename S, typename D>
-__device__ void amp_add_cast(u64 n, const S *src, D *dst) {
-    FOR_EACH(i, n) store(dst, i, load(dst, i) + load(src, i));
-}
-
-template <typename S, typename D>
-__device__ void amp_copy_cast(u64 n, const S *src, D *dst) {
-    FOR_EACH(i, n) store(dst, i, load(src, i));
-}
-
-// `src` and `dst` may be the same buffer: each element is read before it is written, by the same
-// thread. `flag` was zeroed in stream order before this launch and is only ever set, so blocks
-// need not agree on who writes it.
-template <typename S, typename D>
-__device__ void amp_unscale(u64 n, const S *src, D *dst, float inv_scale, float *flag) {
-    int bad = 0;
-    FOR_EACH(i, n) {
-        float x = load(src, i);
-        bad |= non_finite(x);
-        store(dst, i, x * inv_scale);
-    }
-    if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1.0f;
-}
-
-// `out` was zeroed before this launch; each block adds its partial sum. inf and NaN propagate
-// through the additions.
-template <typename T>
-__device__ void amp_sum_squares(u64 n, const T *buf, float *out) {
-    __shared__ float part[BLOCK];
-    float acc = 0.0f;
-    FOR_EACH(i, n) {
-        float x = load(buf, i);
-        acc += x * x;
-    }
-    part[threadIdx.x] = acc;
-    __syncthreads();
-    for (u32 s = BLOCK / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) atomicAdd(out, part[0]);
-}
-
-// With the sign bit cleared, the bits of non-negative floats order as the floats do, and every
-// NaN orders above inf: an unsigned max over the bits is the max of |x|, and NaN if any element
-// is NaN. `out` was zeroed (the bits of 0.0) before this launch.
-template <typename T>
-__device__ void amp_max_abs(u64 n, const T *buf, float *out) {
-    __shared__ u32 part[BLOCK];
-    u32 m = 0;
-    FOR_EACH(i, n) {
-        u32 a = __float_as_uint(load(buf, i)) & 0x7fffffffu;
-        m = a > m ? a : m;
-    }
-    part[threadIdx.x] = m;
-    __syncthreads();
-    for (u32 s = BLOCK / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s && part[threadIdx.x + s] > part[threadIdx.x])
-            part[threadIdx.x] = part[threadIdx.x + s];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) atomicMax((u32 *)out, part[0]);
-}
-
-template <typename T>
-__device__ void amp_scale(u64 n, T *buf, float factor) {
-    FOR_EACH(i, n) store(buf, i, load(buf, i) * factor);
-}
-
-// Comparisons with NaN are false, so NaN passes through, as with Rust's `f32::clamp`.
-template <typename T>
-__device__ void amp_clamp(u64 n, T *buf, float limit) {
-    FOR_EACH(i, n) {
-        float x = load(buf, i);
-        store(buf, i, x > limit ? limit : (x < -limit ? -limit : x));
-    }
-}
-
-#define ONE(N, T) \
-    extern "C" __global__ void tamp_fill_##N(u64 n, T *buf, float value) { \
-        amp_fill(n, buf, value); \
-    } \
-    extern "C" __global__ void tamp_unscale_in_place_##N(u64 n, T *buf, float inv_scale, \
-                                                       float *flag) { \
-        amp_unscale(n, buf, buf, inv_scale, flag); \
-    } \
-    extern "C" __global__ void tamp_sum_squares_##N(u64 n, const T *buf, float *out) { \
-        amp_sum_squares(n, buf, out); \
-    } \
-    extern "C" __global__ void tamp_max_abs_##N(u64 n, const T *buf, float *out) { \
-        amp_max_abs(n, buf, out); \
-    } \
-    extern "C" __global__ void tamp_scale_##N(u64 n, T *buf, float factor) { \
-        amp_scale(n, buf, factor); \
-    } \
-    extern "C" __global__ void tamp_clamp_##N(u64 n, T *buf, float limit) { \
-        amp_clamp(n, buf, limit); \
-    }
-
-#define PAIR(SN, S, DN, D) \
-    extern "C" __global__ void tamp_add_cast_##SN##_##DN(u64 n, const S *src, D *dst) { \
-        amp_add_cast(n, src, dst); \
-    } \
-    extern "C" __global__ void tamp_unscale_##SN##_##DN(u64 n, const S *src, D *dst, \
-                                                      float inv_scale, float *flag) { \
-        amp_unscale(n, src, dst, inv_scale, flag); \
-    }
-
-ONE(f32, float)
-ONE(f16, h16)
-PAIR(f32, float, f32, float)
-PAIR(f32, float, f16, h16)
-PAIR(f16, h16, f32, float)
-PAIR(f16, h16, f16, h16)
-
-extern "C" __global__ void tamp_copy_cast_f32_f16(u64 n, const float *src, h16 *dst) {
-    amp_copy_cast(n, src, dst);
-}
-extern "C" __global__ void tamp_copy_cast_f16_f32(u64 n, const h16 *src, float *dst) {
-    amp_copy_cast(n, src, dst);
-}
 "#;
 
-/// The compiled [`SOURCE`], shared by every device of the process. The lock also serialises
+/// One op's kernels: a CUDA C++ template source and the `extern "C"` entry points instantiated
+/// from it, per precision (`one`) or per pair of precisions (`pair`).
+pub(crate) struct OpSource {
+    /// The templates.
+    pub(crate) templates: &'static str,
+    /// Entry points of one precision: `(tag, C++ type) -> (source, names)`.
+    pub(crate) one: fn(&str, &str) -> (String, Vec<String>),
+    /// Entry points of a pair of precisions: `(src tag, src type, dst tag, dst type)`.
+    pub(crate) pair: fn(&str, &str, &str, &str) -> (String, Vec<String>),
+}
+
+/// Entry points of no precision.
+pub(crate) fn none(_: &str, _: &str) -> (String, Vec<String>) {
+    (String::new(), Vec::new())
+}
+
+/// Entry points of no pair.
+pub(crate) fn no_pair(_: &str, _: &str, _: &str, _: &str) -> (String, Vec<String>) {
+    (String::new(), Vec::new())
+}
+
+/// Every op's kernels.
+fn ops() -> [OpSource; 4] {
+    [
+        crate::ops::fill::CUDA_SOURCE,
+        crate::ops::unscale::CUDA_SOURCE,
+        crate::ops::reduce::CUDA_SOURCE,
+        crate::ops::cast::CUDA_SOURCE,
+    ]
+}
+
+/// The complete source and the names of its kernels, built once.
+pub(crate) fn program() -> &'static (String, Vec<&'static str>) {
+    static PROGRAM: OnceLock<(String, Vec<&'static str>)> = OnceLock::new();
+    PROGRAM.get_or_init(|| {
+        let mut source = String::from(PRELUDE);
+        let mut names = Vec::new();
+        for (_, _, helpers) in ELEMS {
+            source.push_str(helpers);
+        }
+        for op in ops() {
+            source.push_str(op.templates);
+            for (tag, ty, _) in ELEMS {
+                let (src, n) = (op.one)(tag, ty);
+                source.push_str(&src);
+                names.extend(n);
+                for (dtag, dty, _) in ELEMS {
+                    let (src, n) = (op.pair)(tag, ty, dtag, dty);
+                    source.push_str(&src);
+                    names.extend(n);
+                }
+            }
+        }
+        // cudarc registers functions by `&'static str`; the names live as long as the process.
+        let names = names
+            .into_iter()
+            .map(|n| &*Box::leak(n.into_boxed_str()))
+            .collect();
+        (source, names)
+    })
+}
+
+/// The compiled program, shared by every device of the process. The lock also serialises
 /// loading, so that two threads never compile or load the module twice.
 static PTX: Mutex<Option<Ptx>> = Mutex::new(None);
-
-/// Precision of a buffer; the discriminant indexes the kernel tables.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Prec {
-    F32 = 0,
-    F16 = 1,
-}
 
 /// A buffer reduced to what a launch needs.
 ///
@@ -272,23 +184,17 @@ enum Prec {
 /// turns into the pointer: the borrow it came from lasts until the launch is queued, and dfdx
 /// frees or reuses memory only by operations queued after it on the same stream.
 #[derive(Debug, Clone, Copy)]
-struct Raw {
-    ptr: u64,
-    len: usize,
-    prec: Prec,
+pub(crate) struct Raw {
+    pub(crate) ptr: u64,
+    pub(crate) len: usize,
 }
 
-/// Index of a (source, destination) precision pair in [`ADD_CAST`] and [`UNSCALE`].
-fn pair(src: Raw, dst: Raw) -> usize {
-    src.prec as usize * 2 + dst.prec as usize
-}
-
-fn driver_error(code: CUresult) -> CudaError {
+pub(crate) fn driver_error(code: CUresult) -> CudaError {
     CudaError::Driver(DriverError(code))
 }
 
 /// A buffer of another GPU would be an illegal address on this one, which poisons the context.
-fn check_device(dev: &Cuda, owner: &Arc<CudaDevice>) -> Result<(), CudaError> {
+pub(crate) fn check_device(dev: &Cuda, owner: &Arc<CudaDevice>) -> Result<(), CudaError> {
     if owner.ordinal() == dev.cuda_device().ordinal() {
         Ok(())
     } else {
@@ -296,35 +202,27 @@ fn check_device(dev: &Cuda, owner: &Arc<CudaDevice>) -> Result<(), CudaError> {
     }
 }
 
-fn raw(dev: &Cuda, buf: &AnyBuf<'_, Cuda>) -> Result<Raw, CudaError> {
-    let (owner, raw) = match buf {
-        AnyBuf::F32(b) => (
-            b.device(),
-            Raw {
-                ptr: *b.device_ptr(),
-                len: b.len(),
-                prec: Prec::F32,
-            },
-        ),
-        AnyBuf::F16(b) => (
-            b.device(),
-            Raw {
-                ptr: *b.device_ptr(),
-                len: b.len(),
-                prec: Prec::F16,
-            },
-        ),
-    };
-    check_device(dev, &owner)?;
-    Ok(raw)
+/// The pointer and length of a buffer on `dev`.
+pub(crate) fn raw<E: CudaElem>(dev: &Cuda, buf: &CudaSlice<E>) -> Result<Raw, CudaError>
+where
+    E: cudarc::driver::DeviceRepr,
+{
+    check_device(dev, &buf.device())?;
+    Ok(Raw {
+        ptr: *buf.device_ptr(),
+        len: buf.len(),
+    })
 }
 
 /// As [`raw`]; taking `&mut` keeps the kernel's writes behind a unique borrow.
-fn raw_mut(dev: &Cuda, buf: &mut AnyBufMut<'_, Cuda>) -> Result<Raw, CudaError> {
-    raw(dev, &buf.as_buf())
+pub(crate) fn raw_mut<E: CudaElem>(dev: &Cuda, buf: &mut CudaSlice<E>) -> Result<Raw, CudaError>
+where
+    E: cudarc::driver::DeviceRepr,
+{
+    raw(dev, &*buf)
 }
 
-fn check_lengths(src: Raw, dst: Raw) -> Result<(), CudaError> {
+pub(crate) fn check_lengths(src: Raw, dst: Raw) -> Result<(), CudaError> {
     if src.len == dst.len {
         Ok(())
     } else {
@@ -339,9 +237,13 @@ fn check_lengths(src: Raw, dst: Raw) -> Result<(), CudaError> {
 ///
 /// Slots are reused from step to step, and the kernels only ever accumulate into a slot (set a
 /// flag, add a partial sum, take a max) because their blocks cannot agree on who goes first, so
-/// each result must start from zero; a 4-byte memset queued before the
-/// kernel does that without a host round trip.
-fn reset_slot(dev: &Cuda, stats: &mut CudaSlice<f32>, slot: usize) -> Result<u64, CudaError> {
+/// each result must start from zero; a 4-byte memset queued before the kernel does that without
+/// a host round trip.
+pub(crate) fn reset_slot(
+    dev: &Cuda,
+    stats: &mut CudaSlice<f32>,
+    slot: usize,
+) -> Result<u64, CudaError> {
     check_device(dev, &stats.device())?;
     if slot >= stats.len() {
         // Too few slots for the tensors visited: a bug in the caller, and a write out of bounds
@@ -372,22 +274,23 @@ fn compile_error(err: CompileError) -> CudaError {
 
 /// Compiles (once per process) and loads (once per device) the kernels.
 fn load_module(dev: &Arc<CudaDevice>) -> Result<(), CudaError> {
+    let (source, names) = program();
     let mut cached = PTX.lock().unwrap_or_else(PoisonError::into_inner);
-    if dev.has_func(MODULE, FUNCS[0]) {
+    if dev.has_func(MODULE, names[0]) {
         // Another thread loaded it while this one waited for the lock.
         return Ok(());
     }
     let ptx = match &*cached {
         Some(ptx) => ptx.clone(),
         None => cached
-            .insert(compile_ptx(SOURCE).map_err(compile_error)?)
+            .insert(compile_ptx(source.as_str()).map_err(compile_error)?)
             .clone(),
     };
-    dev.load_ptx(ptx, MODULE, &FUNCS)?;
+    dev.load_ptx(ptx, MODULE, names)?;
     Ok(())
 }
 
-fn kernel(dev: &Arc<CudaDevice>, name: &'static str) -> Result<CudaFunction, CudaError> {
+fn kernel(dev: &Arc<CudaDevice>, name: &str) -> Result<CudaFunction, CudaError> {
     if let Some(f) = dev.get_func(MODULE, name) {
         return Ok(f);
     }
@@ -397,7 +300,7 @@ fn kernel(dev: &Arc<CudaDevice>, name: &'static str) -> Result<CudaFunction, Cud
 }
 
 /// Queues `name` over `n` elements on dfdx's stream.
-fn launch<P>(dev: &Cuda, name: &'static str, n: usize, params: P) -> Result<(), CudaError>
+pub(crate) fn launch<P>(dev: &Cuda, name: &str, n: usize, params: P) -> Result<(), CudaError>
 where
     CudaFunction: LaunchAsync<P>,
 {
@@ -412,47 +315,18 @@ where
         block_dim: (BLOCK, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: each kernel in SOURCE declares exactly the parameters, in order and size (u64 for
-    // counts and pointers, f32 for scalars), that its caller below passes; every pointer
-    // addresses at least `n` elements of the kernel's element type on this device (lengths and
-    // owners are checked first), or one f32 stats slot.
+    // SAFETY: each entry point declares exactly the parameters, in order and size (u64 for
+    // counts and pointers, f32 for scalars), that its caller passes; every pointer addresses at
+    // least `n` elements of the kernel's element type on this device (lengths and owners are
+    // checked first), or one f32 stats slot.
     unsafe { f.launch(cfg, params) }?;
     Ok(())
 }
 
-/// Reduces `buf` into stats slot `slot` (reset first) with the kernel for its precision.
-fn reduce(
-    dev: &Cuda,
-    table: [&'static str; 2],
-    buf: AnyBuf<'_, Cuda>,
-    stats: &mut CudaSlice<f32>,
-    slot: usize,
-) -> Result<(), CudaError> {
-    let b = raw(dev, &buf)?;
-    let out = reset_slot(dev, stats, slot)?;
-    launch(
-        dev,
-        table[b.prec as usize],
-        b.len,
-        (b.len as u64, b.ptr, out),
-    )
-}
-
-/// Applies an elementwise kernel taking one scalar, `x`, to `buf` in place.
-fn map_scalar(
-    dev: &Cuda,
-    table: [&'static str; 2],
-    mut buf: AnyBufMut<'_, Cuda>,
-    x: f32,
-) -> Result<(), CudaError> {
-    let b = raw_mut(dev, &mut buf)?;
-    launch(dev, table[b.prec as usize], b.len, (b.len as u64, b.ptr, x))
-}
-
-impl AmpDevice for Cuda {
+impl StatsDevice for Cuda {
     type Stats = CudaSlice<f32>;
 
-    fn try_alloc_stats(&self, slots: usize) -> Result<Self::Stats, CudaError> {
+    fn try_alloc_stats(&self, slots: usize) -> Result<CudaSlice<f32>, CudaError> {
         let dev = self.cuda_device();
         // `null` is cudarc's own empty allocation; it skips a memset of zero bytes.
         Ok(if slots == 0 {
@@ -462,176 +336,12 @@ impl AmpDevice for Cuda {
         })
     }
 
-    fn try_read_stats(&self, stats: &Self::Stats) -> Result<Vec<f32>, CudaError> {
+    fn try_read_stats(&self, stats: &CudaSlice<f32>) -> Result<Vec<f32>, CudaError> {
         check_device(self, &stats.device())?;
         if stats.len() == 0 {
             return Ok(Vec::new());
         }
         Ok(self.cuda_device().dtoh_sync_copy(stats)?)
-    }
-
-    fn try_read_f32(&self, buf: AnyBuf<'_, Self>) -> Result<Vec<f32>, CudaError> {
-        let r = raw(self, &buf)?;
-        if r.len == 0 {
-            return Ok(Vec::new());
-        }
-        match buf {
-            AnyBuf::F32(b) => Ok(self.cuda_device().dtoh_sync_copy(b)?),
-            AnyBuf::F16(b) => {
-                // Copying the FP16 bits and widening on the host moves half the bytes of widening
-                // on the device, and the conversion is exact either way.
-                let half = self.cuda_device().dtoh_sync_copy(b)?;
-                let mut out = vec![0f32; half.len()];
-                f16::slice_to_f32(&half, &mut out);
-                Ok(out)
-            }
-        }
-    }
-
-    fn try_write_f32(&self, mut buf: AnyBufMut<'_, Self>, values: &[f32]) -> Result<(), CudaError> {
-        let b = raw_mut(self, &mut buf)?;
-        if values.len() != b.len {
-            // As `check_lengths`: a mismatch is reported, never copied past the buffer's end.
-            return Err(CudaError::Cpu(CpuError::WrongNumElements));
-        }
-        if b.len == 0 {
-            return Ok(());
-        }
-        // The copies are synchronous because `values` is only borrowed. FP16 is narrowed on the
-        // host (with `half`, which rounds as the device's conversion does) so that half the
-        // bytes cross the bus.
-        let dev = self.cuda_device();
-        match buf {
-            AnyBufMut::F32(b) => dev.htod_sync_copy_into(values, b)?,
-            AnyBufMut::F16(b) => {
-                let mut half = vec![f16::ZERO; values.len()];
-                f16::slice_from_f32(values, &mut half);
-                dev.htod_sync_copy_into(&half, b)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn try_fill(&self, mut buf: AnyBufMut<'_, Self>, value: f32) -> Result<(), CudaError> {
-        let b = raw_mut(self, &mut buf)?;
-        if b.len == 0 {
-            return Ok(());
-        }
-        if value.to_bits() == 0 {
-            // +0.0 is all-zero bits in both precisions: a memset, as dfdx zeroes its buffers.
-            let dev = self.cuda_device();
-            return match buf {
-                AnyBufMut::F32(b) => dev.memset_zeros(b),
-                AnyBufMut::F16(b) => dev.memset_zeros(b),
-            }
-            .map_err(CudaError::from);
-        }
-        launch(
-            self,
-            FILL[b.prec as usize],
-            b.len,
-            (b.len as u64, b.ptr, value),
-        )
-    }
-
-    fn try_add_cast(
-        &self,
-        src: AnyBuf<'_, Self>,
-        mut dst: AnyBufMut<'_, Self>,
-    ) -> Result<(), CudaError> {
-        let (s, d) = (raw(self, &src)?, raw_mut(self, &mut dst)?);
-        check_lengths(s, d)?;
-        launch(
-            self,
-            ADD_CAST[pair(s, d)],
-            s.len,
-            (s.len as u64, s.ptr, d.ptr),
-        )
-    }
-
-    fn try_copy_cast(
-        &self,
-        src: AnyBuf<'_, Self>,
-        mut dst: AnyBufMut<'_, Self>,
-    ) -> Result<(), CudaError> {
-        let (s, d) = (raw(self, &src)?, raw_mut(self, &mut dst)?);
-        check_lengths(s, d)?;
-        if s.len == 0 {
-            return Ok(());
-        }
-        let dev = self.cuda_device();
-        match (src, dst) {
-            (AnyBuf::F32(s), AnyBufMut::F32(d)) => Ok(dev.dtod_copy(s, d)?),
-            (AnyBuf::F16(s), AnyBufMut::F16(d)) => Ok(dev.dtod_copy(s, d)?),
-            (AnyBuf::F32(_), AnyBufMut::F16(_)) => {
-                launch(self, COPY_CAST_F32_F16, s.len, (s.len as u64, s.ptr, d.ptr))
-            }
-            (AnyBuf::F16(_), AnyBufMut::F32(_)) => {
-                launch(self, COPY_CAST_F16_F32, s.len, (s.len as u64, s.ptr, d.ptr))
-            }
-        }
-    }
-
-    fn try_unscale(
-        &self,
-        src: AnyBuf<'_, Self>,
-        mut dst: AnyBufMut<'_, Self>,
-        inv_scale: f32,
-        stats: &mut Self::Stats,
-        slot: usize,
-    ) -> Result<(), CudaError> {
-        let (s, d) = (raw(self, &src)?, raw_mut(self, &mut dst)?);
-        check_lengths(s, d)?;
-        let flag = reset_slot(self, stats, slot)?;
-        launch(
-            self,
-            UNSCALE[pair(s, d)],
-            s.len,
-            (s.len as u64, s.ptr, d.ptr, inv_scale, flag),
-        )
-    }
-
-    fn try_unscale_in_place(
-        &self,
-        mut buf: AnyBufMut<'_, Self>,
-        inv_scale: f32,
-        stats: &mut Self::Stats,
-        slot: usize,
-    ) -> Result<(), CudaError> {
-        let b = raw_mut(self, &mut buf)?;
-        let flag = reset_slot(self, stats, slot)?;
-        launch(
-            self,
-            UNSCALE_IN_PLACE[b.prec as usize],
-            b.len,
-            (b.len as u64, b.ptr, inv_scale, flag),
-        )
-    }
-
-    fn try_sum_squares(
-        &self,
-        buf: AnyBuf<'_, Self>,
-        stats: &mut Self::Stats,
-        slot: usize,
-    ) -> Result<(), CudaError> {
-        reduce(self, SUM_SQUARES, buf, stats, slot)
-    }
-
-    fn try_max_abs(
-        &self,
-        buf: AnyBuf<'_, Self>,
-        stats: &mut Self::Stats,
-        slot: usize,
-    ) -> Result<(), CudaError> {
-        reduce(self, MAX_ABS, buf, stats, slot)
-    }
-
-    fn try_scale(&self, buf: AnyBufMut<'_, Self>, factor: f32) -> Result<(), CudaError> {
-        map_scalar(self, SCALE, buf, factor)
-    }
-
-    fn try_clamp(&self, buf: AnyBufMut<'_, Self>, limit: f32) -> Result<(), CudaError> {
-        map_scalar(self, CLAMP, buf, limit)
     }
 }
 
@@ -642,10 +352,11 @@ mod tests {
     /// Needs NVRTC but no GPU; on failure prints NVRTC's log, which errors cannot carry.
     #[test]
     fn nvrtc_compiles_the_kernels() {
-        match compile_ptx(SOURCE) {
+        let (source, names) = program();
+        match compile_ptx(source.as_str()) {
             Ok(ptx) => {
                 let ptx = ptx.to_src();
-                for name in FUNCS {
+                for name in names {
                     assert!(
                         ptx.contains(&format!(".entry {name}(")),
                         "{name} missing from the PTX"
@@ -660,12 +371,19 @@ mod tests {
     }
 
     #[test]
-    fn kernel_tables_agree_with_the_source() {
-        let mut names = FUNCS.to_vec();
-        names.sort_unstable();
-        names.dedup();
-        assert_eq!(names.len(), FUNCS.len(), "a kernel is listed twice");
+    fn every_precision_gets_its_kernels_and_names_are_unique() {
+        let (source, names) = program();
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), names.len(), "a kernel is listed twice");
+        for (tag, _, _) in ELEMS {
+            assert!(
+                names.contains(&format!("tamp_fill_{tag}").as_str()),
+                "{tag}"
+            );
+        }
         // The reductions' shared arrays are sized by the source's BLOCK, launches by ours.
-        assert!(SOURCE.contains(&format!("#define BLOCK {BLOCK}\n")));
+        assert!(source.contains(&format!("#define BLOCK {BLOCK}\n")));
     }
 }

@@ -1,44 +1,35 @@
-//! The devices typed-amp trains on, and the few buffer-level kernels that mixed precision needs
-//! beyond dfdx's ops: differentiable casts, the fused unscale + non-finite check, the
-//! master→working refresh and the gradient-norm reductions used by clipping.
+//! The devices typed-amp trains on, as capabilities.
 //!
-//! Each kernel works on a whole gradient or parameter buffer and records per-tensor results in a
-//! small [`AmpDevice::Stats`] buffer that stays on the device, so a training step reads results
-//! back once rather than once per tensor.
+//! Mixed precision needs a few buffer-level kernels beyond dfdx's ops, each a trait of its own,
+//! defined with its CPU and CUDA kernels side by side in [`crate::ops`]:
+//!
+//! | capability | kernels | op |
+//! | --- | --- | --- |
+//! | [`StatsDevice`] | per-tensor results kept on the device, read back once a step | here |
+//! | [`CastKernel`] | `dst = src`, `dst += src` across precisions | [`crate::ops::cast`] |
+//! | [`UnscaleKernel`] | `x / scale` with the non-finite check, fused | [`crate::ops::unscale`] |
+//! | [`ReduceKernel`] | Σx² and max\|x\| (clipping, layer probes) | [`crate::ops::reduce`] |
+//! | [`FillKernel`] | fill, scale, clamp in place | [`crate::ops::fill`] |
+//! | [`HostKernel`] | exact copies to and from the host (checkpoints) | [`crate::ops::host`] |
+//!
+//! [`Kernels<E>`] bundles them, with dfdx's `Device<E>` and `ConvDevice<E>`, for one element type,
+//! and [`AmpDevice`] is `Kernels<E>` for every precision of
+//! [`with_precisions!`](crate::with_precisions). Both are implemented for every device that has
+//! the capabilities: dfdx's `Cpu` and, with the `cuda` feature, `Cuda`.
 
-use dfdx::prelude::Device;
-use half::f16;
+pub use crate::ops::cast::CastKernel;
+pub use crate::ops::fill::FillKernel;
+pub use crate::ops::host::HostKernel;
+pub use crate::ops::reduce::ReduceKernel;
+pub use crate::ops::unscale::UnscaleKernel;
 
-use crate::precision::{AnyBuf, AnyBufMut};
-
-mod cpu;
 #[cfg(feature = "cuda")]
-mod cuda;
+pub(crate) mod cuda;
 
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for dfdx::prelude::Cpu {}
-    #[cfg(feature = "cuda")]
-    impl Sealed for dfdx::prelude::Cuda {}
-}
-
-/// A dfdx device that can run both precisions and typed-amp's bookkeeping kernels.
-///
-/// Implemented for [`dfdx::prelude::Cpu`] and, with the `cuda` feature, for
-/// `dfdx::prelude::Cuda`, whose kernels run on dfdx's own stream and keep [`AmpDevice::Stats`]
-/// in GPU memory until [`AmpDevice::try_read_stats`].
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a device typed-amp can train on",
-    note = "train on `dfdx::prelude::Cpu`, or on `dfdx::prelude::Cuda` with typed-amp's `cuda` feature"
-)]
-pub trait AmpDevice:
-    Device<f32>
-    + Device<f16>
-    + dfdx::tensor_ops::ConvDevice<f32>
-    + dfdx::tensor_ops::ConvDevice<f16>
-    + sealed::Sealed
-{
-    /// One `f32` per tensor, kept on the device: non-finite flags or sums of squares.
+/// A device that keeps small per-tensor results (non-finite flags, sums of squares) in a buffer
+/// of its own until they are read back, once per step.
+pub trait StatsDevice: dfdx::prelude::HasErr + Clone + 'static {
+    /// One `f32` per tensor, kept on the device.
     type Stats: 'static;
 
     /// Allocates a stats buffer of `slots` zeros.
@@ -46,73 +37,177 @@ pub trait AmpDevice:
 
     /// Reads a stats buffer back to the host (the one device→host transfer of a step).
     fn try_read_stats(&self, stats: &Self::Stats) -> Result<Vec<f32>, Self::Err>;
+}
 
-    /// Copies a buffer of either precision to the host, as FP32.
-    fn try_read_f32(&self, buf: AnyBuf<'_, Self>) -> Result<Vec<f32>, Self::Err>;
+macro_rules! define_capabilities {
+    ($([$marker:ident, $elem:ty, $variant:ident, $name:literal, $st:ident, $index:literal])*) => {
+        /// Everything typed-amp needs from a device for tensors of element type `E`: dfdx's ops
+        /// (`Device<E>`, `ConvDevice<E>`) and typed-amp's kernels, casts to and from every
+        /// precision included.
+        #[diagnostic::on_unimplemented(
+            message = "`{Self}` cannot run typed-amp's kernels on `{E}` tensors",
+            note = "train on `dfdx::prelude::Cpu`, or on `dfdx::prelude::Cuda` with typed-amp's `cuda` feature"
+        )]
+        pub trait Kernels<E: crate::precision::AmpElem>:
+            dfdx::prelude::Device<E>
+            + dfdx::tensor_ops::ConvDevice<E>
+            + StatsDevice
+            + FillKernel<E>
+            + ReduceKernel<E>
+            + UnscaleKernel<E>
+            + HostKernel<E>
+            + CastKernel<E, E>
+            $(
+                + CastKernel<E, $elem>
+                + CastKernel<$elem, E>
+                + dfdx::tensor_ops::ToDtypeKernel<E, $elem>
+                + dfdx::tensor_ops::ToDtypeKernel<$elem, E>
+            )*
+        {
+        }
 
-    /// Overwrites a buffer of either precision with host values (converted to its precision).
-    /// `values` has the buffer's length.
-    fn try_write_f32(&self, buf: AnyBufMut<'_, Self>, values: &[f32]) -> Result<(), Self::Err>;
+        impl<E, D> Kernels<E> for D
+        where
+            E: crate::precision::AmpElem,
+            D: dfdx::prelude::Device<E>
+                + dfdx::tensor_ops::ConvDevice<E>
+                + StatsDevice
+                + FillKernel<E>
+                + ReduceKernel<E>
+                + UnscaleKernel<E>
+                + HostKernel<E>
+                + CastKernel<E, E>
+                $(
+                    + CastKernel<E, $elem>
+                    + CastKernel<$elem, E>
+                    + dfdx::tensor_ops::ToDtypeKernel<E, $elem>
+                    + dfdx::tensor_ops::ToDtypeKernel<$elem, E>
+                )*,
+        {
+        }
 
-    /// Sets every element of a buffer of either precision to `value` (rounded to the buffer's
-    /// precision).
-    fn try_fill(&self, buf: AnyBufMut<'_, Self>, value: f32) -> Result<(), Self::Err>;
+        /// A dfdx device that runs every precision and typed-amp's kernels: [`Kernels<E>`] for
+        /// each precision of [`with_precisions!`](crate::with_precisions).
+        ///
+        /// Implemented for [`dfdx::prelude::Cpu`] and, with the `cuda` feature, for
+        /// `dfdx::prelude::Cuda`, whose kernels run on dfdx's own stream and keep
+        /// [`StatsDevice::Stats`] in GPU memory until [`StatsDevice::try_read_stats`].
+        #[diagnostic::on_unimplemented(
+            message = "`{Self}` is not a device typed-amp can train on",
+            note = "train on `dfdx::prelude::Cpu`, or on `dfdx::prelude::Cuda` with typed-amp's `cuda` feature"
+        )]
+        pub trait AmpDevice: StatsDevice $(+ Kernels<$elem>)* {}
 
-    /// `dst += convert(src)`, converting between precisions (FP32→FP16 rounds and overflows to
-    /// ±inf as a hardware conversion does). Both buffers have the same length.
-    fn try_add_cast(
-        &self,
-        src: AnyBuf<'_, Self>,
-        dst: AnyBufMut<'_, Self>,
-    ) -> Result<(), Self::Err>;
+        impl<D: StatsDevice $(+ Kernels<$elem>)*> AmpDevice for D {}
+    };
+}
 
-    /// `dst = convert(src)`, in place in `dst`. Both buffers have the same length.
-    fn try_copy_cast(
-        &self,
-        src: AnyBuf<'_, Self>,
-        dst: AnyBufMut<'_, Self>,
-    ) -> Result<(), Self::Err>;
+crate::with_precisions!(define_capabilities);
 
-    /// `dst = src * inv_scale` computed in FP32 and stored in `dst`'s precision, and
-    /// `stats[slot] = 1.0` if any element of `src` is inf or NaN (else `0.0`). Both buffers have
-    /// the same length.
-    fn try_unscale(
-        &self,
-        src: AnyBuf<'_, Self>,
-        dst: AnyBufMut<'_, Self>,
-        inv_scale: f32,
-        stats: &mut Self::Stats,
-        slot: usize,
-    ) -> Result<(), Self::Err>;
+impl StatsDevice for dfdx::prelude::Cpu {
+    type Stats = Vec<f32>;
 
-    /// `buf *= inv_scale` in place, with the same non-finite flag as [`AmpDevice::try_unscale`].
-    fn try_unscale_in_place(
-        &self,
-        buf: AnyBufMut<'_, Self>,
-        inv_scale: f32,
-        stats: &mut Self::Stats,
-        slot: usize,
-    ) -> Result<(), Self::Err>;
+    fn try_alloc_stats(&self, slots: usize) -> Result<Vec<f32>, Self::Err> {
+        Ok(vec![0.0; slots])
+    }
 
-    /// `stats[slot] = Σ x²`, accumulated in FP32 (inf or NaN if any element is).
-    fn try_sum_squares(
-        &self,
-        buf: AnyBuf<'_, Self>,
-        stats: &mut Self::Stats,
-        slot: usize,
-    ) -> Result<(), Self::Err>;
+    fn try_read_stats(&self, stats: &Vec<f32>) -> Result<Vec<f32>, Self::Err> {
+        Ok(stats.clone())
+    }
+}
 
-    /// `stats[slot] = max |x|` (NaN if any element is).
-    fn try_max_abs(
-        &self,
-        buf: AnyBuf<'_, Self>,
-        stats: &mut Self::Stats,
-        slot: usize,
-    ) -> Result<(), Self::Err>;
+/// CPU helpers shared by the ops' CPU kernels.
+pub(crate) mod cpu {
+    use dfdx::prelude::CpuError;
 
-    /// `buf *= factor` in place.
-    fn try_scale(&self, buf: AnyBufMut<'_, Self>, factor: f32) -> Result<(), Self::Err>;
+    use crate::precision::AmpElem;
 
-    /// Clamps every element of `buf` to `[-limit, limit]` in place (NaN stays NaN).
-    fn try_clamp(&self, buf: AnyBufMut<'_, Self>, limit: f32) -> Result<(), Self::Err>;
+    /// Elements converted per chunk: 4 KiB of FP32, small enough to stay in L1.
+    pub(crate) const CHUNK: usize = 1024;
+
+    /// Exponent bits of an FP32 value; all set means inf or NaN.
+    const F32_EXPONENT: u32 = 0x7f80_0000;
+
+    /// Whether any value is inf or NaN, written so that the loop vectorises.
+    #[inline]
+    pub(crate) fn any_non_finite(values: &[f32]) -> bool {
+        values.iter().fold(0u32, |acc, v| {
+            acc | u32::from(v.to_bits() & F32_EXPONENT == F32_EXPONENT)
+        }) != 0
+    }
+
+    /// Calls `f` on consecutive FP32 chunks of a buffer of any precision (FP32 buffers are
+    /// passed through without a copy).
+    #[inline]
+    pub(crate) fn for_each_f32_chunk<E: AmpElem>(src: &[E], mut f: impl FnMut(usize, &[f32])) {
+        if let Some(src) = as_f32(src) {
+            for (i, chunk) in src.chunks(CHUNK).enumerate() {
+                f(i * CHUNK, chunk);
+            }
+            return;
+        }
+        let mut tmp = [0f32; CHUNK];
+        for (i, chunk) in src.chunks(CHUNK).enumerate() {
+            let tmp = &mut tmp[..chunk.len()];
+            E::slice_to_f32(chunk, tmp);
+            f(i * CHUNK, tmp);
+        }
+    }
+
+    /// Applies `f` to FP32 chunks of a buffer of any precision, in place.
+    #[inline]
+    pub(crate) fn map_f32_chunks<E: AmpElem>(buf: &mut [E], mut f: impl FnMut(&mut [f32])) {
+        if let Some(buf) = as_f32_mut(buf) {
+            for chunk in buf.chunks_mut(CHUNK) {
+                f(chunk);
+            }
+            return;
+        }
+        let mut tmp = [0f32; CHUNK];
+        for chunk in buf.chunks_mut(CHUNK) {
+            let tmp = &mut tmp[..chunk.len()];
+            E::slice_to_f32(chunk, tmp);
+            f(tmp);
+            E::slice_from_f32(tmp, chunk);
+        }
+    }
+
+    /// The buffer itself when `E` is `f32`, so FP32 buffers skip the conversion copy.
+    #[inline]
+    pub(crate) fn as_f32<E: AmpElem>(buf: &[E]) -> Option<&[f32]> {
+        if std::any::TypeId::of::<E>() == std::any::TypeId::of::<f32>() {
+            // SAFETY: `E` is `f32`, so the slice already is an `[f32]` of the same length.
+            Some(unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<f32>(), buf.len()) })
+        } else {
+            None
+        }
+    }
+
+    /// The buffer itself when `E` is `f32`, mutably.
+    #[inline]
+    pub(crate) fn as_f32_mut<E: AmpElem>(buf: &mut [E]) -> Option<&mut [f32]> {
+        if std::any::TypeId::of::<E>() == std::any::TypeId::of::<f32>() {
+            // SAFETY: as in `as_f32`; the unique borrow is carried over.
+            Some(unsafe {
+                std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<f32>(), buf.len())
+            })
+        } else {
+            None
+        }
+    }
+
+    /// The stats slot `slot`, or an error if the buffer has no such slot.
+    pub(crate) fn slot_of(stats: &mut [f32], slot: usize) -> Result<&mut f32, CpuError> {
+        stats.get_mut(slot).ok_or(CpuError::WrongNumElements)
+    }
+
+    /// Buffers are paired by typed-amp itself; a length mismatch is a bug, reported rather than
+    /// read out of bounds.
+    pub(crate) fn check_lengths(src: usize, dst: usize) -> Result<(), CpuError> {
+        if src == dst {
+            Ok(())
+        } else {
+            Err(CpuError::WrongNumElements)
+        }
+    }
 }

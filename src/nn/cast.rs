@@ -1,50 +1,49 @@
-//! Differentiable casts as layers.
+//! Differentiable casts as layers, to place inside tuples at the boundary between layers of
+//! different precisions. They run [`Cast::cast`](crate::Cast::cast).
 
 use dfdx::nn::{NonMutableModule, ZeroSizedModule};
 use dfdx::prelude::*;
-use half::f16;
 
 use crate::device::AmpDevice;
-use crate::ops::cast::{AmpTape, Cast, CastFrom};
-use crate::precision::AmpElem;
+use crate::ops::cast::{AmpTape, CastDevice};
+use crate::precision::{AmpElem, Precision};
 
-/// Casts its input to FP16 (see [`crate::to_f16`]).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ToF16;
-
-/// Casts its input to FP32 (see [`crate::to_f32`]).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ToF32;
-
-impl ZeroSizedModule for ToF16 {}
-impl ZeroSizedModule for ToF32 {}
-impl NonMutableModule for ToF16 {}
-impl NonMutableModule for ToF32 {}
-
-impl<S: Shape, E: AmpElem, D: AmpDevice + Device<E>, T: AmpTape<D>> Module<Tensor<S, E, D, T>>
-    for ToF16
-where
-    f16: CastFrom<E>,
-{
-    type Output = Tensor<S, f16, D, T>;
-    type Error = D::Err;
-
-    fn try_forward(&self, x: Tensor<S, E, D, T>) -> Result<Self::Output, D::Err> {
-        x.try_to_f16()
-    }
+/// A layer that casts its input to one precision.
+pub trait CastLayer {
+    /// The precision it casts to.
+    type To: Precision;
 }
 
-impl<S: Shape, E: AmpElem, D: AmpDevice + Device<E>, T: AmpTape<D>> Module<Tensor<S, E, D, T>>
-    for ToF32
-where
-    f32: CastFrom<E>,
-{
-    type Output = Tensor<S, f32, D, T>;
-    type Error = D::Err;
+macro_rules! cast_layers {
+    ($($layer:ident => $marker:ident, $doc:literal;)*) => {$(
+        #[doc = $doc]
+        #[derive(Debug, Clone, Copy, Default)]
+        pub struct $layer;
 
-    fn try_forward(&self, x: Tensor<S, E, D, T>) -> Result<Self::Output, D::Err> {
-        x.try_to_f32()
-    }
+        impl CastLayer for $layer {
+            type To = crate::precision::$marker;
+        }
+
+        impl ZeroSizedModule for $layer {}
+        impl NonMutableModule for $layer {}
+
+        impl<S: Shape, E: AmpElem, D, T: AmpTape<D>> Module<Tensor<S, E, D, T>> for $layer
+        where
+            D: AmpDevice + CastDevice<E, <crate::precision::$marker as Precision>::Elem>,
+        {
+            type Output = Tensor<S, <crate::precision::$marker as Precision>::Elem, D, T>;
+            type Error = D::Err;
+
+            fn try_forward(&self, x: Tensor<S, E, D, T>) -> Result<Self::Output, D::Err> {
+                crate::ops::cast::try_cast_to::<crate::precision::$marker, _, _, _, _>(x)
+            }
+        }
+
+        crate::params::parameterless_params!([] $layer;);
+    )*};
 }
 
-crate::params::parameterless_params!([] ToF16; [] ToF32;);
+cast_layers! {
+    ToF16 => F16, "Casts its input to FP16 (see [`crate::to_f16`]).";
+    ToF32 => F32, "Casts its input to FP32 (see [`crate::to_f32`]).";
+}

@@ -25,7 +25,7 @@ mod pool;
 
 /// The layers, generic over dtype and device (what [`builders`] build).
 pub mod modules {
-    pub use super::cast::{ToF16, ToF32};
+    pub use super::cast::{CastLayer, ToF16, ToF32};
     pub use super::conv2d::Conv2D;
     pub use super::flatten::Flatten;
     pub use super::pool::MaxPool2D;

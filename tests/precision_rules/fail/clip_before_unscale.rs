@@ -11,6 +11,6 @@ fn main() -> Result<(), AmpError> {
     let loss = cross_entropy_with_logits_loss(logits.to_f32(), dev.zeros());
     let mut grads = scaler.scale(loss).backward()?;
     // Wrong: clipping scaled gradients clips at `max_norm / scale`.
-    grads.clip_grad_norm(&model, 1.0)?;
+    clip_grad_norm(&mut grads, 1.0)?;
     Ok(())
 }

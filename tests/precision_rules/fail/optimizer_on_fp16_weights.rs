@@ -14,6 +14,6 @@ fn main() -> Result<(), AmpError> {
     let loss = cross_entropy_with_logits_loss(logits.to_f32(), dev.zeros());
     let grads = scaler.scale(loss).backward()?;
     let grads = scaler.unscale(&mut model, grads)?;
-    scaler.step(&mut opt, &mut model, grads)?;
+    let _ = scaler.step(&mut opt, grads)?;
     Ok(())
 }

@@ -13,6 +13,6 @@ fn main() -> Result<(), AmpError> {
     let loss = cross_entropy_with_logits_loss(logits.to_f32(), dev.zeros());
     let grads = scaler.scale(loss).backward()?;
     // Wrong: the gradients are still multiplied by the loss scale.
-    scaler.step(&mut opt, &mut model, grads)?;
+    let _ = scaler.step(&mut opt, grads)?;
     Ok(())
 }

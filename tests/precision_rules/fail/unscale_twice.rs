@@ -11,7 +11,8 @@ fn main() -> Result<(), AmpError> {
     let loss = cross_entropy_with_logits_loss(logits.to_f32(), dev.zeros());
     let grads = scaler.scale(loss).backward()?;
     let grads = scaler.unscale(&mut model, grads)?;
+    let mut other = MasterWeights::build::<Mlp>(&dev)?;
     // Wrong: unscaling again would divide by the scale twice.
-    let _grads = scaler.unscale(&mut model, grads)?;
+    let _grads = scaler.unscale(&mut other, grads)?;
     Ok(())
 }

@@ -15,9 +15,9 @@ fn fp16_mlp() -> Result<(), AmpError> {
     let loss = cross_entropy_with_logits_loss(logits.to_f32(), dev.zeros());
     let grads = scaler.scale(loss).backward()?;
     let mut grads = scaler.unscale(&mut model, grads)?;
-    grads.clip_grad_norm(&model, 1.0)?;
-    let outcome = scaler.step(&mut opt, &mut model, grads)?;
-    scaler.update(outcome.found_inf)?;
+    clip_grad_norm(&mut grads, 1.0)?;
+    let outcome = scaler.step(&mut opt, grads)?;
+    let _next: MixedGradients<Cpu> = scaler.update(outcome)?;
     Ok(())
 }
 
@@ -40,8 +40,8 @@ fn fp16_layers_around_an_fp32_norm() -> Result<(), AmpError> {
     let loss = mse_loss(logits.to_f32(), dev.zeros());
     let grads = scaler.scale(loss).backward()?;
     let grads = scaler.unscale(&mut model, grads)?;
-    let outcome = scaler.step(&mut opt, &mut model, grads)?;
-    scaler.update(outcome.found_inf)?;
+    let outcome = scaler.step(&mut opt, grads)?;
+    let _next = scaler.update(outcome)?;
     Ok(())
 }
 
@@ -55,8 +55,23 @@ fn fp32_model() -> Result<(), AmpError> {
     let loss = cross_entropy_with_logits_loss(logits, dev.zeros());
     let grads = scaler.scale(loss).backward()?;
     let grads = scaler.unscale(&mut model, grads)?;
-    let outcome = scaler.step(&mut opt, &mut model, grads)?;
-    scaler.update(outcome.found_inf)?;
+    let outcome = scaler.step(&mut opt, grads)?;
+    let _next = scaler.update(outcome)?;
+    Ok(())
+}
+
+/// An FP32 model has FP32's exponent range: it steps without a scaler, still checked for
+/// inf and NaN.
+fn fp32_model_without_a_scaler() -> Result<(), AmpError> {
+    let dev = Cpu::default();
+    let mut model = Fp32Weights::build::<Mlp>(&dev)?;
+    let mut opt = Sgd::new(model.master(), SgdConfig::default());
+    let x: Tensor<Rank2<3, 4>, f32, _> = dev.zeros();
+    let logits = model.working().forward(x.traced_mixed(model.alloc_grads()?));
+    let loss = cross_entropy_with_logits_loss(logits, dev.zeros());
+    let mut grads = loss.backward()?.check(&mut model)?;
+    clip_grad_value(&mut grads, 1.0)?;
+    let _next: MixedGradients<Cpu> = grads.step(&mut opt)?.into_grads();
     Ok(())
 }
 
@@ -64,4 +79,5 @@ fn main() {
     fp16_mlp().unwrap();
     fp16_layers_around_an_fp32_norm().unwrap();
     fp32_model().unwrap();
+    fp32_model_without_a_scaler().unwrap();
 }

@@ -274,7 +274,7 @@ pub use tri::{lower_tri, upper_tri};
 pub use upscale2d::{Bilinear, GenericUpscale2D, NearestNeighbor, TryUpscale2D, UpscaleMethod};
 pub use var_to::VarTo;
 
-pub(crate) use to_dtype::ToDtypeKernel;
+pub use to_dtype::ToDtypeKernel; // typed-amp patch: public, so casts between any two precisions can name it
 pub(crate) use upscale2d::Upscale2DKernel;
 
 // typed-amp patch: the convolution and pooling ops build on stable for run-time (`usize`)

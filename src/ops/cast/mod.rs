@@ -1,0 +1,302 @@
+//! Differentiable precision casts: [`Cast::cast`] and its shorthands [`to_f16`] and [`to_f32`].
+//!
+//! dfdx's `to_dtype` is not recorded on any tape. These casts are: on a [`MixedTape`] the
+//! backward pass converts the output's gradient into the input's precision and adds it to the
+//! input's gradient. Narrowing conversions round to nearest-even and overflow to ±inf beyond the
+//! target's range in both directions of the pass, exactly as a hardware cast does, so an FP32
+//! gradient too large for an FP16 layer shows up as inf in that layer's gradient and the scaler
+//! skips the step.
+
+mod cpu_kernel;
+#[cfg(feature = "cuda")]
+mod cuda_kernel;
+
+#[cfg(feature = "cuda")]
+pub(crate) use cuda_kernel::SOURCE as CUDA_SOURCE;
+
+use dfdx::prelude::{NoneTape, PutTape, Shape, SplitTape, Storage, Tape, Tensor};
+use dfdx::tensor_ops::ToDtypeKernel;
+
+use crate::device::{AmpDevice, Kernels};
+use crate::precision::{AmpElem, Precision};
+use crate::tape::{MixedGradients, MixedTape};
+
+/// Buffer conversions from element type `Src` to `Dst`, computed through FP32 (exact for every
+/// widening, rounded to nearest-even with overflow to ±inf for every narrowing).
+pub trait CastKernel<Src: AmpElem, Dst: AmpElem>: Storage<Src> + Storage<Dst> {
+    /// `dst = convert(src)`. Both buffers have the same length.
+    fn try_copy_cast(
+        &self,
+        src: &<Self as Storage<Src>>::Vec,
+        dst: &mut <Self as Storage<Dst>>::Vec,
+    ) -> Result<(), Self::Err>;
+
+    /// `dst += convert(src)`, the sum rounded once to `Dst`. Both buffers have the same length.
+    fn try_add_cast(
+        &self,
+        src: &<Self as Storage<Src>>::Vec,
+        dst: &mut <Self as Storage<Dst>>::Vec,
+    ) -> Result<(), Self::Err>;
+}
+
+macro_rules! define_amp_tape {
+    ($([$marker:ident, $elem:ty, $variant:ident, $name:literal, $st:ident, $index:literal])*) => {
+        /// A tape that a cast can record onto: [`MixedTape`] records, [`NoneTape`] (inference)
+        /// does not. It is a dfdx `Tape` for every precision of
+        /// [`with_precisions!`](crate::with_precisions).
+        #[diagnostic::on_unimplemented(
+            message = "precision casts record onto a `MixedTape` (or nothing), not onto `{Self}`",
+            note = "trace mixed-precision graphs with `x.traced_mixed(grads)`: dfdx's `OwnedTape` holds a single precision"
+        )]
+        pub trait AmpTape<D: AmpDevice>: Default + Merge<Self> + 'static $(+ Tape<$elem, D>)* {
+            /// Records an op that reads and writes gradients of several precisions.
+            fn record_mixed<F>(&mut self, op: F)
+            where
+                F: 'static + FnOnce(&mut MixedGradients<D>) -> Result<(), D::Err>;
+
+            /// Whether layer probes record on this tape (see [`MixedGradients::watch_layers`]).
+            fn watching(&self) -> bool;
+
+            /// Records a layer's activation magnitude.
+            fn record_activation(&mut self, record: crate::watch::ActivationRecord);
+        }
+    };
+}
+
+use dfdx::prelude::Merge;
+
+crate::with_precisions!(define_amp_tape);
+
+impl<D: AmpDevice> AmpTape<D> for NoneTape {
+    fn record_mixed<F>(&mut self, _op: F)
+    where
+        F: 'static + FnOnce(&mut MixedGradients<D>) -> Result<(), D::Err>,
+    {
+    }
+
+    fn watching(&self) -> bool {
+        false
+    }
+
+    fn record_activation(&mut self, _record: crate::watch::ActivationRecord) {}
+}
+
+impl<D: AmpDevice> AmpTape<D> for MixedTape<D> {
+    fn record_mixed<F>(&mut self, op: F)
+    where
+        F: 'static + FnOnce(&mut MixedGradients<D>) -> Result<(), D::Err>,
+    {
+        self.add_mixed_backward_op(op);
+    }
+
+    fn watching(&self) -> bool {
+        MixedTape::watching(self)
+    }
+
+    fn record_activation(&mut self, record: crate::watch::ActivationRecord) {
+        MixedTape::record_activation(self, record);
+    }
+}
+
+/// A device that casts tensors from `Src` to `Dst` and their gradients back.
+pub trait CastDevice<Src: AmpElem, Dst: AmpElem>:
+    AmpDevice + Kernels<Src> + Kernels<Dst> + ToDtypeKernel<Src, Dst> + CastKernel<Dst, Src>
+{
+}
+
+impl<Src: AmpElem, Dst: AmpElem, D> CastDevice<Src, Dst> for D where
+    D: AmpDevice + Kernels<Src> + Kernels<Dst> + ToDtypeKernel<Src, Dst> + CastKernel<Dst, Src>
+{
+}
+
+/// Casts `t` from `Src` to `Dst`, recording the backward cast on its tape.
+fn try_cast_between<S, Src, Dst, D, T>(
+    t: Tensor<S, Src, D, T>,
+) -> Result<Tensor<S, Dst, D, T>, D::Err>
+where
+    S: Shape,
+    Src: AmpElem,
+    Dst: AmpElem,
+    D: CastDevice<Src, Dst>,
+    T: AmpTape<D>,
+{
+    if Src::INDEX == Dst::INDEX {
+        // The same precision: nothing to convert and nothing to record. The element types are
+        // equal, so the tensor is moved through unchanged.
+        let any: Box<dyn std::any::Any> = Box::new(t);
+        return Ok(*any
+            .downcast::<Tensor<S, Dst, D, T>>()
+            .unwrap_or_else(|_| unreachable!("equal indices name equal element types")));
+    }
+    let (inp, mut tape) = t.split_tape();
+    let inp_ghost = inp.ghost();
+    // dfdx's `to_dtype` kernel keeps the input's strides (a broadcast input stays one).
+    let out = inp.try_to_dtype::<Dst>()?;
+    let out_ghost = out.ghost();
+    let dev = out.device().clone();
+    tape.record_mixed(move |grads| {
+        let (out_grads, inp_grads) = grads.pair_mut::<Dst, Src>();
+        let Some(grad_out) = out_grads.and_then(|g| g.get_ref_checked(&out_ghost)) else {
+            // The cast's output did not reach the loss: nothing flows back.
+            return Ok(());
+        };
+        let grad_inp = inp_grads.get_or_alloc_mut(&inp_ghost)?;
+        CastKernel::<Dst, Src>::try_add_cast(&dev, grad_out, grad_inp)
+    });
+    Ok(out.put_tape(tape))
+}
+
+/// Precision casts on tensors, differentiable on a [`MixedTape`]: the one cast abstraction.
+///
+/// `x.cast::<BF16>()` casts to a precision named by its marker; `to_f16`, `to_bf16` and
+/// `to_f32` are shorthands. Casting to the precision a tensor already has is free and records
+/// nothing.
+pub trait Cast<S: Shape, E: AmpElem, D: AmpDevice, T: AmpTape<D>>: Sized {
+    /// Casts to precision `P`.
+    fn try_cast<P: Precision>(self) -> Result<Tensor<S, P::Elem, D, T>, D::Err>
+    where
+        D: CastDevice<E, P::Elem>;
+
+    /// See [`Cast::try_cast`].
+    fn cast<P: Precision>(self) -> Tensor<S, P::Elem, D, T>
+    where
+        D: CastDevice<E, P::Elem>,
+    {
+        self.try_cast::<P>().unwrap()
+    }
+
+    /// Casts to FP16. See [`to_f16`].
+    fn try_to_f16(self) -> Result<Tensor<S, half::f16, D, T>, D::Err>
+    where
+        D: CastDevice<E, half::f16>,
+    {
+        self.try_cast::<crate::F16>()
+    }
+
+    /// Casts to FP16. See [`to_f16`].
+    fn to_f16(self) -> Tensor<S, half::f16, D, T>
+    where
+        D: CastDevice<E, half::f16>,
+    {
+        self.cast::<crate::F16>()
+    }
+
+    /// Casts to FP32. See [`to_f32`].
+    fn try_to_f32(self) -> Result<Tensor<S, f32, D, T>, D::Err>
+    where
+        D: CastDevice<E, f32>,
+    {
+        self.try_cast::<crate::F32>()
+    }
+
+    /// Casts to FP32. See [`to_f32`].
+    fn to_f32(self) -> Tensor<S, f32, D, T>
+    where
+        D: CastDevice<E, f32>,
+    {
+        self.cast::<crate::F32>()
+    }
+}
+
+impl<S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>, T: AmpTape<D>> Cast<S, E, D, T>
+    for Tensor<S, E, D, T>
+{
+    fn try_cast<P: Precision>(self) -> Result<Tensor<S, P::Elem, D, T>, D::Err>
+    where
+        D: CastDevice<E, P::Elem>,
+    {
+        try_cast_between::<S, E, P::Elem, D, T>(self)
+    }
+}
+
+/// Casts a tensor to FP16; on a [`MixedTape`] its gradient flows back converted to the input's
+/// precision.
+///
+/// ```rust
+/// # use typed_amp::prelude::*;
+/// let dev = Cpu::default();
+/// let x: Tensor<Rank1<3>, f32, _> = dev.tensor([1.0, 1.0e-8, 70000.0]);
+/// let h = to_f16(x);
+/// // 1e-8 is below FP16's smallest subnormal (2^-24) and 70000 above its largest value:
+/// assert_eq!(h.array().map(f32::from), [1.0, 0.0, f32::INFINITY]);
+/// ```
+pub fn to_f16<S: Shape, E: AmpElem, D: AmpDevice + CastDevice<E, half::f16>, T: AmpTape<D>>(
+    t: Tensor<S, E, D, T>,
+) -> Tensor<S, half::f16, D, T> {
+    t.to_f16()
+}
+
+/// Casts a tensor to FP32 (exact from FP16 and BF16); on a [`MixedTape`] its gradient flows
+/// back converted to the input's precision.
+///
+/// ```rust
+/// # use typed_amp::prelude::*;
+/// let dev = Cpu::default();
+/// let x: Tensor<Rank1<2>, f16, _> = dev.tensor([f16::from_f32(0.1), f16::MAX]);
+/// assert_eq!(to_f32(x).array(), [0.099975586, 65504.0]);
+/// ```
+pub fn to_f32<S: Shape, E: AmpElem, D: AmpDevice + CastDevice<E, f32>, T: AmpTape<D>>(
+    t: Tensor<S, E, D, T>,
+) -> Tensor<S, f32, D, T> {
+    t.to_f32()
+}
+
+/// The differentiable forward cast of a layer: what `#[amp]` inserts at precision boundaries,
+/// and what the cast layers ([`crate::nn::modules::Cast`]) run.
+#[doc(hidden)]
+pub fn try_cast_to<P: Precision, S: Shape, E: AmpElem, D, T: AmpTape<D>>(
+    t: Tensor<S, E, D, T>,
+) -> Result<Tensor<S, P::Elem, D, T>, D::Err>
+where
+    D: AmpDevice + CastDevice<E, P::Elem>,
+{
+    t.try_cast::<P>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tape::TraceMixed;
+    use dfdx::prelude::*;
+    use half::f16;
+
+    fn run_backward(loss: Tensor<Rank0, f32, Cpu, MixedTape<Cpu>>) -> MixedGradients<Cpu> {
+        let (loss, tape) = loss.split_tape();
+        tape.execute(|g| {
+            let buf = g.store_mut::<f32>().get_or_alloc_mut(&loss)?;
+            crate::ops::fill::FillKernel::<f32>::try_fill(loss.device(), buf, 1.0)
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn gradient_flows_back_through_casts_in_the_input_precision() {
+        let dev = Cpu::default();
+        let x: Tensor<Rank1<3>, f32, Cpu> = dev.tensor([1.0, 2.0, 3.0]);
+        let y =
+            x.clone().leaky_traced_mixed().to_f16() * dev.tensor([2.0, 3.0, 4.0]).to_dtype::<f16>();
+        let loss = y.to_f32().sum();
+        let grads = run_backward(loss);
+        let g = grads.get(&x).expect("x has a gradient");
+        assert_eq!(g.array(), [2.0, 3.0, 4.0]);
+    }
+
+    #[test]
+    fn backward_cast_into_fp16_overflows_to_inf() {
+        let dev = Cpu::default();
+        let x: Tensor<Rank1<2>, f16, Cpu> = dev.tensor([f16::ONE, f16::ONE]);
+        let y = x.clone().leaky_traced_mixed().to_f32() * dev.tensor([1.0e5f32, 1.0]);
+        let grads = run_backward(y.sum());
+        let g = grads.get(&x).unwrap().array();
+        assert!(g[0].is_infinite());
+        assert_eq!(g[1], f16::ONE);
+    }
+
+    #[test]
+    fn casting_to_the_same_precision_records_nothing() {
+        let dev = Cpu::default();
+        let x: Tensor<Rank1<2>, f32, Cpu> = dev.ones();
+        let y = x.leaky_traced_mixed().to_f32();
+        assert_eq!(y.split_tape().1.num_ops(), 0);
+    }
+}
