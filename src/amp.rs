@@ -21,11 +21,12 @@ use crate::scaler::GradScaler;
 pub enum OptLevel {
     /// Pure FP32: the baseline.
     O0,
-    /// FP32 weights; matmul-like layers cast their inputs and weights to FP16 for compute.
+    /// FP32 weights; matmul-like layers cast their inputs and weights to FP16 (or BF16) for
+    /// compute.
     O1,
-    /// FP16 model with FP32 batch norm and FP32 master weights.
+    /// FP16 (or BF16) model with FP32 batch norm and FP32 master weights.
     O2,
-    /// Pure FP16, no master weights (opt-in only).
+    /// Pure FP16 (or BF16), no master weights (opt-in only).
     O3,
 }
 
@@ -79,6 +80,9 @@ pub enum LossScale {
 pub struct AmpConfig {
     /// The opt level.
     pub opt_level: OptLevel,
+    /// The 16-bit precision of O1 (compute), O2 and O3 (storage and compute): `F16` or
+    /// `BF16`; `None` under O0.
+    pub dtype: Option<DType>,
     /// Whether an FP32 master copy of the weights is kept for the optimizer.
     pub master_weights: bool,
     /// Whether batch norm and layer norm keep FP32 parameters (and compute in FP32).
@@ -87,8 +91,8 @@ pub struct AmpConfig {
     pub loss_scale: LossScale,
     /// The precision model outputs are cast to, if any.
     pub cast_model_outputs: Option<DType>,
-    /// Whether FP16 weights are updated directly (O3's explicit opt-in).
-    pub allow_fp16_updates: bool,
+    /// Whether 16-bit weights are updated directly (O3's explicit opt-in).
+    pub low_precision_updates: bool,
 }
 
 impl AmpConfig {
@@ -105,6 +109,9 @@ impl AmpConfig {
 impl std::fmt::Display for AmpConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}", self.opt_level)?;
+        if let Some(dtype) = self.dtype {
+            write!(f, "-{dtype}")?;
+        }
         write!(
             f,
             " (master weights: {}, norms: {}, loss scale: ",

@@ -790,14 +790,18 @@ where
 }
 
 /// A model trained in a single precision, with no separate master copy: the module is its own
-/// master and its gradients are unscaled in place. Use the aliases [`Fp32Weights`] (O0) and
-/// [`Fp16Weights`] (O3).
-pub struct SinglePrecision<M, E, D: AmpDevice> {
+/// master and its gradients are unscaled in place. Use the aliases [`Fp32Weights`] (O0, and
+/// O1's FP32 weights) and [`Fp16Weights`] (O3).
+///
+/// `P` is the precision the model computes in, which decides whether a step needs a loss
+/// scaler: the weights' own precision, except under O1, whose FP32 weights are cast to FP16
+/// (or BF16) for every matrix product ([`SinglePrecision::with_compute`]).
+pub struct SinglePrecision<M, E: AmpElem, D: AmpDevice, P: Precision = <E as AmpElem>::Precision> {
     module: M,
     layout: Vec<ParamInfo>,
     flags: NonFiniteFlags<D>,
     id: TargetId,
-    elem: std::marker::PhantomData<E>,
+    elem: std::marker::PhantomData<(E, P)>,
 }
 
 /// A plain FP32 model (O0): the module is its own master.
@@ -808,7 +812,10 @@ pub struct SinglePrecision<M, E, D: AmpDevice> {
 /// let model = Fp32Weights::new(dev.build_module::<Linear<4, 2>, f32>(), &dev);
 /// assert_eq!(model.working().weight.shape(), &(Const::<2>, Const::<4>));
 /// ```
-pub type Fp32Weights<M, D> = SinglePrecision<M, f32, D>;
+///
+/// `P` is the precision it computes in: FP32 (O0), or the 16-bit precision O1 casts its matrix
+/// products to.
+pub type Fp32Weights<M, D, P = crate::F32> = SinglePrecision<M, f32, D, P>;
 
 /// A plain FP16 model with no FP32 master weights (Apex's O3).
 ///
@@ -823,16 +830,9 @@ where
     D: AmpDevice + Kernels<E>,
     M: Parameters<D>,
 {
-    /// Wraps a module whose parameters are all of precision `E`.
+    /// Wraps a module whose parameters are all of precision `E`, computing in `E`.
     pub fn new(module: M, device: &D) -> Self {
-        let layout = module.param_summary();
-        Self {
-            module,
-            flags: NonFiniteFlags::new(device, &layout),
-            layout,
-            id: TargetId::fresh(),
-            elem: std::marker::PhantomData,
-        }
+        Self::with_compute(module, device)
     }
 
     /// Builds an architecture `A` in precision `E`.
@@ -845,6 +845,28 @@ where
             .try_build_module::<A, E>()
             .map_err(AmpError::device)?;
         Ok(Self::new(module, device))
+    }
+}
+
+impl<M, E, D, P> SinglePrecision<M, E, D, P>
+where
+    E: AmpElem,
+    D: AmpDevice + Kernels<E>,
+    M: Parameters<D>,
+    P: Precision,
+{
+    /// Wraps a module whose parameters are all of precision `E` and that computes in `P`: O1's
+    /// FP32 weights cast to FP16 or BF16 for every matrix product, whose step needs a loss
+    /// scaler if `P` is FP16.
+    pub fn with_compute(module: M, device: &D) -> Self {
+        let layout = module.param_summary();
+        Self {
+            module,
+            flags: NonFiniteFlags::new(device, &layout),
+            layout,
+            id: TargetId::fresh(),
+            elem: std::marker::PhantomData,
+        }
     }
 
     /// The module (forward and backward run on it).
@@ -878,15 +900,16 @@ where
     }
 }
 
-impl<M, E, D> TrainTarget<D> for SinglePrecision<M, E, D>
+impl<M, E, D, P> TrainTarget<D> for SinglePrecision<M, E, D, P>
 where
     E: AmpElem,
     D: AmpDevice + Kernels<E>,
     M: Parameters<D>,
+    P: Precision,
 {
     type Master = M;
     type Working = M;
-    type Precision = E::Precision;
+    type Precision = P;
 
     fn master(&self) -> &M {
         &self.module

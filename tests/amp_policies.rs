@@ -269,11 +269,12 @@ fn o2_stores_batch_norm_in_fp32_and_conv_and_linear_in_fp16() {
         CnnO2::AMP_CONFIG,
         typed_amp::amp::AmpConfig {
             opt_level: OptLevel::O2,
+            dtype: Some(DType::F16),
             master_weights: true,
             keep_batchnorm_fp32: true,
             loss_scale: typed_amp::amp::LossScale::Dynamic,
             cast_model_outputs: Some(DType::F32),
-            allow_fp16_updates: false,
+            low_precision_updates: false,
         }
     );
     assert_eq!(CnnO0::scaler().get_scale(), 1.0, "O0 does not scale");

@@ -151,6 +151,8 @@ pub fn classify(ty: &Type) -> Result<Layer> {
                 Ok(Layer::Known(Kind::Neutral))
             } else if name == "ToF16" {
                 Ok(Layer::Known(Kind::Cast(Prec::F16)))
+            } else if name == "ToBf16" {
+                Ok(Layer::Known(Kind::Cast(Prec::BF16)))
             } else if name == "ToF32" {
                 Ok(Layer::Known(Kind::Cast(Prec::F32)))
             } else {

@@ -1,5 +1,5 @@
 //! Parsing `#[amp(policy = "O2", property = value, ...)]` and the field attributes
-//! `#[amp(fp16)]` / `#[amp(fp32)]`.
+//! `#[amp(fp16)]` / `#[amp(bf16)]` / `#[amp(fp32)]`.
 
 use proc_macro2::Span;
 use syn::meta::ParseNestedMeta;
@@ -29,11 +29,52 @@ impl OptLevel {
     }
 }
 
-/// A precision named in an attribute.
+/// A precision named in an attribute. The macro's own list of typed-amp's precisions: the
+/// generated code names their markers and element types (see `expand::marker`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Prec {
     F16,
+    BF16,
     F32,
+}
+
+impl Prec {
+    /// Every precision, with the names attributes spell it by (the first is canonical).
+    const NAMES: [(Prec, &'static [&'static str]); 3] = [
+        (Prec::F16, &["fp16", "f16"]),
+        (Prec::BF16, &["bf16"]),
+        (Prec::F32, &["fp32", "f32"]),
+    ];
+
+    /// The canonical name, as in `#[amp(fp16)]`.
+    pub fn name(self) -> &'static str {
+        Self::NAMES
+            .iter()
+            .find(|(p, _)| *p == self)
+            .map_or("?", |(_, names)| names[0])
+    }
+
+    /// The name in messages (`FP16`, `BF16`, `FP32`).
+    pub fn upper(self) -> &'static str {
+        match self {
+            Prec::F16 => "FP16",
+            Prec::BF16 => "BF16",
+            Prec::F32 => "FP32",
+        }
+    }
+
+    /// Whether it is a 16-bit precision.
+    pub fn is_low(self) -> bool {
+        self != Prec::F32
+    }
+
+    fn parse(name: &str) -> Option<Prec> {
+        let name = name.to_ascii_lowercase();
+        Self::NAMES
+            .iter()
+            .find(|(_, names)| names.contains(&name.as_str()))
+            .map(|(p, _)| *p)
+    }
 }
 
 /// A value together with the tokens it came from, for errors.
@@ -58,13 +99,16 @@ pub struct AmpArgs {
     pub master_weights: Option<Spanned<bool>>,
     pub loss_scale: Option<Spanned<LossScaleSpec>>,
     pub cast_model_outputs: Option<Spanned<Prec>>,
-    pub allow_fp16_updates: Option<Spanned<bool>>,
+    pub dtype: Option<Spanned<Prec>>,
+    /// `allow_fp16_updates` or `allow_bf16_updates`: the value and the precision it names.
+    pub allow_updates: Option<Spanned<(bool, Prec)>>,
     pub custom_forward: Option<Spanned<bool>>,
 }
 
 /// The properties an `#[amp]` attribute accepts, for error messages.
-pub const PROPERTIES: &str = "policy, keep_batchnorm_fp32, master_weights, loss_scale, \
-                              cast_model_outputs, allow_fp16_updates, custom_forward";
+pub const PROPERTIES: &str = "policy, dtype, keep_batchnorm_fp32, master_weights, loss_scale, \
+                              cast_model_outputs, allow_fp16_updates, allow_bf16_updates, \
+                              custom_forward";
 
 impl AmpArgs {
     /// Parses one `key = value` (or bare flag) of the attribute.
@@ -97,9 +141,31 @@ impl AmpArgs {
                 let value = parse_bool(&meta)?;
                 set(&mut self.master_weights, value, span, &meta)
             }
-            "allow_fp16_updates" => {
+            "allow_fp16_updates" | "allow_bf16_updates" => {
                 let value = parse_flag(&meta)?;
-                set(&mut self.allow_fp16_updates, value, span, &meta)
+                let prec = if key == "allow_fp16_updates" {
+                    Prec::F16
+                } else {
+                    Prec::BF16
+                };
+                if self.allow_updates.is_some() {
+                    return Err(Error::new_spanned(
+                        &meta.path,
+                        "the opt-in to 16-bit updates is given twice",
+                    ));
+                }
+                set(&mut self.allow_updates, (value, prec), span, &meta)
+            }
+            "dtype" => {
+                let lit: LitStr = meta.value()?.parse()?;
+                let value = parse_prec(&lit)?;
+                if !value.is_low() {
+                    return Err(Error::new_spanned(
+                        &lit,
+                        "`dtype` names the 16-bit precision of O1, O2 and O3: \"fp16\" or \"bf16\"; for FP32 training use policy \"O0\"",
+                    ));
+                }
+                set(&mut self.dtype, value, lit.span(), &meta)
             }
             "custom_forward" => {
                 let value = parse_flag(&meta)?;
@@ -181,17 +247,18 @@ fn parse_flag(meta: &ParseNestedMeta<'_>) -> Result<bool> {
 }
 
 fn parse_prec(lit: &LitStr) -> Result<Prec> {
-    match lit.value().to_ascii_lowercase().as_str() {
-        "fp16" | "f16" => Ok(Prec::F16),
-        "fp32" | "f32" => Ok(Prec::F32),
-        other => Err(Error::new_spanned(
+    Prec::parse(&lit.value()).ok_or_else(|| {
+        Error::new_spanned(
             lit,
-            format!("unknown precision `{other}`: expected \"fp16\" or \"fp32\""),
-        )),
-    }
+            format!(
+                "unknown precision `{}`: expected \"fp16\", \"bf16\" or \"fp32\"",
+                lit.value()
+            ),
+        )
+    })
 }
 
-/// Reads and removes a field's `#[amp(fp16)]` / `#[amp(fp32)]` attribute.
+/// Reads and removes a field's `#[amp(fp16)]` / `#[amp(bf16)]` / `#[amp(fp32)]` attribute.
 pub fn take_field_pin(attrs: &mut Vec<Attribute>) -> Result<Option<Spanned<Prec>>> {
     let mut pin: Option<Spanned<Prec>> = None;
     let mut result = Ok(());
@@ -200,24 +267,29 @@ pub fn take_field_pin(attrs: &mut Vec<Attribute>) -> Result<Option<Spanned<Prec>
             return true;
         }
         let parsed = attr.parse_nested_meta(|meta| {
-            let prec = if meta.path.is_ident("fp16") {
-                Prec::F16
-            } else if meta.path.is_ident("fp32") {
-                Prec::F32
-            } else {
-                return Err(Error::new_spanned(
-                    &meta.path,
-                    format!(
-                        "unknown field property `{}`: a field takes `#[amp(fp16)]` or `#[amp(fp32)]`",
-                        path_text(&meta)
-                    ),
-                ));
+            let prec = match meta.path.get_ident().map(|i| i.to_string()) {
+                Some(name) if ["fp16", "bf16", "fp32"].contains(&name.as_str()) => {
+                    Prec::parse(&name).expect("listed")
+                }
+                _ => {
+                    return Err(Error::new_spanned(
+                        &meta.path,
+                        format!(
+                            "unknown field property `{}`: a field takes `#[amp(fp16)]`, `#[amp(bf16)]` or `#[amp(fp32)]`",
+                            path_text(&meta)
+                        ),
+                    ))
+                }
             };
             if let Some(first) = pin {
                 let msg = if first.value == prec {
-                    "this field's precision is pinned twice"
+                    "this field's precision is pinned twice".to_string()
                 } else {
-                    "a field is pinned to one precision: `fp16` and `fp32` conflict"
+                    format!(
+                        "a field is pinned to one precision: `{}` and `{}` conflict",
+                        first.value.name(),
+                        prec.name()
+                    )
                 };
                 return Err(Error::new_spanned(&meta.path, msg));
             }
@@ -307,6 +379,11 @@ mod tests {
             .to_string()
             .contains("conflict"));
         let mut attrs: Vec<Attribute> = vec![syn::parse_quote!(#[amp(bf16)])];
+        assert_eq!(
+            take_field_pin(&mut attrs).unwrap().unwrap().value,
+            Prec::BF16
+        );
+        let mut attrs: Vec<Attribute> = vec![syn::parse_quote!(#[amp(fp8)])];
         assert!(take_field_pin(&mut attrs)
             .unwrap_err()
             .to_string()

@@ -6,15 +6,22 @@ use quote::{format_ident, quote, ToTokens};
 use syn::{Ident, Index, Type};
 
 use crate::ast::{Field, Layer, Model};
-use crate::attr::Prec;
+use crate::attr::{OptLevel, Prec};
 use crate::valid::{plan_layer, Compute, LossScale, Recipe, Target};
 
 /// The marker type of a precision.
 fn marker(p: Prec) -> TokenStream {
     match p {
         Prec::F16 => quote!(::typed_amp::F16),
+        Prec::BF16 => quote!(::typed_amp::BF16),
         Prec::F32 => quote!(::typed_amp::F32),
     }
+}
+
+/// The element type of a precision.
+fn elem(p: Prec) -> TokenStream {
+    let marker = marker(p);
+    quote!(<#marker as ::typed_amp::Precision>::Elem)
 }
 
 /// The FP32 master type of a layer.
@@ -36,8 +43,9 @@ fn working_ty(recipe: &Recipe, ty: &Type, layer: &Layer, pin: Option<Prec>) -> T
             let master = master_ty(ty, layer);
             match plan_layer(recipe, *kind, pin).storage {
                 Prec::F32 => master,
-                Prec::F16 => {
-                    quote!(::typed_amp::amp::Converted<#master, ::typed_amp::half::f16, D>)
+                low => {
+                    let low = elem(low);
+                    quote!(::typed_amp::amp::Converted<#master, #low, D>)
                 }
             }
         }
@@ -75,8 +83,9 @@ fn working_from(
     match layer {
         Layer::Known(kind) => match plan_layer(recipe, *kind, pin).storage {
             Prec::F32 => quote!(::core::clone::Clone::clone(&#src)),
-            Prec::F16 => {
-                quote!(::typed_amp::amp::try_convert::<_, ::typed_amp::half::f16, D>(&#src)?)
+            low => {
+                let low = elem(low);
+                quote!(::typed_amp::amp::try_convert::<_, #low, D>(&#src)?)
             }
         },
         Layer::Tuple(elems) => {
@@ -240,8 +249,8 @@ fn forward_impl(recipe: &Recipe, model: &Model, layers: &Ident, mutable: bool) -
     for step in &steps {
         let module_ty = &step.module_ty;
         match step.compute {
-            Some(Compute::Autocast16) => {
-                let low = marker(Prec::F16);
+            Some(Compute::Autocast(p)) => {
+                let low = marker(p);
                 bounds.push(
                     quote!(#current: ::typed_amp::amp::AutocastForward<#module_ty, #low, Error = #err>),
                 );
@@ -250,7 +259,7 @@ fn forward_impl(recipe: &Recipe, model: &Model, layers: &Ident, mutable: bool) -
                     let x = ::typed_amp::amp::AutocastForward::<#module_ty, #low>::try_autocast_forward(x, #layer)?;
                 });
                 current = quote!(<#current as ::typed_amp::amp::AutocastForward<#module_ty, #low>>::Output);
-                precision = Some(Prec::F16);
+                precision = Some(p);
                 watch(&step.name, &current, &mut bounds, &mut body);
                 continue;
             }
@@ -368,20 +377,25 @@ fn config_tokens(recipe: &Recipe) -> TokenStream {
         LossScale::Dynamic => quote!(::typed_amp::amp::LossScale::Dynamic),
         LossScale::Static(s) => quote!(::typed_amp::amp::LossScale::Static(#s)),
     };
-    let outputs = match recipe.cast_model_outputs {
+    let dtype = |p: Option<Prec>| match p {
         None => quote!(::core::option::Option::None),
-        Some(Prec::F16) => quote!(::core::option::Option::Some(::typed_amp::DType::F16)),
-        Some(Prec::F32) => quote!(::core::option::Option::Some(::typed_amp::DType::F32)),
+        Some(p) => {
+            let marker = marker(p);
+            quote!(::core::option::Option::Some(<#marker as ::typed_amp::Precision>::DTYPE))
+        }
     };
-    let allow = recipe.target == Target::Fp16;
+    let outputs = dtype(recipe.cast_model_outputs);
+    let low = dtype((recipe.opt_level != OptLevel::O0).then_some(recipe.low));
+    let allow = recipe.target == Target::LowPrecision;
     quote! {
         ::typed_amp::amp::AmpConfig {
             opt_level: ::typed_amp::amp::OptLevel::#level,
+            dtype: #low,
             master_weights: #master,
             keep_batchnorm_fp32: #keep,
             loss_scale: #scale,
             cast_model_outputs: #outputs,
-            allow_fp16_updates: #allow,
+            low_precision_updates: #allow,
         }
     }
 }
@@ -450,30 +464,35 @@ pub fn expand(recipe: &Recipe, model: &Model) -> TokenStream {
             master
         )))
     };
+    // The narrowest precision the model computes in decides whether its step needs a loss
+    // scaler (FP16) or not (BF16, FP32).
+    let narrowest = marker(recipe.narrowest);
     let (weights_ty, build) = match recipe.target {
         Target::Fp32 => (
-            quote!(::typed_amp::Fp32Weights<#master_name<D>, D>),
-            quote!(::core::result::Result::Ok(::typed_amp::Fp32Weights::new(
-                Self::try_build_master(device)?,
-                device
-            ))),
+            quote!(::typed_amp::Fp32Weights<#master_name<D>, D, #narrowest>),
+            quote!(::core::result::Result::Ok(
+                ::typed_amp::SinglePrecision::with_compute(Self::try_build_master(device)?, device)
+            )),
         ),
         Target::MasterWeights => (
-            quote!(::typed_amp::MasterWeights<#master_name<D>, #working_name<D>, D>),
+            quote!(::typed_amp::MasterWeights<#master_name<D>, #working_name<D>, D, #narrowest>),
             quote! {
                 let master = Self::try_build_master(device)?;
                 let working = Self::try_working_from(&master)?;
-                ::typed_amp::MasterWeights::from_parts(master, working, device)
+                ::typed_amp::MasterWeights::pair(master, working, device)
             },
         ),
-        Target::Fp16 => (
-            quote!(::typed_amp::Fp16Weights<#working_name<D>, D>),
-            quote! {
-                // Initialised in FP32, like every policy, then converted.
-                let master = Self::try_build_master(device)?;
-                ::core::result::Result::Ok(::typed_amp::Fp16Weights::new(Self::try_working_from(&master)?, device))
-            },
-        ),
+        Target::LowPrecision => {
+            let low = elem(recipe.low);
+            (
+                quote!(::typed_amp::SinglePrecision<#working_name<D>, #low, D>),
+                quote! {
+                    // Initialised in FP32, like every policy, then converted.
+                    let master = Self::try_build_master(device)?;
+                    ::core::result::Result::Ok(::typed_amp::SinglePrecision::new(Self::try_working_from(&master)?, device))
+                },
+            )
+        }
     };
     let input = marker(recipe.entry());
     let config = config_tokens(recipe);

@@ -67,9 +67,9 @@ mod tests {
         assert!(out.contains("pub struct CnnLayers < L0 , L1 , L2 >"));
         // Conv and linear are converted to FP16 in the working model; batch norm is not.
         assert!(out.contains(
-            "pub type CnnWorking < D > = CnnLayers < :: typed_amp :: amp :: Converted < :: typed_amp :: amp :: Built < Conv2D < 1 , 4 , 3 > , f32 , D > , :: typed_amp :: half :: f16 , D > , :: typed_amp :: amp :: Built < BatchNorm2D < 4 > , f32 , D > , :: typed_amp :: amp :: Converted <"
-        ));
-        assert!(out.contains("type Weights = :: typed_amp :: MasterWeights < CnnMaster < D > , CnnWorking < D > , D >"));
+            "pub type CnnWorking < D > = CnnLayers < :: typed_amp :: amp :: Converted < :: typed_amp :: amp :: Built < Conv2D < 1 , 4 , 3 > , f32 , D > , < :: typed_amp :: F16 as :: typed_amp :: Precision > :: Elem , D > , :: typed_amp :: amp :: Built < BatchNorm2D < 4 > , f32 , D > , :: typed_amp :: amp :: Converted <"
+        ), "{out}");
+        assert!(out.contains("type Weights = :: typed_amp :: MasterWeights < CnnMaster < D > , CnnWorking < D > , D , :: typed_amp :: F16 >"));
         // Input cast to FP16 at entry; batch norm cast to FP32 and back.
         assert!(out.contains("CastTo < :: typed_amp :: F16 >"));
         assert!(out.contains("CastTo < :: typed_amp :: F32 >"));
@@ -88,7 +88,7 @@ mod tests {
         );
         assert!(out.contains("type MlpWorking < D > = MlpMaster < D >"));
         assert!(out.contains("AutocastForward"));
-        assert!(out.contains("type Weights = :: typed_amp :: Fp32Weights < MlpMaster < D > , D >"));
+        assert!(out.contains("type Weights = :: typed_amp :: Fp32Weights < MlpMaster < D > , D , :: typed_amp :: F16 >"));
     }
 
     #[test]
@@ -101,9 +101,12 @@ mod tests {
                 }
             ),
         );
-        assert!(out.contains("type Weights = :: typed_amp :: Fp16Weights < MlpWorking < D > , D >"));
+        assert!(out.contains("type Weights = :: typed_amp :: SinglePrecision < MlpWorking < D > , < :: typed_amp :: F16 as :: typed_amp :: Precision > :: Elem , D >"), "{out}");
         assert!(out.contains("type MlpWorking < D > = MlpLayers <"), "{out}");
-        assert!(out.contains(":: typed_amp :: half :: f16 , D > >"), "{out}");
+        assert!(
+            out.contains("< :: typed_amp :: F16 as :: typed_amp :: Precision > :: Elem , D > >"),
+            "{out}"
+        );
     }
 
     #[test]

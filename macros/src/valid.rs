@@ -25,14 +25,20 @@ pub enum Target {
     Fp32,
     /// FP32 master weights behind a working copy (O2): `MasterWeights`.
     MasterWeights,
-    /// FP16 weights updated directly (O3's opt-in): `Fp16Weights`.
-    Fp16,
+    /// 16-bit weights updated directly (O3's opt-in): `SinglePrecision` in the model's dtype.
+    LowPrecision,
 }
 
 /// The recipe the model is compiled with.
 #[derive(Debug, Clone)]
 pub struct Recipe {
     pub opt_level: OptLevel,
+    /// The 16-bit precision of O1's compute and of O2's and O3's layers (`dtype`, FP16 by
+    /// default).
+    pub low: Prec,
+    /// The narrowest precision any layer computes in: whether the step needs a loss scaler
+    /// (FP16) or not (BF16, FP32).
+    pub narrowest: Prec,
     pub keep_batchnorm_fp32: bool,
     pub loss_scale: LossScale,
     pub cast_model_outputs: Option<Prec>,
@@ -42,11 +48,11 @@ pub struct Recipe {
 
 impl Recipe {
     /// Inputs are cast to this precision at the model's entry (Apex casts O2 and O3 inputs to
-    /// FP16; O0 and O1 take FP32).
+    /// the model's 16-bit precision; O0 and O1 take FP32).
     pub fn entry(&self) -> Prec {
         match self.opt_level {
             OptLevel::O0 | OptLevel::O1 => Prec::F32,
-            OptLevel::O2 | OptLevel::O3 => Prec::F16,
+            OptLevel::O2 | OptLevel::O3 => self.low,
         }
     }
 
@@ -64,8 +70,8 @@ pub enum Compute {
     Pass,
     /// In this precision, its parameters stored in it.
     In(Prec),
-    /// In FP16 from FP32 parameters cast for the pass (O1).
-    Autocast16,
+    /// In this 16-bit precision from FP32 parameters cast for the pass (O1).
+    Autocast(Prec),
 }
 
 /// A layer's storage and compute precision under the recipe.
@@ -85,17 +91,25 @@ pub fn recipe(args: &AmpArgs, model: &Model) -> Result<Recipe> {
     };
     let level = policy.value;
     let name = level.name();
+    let low = match (level, args.dtype) {
+        (OptLevel::O0, Some(dtype)) => {
+            return Err(Error::new(
+                dtype.span,
+                format!("O0 trains in FP32 only: `dtype = \"{}\"` chooses the 16-bit precision of O1, O2 and O3", dtype.value.name()),
+            ))
+        }
+        (_, Some(dtype)) => dtype.value,
+        (_, None) => Prec::F16,
+    };
     // Both end up in `target`, which is all the expansion reads.
     let mut master_weights = level == OptLevel::O2;
-    let allow_fp16_updates = args.allow_fp16_updates.is_some_and(|a| a.value);
+    let allow_updates = args.allow_updates.is_some_and(|a| a.value.0);
     let mut recipe = Recipe {
         opt_level: level,
+        low,
+        narrowest: Prec::F32,
         keep_batchnorm_fp32: level != OptLevel::O3,
-        loss_scale: match level {
-            OptLevel::O0 => LossScale::None,
-            OptLevel::O1 | OptLevel::O2 => LossScale::Dynamic,
-            OptLevel::O3 => LossScale::Static(1.0),
-        },
+        loss_scale: LossScale::None,
         cast_model_outputs: args.cast_model_outputs.map(|c| c.value),
         custom_forward: args.custom_forward.is_some_and(|a| a.value),
         target: Target::Fp32,
@@ -116,27 +130,79 @@ pub fn recipe(args: &AmpArgs, model: &Model) -> Result<Recipe> {
         if master.value && matches!(level, OptLevel::O0 | OptLevel::O1) {
             return Err(Error::new(
                 master.span,
-                format!("{name} keeps the weights in FP32: there is no FP16 copy for `master_weights = true` to back"),
+                format!("{name} keeps the weights in FP32: there is no 16-bit copy for `master_weights = true` to back"),
             ));
         }
         master_weights = master.value;
     }
-    if let Some(allow) = args.allow_fp16_updates.filter(|a| a.value) {
+    if let Some(allow) = args.allow_updates.filter(|a| a.value.0) {
+        let named = allow.value.1;
+        let property = format!("allow_{}_updates", named.name());
         if matches!(level, OptLevel::O0 | OptLevel::O1) {
             return Err(Error::new(
                 allow.span,
-                format!(
-                    "{name} keeps the weights in FP32: `allow_fp16_updates` has nothing to allow"
-                ),
+                format!("{name} keeps the weights in FP32: `{property}` has nothing to allow"),
             ));
         }
         if master_weights {
             return Err(Error::new(
                 allow.span,
-                "`allow_fp16_updates` conflicts with FP32 master weights: with master weights the optimizer updates FP32, so drop one of the two",
+                format!("`{property}` conflicts with FP32 master weights: with master weights the optimizer updates FP32, so drop one of the two"),
+            ));
+        }
+        if named != low {
+            return Err(Error::new(
+                allow.span,
+                format!(
+                    "the model's dtype is {}: its opt-in to 16-bit updates is `allow_{}_updates`",
+                    low.upper(),
+                    low.name()
+                ),
             ));
         }
     }
+    recipe.target = if matches!(level, OptLevel::O0 | OptLevel::O1) {
+        Target::Fp32
+    } else if master_weights {
+        Target::MasterWeights
+    } else if allow_updates {
+        Target::LowPrecision
+    } else {
+        let span = args.master_weights.map_or(policy.span, |m| m.span);
+        return Err(Error::new(
+            span,
+            format!("{name} without master weights would have the optimizer update {} weights, breaking the rule that optimizers update only FP32 master weights (small updates round away in 16 bits); add `allow_{}_updates` to opt in explicitly, or `master_weights = true`", low.upper(), low.name()),
+        ));
+    };
+    if recipe.target == Target::LowPrecision && recipe.keep_batchnorm_fp32 {
+        let span = args.keep_batchnorm_fp32.map_or(policy.span, |k| k.span);
+        return Err(Error::new(
+            span,
+            format!("without master weights every layer is {} and updated as such: `keep_batchnorm_fp32 = true` needs `master_weights = true`", low.upper()),
+        ));
+    }
+    for field in &model.fields {
+        check_pins(&recipe, field)?;
+    }
+    // FP16 anywhere (the dtype, or a layer pinned to it) needs a dynamic loss scale; BF16 and
+    // FP32 have FP32's exponent range and need none.
+    recipe.narrowest = match level {
+        OptLevel::O0 => Prec::F32,
+        _ if low == Prec::F16 => Prec::F16,
+        _ if model
+            .fields
+            .iter()
+            .any(|f| f.pin.is_some_and(|p| p.value == Prec::F16)) =>
+        {
+            Prec::F16
+        }
+        _ => low,
+    };
+    recipe.loss_scale = match (level, recipe.narrowest) {
+        (OptLevel::O0, _) | (_, Prec::BF16 | Prec::F32) => LossScale::None,
+        (OptLevel::O3, _) => LossScale::Static(1.0),
+        _ => LossScale::Dynamic,
+    };
     if let Some(scale) = args.loss_scale {
         recipe.loss_scale = match scale.value {
             LossScaleSpec::Dynamic => LossScale::Dynamic,
@@ -151,7 +217,7 @@ pub fn recipe(args: &AmpArgs, model: &Model) -> Result<Recipe> {
                         "a static loss scale must be finite and positive",
                     ));
                 }
-                if v >= FP16_OVERFLOW {
+                if v >= FP16_OVERFLOW && recipe.narrowest == Prec::F16 {
                     return Err(Error::new(
                         scale.span,
                         format!("a static loss scale of {value} overflows FP16 (largest finite value 65504): every FP16 gradient it multiplies becomes inf and every step is skipped; use a scale below 65520 or `loss_scale = \"dynamic\"`"),
@@ -161,43 +227,26 @@ pub fn recipe(args: &AmpArgs, model: &Model) -> Result<Recipe> {
             }
         };
     }
-
-    recipe.target = if matches!(level, OptLevel::O0 | OptLevel::O1) {
-        Target::Fp32
-    } else if master_weights {
-        Target::MasterWeights
-    } else if allow_fp16_updates {
-        Target::Fp16
-    } else {
-        let span = args.master_weights.map_or(policy.span, |m| m.span);
-        return Err(Error::new(
-            span,
-            format!("{name} without master weights would have the optimizer update FP16 weights, breaking the rule that optimizers update only FP32 master weights (small updates round away in FP16); add `allow_fp16_updates` to opt in explicitly, or `master_weights = true`"),
-        ));
-    };
-    if recipe.target == Target::Fp16 && recipe.keep_batchnorm_fp32 {
-        let span = args.keep_batchnorm_fp32.map_or(policy.span, |k| k.span);
-        return Err(Error::new(
-            span,
-            "without master weights every layer is FP16 and updated as such: `keep_batchnorm_fp32 = true` needs `master_weights = true`",
-        ));
-    }
-    for field in &model.fields {
-        check_pins(&recipe, field)?;
-    }
     Ok(recipe)
 }
 
 fn check_pins(recipe: &Recipe, field: &Field) -> Result<()> {
     let Some(pin) = field.pin else { return Ok(()) };
     match (recipe.opt_level, recipe.target, pin.value) {
-        (OptLevel::O0, _, Prec::F16) => Err(Error::new(
+        (OptLevel::O0, _, p) if p.is_low() => Err(Error::new(
             pin.span,
-            "O0 trains in FP32 only: pinning a layer to FP16 needs O1 or O2",
+            format!(
+                "O0 trains in FP32 only: pinning a layer to {} needs O1 or O2",
+                p.upper()
+            ),
         )),
-        (_, Target::Fp16, Prec::F32) => Err(Error::new(
+        (_, Target::LowPrecision, p) if p != recipe.low => Err(Error::new(
             pin.span,
-            "without master weights every layer is FP16 and updated as such: an FP32 layer needs `master_weights = true`",
+            format!(
+                "without master weights every layer is {} and updated as such: a {} layer needs `master_weights = true`",
+                recipe.low.upper(),
+                p.upper()
+            ),
         )),
         _ => Ok(()),
     }
@@ -207,6 +256,11 @@ fn check_pins(recipe: &Recipe, field: &Field) -> Result<()> {
 pub fn plan_layer(recipe: &Recipe, kind: Kind, pin: Option<Prec>) -> LayerPlan {
     use OptLevel::*;
     let level = recipe.opt_level;
+    let low = recipe.low;
+    let at = |p: Prec| LayerPlan {
+        storage: p,
+        compute: Compute::In(p),
+    };
     if let Kind::Cast(p) = kind {
         return LayerPlan {
             storage: Prec::F32,
@@ -215,65 +269,37 @@ pub fn plan_layer(recipe: &Recipe, kind: Kind, pin: Option<Prec>) -> LayerPlan {
     }
     if let Some(p) = pin {
         return match (level, p) {
-            // O1 keeps weights in FP32; an FP16 pin means FP16 compute from FP32 weights.
-            (O1, Prec::F16) => LayerPlan {
+            // O1 keeps weights in FP32; a 16-bit pin means 16-bit compute from FP32 weights.
+            (O1, Prec::F16 | Prec::BF16) => LayerPlan {
                 storage: Prec::F32,
-                compute: Compute::Autocast16,
+                compute: Compute::Autocast(p),
             },
-            (O0 | O1, _) => LayerPlan {
-                storage: Prec::F32,
-                compute: Compute::In(Prec::F32),
-            },
-            _ => LayerPlan {
-                storage: p,
-                compute: Compute::In(p),
-            },
+            (O0 | O1, _) => at(Prec::F32),
+            _ => at(p),
         };
     }
     match (level, kind) {
-        (O0, Kind::Neutral) => LayerPlan {
+        (O0 | O1, Kind::Neutral) => LayerPlan {
             storage: Prec::F32,
             compute: Compute::Pass,
         },
-        (O0, _) => LayerPlan {
-            storage: Prec::F32,
-            compute: Compute::In(Prec::F32),
-        },
+        (O0, _) => at(Prec::F32),
         (O1, Kind::Matmul) => LayerPlan {
             storage: Prec::F32,
-            compute: Compute::Autocast16,
+            compute: Compute::Autocast(low),
         },
-        (O1, Kind::Neutral) => LayerPlan {
-            storage: Prec::F32,
-            compute: Compute::Pass,
-        },
-        (O1, _) => LayerPlan {
-            storage: Prec::F32,
-            compute: Compute::In(Prec::F32),
-        },
-        (O2 | O3, Kind::Norm) => {
-            let p = if recipe.keep_batchnorm_fp32 {
-                Prec::F32
-            } else {
-                Prec::F16
-            };
-            LayerPlan {
-                storage: p,
-                compute: Compute::In(p),
-            }
-        }
-        (O2, Kind::Fp32Op) => LayerPlan {
-            storage: Prec::F32,
-            compute: Compute::In(Prec::F32),
-        },
+        (O1, _) => at(Prec::F32),
+        (O2 | O3, Kind::Norm) => at(if recipe.keep_batchnorm_fp32 {
+            Prec::F32
+        } else {
+            low
+        }),
+        (O2, Kind::Fp32Op) => at(Prec::F32),
         (O2 | O3, Kind::Neutral) => LayerPlan {
-            storage: Prec::F16,
+            storage: low,
             compute: Compute::Pass,
         },
-        (O2 | O3, _) => LayerPlan {
-            storage: Prec::F16,
-            compute: Compute::In(Prec::F16),
-        },
+        (O2 | O3, _) => at(low),
     }
 }
 
@@ -308,7 +334,7 @@ mod tests {
         let o3 = recipe_of(quote::quote!(policy = "O3", allow_fp16_updates)).unwrap();
         assert_eq!(
             (o3.target, o3.keep_batchnorm_fp32, o3.loss_scale),
-            (Target::Fp16, false, LossScale::Static(1.0))
+            (Target::LowPrecision, false, LossScale::Static(1.0))
         );
         let o3m = recipe_of(quote::quote!(policy = "O3", master_weights = true)).unwrap();
         assert_eq!(o3m.target, Target::MasterWeights);
@@ -340,7 +366,7 @@ mod tests {
             plan_layer(&o1, Kind::Matmul, None),
             LayerPlan {
                 storage: Prec::F32,
-                compute: Compute::Autocast16
+                compute: Compute::Autocast(Prec::F16)
             }
         );
         assert_eq!(
@@ -357,13 +383,60 @@ mod tests {
     }
 
     #[test]
+    fn bf16_models_need_no_loss_scale_unless_a_layer_is_fp16() {
+        let o2 = recipe_of(quote::quote!(policy = "O2", dtype = "bf16")).unwrap();
+        assert_eq!(
+            (o2.low, o2.narrowest, o2.loss_scale),
+            (Prec::BF16, Prec::BF16, LossScale::None)
+        );
+        assert_eq!(o2.entry(), Prec::BF16);
+        assert_eq!(plan_layer(&o2, Kind::Matmul, None).storage, Prec::BF16);
+        assert_eq!(plan_layer(&o2, Kind::Norm, None).storage, Prec::F32);
+        let o1 = recipe_of(quote::quote!(policy = "O1", dtype = "bf16")).unwrap();
+        assert_eq!(
+            plan_layer(&o1, Kind::Matmul, None).compute,
+            Compute::Autocast(Prec::BF16)
+        );
+        assert_eq!(o1.loss_scale, LossScale::None);
+        let o3 = recipe_of(quote::quote!(
+            policy = "O3",
+            dtype = "bf16",
+            allow_bf16_updates
+        ))
+        .unwrap();
+        assert_eq!(
+            (o3.target, o3.loss_scale),
+            (Target::LowPrecision, LossScale::None)
+        );
+        // A BF16 model may run a layer in FP16 (with the casts the forward inserts): then it
+        // needs the loss scaler.
+        let mut parsed = AmpArgs::default();
+        syn::meta::parser(|meta| parsed.parse_meta(meta))
+            .parse2(quote::quote!(policy = "O2", dtype = "bf16"))
+            .unwrap();
+        let model = parse_model(syn::parse_quote!(
+            struct Net {
+                #[amp(fp16)]
+                fc: Linear<2, 2>,
+                head: Linear<2, 2>,
+            }
+        ))
+        .unwrap();
+        let mixed = recipe(&parsed, &model).unwrap();
+        assert_eq!(
+            (mixed.narrowest, mixed.loss_scale),
+            (Prec::F16, LossScale::Dynamic)
+        );
+    }
+
+    #[test]
     fn conflicts_are_errors() {
         let msg = |args| recipe_of(args).unwrap_err().to_string();
         assert!(msg(quote::quote!(policy = "O3")).contains("allow_fp16_updates"));
         assert!(
             msg(quote::quote!(policy = "O2", master_weights = false)).contains("breaking the rule")
         );
-        assert!(msg(quote::quote!(policy = "O1", master_weights = true)).contains("no FP16 copy"));
+        assert!(msg(quote::quote!(policy = "O1", master_weights = true)).contains("no 16-bit copy"));
         assert!(
             msg(quote::quote!(policy = "O0", keep_batchnorm_fp32 = false))
                 .contains("O0 keeps every layer")
@@ -387,5 +460,15 @@ mod tests {
         );
         assert!(msg(quote::quote!(policy = "O2", loss_scale = 1e40)).contains("overflows FP16"));
         assert!(msg(quote::quote!(loss_scale = 8.0)).contains("needs a policy"));
+        assert!(
+            msg(quote::quote!(policy = "O0", dtype = "bf16")).contains("O0 trains in FP32 only")
+        );
+        assert!(msg(quote::quote!(
+            policy = "O3",
+            dtype = "bf16",
+            allow_fp16_updates
+        ))
+        .contains("`allow_bf16_updates`"));
+        assert!(msg(quote::quote!(policy = "O3", dtype = "bf16")).contains("update BF16 weights"));
     }
 }

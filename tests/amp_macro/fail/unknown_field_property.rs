@@ -2,7 +2,7 @@ use typed_amp::prelude::*;
 
 #[typed_amp::amp(policy = "O2")]
 struct Mlp {
-    #[amp(bf16)]
+    #[amp(fp8)]
     fc: Linear<4, 2>,
 }
 
