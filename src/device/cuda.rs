@@ -112,24 +112,27 @@ __device__ __forceinline__ int non_finite(float x) {
          i += (u64)gridDim.x * blockDim.x)
 "#;
 
+/// Generated CUDA C++ and the names of the entry points it defines.
+pub(crate) type Entries = (String, Vec<String>);
+
 /// One op's kernels: a CUDA C++ template source and the `extern "C"` entry points instantiated
 /// from it, per precision (`one`) or per pair of precisions (`pair`).
 pub(crate) struct OpSource {
     /// The templates.
     pub(crate) templates: &'static str,
     /// Entry points of one precision: `(tag, C++ type) -> (source, names)`.
-    pub(crate) one: fn(&str, &str) -> (String, Vec<String>),
+    pub(crate) one: fn(&str, &str) -> Entries,
     /// Entry points of a pair of precisions: `(src tag, src type, dst tag, dst type)`.
-    pub(crate) pair: fn(&str, &str, &str, &str) -> (String, Vec<String>),
+    pub(crate) pair: fn(&str, &str, &str, &str) -> Entries,
 }
 
 /// Entry points of no precision.
-pub(crate) fn none(_: &str, _: &str) -> (String, Vec<String>) {
+pub(crate) fn none(_: &str, _: &str) -> Entries {
     (String::new(), Vec::new())
 }
 
 /// Entry points of no pair.
-pub(crate) fn no_pair(_: &str, _: &str, _: &str, _: &str) -> (String, Vec<String>) {
+pub(crate) fn no_pair(_: &str, _: &str, _: &str, _: &str) -> Entries {
     (String::new(), Vec::new())
 }
 
@@ -203,9 +206,9 @@ pub(crate) fn check_device(dev: &Cuda, owner: &Arc<CudaDevice>) -> Result<(), Cu
 }
 
 /// The pointer and length of a buffer on `dev`.
-pub(crate) fn raw<E: CudaElem>(dev: &Cuda, buf: &CudaSlice<E>) -> Result<Raw, CudaError>
+pub(crate) fn raw<E>(dev: &Cuda, buf: &CudaSlice<E>) -> Result<Raw, CudaError>
 where
-    E: cudarc::driver::DeviceRepr,
+    E: CudaElem + cudarc::driver::DeviceRepr,
 {
     check_device(dev, &buf.device())?;
     Ok(Raw {
@@ -215,9 +218,9 @@ where
 }
 
 /// As [`raw`]; taking `&mut` keeps the kernel's writes behind a unique borrow.
-pub(crate) fn raw_mut<E: CudaElem>(dev: &Cuda, buf: &mut CudaSlice<E>) -> Result<Raw, CudaError>
+pub(crate) fn raw_mut<E>(dev: &Cuda, buf: &mut CudaSlice<E>) -> Result<Raw, CudaError>
 where
-    E: cudarc::driver::DeviceRepr,
+    E: CudaElem + cudarc::driver::DeviceRepr,
 {
     raw(dev, &*buf)
 }
