@@ -116,6 +116,8 @@ pub trait Device<E: Dtype>:
 impl Device<f16> for crate::tensor::Cpu {}
 #[cfg(feature = "f16")]
 impl Device<AMP<f16>> for crate::tensor::Cpu {}
+#[cfg(feature = "f16")]
+impl Device<bf16> for crate::tensor::Cpu {} // typed-amp patch
 impl Device<f32> for crate::tensor::Cpu {}
 impl Device<f64> for crate::tensor::Cpu {}
 
@@ -123,6 +125,8 @@ impl Device<f64> for crate::tensor::Cpu {}
 impl Device<f16> for crate::tensor::Cuda {}
 #[cfg(all(feature = "cuda", feature = "f16"))]
 impl Device<AMP<f16>> for crate::tensor::Cuda {}
+#[cfg(all(feature = "cuda", feature = "f16"))]
+impl Device<bf16> for crate::tensor::Cuda {} // typed-amp patch
 #[cfg(feature = "cuda")]
 impl Device<f32> for crate::tensor::Cuda {}
 #[cfg(feature = "cuda")]
