@@ -1,4 +1,5 @@
 #include "cuda_fp16.h"
+#include "cuda_bf16.h" // typed-amp patch
 #include "compatibility.cuh"
 
 __device__ unsigned int get_strided_index(
@@ -146,3 +147,23 @@ __device__ __forceinline__ __half copysigng(__half a, __half b) { return __float
 __device__ __forceinline__ float erfg(float a) { return erff(a); }
 __device__ __forceinline__ double erfg(double a) { return erf(a); }
 __device__ __forceinline__ __half erfg(__half a) { return __float2half(erff(__half2float(a))); }
+
+// typed-amp patch: bf16 overloads. Transcendentals are evaluated in float and rounded once (as the
+// f16 overloads do where there is no half intrinsic); max/min/abs/isnan use bf16 intrinsics.
+#if __CUDA_ARCH__ >= 800
+extern "C" __global__ void fill_with_bf16(__nv_bfloat16 *buf, __nv_bfloat16 value, const size_t numel) { fill_with(buf, value, numel); }
+__device__ __forceinline__ bool isnang(__nv_bfloat16 a) { return __hisnan(a); }
+__device__ __forceinline__ __nv_bfloat16 recipg(__nv_bfloat16 a) { return __float2bfloat16(1.0f / __bfloat162float(a)); }
+__device__ __forceinline__ __nv_bfloat16 cosg(__nv_bfloat16 a) { return __float2bfloat16(cosf(__bfloat162float(a))); }
+__device__ __forceinline__ __nv_bfloat16 sing(__nv_bfloat16 a) { return __float2bfloat16(sinf(__bfloat162float(a))); }
+__device__ __forceinline__ __nv_bfloat16 sqrtg(__nv_bfloat16 a) { return __float2bfloat16(sqrtf(__bfloat162float(a))); }
+__device__ __forceinline__ __nv_bfloat16 powg(__nv_bfloat16 a, __nv_bfloat16 b) { return __float2bfloat16(powf(__bfloat162float(a), __bfloat162float(b))); }
+__device__ __forceinline__ __nv_bfloat16 tanhg(__nv_bfloat16 a) { return __float2bfloat16(tanhf(__bfloat162float(a))); }
+__device__ __forceinline__ __nv_bfloat16 maxg(__nv_bfloat16 a, __nv_bfloat16 b) { return __hmax_nan(a, b); }
+__device__ __forceinline__ __nv_bfloat16 ming(__nv_bfloat16 a, __nv_bfloat16 b) { return __hmin_nan(a, b); }
+__device__ __forceinline__ __nv_bfloat16 logg(__nv_bfloat16 a) { return __float2bfloat16(logf(__bfloat162float(a))); }
+__device__ __forceinline__ __nv_bfloat16 expg(__nv_bfloat16 a) { return __float2bfloat16(expf(__bfloat162float(a))); }
+__device__ __forceinline__ __nv_bfloat16 absg(__nv_bfloat16 a) { return __habs(a); }
+__device__ __forceinline__ __nv_bfloat16 copysigng(__nv_bfloat16 a, __nv_bfloat16 b) { return __float2bfloat16(copysignf(__bfloat162float(a), __bfloat162float(b))); }
+__device__ __forceinline__ __nv_bfloat16 erfg(__nv_bfloat16 a) { return __float2bfloat16(erff(__bfloat162float(a))); }
+#endif
