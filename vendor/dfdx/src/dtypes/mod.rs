@@ -123,6 +123,8 @@ impl Dtype for bf16 {} // typed-amp patch
 /// in itself, exactly as upstream.
 pub trait CpuCompute: Sized + Copy {
     type Compute: Dtype;
+    /// Whether `Compute` is wider than `Self` (kernels keep upstream's code path when not).
+    const WIDENS: bool = false;
     fn widen(self) -> Self::Compute;
     fn narrow(c: Self::Compute) -> Self;
 }
@@ -149,8 +151,12 @@ compute_in_self!(f32, f64, i8, i16, i32, i64, i128, isize, u8, u16, u32, u64, u1
 compute_in_self!(f16);
 
 #[cfg(feature = "f16")]
+compute_in_self!(AMP<f16>);
+
+#[cfg(feature = "f16")]
 impl CpuCompute for bf16 {
     type Compute = f32;
+    const WIDENS: bool = true;
     #[inline(always)]
     fn widen(self) -> f32 {
         self.to_f32()

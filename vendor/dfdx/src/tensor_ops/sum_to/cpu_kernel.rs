@@ -121,6 +121,21 @@ impl<E: Dtype + NotMixedPrecision + CpuCompute> super::SumKernel<E> for Cpu {
             for i in grad_inp.iter_mut() {
                 *i += v * scale;
             }
+        } else if E::WIDENS {
+            // typed-amp patch: a broadcast input (stride 0) receives many of these additions in
+            // one element; bf16 accumulates them in f32 and rounds each gradient once.
+            let num_elems_reduced = <Src as HasAxes<Ax>>::size(inp.shape());
+            let mut idx = index_for_reductions::<Src, Ax>(*inp.shape(), inp.strides());
+            let mut acc: std::vec::Vec<E::Compute> = grad_inp.iter().map(|g| g.widen()).collect();
+            for &o in grad_out.iter() {
+                let o = o.widen();
+                for _ in 0..num_elems_reduced {
+                    acc[idx.next().unwrap()] += o;
+                }
+            }
+            for (g, a) in grad_inp.iter_mut().zip(acc) {
+                *g = E::narrow(a);
+            }
         } else {
             let num_elems_reduced = <Src as HasAxes<Ax>>::size(inp.shape());
             let mut idx = index_for_reductions::<Src, Ax>(*inp.shape(), inp.strides());
