@@ -358,13 +358,10 @@ fn to_dtype_between_f16_bf16_and_f32() {
 // ---------------------------------------------------------------------------------------------
 // Elementwise activations
 
-fn unary_case<E: Dtype>(
-    x: &[f32],
-    c: &[f32],
-    op: fn(
-        Tensor<(usize,), E, Cpu, OwnedTape<E, Cpu>>,
-    ) -> Tensor<(usize,), E, Cpu, OwnedTape<E, Cpu>>,
-) -> (Vec<f32>, Vec<f32>)
+/// A 1-d tensor on the CPU recording onto dfdx's own tape.
+type Taped<E> = Tensor<(usize,), E, Cpu, OwnedTape<E, Cpu>>;
+
+fn unary_case<E: Dtype>(x: &[f32], c: &[f32], op: fn(Taped<E>) -> Taped<E>) -> (Vec<f32>, Vec<f32>)
 where
     Cpu: Device<E>,
 {
@@ -381,12 +378,8 @@ where
 
 fn compare_unary(
     name: &str,
-    op32: fn(
-        Tensor<(usize,), f32, Cpu, OwnedTape<f32, Cpu>>,
-    ) -> Tensor<(usize,), f32, Cpu, OwnedTape<f32, Cpu>>,
-    op16: fn(
-        Tensor<(usize,), bf16, Cpu, OwnedTape<bf16, Cpu>>,
-    ) -> Tensor<(usize,), bf16, Cpu, OwnedTape<bf16, Cpu>>,
+    op32: fn(Taped<f32>) -> Taped<f32>,
+    op16: fn(Taped<bf16>) -> Taped<bf16>,
     fwd_bound: impl Fn(f64) -> Re,
     bwd_bound: impl Fn(f64, Re) -> Re,
 ) {

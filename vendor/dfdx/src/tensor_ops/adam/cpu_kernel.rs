@@ -1,10 +1,10 @@
-#[allow(unused_imports)]
-use num_traits::{Float, FromPrimitive, One}; // typed-amp patch
 use super::{AdamConfig, AdamKernel, WeightDecay};
 use crate::{
     dtypes::{CpuCompute, Dtype, NotMixedPrecision},
     tensor::Cpu,
 };
+#[allow(unused_imports)]
+use num_traits::{Float, FromPrimitive, One}; // typed-amp patch
 
 #[cfg(feature = "f16")]
 impl AdamKernel<crate::dtypes::AMP<crate::dtypes::f16>> for Cpu {

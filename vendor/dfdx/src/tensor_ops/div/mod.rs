@@ -85,8 +85,11 @@ impl<S: Shape, D: UnaryKernel<ScalarDivKernelOp<half::f16>, half::f16>, T: Tape<
 
 // typed-amp patch: an f32 scalar with a bfloat16 tensor, as for f16.
 #[cfg(feature = "f16")]
-impl<S: Shape, D: UnaryKernel<ScalarDivKernelOp<half::bf16>, half::bf16>, T: Tape<half::bf16, D>>
-    TryDiv<f32> for Tensor<S, half::bf16, D, T>
+impl<
+        S: Shape,
+        D: UnaryKernel<ScalarDivKernelOp<half::bf16>, half::bf16>,
+        T: Tape<half::bf16, D>,
+    > TryDiv<f32> for Tensor<S, half::bf16, D, T>
 {
     /// See [div]
     fn try_div(self, rhs: f32) -> Result<Self, Self::Err> {

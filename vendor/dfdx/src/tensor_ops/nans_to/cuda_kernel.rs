@@ -19,7 +19,13 @@ const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/nans_to.ptx"));
 cuda_unary!(NansTo<f16>, f16, PTX, "nans_to_fwd_f16", "nans_to_bwd_f16");
 // typed-amp patch: bf16
 #[cfg(feature = "f16")]
-cuda_unary!(NansTo<bf16>, bf16, PTX, "nans_to_fwd_bf16", "nans_to_bwd_bf16");
+cuda_unary!(
+    NansTo<bf16>,
+    bf16,
+    PTX,
+    "nans_to_fwd_bf16",
+    "nans_to_bwd_bf16"
+);
 #[cfg(feature = "f16")]
 cuda_unary!(
     NansTo<AMP<f16>>,

@@ -23,7 +23,13 @@ const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/pow.ptx"));
 cuda_unary!(PowfKernelOp<f16>, f16, PTX, "pow_fwd_f16", "pow_bwd_f16");
 // typed-amp patch: bf16
 #[cfg(feature = "f16")]
-cuda_unary!(PowfKernelOp<bf16>, bf16, PTX, "pow_fwd_bf16", "pow_bwd_bf16");
+cuda_unary!(
+    PowfKernelOp<bf16>,
+    bf16,
+    PTX,
+    "pow_fwd_bf16",
+    "pow_bwd_bf16"
+);
 #[cfg(feature = "f16")]
 cuda_unary!(
     PowfKernelOp<AMP<f16>>,

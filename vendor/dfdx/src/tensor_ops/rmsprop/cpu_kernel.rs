@@ -1,9 +1,9 @@
-#[allow(unused_imports)]
-use num_traits::{Float, FromPrimitive, One}; // typed-amp patch
 use crate::{
     dtypes::{CpuCompute, Dtype, NotMixedPrecision},
     tensor::cpu::Cpu,
 };
+#[allow(unused_imports)]
+use num_traits::{Float, FromPrimitive, One}; // typed-amp patch
 
 use super::{RMSpropConfig, RMSpropKernel, WeightDecay};
 
@@ -92,15 +92,11 @@ where
         let alpha = C::<E>::from_f64(cfg.alpha).unwrap();
         let eps = C::<E>::from_f64(cfg.eps).unwrap();
         let lr = C::<E>::from_f64(cfg.lr).unwrap();
-        for ((p_e, g), (s_avg_e, (g_avg_e, m_e))) in param
-            .iter_mut()
-            .zip(grad.iter().cloned())
-            .zip(
-                square_avg
-                    .iter_mut()
-                    .zip(grad_avg.iter_mut().zip(momentum.iter_mut())),
-            )
-        {
+        for ((p_e, g), (s_avg_e, (g_avg_e, m_e))) in param.iter_mut().zip(grad.iter().cloned()).zip(
+            square_avg
+                .iter_mut()
+                .zip(grad_avg.iter_mut().zip(momentum.iter_mut())),
+        ) {
             let (mut p, mut g) = (p_e.widen(), g.widen());
             let (mut s_avg, mut g_avg, mut m) = (s_avg_e.widen(), g_avg_e.widen(), m_e.widen());
             if let Some(WeightDecay::L2(wd)) = cfg.weight_decay {

@@ -1,9 +1,9 @@
-#[allow(unused_imports)]
-use num_traits::{Float, FromPrimitive, One}; // typed-amp patch
 use crate::{
     dtypes::{CpuCompute, Dtype, NotMixedPrecision},
     tensor::cpu::*,
 };
+#[allow(unused_imports)]
+use num_traits::{Float, FromPrimitive, One}; // typed-amp patch
 
 use super::{Momentum, SgdConfig, SgdKernel, WeightDecay};
 
