@@ -12,9 +12,11 @@
 //! reference reaches: max |reference|, or the largest intermediate when that is bigger). Each test
 //! says how it counts R and M.
 //!
-//! Both paths also make f32 roundings (2^-24 relative each: the f32 GEMM, f32 accumulation of bf16
-//! sums, libm in f32). Fewer than 2^8 of them sit on any path here, so together they stay below
-//! 2^-16 relative; `E32` adds that once to every bound.
+//! Both paths also make f32 roundings (2^-24 relative each). Where both run the same f32
+//! operations on the same values in the same order (the f32 GEMM behind the bf16 matmul, the f32
+//! accumulation of bf16 sums) those roundings are identical and cancel; the others (libm in f32,
+//! the f32 reference's own elementwise arithmetic) number fewer than 2^8 on any path here, so
+//! together they stay below 2^-16 relative; `E32` adds that once to every bound.
 //!
 //! For elementwise formulas with many intermediates (GeLU, sigmoid, tanh and their derivatives) the
 //! sum over roundings of u·|v|·|∂y/∂v| is evaluated per element by running-error arithmetic
@@ -1137,7 +1139,8 @@ fn reductions_sum_mean_max_min_var() {
     );
 
     // A long sum: 4099 elements of 1 ± small. A bf16 running sum would stop at 256 (256 + 1
-    // rounds back to 256 under ties-to-even); the f32 accumulator rounds once: R = 1 on the sum.
+    // rounds back to 256 under ties-to-even); the f32 accumulator adds the same values in the same
+    // order as the f32 reference and rounds once: R = 1 on the sum.
     let dev = Cpu::default();
     let ones = values(4099, 0.25, 93)
         .into_iter()
