@@ -1,6 +1,6 @@
 //! Module for data type related traits and structs. Contains things like [Unit], [Dtype], and [AMP].
 //!
-//! When the `f16` feature is enabled, this exports the [f16] type.
+//! When the `f16` feature is enabled, this exports the [f16] and [bf16] types.
 //!
 //! # AMP
 //!
@@ -13,6 +13,10 @@ pub use amp::AMP;
 
 #[cfg(feature = "f16")]
 pub use half::f16;
+
+// typed-amp patch: bfloat16 as a first-class dtype, under the same `f16` feature.
+#[cfg(feature = "f16")]
+pub use half::bf16;
 
 /// Represents a type where all 0 bits is a valid pattern.
 #[cfg(not(feature = "cuda"))]
@@ -65,6 +69,8 @@ unit!(i128, 1);
 unit!(bool, true);
 #[cfg(feature = "f16")]
 unit!(f16, f16::ONE);
+#[cfg(feature = "f16")]
+unit!(bf16, bf16::ONE); // typed-amp patch
 
 /// Represents something that has a [Unit].
 pub trait HasUnitType {
@@ -105,6 +111,61 @@ impl Dtype for u128 {}
 impl Dtype for usize {}
 #[cfg(feature = "f16")]
 impl Dtype for f16 {}
+#[cfg(feature = "f16")]
+impl Dtype for bf16 {} // typed-amp patch
+
+/// The type that CPU kernels which chain or accumulate many operations (sums, optimizer updates)
+/// compute in, rounding each result back to the dtype once.
+///
+/// typed-amp patch: bfloat16 computes in f32. With 8 significant bits a bf16 running sum stops
+/// growing at 2^8 times its terms, and Adam's default `beta2 = 0.999` rounds to exactly 1.0 in
+/// bf16 (so `1 - beta2 = 0` and the bias correction divides 0 by 0). Every other dtype computes
+/// in itself, exactly as upstream.
+pub trait CpuCompute: Sized + Copy {
+    type Compute: Dtype;
+    /// Whether `Compute` is wider than `Self` (kernels keep upstream's code path when not).
+    const WIDENS: bool = false;
+    fn widen(self) -> Self::Compute;
+    fn narrow(c: Self::Compute) -> Self;
+}
+
+macro_rules! compute_in_self {
+    ($($t:ty),*) => {
+        $(
+            impl CpuCompute for $t {
+                type Compute = $t;
+                #[inline(always)]
+                fn widen(self) -> $t {
+                    self
+                }
+                #[inline(always)]
+                fn narrow(c: $t) -> $t {
+                    c
+                }
+            }
+        )*
+    };
+}
+compute_in_self!(f32, f64, i8, i16, i32, i64, i128, isize, u8, u16, u32, u64, u128, usize);
+#[cfg(feature = "f16")]
+compute_in_self!(f16);
+
+#[cfg(feature = "f16")]
+compute_in_self!(AMP<f16>);
+
+#[cfg(feature = "f16")]
+impl CpuCompute for bf16 {
+    type Compute = f32;
+    const WIDENS: bool = true;
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline(always)]
+    fn narrow(c: f32) -> Self {
+        bf16::from_f32(c)
+    }
+}
 
 /// Represents something that has a [Dtype].
 pub trait HasDtype {
@@ -129,3 +190,5 @@ impl NotMixedPrecision for u128 {}
 impl NotMixedPrecision for usize {}
 #[cfg(feature = "f16")]
 impl NotMixedPrecision for f16 {}
+#[cfg(feature = "f16")]
+impl NotMixedPrecision for bf16 {} // typed-amp patch

@@ -46,3 +46,12 @@ UNARY_OP(double, accurate_gelu_fwd_f64, accurate_gelu_bwd_f64,
     accurate_gelu_fwd(x),
     accurate_gelu_bwd(x)
 )
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+UNARY_OP(__nv_bfloat16, accurate_gelu_fwd_bf16, accurate_gelu_bwd_bf16,
+    AccurateGeLUKernelOp,
+    accurate_gelu_fwd(x),
+    accurate_gelu_bwd(x)
+)
+#endif // typed-amp patch: bf16

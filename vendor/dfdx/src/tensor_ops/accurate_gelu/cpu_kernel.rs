@@ -22,6 +22,14 @@ impl Erf for f16 {
     }
 }
 
+// typed-amp patch: erf for bfloat16, evaluated in f32 and rounded once, as for f16.
+#[cfg(feature = "f16")]
+impl Erf for half::bf16 {
+    fn erf(self) -> Self {
+        half::bf16::from_f32(erff(self.to_f32()))
+    }
+}
+
 impl Erf for f64 {
     fn erf(self) -> Self {
         erf(self)

@@ -23,6 +23,15 @@ cuda_unary!(
     "accurate_gelu_fwd_f16",
     "accurate_gelu_bwd_f16"
 );
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+cuda_unary!(
+    AccurateGeLUKernelOp,
+    bf16,
+    PTX,
+    "accurate_gelu_fwd_bf16",
+    "accurate_gelu_bwd_bf16"
+);
 cuda_unary!(
     AccurateGeLUKernelOp,
     f32,

@@ -116,3 +116,48 @@ extern "C" __global__ void adam_update_amp_f16(
         param[i] -= g;
     }
 }
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+extern "C" __global__ void adam_update_bf16(
+    const AdamConfig cfg,
+    const size_t numel,
+    const int t_int,
+    __nv_bfloat16* param,
+    __nv_bfloat16* moment1,
+    __nv_bfloat16* moment2,
+    const __nv_bfloat16* grad
+) {
+    float beta1 = cfg.beta1;
+    float beta2 = cfg.beta2;
+    float lr = cfg.lr;
+    float weight_decay = cfg.weight_decay;
+    float eps = cfg.eps;
+    float one = 1.0;
+    float t = t_int;
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < numel; i += blockDim.x * gridDim.x) {
+        float p = param[i];
+        float g = grad[i];
+        float m = moment1[i];
+        float v = moment2[i];
+    
+        if (cfg.weight_decay_type == L2) {
+            g += weight_decay * p;
+        }
+    
+        m = m * beta1 + g * (one - beta1);
+        v = v * beta2 + g * g * (one - beta2);
+        float m_hat = m * one / (one - powg(beta1, t));
+        float v_hat = v * one / (one - powg(beta2, t));
+        g = lr * m_hat / (sqrtg(v_hat) + eps);
+    
+        if (cfg.weight_decay_type == Decoupled) {
+            g += (weight_decay * lr) * p;
+        }
+    
+        moment1[i] = m;
+        moment2[i] = v;
+        param[i] = p - g; // typed-amp patch: one rounding of p - g
+    }
+}
+#endif // typed-amp patch: bf16

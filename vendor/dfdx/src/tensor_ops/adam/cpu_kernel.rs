@@ -1,8 +1,10 @@
 use super::{AdamConfig, AdamKernel, WeightDecay};
 use crate::{
-    dtypes::{Dtype, NotMixedPrecision},
+    dtypes::{CpuCompute, Dtype, NotMixedPrecision},
     tensor::Cpu,
 };
+#[allow(unused_imports)]
+use num_traits::{Float, FromPrimitive, One}; // typed-amp patch
 
 #[cfg(feature = "f16")]
 impl AdamKernel<crate::dtypes::AMP<crate::dtypes::f16>> for Cpu {
@@ -51,7 +53,12 @@ impl AdamKernel<crate::dtypes::AMP<crate::dtypes::f16>> for Cpu {
     }
 }
 
-impl<E: num_traits::Float + Dtype + NotMixedPrecision> AdamKernel<E> for Cpu {
+// typed-amp patch: computes in `E::Compute` (f32 for bf16, `E` otherwise, see [CpuCompute]) and
+// rounds `p`, `m` and `v` once each; for every dtype but bf16 the arithmetic is upstream's.
+impl<E: Dtype + NotMixedPrecision + CpuCompute> AdamKernel<E> for Cpu
+where
+    E::Compute: num_traits::Float,
+{
     fn adam_kernel(
         &self,
         t: i32,
@@ -61,30 +68,35 @@ impl<E: num_traits::Float + Dtype + NotMixedPrecision> AdamKernel<E> for Cpu {
         moment2: &mut Self::Vec,
         grad: &Self::Vec,
     ) -> Result<(), Self::Err> {
-        let betas = cfg.betas.map(E::from_f64).map(Option::unwrap);
-        let eps = E::from_f64(cfg.eps).unwrap();
-        let lr = E::from_f64(cfg.lr).unwrap();
+        type C<E> = <E as CpuCompute>::Compute;
+        let betas = cfg.betas.map(C::<E>::from_f64).map(Option::unwrap);
+        let eps = C::<E>::from_f64(cfg.eps).unwrap();
+        let lr = C::<E>::from_f64(cfg.lr).unwrap();
 
-        for ((p, mut g), (m, v)) in param
+        for ((p_e, g), (m_e, v_e)) in param
             .iter_mut()
             .zip(grad.iter().cloned())
             .zip(moment1.iter_mut().zip(moment2.iter_mut()))
         {
+            let (mut p, mut g, mut m, mut v) = (p_e.widen(), g.widen(), m_e.widen(), v_e.widen());
             if let Some(WeightDecay::L2(wd)) = cfg.weight_decay {
-                g += E::from_f64(wd).unwrap() * *p;
+                g += C::<E>::from_f64(wd).unwrap() * p;
             }
 
-            *m = *m * betas[0] + g * (E::one() - betas[0]);
-            *v = *v * betas[1] + g.powi(2) * (E::one() - betas[1]);
-            let m_hat = *m * (E::one() - betas[0].powi(t)).recip();
-            let v_hat = *v * (E::one() - betas[1].powi(t)).recip();
+            m = m * betas[0] + g * (C::<E>::one() - betas[0]);
+            v = v * betas[1] + g.powi(2) * (C::<E>::one() - betas[1]);
+            let m_hat = m * (C::<E>::one() - betas[0].powi(t)).recip();
+            let v_hat = v * (C::<E>::one() - betas[1].powi(t)).recip();
             g = lr * m_hat / (v_hat.sqrt() + eps);
 
             if let Some(WeightDecay::Decoupled(wd)) = cfg.weight_decay {
-                g += E::from_f64(wd * cfg.lr).unwrap() * *p;
+                g += C::<E>::from_f64(wd * cfg.lr).unwrap() * p;
             }
 
-            *p -= g;
+            p -= g;
+            *p_e = E::narrow(p);
+            *m_e = E::narrow(m);
+            *v_e = E::narrow(v);
         }
         Ok(())
     }

@@ -49,6 +49,12 @@ impl HasCudaKernel<f16> for Cuda {
     const MOD: &'static str = "adam_f16";
     const FWD: &'static str = "adam_update_f16";
 }
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+impl HasCudaKernel<bf16> for Cuda {
+    const MOD: &'static str = "adam_bf16";
+    const FWD: &'static str = "adam_update_bf16";
+}
 
 impl HasCudaKernel<f32> for Cuda {
     const MOD: &'static str = "adam_f32";

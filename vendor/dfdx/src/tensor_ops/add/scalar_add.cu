@@ -17,3 +17,10 @@ UNARY_OP(double, sadd_fwd_f64, sadd_bwd_f64, ScalarAddKernelOp<double>,
     x + op.scalar,
     1.0);
     
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+UNARY_OP(__nv_bfloat16, sadd_fwd_bf16, sadd_bwd_bf16, ScalarAddKernelOp<__nv_bfloat16>,
+    x + op.scalar,
+    1.0);
+#endif // typed-amp patch: bf16

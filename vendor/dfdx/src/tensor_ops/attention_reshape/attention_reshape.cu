@@ -99,3 +99,18 @@ extern "C" __global__ void attention_reshape_f64(
 ) {
     attention_reshape(op, qkv, past_key, past_value, query, key, value);
 }
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+extern "C" __global__ void attention_reshape_bf16(
+    const AttentionReshapeOp op,
+    const __nv_bfloat16 *qkv,
+    const __nv_bfloat16 *past_key,
+    const __nv_bfloat16 *past_value,
+    __nv_bfloat16 *query,
+    __nv_bfloat16 *key,
+    __nv_bfloat16 *value
+) {
+    attention_reshape(op, qkv, past_key, past_value, query, key, value);
+}
+#endif // typed-amp patch: bf16

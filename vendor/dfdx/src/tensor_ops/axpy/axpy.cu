@@ -18,3 +18,10 @@ extern "C" __global__ void axpy_f32(const size_t n, float* a, const float alpha,
 extern "C" __global__ void axpy_f64(const size_t n, double* a, const double alpha, const double* b, const double beta) {
     axpy(n, a, alpha, b, beta);
 }
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+extern "C" __global__ void axpy_bf16(const size_t n, __nv_bfloat16* a, const __nv_bfloat16 alpha, const __nv_bfloat16* b, const __nv_bfloat16 beta) {
+    axpy(n, a, alpha, b, beta);
+}
+#endif // typed-amp patch: bf16

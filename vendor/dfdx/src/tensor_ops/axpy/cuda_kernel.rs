@@ -18,6 +18,11 @@ impl HasCudaKernel<AMP<f16>> for Cuda {
 impl HasCudaKernel<f16> for Cuda {
     const FN: &'static str = "axpy_f16";
 }
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+impl HasCudaKernel<bf16> for Cuda {
+    const FN: &'static str = "axpy_bf16";
+}
 impl HasCudaKernel<f32> for Cuda {
     const FN: &'static str = "axpy_f32";
 }

@@ -37,3 +37,12 @@ BINARY_OP(double, bce_fwd_f64, bce_bwd_lhs_f64, bce_bwd_rhs_f64, BCEKernelOp,
     op_dfdx(x, y),
     op_dfdy(x, y)
 )
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+BINARY_OP(__nv_bfloat16, bce_fwd_bf16, bce_bwd_lhs_bf16, bce_bwd_rhs_bf16, BCEKernelOp,
+    __float2bfloat16(op_f(__bfloat162float(x), __bfloat162float(y))),
+    op_dfdx(x, y),
+    op_dfdy(x, y)
+)
+#endif // typed-amp patch: bf16

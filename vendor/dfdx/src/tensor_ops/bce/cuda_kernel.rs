@@ -25,6 +25,16 @@ cuda_binary!(
     "bce_bwd_lhs_f16",
     "bce_bwd_rhs_f16"
 );
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+cuda_binary!(
+    BCEKernelOp,
+    bf16,
+    PTX,
+    "bce_fwd_bf16",
+    "bce_bwd_lhs_bf16",
+    "bce_bwd_rhs_bf16"
+);
 cuda_binary!(
     BCEKernelOp,
     f32,

@@ -75,3 +75,8 @@ extern "C" __global__ void BWD( \
 CHOOSE(__half, choose_fwd_f16, choose_bwd_f16);
 CHOOSE(float, choose_fwd_f32, choose_bwd_f32);
 CHOOSE(double, choose_fwd_f64, choose_bwd_f64);
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+CHOOSE(__nv_bfloat16, choose_fwd_bf16, choose_bwd_bf16);
+#endif // typed-amp patch: bf16

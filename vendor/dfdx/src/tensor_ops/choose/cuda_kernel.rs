@@ -23,6 +23,12 @@ impl HasCudaKernel<f16> for Cuda {
     const MOD: &'static str = "choose_f16";
     const FNS: &'static [&'static str] = &["choose_fwd_f16", "choose_bwd_f16"];
 }
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+impl HasCudaKernel<bf16> for Cuda {
+    const MOD: &'static str = "choose_bf16";
+    const FNS: &'static [&'static str] = &["choose_fwd_bf16", "choose_bwd_bf16"];
+}
 
 impl HasCudaKernel<f32> for Cuda {
     const MOD: &'static str = "choose_f32";

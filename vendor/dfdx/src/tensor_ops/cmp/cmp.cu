@@ -57,3 +57,13 @@ CMP_OP(double, gt_fwd_f64, scalar_gt_fwd_f64, >)
 CMP_OP(double, ge_fwd_f64, scalar_ge_fwd_f64, >=)
 CMP_OP(double, lt_fwd_f64, scalar_lt_fwd_f64, <)
 CMP_OP(double, le_fwd_f64, scalar_le_fwd_f64, <=)
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+CMP_OP(__nv_bfloat16, eq_fwd_bf16, scalar_eq_fwd_bf16, ==)
+CMP_OP(__nv_bfloat16, ne_fwd_bf16, scalar_ne_fwd_bf16, !=)
+CMP_OP(__nv_bfloat16, gt_fwd_bf16, scalar_gt_fwd_bf16, >)
+CMP_OP(__nv_bfloat16, ge_fwd_bf16, scalar_ge_fwd_bf16, >=)
+CMP_OP(__nv_bfloat16, lt_fwd_bf16, scalar_lt_fwd_bf16, <)
+CMP_OP(__nv_bfloat16, le_fwd_bf16, scalar_le_fwd_bf16, <=)
+#endif // typed-amp patch: bf16

@@ -144,16 +144,34 @@ cmps!(LeKernelOp, AMP<f16>, "le_fwd_f16", "scalar_le_fwd_f16");
 
 #[cfg(feature = "f16")]
 cmps!(EqKernelOp, f16, "eq_fwd_f16", "scalar_eq_fwd_f16");
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+cmps!(EqKernelOp, bf16, "eq_fwd_bf16", "scalar_eq_fwd_bf16");
 #[cfg(feature = "f16")]
 cmps!(NeKernelOp, f16, "ne_fwd_f16", "scalar_ne_fwd_f16");
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+cmps!(NeKernelOp, bf16, "ne_fwd_bf16", "scalar_ne_fwd_bf16");
 #[cfg(feature = "f16")]
 cmps!(GtKernelOp, f16, "gt_fwd_f16", "scalar_gt_fwd_f16");
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+cmps!(GtKernelOp, bf16, "gt_fwd_bf16", "scalar_gt_fwd_bf16");
 #[cfg(feature = "f16")]
 cmps!(GeKernelOp, f16, "ge_fwd_f16", "scalar_ge_fwd_f16");
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+cmps!(GeKernelOp, bf16, "ge_fwd_bf16", "scalar_ge_fwd_bf16");
 #[cfg(feature = "f16")]
 cmps!(LtKernelOp, f16, "lt_fwd_f16", "scalar_lt_fwd_f16");
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+cmps!(LtKernelOp, bf16, "lt_fwd_bf16", "scalar_lt_fwd_bf16");
 #[cfg(feature = "f16")]
 cmps!(LeKernelOp, f16, "le_fwd_f16", "scalar_le_fwd_f16");
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+cmps!(LeKernelOp, bf16, "le_fwd_bf16", "scalar_le_fwd_bf16");
 
 cmps!(EqKernelOp, f32, "eq_fwd_f32", "scalar_eq_fwd_f32");
 cmps!(NeKernelOp, f32, "ne_fwd_f32", "scalar_ne_fwd_f32");

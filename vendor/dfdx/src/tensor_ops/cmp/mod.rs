@@ -239,6 +239,18 @@ macro_rules! impl_cmp_kernel_op {
             }
         }
 
+        // typed-amp patch: an f32 scalar with a bfloat16 tensor, as for f16.
+        #[cfg(feature = "f16")]
+        impl<S: Shape, D: ScalarCmpKernel<$KernelOp, half::bf16>, T: Tape<half::bf16, D>>
+            $TraitName<f32> for Tensor<S, half::bf16, D, T>
+        {
+            type Output = Tensor<S, bool, D, NoneTape>;
+            #[doc = $doc]
+            fn $TryFnName(&self, other: f32) -> Result<Self::Output, D::Err> {
+                try_scalar_cmp_op(self, half::bf16::from_f32(other))
+            }
+        }
+
         #[cfg(feature = "f16")]
         impl<
                 S: Shape,

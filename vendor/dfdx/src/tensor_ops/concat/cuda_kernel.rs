@@ -64,8 +64,10 @@ impl<E: Dtype + CudaTypeName> super::ConcatKernel<E> for Cuda {
     }
 }
 
+// typed-amp patch: includes cuda_bf16.h, for bf16 tensors.
 const BWD_KERNEL: &str = "
 #include \"cuda_fp16.h\"
+#include \"cuda_bf16.h\"
 extern \"C\" __global__ void concat_bwd(const size_t numel, const $Ty *inp, $Ty *out) {
     for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < numel; i += blockDim.x * gridDim.x) {
         out[i] += inp[i];

@@ -221,3 +221,14 @@ CONV_OP(
     transpose_filters_f64,
     sum_transposed_filters_f64
 );
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+CONV_OP(
+    __nv_bfloat16,
+    unfold_input_into_patches_bf16,
+    unfold_output_into_patches_bf16,
+    transpose_filters_bf16,
+    sum_transposed_filters_bf16
+);
+#endif // typed-amp patch: bf16

@@ -37,6 +37,16 @@ impl HasCudaKernel<f16> for Cuda {
         "transpose_filters_f16",
     ];
 }
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+impl HasCudaKernel<bf16> for Cuda {
+    const MOD: &'static str = "convtrans2d_bf16";
+    const FNS: &'static [&'static str] = &[
+        "unfold_input_into_patches_bf16",
+        "unfold_output_into_patches_bf16",
+        "transpose_filters_bf16",
+    ];
+}
 
 impl HasCudaKernel<f32> for Cuda {
     const MOD: &'static str = "convtrans2d_f32";

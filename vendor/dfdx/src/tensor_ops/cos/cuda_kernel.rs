@@ -8,6 +8,15 @@ const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/cos.ptx"));
 
 #[cfg(feature = "f16")]
 cuda_unary!(super::CosKernelOp, f16, PTX, "cos_fwd_f16", "cos_bwd_f16");
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+cuda_unary!(
+    super::CosKernelOp,
+    bf16,
+    PTX,
+    "cos_fwd_bf16",
+    "cos_bwd_bf16"
+);
 #[cfg(feature = "f16")]
 cuda_unary!(
     super::CosKernelOp,

@@ -83,6 +83,21 @@ impl<S: Shape, D: UnaryKernel<ScalarDivKernelOp<half::f16>, half::f16>, T: Tape<
     }
 }
 
+// typed-amp patch: an f32 scalar with a bfloat16 tensor, as for f16.
+#[cfg(feature = "f16")]
+impl<
+        S: Shape,
+        D: UnaryKernel<ScalarDivKernelOp<half::bf16>, half::bf16>,
+        T: Tape<half::bf16, D>,
+    > TryDiv<f32> for Tensor<S, half::bf16, D, T>
+{
+    /// See [div]
+    fn try_div(self, rhs: f32) -> Result<Self, Self::Err> {
+        let scalar = half::bf16::from_f32(rhs);
+        try_unary_op(ScalarDivKernelOp { scalar }, self)
+    }
+}
+
 #[cfg(feature = "f16")]
 impl<
         S: Shape,

@@ -23,6 +23,12 @@ impl HasCudaKernel<f16> for Cuda {
     const MOD: &'static str = "dropout_f16";
     const FNS: &'static [&'static str] = &["dropout_fwd_f16", "dropout_bwd_f16"];
 }
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+impl HasCudaKernel<bf16> for Cuda {
+    const MOD: &'static str = "dropout_bf16";
+    const FNS: &'static [&'static str] = &["dropout_fwd_bf16", "dropout_bwd_bf16"];
+}
 
 #[cfg(feature = "f16")]
 impl HasCudaKernel<AMP<f16>> for Cuda {

@@ -32,3 +32,8 @@ extern "C" __global__ void BWD( \
 DROPOUT(__half, dropout_fwd_f16, dropout_bwd_f16);
 DROPOUT(float, dropout_fwd_f32, dropout_bwd_f32);
 DROPOUT(double, dropout_fwd_f64, dropout_bwd_f64);
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+DROPOUT(__nv_bfloat16, dropout_fwd_bf16, dropout_bwd_bf16);
+#endif // typed-amp patch: bf16

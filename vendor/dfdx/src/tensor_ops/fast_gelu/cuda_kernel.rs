@@ -15,6 +15,15 @@ cuda_unary!(
     "fast_gelu_fwd_f16",
     "fast_gelu_bwd_f16"
 );
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+cuda_unary!(
+    FastGeLUKernelOp,
+    bf16,
+    PTX,
+    "fast_gelu_fwd_bf16",
+    "fast_gelu_bwd_bf16"
+);
 #[cfg(feature = "f16")]
 cuda_unary!(
     FastGeLUKernelOp,

@@ -51,3 +51,11 @@ UNARY_OP(double, fast_gelu_fwd_f64, fast_gelu_bwd_f64, FastGeLUKernelOp,
     fast_gelu_fwd(x),
     fast_gelu_bwd(x)
 )
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+UNARY_OP(__nv_bfloat16, fast_gelu_fwd_bf16, fast_gelu_bwd_bf16, FastGeLUKernelOp,
+    fast_gelu_fwd(x),
+    fast_gelu_bwd(x)
+)
+#endif // typed-amp patch: bf16

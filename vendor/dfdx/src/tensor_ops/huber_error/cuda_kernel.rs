@@ -5,6 +5,9 @@ use crate::tensor_ops::cuda_kernels::cuda_binary;
 
 #[cfg(feature = "f16")]
 unsafe impl cudarc::driver::DeviceRepr for HuberError<f16> {}
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+unsafe impl cudarc::driver::DeviceRepr for HuberError<bf16> {}
 #[cfg(feature = "f16")]
 unsafe impl cudarc::driver::DeviceRepr for HuberError<AMP<f16>> {}
 unsafe impl cudarc::driver::DeviceRepr for HuberError<f32> {}
@@ -20,6 +23,16 @@ cuda_binary!(
     "huber_fwd_f16",
     "huber_bwd_lhs_f16",
     "huber_bwd_rhs_f16"
+);
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+cuda_binary!(
+    HuberError<bf16>,
+    bf16,
+    PTX,
+    "huber_fwd_bf16",
+    "huber_bwd_lhs_bf16",
+    "huber_bwd_rhs_bf16"
 );
 #[cfg(feature = "f16")]
 cuda_binary!(

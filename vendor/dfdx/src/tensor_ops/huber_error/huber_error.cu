@@ -51,3 +51,12 @@ BINARY_OP(double, huber_fwd_f64, huber_bwd_lhs_f64, huber_bwd_rhs_f64, HuberErro
     op_dfdx(op, x, y),
     op_dfdy(op, x, y)
 )
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+BINARY_OP(__nv_bfloat16, huber_fwd_bf16, huber_bwd_lhs_bf16, huber_bwd_rhs_bf16, HuberErrorOp<__nv_bfloat16>,
+    op_f(op, x, y),
+    op_dfdx(op, x, y),
+    op_dfdy(op, x, y)
+)
+#endif // typed-amp patch: bf16

@@ -8,6 +8,15 @@ const PTX_SRC: &str = include_str!(concat!(env!("OUT_DIR"), "/ln.ptx"));
 
 #[cfg(feature = "f16")]
 cuda_unary!(super::LnKernelOp, f16, PTX_SRC, "ln_fwd_f16", "ln_bwd_f16");
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+cuda_unary!(
+    super::LnKernelOp,
+    bf16,
+    PTX_SRC,
+    "ln_fwd_bf16",
+    "ln_bwd_bf16"
+);
 #[cfg(feature = "f16")]
 cuda_unary!(
     super::LnKernelOp,

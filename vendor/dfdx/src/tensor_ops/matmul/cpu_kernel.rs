@@ -144,6 +144,82 @@ impl MatMulImpl<half::f16> for Cpu {
     }
 }
 
+// typed-amp patch: bfloat16 matmul. gemm 0.15 has no bf16 kernel, so the operands are widened to
+// f32 (exact: a bf16 is the upper half of an f32), multiplied by the f32 gemm, and the product is
+// rounded to bf16 once (round to nearest, ties to even, as `bf16::from_f32`). With `accum`, C is
+// widened too, so C + A·B is also rounded once. Self-contained: a dedicated bf16 GEMM may replace it.
+#[cfg(feature = "f16")]
+impl MatMulImpl<half::bf16> for Cpu {
+    fn matmul<M: Dim, K: Dim, N: Dim>(
+        (m, k, n): (M, K, N),
+        accum: bool,
+        ap: *const half::bf16,
+        astr: [usize; 2],
+        bp: *const half::bf16,
+        bstr: [usize; 2],
+        cp: *mut half::bf16,
+        cstr: [usize; 2],
+    ) {
+        let (m, k, n) = (m.size(), k.size(), n.size());
+        if m == 0 || n == 0 {
+            return;
+        }
+
+        // Copies a strided `rows x cols` bf16 matrix into a dense f32 buffer, keeping the source's
+        // majorness (row-major unless the row stride is the smaller one), and returns the dense
+        // buffer's strides. Reads follow the source's memory order.
+        unsafe fn widen(
+            p: *const half::bf16,
+            [rs, cs]: [usize; 2],
+            rows: usize,
+            cols: usize,
+        ) -> (std::vec::Vec<f32>, [usize; 2]) {
+            let mut buf = std::vec::Vec::with_capacity(rows * cols);
+            if rs >= cs {
+                for r in 0..rows {
+                    for c in 0..cols {
+                        buf.push((*p.add(r * rs + c * cs)).to_f32());
+                    }
+                }
+                (buf, [cols, 1])
+            } else {
+                for c in 0..cols {
+                    for r in 0..rows {
+                        buf.push((*p.add(r * rs + c * cs)).to_f32());
+                    }
+                }
+                (buf, [1, rows])
+            }
+        }
+
+        unsafe {
+            let (a, a32str) = widen(ap, astr, m, k);
+            let (b, b32str) = widen(bp, bstr, k, n);
+            let (mut c, c32str) = if accum {
+                widen(cp, cstr, m, n)
+            } else {
+                (std::vec![0.0f32; m * n], [n, 1])
+            };
+            <Self as MatMulImpl<f32>>::matmul(
+                (m, k, n),
+                accum,
+                a.as_ptr(),
+                a32str,
+                b.as_ptr(),
+                b32str,
+                c.as_mut_ptr(),
+                c32str,
+            );
+            for i in 0..m {
+                for j in 0..n {
+                    *cp.add(i * cstr[0] + j * cstr[1]) =
+                        half::bf16::from_f32(c[i * c32str[0] + j * c32str[1]]);
+                }
+            }
+        }
+    }
+}
+
 impl MatMulImpl<f32> for Cpu {
     #[inline]
     fn matmul<M: Dim, K: Dim, N: Dim>(

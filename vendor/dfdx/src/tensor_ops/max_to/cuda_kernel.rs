@@ -23,6 +23,13 @@ impl HasCudaKernel<f16> for Cuda {
     const MOD: &'static str = "max_f16";
     const FNS: &'static [&'static str] = &["max_to_fwd_f16", "max_to_bwd_f16", "fill_with_f16"];
 }
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+impl HasCudaKernel<bf16> for Cuda {
+    const INIT: bf16 = bf16::NEG_INFINITY;
+    const MOD: &'static str = "max_bf16";
+    const FNS: &'static [&'static str] = &["max_to_fwd_bf16", "max_to_bwd_bf16", "fill_with_bf16"];
+}
 
 #[cfg(feature = "f16")]
 impl HasCudaKernel<AMP<f16>> for Cuda {

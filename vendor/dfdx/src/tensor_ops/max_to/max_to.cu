@@ -125,3 +125,8 @@ extern "C" __global__ void BWD( \
 MAX(__half, max_to_fwd_f16, max_to_bwd_f16);
 MAX(float, max_to_fwd_f32, max_to_bwd_f32);
 MAX(double, max_to_fwd_f64, max_to_bwd_f64);
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+MAX(__nv_bfloat16, max_to_fwd_bf16, max_to_bwd_bf16);
+#endif // typed-amp patch: bf16

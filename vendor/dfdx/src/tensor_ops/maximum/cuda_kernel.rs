@@ -16,6 +16,16 @@ cuda_binary!(
     "maximum_bwd_lhs_f16",
     "maximum_bwd_rhs_f16"
 );
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+cuda_binary!(
+    Max,
+    bf16,
+    PTX,
+    "maximum_fwd_bf16",
+    "maximum_bwd_lhs_bf16",
+    "maximum_bwd_rhs_bf16"
+);
 #[cfg(feature = "f16")]
 cuda_binary!(
     Max,

@@ -125,3 +125,8 @@ extern "C" __global__ void BWD( \
 MIN(__half, min_to_fwd_f16, min_to_bwd_f16);
 MIN(float, min_to_fwd_f32, min_to_bwd_f32);
 MIN(double, min_to_fwd_f64, min_to_bwd_f64);
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+MIN(__nv_bfloat16, min_to_fwd_bf16, min_to_bwd_bf16);
+#endif // typed-amp patch: bf16

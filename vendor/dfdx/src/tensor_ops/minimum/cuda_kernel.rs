@@ -16,6 +16,16 @@ cuda_binary!(
     "minimum_bwd_lhs_f16",
     "minimum_bwd_rhs_f16"
 );
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+cuda_binary!(
+    Min,
+    bf16,
+    PTX,
+    "minimum_fwd_bf16",
+    "minimum_bwd_lhs_bf16",
+    "minimum_bwd_rhs_bf16"
+);
 #[cfg(feature = "f16")]
 cuda_binary!(
     Min,

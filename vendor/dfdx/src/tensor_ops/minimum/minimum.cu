@@ -34,3 +34,12 @@ BINARY_OP(double, minimum_fwd_f64, minimum_bwd_lhs_f64, minimum_bwd_rhs_f64, Min
     op_dfdx(x, y),
     op_dfdy(x, y)
 )
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+BINARY_OP(__nv_bfloat16, minimum_fwd_bf16, minimum_bwd_lhs_bf16, minimum_bwd_rhs_bf16, MinimumKernelOp,
+    op_f(x, y),
+    op_dfdx(x, y),
+    op_dfdy(x, y)
+)
+#endif // typed-amp patch: bf16

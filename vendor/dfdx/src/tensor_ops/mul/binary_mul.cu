@@ -17,3 +17,11 @@ BINARY_OP(double, bmul_fwd_f64, bmul_bwd_lhs_f64, bmul_bwd_rhs_f64, BinaryMulKer
     y,
     x)
    
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+BINARY_OP(__nv_bfloat16, bmul_fwd_bf16, bmul_bwd_lhs_bf16, bmul_bwd_rhs_bf16, BinaryMulKernalOp,
+    x * y,
+    y,
+    x)
+#endif // typed-amp patch: bf16

@@ -5,6 +5,9 @@ use crate::tensor_ops::cuda_kernels::{cuda_binary, cuda_unary};
 
 #[cfg(feature = "f16")]
 unsafe impl cudarc::driver::DeviceRepr for Scalar<f16> {}
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+unsafe impl cudarc::driver::DeviceRepr for Scalar<bf16> {}
 #[cfg(feature = "f16")]
 unsafe impl cudarc::driver::DeviceRepr for Scalar<AMP<f16>> {}
 unsafe impl cudarc::driver::DeviceRepr for Scalar<f32> {}
@@ -16,6 +19,9 @@ const BINARY_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/binary_mul.ptx"
 
 #[cfg(feature = "f16")]
 cuda_unary!(const_df() Scalar<f16>, f16, SCALAR_PTX, "smul_fwd_f16", "smul_bwd_f16");
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+cuda_unary!(const_df() Scalar<bf16>, bf16, SCALAR_PTX, "smul_fwd_bf16", "smul_bwd_bf16");
 #[cfg(feature = "f16")]
 cuda_unary!(const_df() Scalar<AMP<f16>>, AMP<f16>, SCALAR_PTX, "smul_fwd_f16", "smul_bwd_f16");
 cuda_unary!(const_df() Scalar<f32>, f32, SCALAR_PTX, "smul_fwd_f32", "smul_bwd_f32");
@@ -28,6 +34,16 @@ cuda_binary!(
     "bmul_fwd_f16",
     "bmul_bwd_lhs_f16",
     "bmul_bwd_rhs_f16"
+);
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+cuda_binary!(
+    Binary,
+    bf16,
+    BINARY_PTX,
+    "bmul_fwd_bf16",
+    "bmul_bwd_lhs_bf16",
+    "bmul_bwd_rhs_bf16"
 );
 #[cfg(feature = "f16")]
 cuda_binary!(

@@ -30,6 +30,12 @@ impl HasCudaKernel<f16> for Cuda {
     const FWD: &'static str = "pool2d_fwd_f16";
     const BWD: &'static str = "pool2d_bwd_f16";
 }
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+impl HasCudaKernel<bf16> for Cuda {
+    const FWD: &'static str = "pool2d_fwd_bf16";
+    const BWD: &'static str = "pool2d_bwd_bf16";
+}
 
 #[cfg(feature = "f16")]
 impl HasCudaKernel<AMP<f16>> for Cuda {

@@ -186,3 +186,8 @@ extern "C" __global__ void bwd( \
 POOL_OP(__half, pool2d_fwd_f16, pool2d_bwd_f16);
 POOL_OP(float, pool2d_fwd_f32, pool2d_bwd_f32);
 POOL_OP(double, pool2d_fwd_f64, pool2d_bwd_f64);
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+POOL_OP(__nv_bfloat16, pool2d_fwd_bf16, pool2d_bwd_bf16);
+#endif // typed-amp patch: bf16

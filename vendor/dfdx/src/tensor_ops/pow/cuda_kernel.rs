@@ -9,6 +9,9 @@ use std::borrow::Cow;
 
 #[cfg(feature = "f16")]
 unsafe impl cudarc::driver::DeviceRepr for super::PowfKernelOp<f16> {}
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+unsafe impl cudarc::driver::DeviceRepr for super::PowfKernelOp<bf16> {}
 #[cfg(feature = "f16")]
 unsafe impl cudarc::driver::DeviceRepr for super::PowfKernelOp<AMP<f16>> {}
 unsafe impl cudarc::driver::DeviceRepr for super::PowfKernelOp<f32> {}
@@ -18,6 +21,15 @@ const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/pow.ptx"));
 
 #[cfg(feature = "f16")]
 cuda_unary!(PowfKernelOp<f16>, f16, PTX, "pow_fwd_f16", "pow_bwd_f16");
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+cuda_unary!(
+    PowfKernelOp<bf16>,
+    bf16,
+    PTX,
+    "pow_fwd_bf16",
+    "pow_bwd_bf16"
+);
 #[cfg(feature = "f16")]
 cuda_unary!(
     PowfKernelOp<AMP<f16>>,

@@ -19,3 +19,12 @@ UNARY_OP(
     recipg(x),
     -y * y
 )
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+UNARY_OP(
+    __nv_bfloat16, recip_fwd_bf16, recip_bwd_bf16, RecipKernelOp,
+    recipg(x),
+    -y * y
+)
+#endif // typed-amp patch: bf16

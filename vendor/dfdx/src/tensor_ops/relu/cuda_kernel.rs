@@ -9,6 +9,9 @@ const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/relu.ptx"));
 
 #[cfg(feature = "f16")]
 cuda_unary!(ReLUKernelOp, f16, PTX, "relu_fwd_f16", "relu_bwd_f16");
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+cuda_unary!(ReLUKernelOp, bf16, PTX, "relu_fwd_bf16", "relu_bwd_bf16");
 #[cfg(feature = "f16")]
 cuda_unary!(ReLUKernelOp, AMP<f16>, PTX, "relu_fwd_f16", "relu_bwd_f16");
 cuda_unary!(ReLUKernelOp, f32, PTX, "relu_fwd_f32", "relu_bwd_f32");

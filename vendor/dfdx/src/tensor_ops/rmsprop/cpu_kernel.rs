@@ -1,7 +1,9 @@
 use crate::{
-    dtypes::{Dtype, NotMixedPrecision},
+    dtypes::{CpuCompute, Dtype, NotMixedPrecision},
     tensor::cpu::Cpu,
 };
+#[allow(unused_imports)]
+use num_traits::{Float, FromPrimitive, One}; // typed-amp patch
 
 use super::{RMSpropConfig, RMSpropKernel, WeightDecay};
 
@@ -71,7 +73,12 @@ impl RMSpropKernel<crate::dtypes::AMP<crate::dtypes::f16>> for Cpu {
     }
 }
 
-impl<E: num_traits::Float + Dtype + NotMixedPrecision> RMSpropKernel<E> for Cpu {
+// typed-amp patch: computes in `E::Compute` (f32 for bf16, `E` otherwise, see [CpuCompute]) and
+// rounds each state once; for every dtype but bf16 the arithmetic is upstream's.
+impl<E: Dtype + NotMixedPrecision + CpuCompute> RMSpropKernel<E> for Cpu
+where
+    E::Compute: num_traits::Float,
+{
     fn rmsprop_kernel(
         &self,
         cfg: &RMSpropConfig,
@@ -81,46 +88,53 @@ impl<E: num_traits::Float + Dtype + NotMixedPrecision> RMSpropKernel<E> for Cpu 
         grad_avg: &mut Self::Vec,
         grad: &Self::Vec,
     ) -> Result<(), Self::Err> {
-        let alpha = E::from_f64(cfg.alpha).unwrap();
-        let eps = E::from_f64(cfg.eps).unwrap();
-        let lr = E::from_f64(cfg.lr).unwrap();
-        for ((p, mut g), (s_avg, (g_avg, m))) in param.iter_mut().zip(grad.iter().cloned()).zip(
+        type C<E> = <E as CpuCompute>::Compute;
+        let alpha = C::<E>::from_f64(cfg.alpha).unwrap();
+        let eps = C::<E>::from_f64(cfg.eps).unwrap();
+        let lr = C::<E>::from_f64(cfg.lr).unwrap();
+        for ((p_e, g), (s_avg_e, (g_avg_e, m_e))) in param.iter_mut().zip(grad.iter().cloned()).zip(
             square_avg
                 .iter_mut()
                 .zip(grad_avg.iter_mut().zip(momentum.iter_mut())),
         ) {
+            let (mut p, mut g) = (p_e.widen(), g.widen());
+            let (mut s_avg, mut g_avg, mut m) = (s_avg_e.widen(), g_avg_e.widen(), m_e.widen());
             if let Some(WeightDecay::L2(wd)) = cfg.weight_decay {
-                g += E::from_f64(wd).unwrap() * *p;
+                g += C::<E>::from_f64(wd).unwrap() * p;
             }
 
             // sa = a * sa + (1 - a) * g^2
-            *s_avg += (E::one() - alpha) * (g * g - *s_avg);
+            s_avg += (C::<E>::one() - alpha) * (g * g - s_avg);
 
             let avg = if cfg.centered {
                 // ga = a * ga + (1 - a) * g
-                *g_avg += (E::one() - alpha) * (g - *g_avg);
+                g_avg += (C::<E>::one() - alpha) * (g - g_avg);
                 // NOTE: eps in sqrt
-                (*s_avg - g_avg.powi(2) + eps).sqrt()
+                (s_avg - g_avg.powi(2) + eps).sqrt()
             } else {
                 // NOTE: eps in sqrt
-                (*s_avg + eps).sqrt()
+                (s_avg + eps).sqrt()
             };
 
             g /= avg;
 
             match cfg.momentum {
                 Some(u) => {
-                    *m = *m * E::from_f64(u).unwrap() + g;
-                    g = *m * lr;
+                    m = m * C::<E>::from_f64(u).unwrap() + g;
+                    g = m * lr;
                 }
                 None => g *= lr,
             }
 
             if let Some(WeightDecay::Decoupled(wd)) = cfg.weight_decay {
-                g += E::from_f64(wd * cfg.lr).unwrap() * *p;
+                g += C::<E>::from_f64(wd * cfg.lr).unwrap() * p;
             }
 
-            *p -= g;
+            p -= g;
+            *p_e = E::narrow(p);
+            *s_avg_e = E::narrow(s_avg);
+            *g_avg_e = E::narrow(g_avg);
+            *m_e = E::narrow(m);
         }
         Ok(())
     }

@@ -53,6 +53,12 @@ impl HasCudaKernel<f16> for Cuda {
     const MOD: &'static str = "rmsprop_f16";
     const FWD: &'static str = "rmsprop_update_f16";
 }
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+impl HasCudaKernel<bf16> for Cuda {
+    const MOD: &'static str = "rmsprop_bf16";
+    const FWD: &'static str = "rmsprop_update_bf16";
+}
 
 #[cfg(feature = "f16")]
 impl HasCudaKernel<AMP<f16>> for Cuda {

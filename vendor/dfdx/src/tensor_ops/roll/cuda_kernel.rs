@@ -13,6 +13,11 @@ trait HasCudaKernel<E> {
 impl HasCudaKernel<f16> for Cuda {
     const FNS: &'static [&'static str] = &["roll_fwd_f16", "roll_bwd_f16"];
 }
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+impl HasCudaKernel<bf16> for Cuda {
+    const FNS: &'static [&'static str] = &["roll_fwd_bf16", "roll_bwd_bf16"];
+}
 #[cfg(feature = "f16")]
 impl HasCudaKernel<AMP<f16>> for Cuda {
     const FNS: &'static [&'static str] = &["roll_fwd_f16", "roll_bwd_f16"];

@@ -103,3 +103,8 @@ extern "C" __global__ void BWD( \
 ROLL(__half, roll_fwd_f16, roll_bwd_f16);
 ROLL(float, roll_fwd_f32, roll_bwd_f32);
 ROLL(double, roll_fwd_f64, roll_bwd_f64);
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+ROLL(__nv_bfloat16, roll_fwd_bf16, roll_bwd_bf16);
+#endif // typed-amp patch: bf16

@@ -199,6 +199,17 @@ impl_cuda_kernels!(
     "select_fwd_f16",
     "select_bwd_f16"
 );
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+impl_cuda_kernels!(
+    bf16,
+    "gather_bf16",
+    "gather_fwd_bf16",
+    "gather_bwd_bf16",
+    "select_bf16",
+    "select_fwd_bf16",
+    "select_bwd_bf16"
+);
 
 #[cfg(feature = "f16")]
 impl_cuda_kernels!(

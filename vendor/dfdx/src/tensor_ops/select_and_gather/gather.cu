@@ -121,3 +121,8 @@ extern "C" __global__ void BWD( \
 GATHER(__half, gather_fwd_f16, gather_bwd_f16);
 GATHER(float, gather_fwd_f32, gather_bwd_f32);
 GATHER(double, gather_fwd_f64, gather_bwd_f64);
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+GATHER(__nv_bfloat16, gather_fwd_bf16, gather_bwd_bf16);
+#endif // typed-amp patch: bf16

@@ -112,3 +112,8 @@ extern "C" __global__ void BWD( \
 SELECT(__half, select_fwd_f16, select_bwd_f16);
 SELECT(float, select_fwd_f32, select_bwd_f32);
 SELECT(double, select_fwd_f64, select_bwd_f64)
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+SELECT(__nv_bfloat16, select_fwd_bf16, select_bwd_bf16);
+#endif // typed-amp patch: bf16

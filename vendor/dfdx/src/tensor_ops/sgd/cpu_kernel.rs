@@ -1,7 +1,9 @@
 use crate::{
-    dtypes::{Dtype, NotMixedPrecision},
+    dtypes::{CpuCompute, Dtype, NotMixedPrecision},
     tensor::cpu::*,
 };
+#[allow(unused_imports)]
+use num_traits::{Float, FromPrimitive, One}; // typed-amp patch
 
 use super::{Momentum, SgdConfig, SgdKernel, WeightDecay};
 
@@ -55,7 +57,9 @@ impl SgdKernel<crate::dtypes::AMP<crate::dtypes::f16>> for Cpu {
     }
 }
 
-impl<E: Dtype + NotMixedPrecision> SgdKernel<E> for Cpu {
+// typed-amp patch: computes in `E::Compute` (f32 for bf16, `E` otherwise, see [CpuCompute]) and
+// rounds `p` and `v` once each; for every dtype but bf16 the arithmetic is upstream's.
+impl<E: Dtype + NotMixedPrecision + CpuCompute> SgdKernel<E> for Cpu {
     fn sgd_kernel(
         &self,
         cfg: &SgdConfig,
@@ -63,37 +67,41 @@ impl<E: Dtype + NotMixedPrecision> SgdKernel<E> for Cpu {
         velocity: &mut Self::Vec,
         grad: &Self::Vec,
     ) -> Result<(), Self::Err> {
-        let lr = E::from_f64(cfg.lr).unwrap();
+        type C<E> = <E as CpuCompute>::Compute;
+        let lr = C::<E>::from_f64(cfg.lr).unwrap();
 
-        for ((p, mut g), v) in param
+        for ((p_e, g), v_e) in param
             .iter_mut()
             .zip(grad.iter().cloned())
             .zip(velocity.iter_mut())
         {
+            let (mut p, mut g, mut v) = (p_e.widen(), g.widen(), v_e.widen());
             if let Some(WeightDecay::L2(wd)) = cfg.weight_decay {
-                let wd = E::from_f64(wd).unwrap();
-                g += wd * *p;
+                let wd = C::<E>::from_f64(wd).unwrap();
+                g += wd * p;
             }
 
             match cfg.momentum {
                 Some(Momentum::Classic(u)) => {
-                    let u = E::from_f64(u).unwrap();
-                    *v = g + u * *v;
-                    g = *v * lr;
+                    let u = C::<E>::from_f64(u).unwrap();
+                    v = g + u * v;
+                    g = v * lr;
                 }
                 Some(Momentum::Nesterov(u)) => {
-                    let u = E::from_f64(u).unwrap();
-                    *v = g + u * *v;
-                    g = (g + u * *v) * lr;
+                    let u = C::<E>::from_f64(u).unwrap();
+                    v = g + u * v;
+                    g = (g + u * v) * lr;
                 }
                 None => g *= lr,
             }
 
             if let Some(WeightDecay::Decoupled(wd)) = cfg.weight_decay {
-                g += E::from_f64(wd * cfg.lr).unwrap() * *p;
+                g += C::<E>::from_f64(wd * cfg.lr).unwrap() * p;
             }
 
-            *p -= g;
+            p -= g;
+            *p_e = E::narrow(p);
+            *v_e = E::narrow(v);
         }
 
         Ok(())

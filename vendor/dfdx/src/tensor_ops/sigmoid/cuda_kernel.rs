@@ -9,6 +9,9 @@ const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sigmoid.ptx"));
 
 #[cfg(feature = "f16")]
 cuda_unary!(df(f(x)) Sigmoid, f16, PTX, "sigmoid_fwd_f16", "sigmoid_bwd_f16");
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+cuda_unary!(df(f(x)) Sigmoid, bf16, PTX, "sigmoid_fwd_bf16", "sigmoid_bwd_bf16");
 #[cfg(feature = "f16")]
 cuda_unary!(df(f(x)) Sigmoid, AMP<f16>, PTX, "sigmoid_fwd_f16", "sigmoid_bwd_f16");
 cuda_unary!(df(f(x)) Sigmoid, f32, PTX, "sigmoid_fwd_f32", "sigmoid_bwd_f32");

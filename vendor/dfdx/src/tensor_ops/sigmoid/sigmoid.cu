@@ -26,3 +26,10 @@ UNARY_OP(double, sigmoid_fwd_f64, sigmoid_bwd_f64, SigmoidKernelOp,
         sigmoid_fwd(x),
         sigmoid_bwd(y))
         
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+UNARY_OP(__nv_bfloat16, sigmoid_fwd_bf16, sigmoid_bwd_bf16, SigmoidKernelOp,
+        sigmoid_fwd(x),
+        sigmoid_bwd(y))
+#endif // typed-amp patch: bf16

@@ -8,6 +8,15 @@ const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sin.ptx"));
 
 #[cfg(feature = "f16")]
 cuda_unary!(super::SinKernelOp, f16, PTX, "sin_fwd_f16", "sin_bwd_f16");
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+cuda_unary!(
+    super::SinKernelOp,
+    bf16,
+    PTX,
+    "sin_fwd_bf16",
+    "sin_bwd_bf16"
+);
 #[cfg(feature = "f16")]
 cuda_unary!(
     super::SinKernelOp,

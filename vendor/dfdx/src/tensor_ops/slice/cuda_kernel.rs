@@ -31,6 +31,12 @@ impl HasCudaKernel<f16> for Cuda {
     const MOD: &'static str = "slice_f16";
     const FNS: &'static [&'static str] = &["slice_fwd_f16", "slice_bwd_f16"];
 }
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+impl HasCudaKernel<bf16> for Cuda {
+    const MOD: &'static str = "slice_bf16";
+    const FNS: &'static [&'static str] = &["slice_fwd_bf16", "slice_bwd_bf16"];
+}
 
 #[cfg(feature = "f16")]
 impl HasCudaKernel<AMP<f16>> for Cuda {

@@ -76,3 +76,8 @@ SLICE_FWD(int32_t, slice_fwd_i32);
 SLICE_FWD(int64_t, slice_fwd_i64);
 SLICE_FWD(intptr_t, slice_fwd_isize);
 SLICE_FWD(bool, slice_fwd_bool);
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+SLICE(__nv_bfloat16, slice_fwd_bf16, slice_bwd_bf16);
+#endif // typed-amp patch: bf16

@@ -9,6 +9,9 @@ const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sqrt.ptx"));
 
 #[cfg(feature = "f16")]
 cuda_unary!(df(f(x)) SqrtKernelOp, f16, PTX, "sqrt_fwd_f16", "sqrt_bwd_f16");
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+cuda_unary!(df(f(x)) SqrtKernelOp, bf16, PTX, "sqrt_fwd_bf16", "sqrt_bwd_bf16");
 #[cfg(feature = "f16")]
 cuda_unary!(df(f(x)) SqrtKernelOp, AMP<f16>, PTX, "sqrt_fwd_f16", "sqrt_bwd_f16");
 cuda_unary!(df(f(x)) SqrtKernelOp, f32, PTX, "sqrt_fwd_f32", "sqrt_bwd_f32");

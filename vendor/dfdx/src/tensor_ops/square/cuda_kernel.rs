@@ -9,6 +9,15 @@ const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/square.ptx"));
 
 #[cfg(feature = "f16")]
 cuda_unary!(SquareKernelOp, f16, PTX, "square_fwd_f16", "square_bwd_f16");
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+cuda_unary!(
+    SquareKernelOp,
+    bf16,
+    PTX,
+    "square_fwd_bf16",
+    "square_bwd_bf16"
+);
 #[cfg(feature = "f16")]
 cuda_unary!(
     SquareKernelOp,

@@ -17,3 +17,11 @@ BINARY_OP(double, bsub_fwd_f64, bsub_bwd_lhs_f64, bsub_bwd_rhs_f64, BinarySubKer
     1.0,
     -1.0)
    
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+BINARY_OP(__nv_bfloat16, bsub_fwd_bf16, bsub_bwd_lhs_bf16, bsub_bwd_rhs_bf16, BinarySubKernelOp,
+    x - y,
+    1.0,
+    -1.0)
+#endif // typed-amp patch: bf16

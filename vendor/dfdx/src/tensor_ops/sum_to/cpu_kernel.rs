@@ -1,5 +1,5 @@
 use crate::{
-    dtypes::{Dtype, NotMixedPrecision},
+    dtypes::{CpuCompute, Dtype, NotMixedPrecision},
     shapes::{Axes, HasAxes, ReduceShapeTo, Shape},
     tensor::{Cpu, Tensor, Tensorlike, ZerosTensor},
     tensor_ops::utilities::reduction_utils::index_for_reductions,
@@ -70,7 +70,9 @@ impl super::SumKernel<crate::dtypes::AMP<crate::dtypes::f16>> for Cpu {
     }
 }
 
-impl<E: Dtype + NotMixedPrecision> super::SumKernel<E> for Cpu {
+// typed-amp patch: the forward accumulates in `E::Compute` (f32 for bf16, `E` otherwise; see
+// [CpuCompute]) and rounds each sum once.
+impl<E: Dtype + NotMixedPrecision + CpuCompute> super::SumKernel<E> for Cpu {
     fn forward<Src: Shape, Dst: Shape, Ax: Axes>(
         &self,
         dst: Dst,
@@ -83,21 +85,21 @@ impl<E: Dtype + NotMixedPrecision> super::SumKernel<E> for Cpu {
         if Dst::NUM_DIMS == 0 {
             debug_assert_eq!(out.data.len(), 1);
             let scale = E::from_usize(inp.shape.num_elements() / inp.data.len()).unwrap();
-            let mut tmp: E = Default::default();
+            let mut tmp: E::Compute = Default::default();
             for v in inp.buf_iter() {
-                tmp += *v;
+                tmp += v.widen();
             }
-            std::sync::Arc::get_mut(&mut out.data).unwrap()[0] = tmp * scale;
+            std::sync::Arc::get_mut(&mut out.data).unwrap()[0] = E::narrow(tmp * scale.widen());
         } else {
             let num_elems_reduced = <Src as HasAxes<Ax>>::size(&inp.shape);
             let inp_buf = inp.data.as_ref();
             let mut idx = index_for_reductions::<Src, Ax>(inp.shape, inp.strides);
             for o in out.buf_iter_mut() {
-                let mut tmp: E = Default::default();
+                let mut tmp: E::Compute = Default::default();
                 for _ in 0..num_elems_reduced {
-                    tmp += inp_buf[idx.next().unwrap()];
+                    tmp += inp_buf[idx.next().unwrap()].widen();
                 }
-                *o = tmp;
+                *o = E::narrow(tmp);
             }
         }
         Ok(out)
@@ -118,6 +120,21 @@ impl<E: Dtype + NotMixedPrecision> super::SumKernel<E> for Cpu {
             let scale = E::from_usize(inp.shape().num_elements() / inp.len()).unwrap();
             for i in grad_inp.iter_mut() {
                 *i += v * scale;
+            }
+        } else if E::WIDENS {
+            // typed-amp patch: a broadcast input (stride 0) receives many of these additions in
+            // one element; bf16 accumulates them in f32 and rounds each gradient once.
+            let num_elems_reduced = <Src as HasAxes<Ax>>::size(inp.shape());
+            let mut idx = index_for_reductions::<Src, Ax>(*inp.shape(), inp.strides());
+            let mut acc: std::vec::Vec<E::Compute> = grad_inp.iter().map(|g| g.widen()).collect();
+            for &o in grad_out.iter() {
+                let o = o.widen();
+                for _ in 0..num_elems_reduced {
+                    acc[idx.next().unwrap()] += o;
+                }
+            }
+            for (g, a) in grad_inp.iter_mut().zip(acc) {
+                *g = E::narrow(a);
             }
         } else {
             let num_elems_reduced = <Src as HasAxes<Ax>>::size(inp.shape());

@@ -21,6 +21,12 @@ impl HasCudaKernel<f16> for Cuda {
     const MOD: &'static str = "sum_f16";
     const FNS: &'static [&'static str] = &["sum_to_fwd_f16", "sum_to_bwd_f16"];
 }
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+impl HasCudaKernel<bf16> for Cuda {
+    const MOD: &'static str = "sum_bf16";
+    const FNS: &'static [&'static str] = &["sum_to_fwd_bf16", "sum_to_bwd_bf16"];
+}
 
 #[cfg(feature = "f16")]
 impl HasCudaKernel<AMP<f16>> for Cuda {

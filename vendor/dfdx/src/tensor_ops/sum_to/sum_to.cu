@@ -151,3 +151,84 @@ extern "C" __global__ void sum_to_fwd_amp_f16(
     unsigned int inp_i = get_strided_index(i, num_dims, dims, strides);
     chunk_sum_amp_f16(chunk_len, inp[inp_i] * elems_per_thread, out);
 }
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+// typed-amp patch: bf16 sums accumulate in float within a block (like sum_to_fwd_amp_f16); the
+// per-block partial sums are added atomically in bf16.
+__device__ void chunk_sum_bf16(
+    const size_t chunk_len,
+    const float data,
+    __nv_bfloat16* out
+) {
+    __shared__ float buf[1024];
+
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned int block_i = threadIdx.x;
+
+    if (chunk_len <= 2) {
+        atomicAdd(out + i / chunk_len, __float2bfloat16(data));
+        return;
+    }
+    buf[block_i] = data;
+
+    unsigned int chunk_i = i % chunk_len;
+    unsigned int chunk_start = max((int)(block_i - chunk_i), 0);
+    unsigned int chunk_end = min((unsigned int)(block_i + chunk_len - chunk_i), blockDim.x);
+
+    chunk_i = block_i - chunk_start;
+
+    size_t max_chunk_len = min(chunk_end - chunk_start, blockDim.x);
+    size_t incr = next_power_of_two(max_chunk_len) >> 1;
+
+    __syncthreads();
+
+    for (; incr > 0; incr >>= 1) {
+        unsigned int block_i_2 = block_i + incr;
+
+        if (block_i_2 < chunk_end && chunk_i < incr) {
+            buf[block_i] += buf[block_i_2];
+        }
+
+        __syncthreads();
+    }
+
+    if (block_i == chunk_start) {
+        atomicAdd(out + i / chunk_len, __float2bfloat16(buf[block_i]));
+    }
+}
+
+extern "C" __global__ void sum_to_fwd_bf16(
+    const size_t numel,
+    const size_t num_dims,
+    const __nv_bfloat16 elems_per_thread,
+    const size_t chunk_len,
+    const size_t *info,
+    const __nv_bfloat16 *inp,
+    __nv_bfloat16 *out
+) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+
+    if (i >= numel) {
+        return;
+    }
+
+    const size_t *dims = info;
+    const size_t *strides = info + num_dims;
+
+    unsigned int inp_i = get_strided_index(i, num_dims, dims, strides);
+    chunk_sum_bf16(chunk_len, __bfloat162float(inp[inp_i]) * __bfloat162float(elems_per_thread), out);
+}
+
+extern "C" __global__ void sum_to_bwd_bf16(
+    const size_t numel,
+    const size_t num_dims,
+    const __nv_bfloat16 elems_per_thread,
+    const size_t *info,
+    __nv_bfloat16 *grad_inp,
+    const __nv_bfloat16 *grad_out
+) {
+    sum_to_bwd(numel, num_dims, elems_per_thread, info, grad_inp, grad_out);
+}
+
+#endif // typed-amp patch: bf16

@@ -20,3 +20,10 @@ UNARY_OP(double, tanh_fwd_f64, tanh_bwd_f64, TanhKernelOp,
         tanhg(x),
         tanh_bwd(y))
         
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+UNARY_OP(__nv_bfloat16, tanh_fwd_bf16, tanh_bwd_bf16, TanhKernelOp,
+        tanhg(x),
+        tanh_bwd(y))
+#endif // typed-amp patch: bf16

@@ -8,6 +8,8 @@ use cudarc::{
     types::CudaTypeName,
 };
 
+// typed-amp patch: includes cuda_bf16.h, and converts between __half and __nv_bfloat16 through
+// float (exact for both, so one rounding), since neither converts to the other implicitly.
 const KERNEL: &str = "
 #if __WORDSIZE == 64
 typedef long int intptr_t;
@@ -15,9 +17,20 @@ typedef long int intptr_t;
 typedef int intptr_t;
 #endif
 #include \"cuda_fp16.h\"
+#include \"cuda_bf16.h\"
+template<typename S, typename D>
+__device__ __forceinline__ D convert(S x) { return x; }
+template<>
+__device__ __forceinline__ __nv_bfloat16 convert<__half, __nv_bfloat16>(__half x) {
+    return __float2bfloat16(__half2float(x));
+}
+template<>
+__device__ __forceinline__ __half convert<__nv_bfloat16, __half>(__nv_bfloat16 x) {
+    return __float2half(__bfloat162float(x));
+}
 extern \"C\" __global__ void kernel(const size_t n, const $Src *inp, $Dst *out) {
     for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-        out[i] = inp[i];
+        out[i] = convert<$Src, $Dst>(inp[i]);
     }
 }";
 

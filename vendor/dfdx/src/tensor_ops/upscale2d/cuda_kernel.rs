@@ -31,10 +31,22 @@ impl HasCudaKernel<f16, NearestNeighbor> for Cuda {
     const FWD: &'static str = "nearest_upscale2d_fwd_f16";
     const BWD: &'static str = "nearest_upscale2d_bwd_f16";
 }
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+impl HasCudaKernel<bf16, NearestNeighbor> for Cuda {
+    const FWD: &'static str = "nearest_upscale2d_fwd_bf16";
+    const BWD: &'static str = "nearest_upscale2d_bwd_bf16";
+}
 #[cfg(feature = "f16")]
 impl HasCudaKernel<f16, Bilinear> for Cuda {
     const FWD: &'static str = "bilinear_upscale2d_fwd_f16";
     const BWD: &'static str = "bilinear_upscale2d_bwd_f16";
+}
+// typed-amp patch: bf16
+#[cfg(feature = "f16")]
+impl HasCudaKernel<bf16, Bilinear> for Cuda {
+    const FWD: &'static str = "bilinear_upscale2d_fwd_bf16";
+    const BWD: &'static str = "bilinear_upscale2d_bwd_bf16";
 }
 #[cfg(feature = "f16")]
 impl HasCudaKernel<AMP<f16>, NearestNeighbor> for Cuda {

@@ -196,3 +196,17 @@ UPSCALE_OP(
     bilinear_upscale2d_fwd_f64, bilinear_upscale2d_bwd_f64,
     bilinear_upscale2d_fwd, bilinear_upscale2d_bwd
 );
+
+#include "cuda_bf16.h" // typed-amp patch
+#if __CUDA_ARCH__ >= 800 // typed-amp patch: bf16 kernels (bf16 arithmetic needs sm_80+)
+UPSCALE_OP(
+    __nv_bfloat16,
+    nearest_upscale2d_fwd_bf16, nearest_upscale2d_bwd_bf16,
+    nearest_upscale2d_fwd, nearest_upscale2d_bwd
+);
+UPSCALE_OP(
+    __nv_bfloat16,
+    bilinear_upscale2d_fwd_bf16, bilinear_upscale2d_bwd_bf16,
+    bilinear_upscale2d_fwd, bilinear_upscale2d_bwd
+);
+#endif // typed-amp patch: bf16

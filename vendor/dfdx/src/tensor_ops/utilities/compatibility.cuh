@@ -1,4 +1,5 @@
 #include "cuda_fp16.h"
+#include "cuda_bf16.h" // typed-amp patch
 
 // Table showing which features are supported on which compute capability
 // https://docs.nvidia.com/cuda/cuda-c-programming-guide/#features-and-technical-specifications
@@ -169,3 +170,31 @@ __device__ __forceinline__ double atomicMinf(double * addr, double value) {
         return __longlong_as_double(atomicMin((long long int *)addr, __double_as_longlong(value)));
     }
 }
+
+// typed-amp patch: bf16 atomic max/min by 16-bit compare-and-swap, as for __half on sm_70+
+// (bf16 kernels are only built for sm_80+).
+#if __CUDA_ARCH__ >= 800
+__device__ __forceinline__ __nv_bfloat16 atomicMaxf(__nv_bfloat16* address, __nv_bfloat16 val) {
+    unsigned short int* casted_address = (unsigned short int*)address;
+    unsigned short int old = *casted_address;
+    unsigned short int assumed;
+    do {
+        assumed = old;
+        old = atomicCAS(casted_address, assumed, __bfloat16_as_ushort(__hmax_nan(val, __ushort_as_bfloat16(assumed))));
+    // Note: uses integer comparison to avoid hang in case of NaN (since NaN != NaN)
+    } while (assumed != old);
+    return __ushort_as_bfloat16(old);
+}
+
+__device__ __forceinline__ __nv_bfloat16 atomicMinf(__nv_bfloat16* address, __nv_bfloat16 val) {
+    unsigned short int* casted_address = (unsigned short int*)address;
+    unsigned short int old = *casted_address;
+    unsigned short int assumed;
+    do {
+        assumed = old;
+        old = atomicCAS(casted_address, assumed, __bfloat16_as_ushort(__hmin_nan(val, __ushort_as_bfloat16(assumed))));
+    // Note: uses integer comparison to avoid hang in case of NaN (since NaN != NaN)
+    } while (assumed != old);
+    return __ushort_as_bfloat16(old);
+}
+#endif

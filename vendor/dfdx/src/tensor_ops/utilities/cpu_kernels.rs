@@ -108,7 +108,8 @@ impl<E: Dtype, Op: UnaryDerivative<E>> UnaryKernel<Op, E> for Cpu {
     }
 }
 
-impl<E: Dtype, Op: BinaryDerivative<E>> BinaryKernel<Op, E> for Cpu {
+// typed-amp patch: `CpuCompute` bound; for bf16 the backward accumulates in f32 (see below).
+impl<E: Dtype + crate::dtypes::CpuCompute, Op: BinaryDerivative<E>> BinaryKernel<Op, E> for Cpu {
     const BACKWARD_WITHOUT_DATA: bool = Op::HAS_CONST_DF;
     fn forward<S: Shape>(
         &self,
@@ -170,6 +171,50 @@ impl<E: Dtype, Op: BinaryDerivative<E>> BinaryKernel<Op, E> for Cpu {
         grad_rhs: &mut Self::Vec,
         grad_out: &Self::Vec,
     ) -> Result<(), Self::Err> {
+        if E::WIDENS {
+            // typed-amp patch: a broadcast operand (a bias, a batch statistic) receives one
+            // gradient term per output element. In bf16 a running sum of them stops growing at
+            // 2^8 times the terms, so bf16 accumulates in `E::Compute` (f32) and rounds each
+            // gradient once; every other dtype keeps upstream's loop below.
+            use crate::dtypes::CpuCompute;
+            let mut acc_lhs: std::vec::Vec<E::Compute> =
+                grad_lhs.iter().map(|g| g.widen()).collect();
+            let mut acc_rhs: std::vec::Vec<E::Compute> =
+                grad_rhs.iter().map(|g| g.widen()).collect();
+            let mut lhs_idx = NdIndex::new(*lhs.shape(), lhs.strides());
+            let mut rhs_idx = NdIndex::new(*rhs.shape(), rhs.strides());
+            match (lhs.data(), rhs.data()) {
+                (Some(lhs_buf), Some(rhs_buf)) => {
+                    for &go in grad_out.iter() {
+                        let lhs_i = lhs_idx.next().unwrap();
+                        let rhs_i = rhs_idx.next().unwrap();
+                        let l = &lhs_buf[lhs_i];
+                        let r = &rhs_buf[rhs_i];
+                        acc_lhs[lhs_i] += op.dfdx(l, r).widen() * go.widen();
+                        acc_rhs[rhs_i] += op.dfdy(l, r).widen() * go.widen();
+                    }
+                }
+                (None, None) => {
+                    assert!(Op::HAS_CONST_DF);
+                    let dx = op.const_dfdx().widen();
+                    let dy = op.const_dfdy().widen();
+                    for &go in grad_out.iter() {
+                        let lhs_i = lhs_idx.next().unwrap();
+                        let rhs_i = rhs_idx.next().unwrap();
+                        acc_lhs[lhs_i] += dx * go.widen();
+                        acc_rhs[rhs_i] += dy * go.widen();
+                    }
+                }
+                _ => unreachable!(),
+            }
+            for (g, a) in grad_lhs.iter_mut().zip(acc_lhs) {
+                *g = E::narrow(a);
+            }
+            for (g, a) in grad_rhs.iter_mut().zip(acc_rhs) {
+                *g = E::narrow(a);
+            }
+            return Ok(());
+        }
         match (lhs.data(), rhs.data()) {
             (Some(lhs_buf), Some(rhs_buf)) => {
                 let mut lhs_idx = NdIndex::new(*lhs.shape(), lhs.strides());

@@ -1,4 +1,5 @@
 #include "cuda_fp16.h"
+#include "cuda_bf16.h" // typed-amp patch
 #include "compatibility.cuh"
 
 __device__ unsigned int get_strided_index(
@@ -146,3 +147,70 @@ __device__ __forceinline__ __half copysigng(__half a, __half b) { return __float
 __device__ __forceinline__ float erfg(float a) { return erff(a); }
 __device__ __forceinline__ double erfg(double a) { return erf(a); }
 __device__ __forceinline__ __half erfg(__half a) { return __float2half(erff(__half2float(a))); }
+
+// typed-amp patch: bf16 overloads. Transcendentals are evaluated in float and rounded once (as the
+// f16 overloads do where there is no half intrinsic); max/min/abs/isnan use bf16 intrinsics.
+#if __CUDA_ARCH__ >= 800
+extern "C" __global__ void fill_with_bf16(__nv_bfloat16 *buf, __nv_bfloat16 value, const size_t numel) { fill_with(buf, value, numel); }
+__device__ __forceinline__ bool isnang(__nv_bfloat16 a) { return __hisnan(a); }
+__device__ __forceinline__ __nv_bfloat16 recipg(__nv_bfloat16 a) { return __float2bfloat16(1.0f / __bfloat162float(a)); }
+__device__ __forceinline__ __nv_bfloat16 cosg(__nv_bfloat16 a) { return __float2bfloat16(cosf(__bfloat162float(a))); }
+__device__ __forceinline__ __nv_bfloat16 sing(__nv_bfloat16 a) { return __float2bfloat16(sinf(__bfloat162float(a))); }
+__device__ __forceinline__ __nv_bfloat16 sqrtg(__nv_bfloat16 a) { return __float2bfloat16(sqrtf(__bfloat162float(a))); }
+__device__ __forceinline__ __nv_bfloat16 powg(__nv_bfloat16 a, __nv_bfloat16 b) { return __float2bfloat16(powf(__bfloat162float(a), __bfloat162float(b))); }
+__device__ __forceinline__ __nv_bfloat16 tanhg(__nv_bfloat16 a) { return __float2bfloat16(tanhf(__bfloat162float(a))); }
+__device__ __forceinline__ __nv_bfloat16 maxg(__nv_bfloat16 a, __nv_bfloat16 b) { return __hmax_nan(a, b); }
+__device__ __forceinline__ __nv_bfloat16 ming(__nv_bfloat16 a, __nv_bfloat16 b) { return __hmin_nan(a, b); }
+__device__ __forceinline__ __nv_bfloat16 logg(__nv_bfloat16 a) { return __float2bfloat16(logf(__bfloat162float(a))); }
+__device__ __forceinline__ __nv_bfloat16 expg(__nv_bfloat16 a) { return __float2bfloat16(expf(__bfloat162float(a))); }
+__device__ __forceinline__ __nv_bfloat16 absg(__nv_bfloat16 a) { return __habs(a); }
+__device__ __forceinline__ __nv_bfloat16 copysigng(__nv_bfloat16 a, __nv_bfloat16 b) { return __float2bfloat16(copysignf(__bfloat162float(a), __bfloat162float(b))); }
+__device__ __forceinline__ __nv_bfloat16 erfg(__nv_bfloat16 a) { return __float2bfloat16(erff(__bfloat162float(a))); }
+
+// chunk_sum for bf16 (the backward of binary ops with a broadcast operand): the block reduces in
+// float, so only the per-block partial sums are added in bf16. A bf16 running sum stops growing
+// at 2^8 times its terms.
+template<>
+__device__ void chunk_sum<__nv_bfloat16>(
+    const size_t chunk_len,
+    const __nv_bfloat16 data,
+    __nv_bfloat16* out
+) {
+    __shared__ float buf[1024];
+
+    // assumes that threads where i >= numel have already exited
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned int block_i = threadIdx.x;
+
+    if (chunk_len <= 2) {
+        atomicAdd(out + i / chunk_len, data);
+        return;
+    }
+    buf[block_i] = __bfloat162float(data);
+
+    unsigned int chunk_i = i % chunk_len;
+    unsigned int chunk_start = max((int)(block_i - chunk_i), 0);
+    unsigned int chunk_end = min((unsigned int)(block_i + chunk_len - chunk_i), blockDim.x);
+
+    chunk_i = block_i - chunk_start;
+
+    size_t max_chunk_len = min(chunk_end - chunk_start, blockDim.x);
+    size_t incr = next_power_of_two(max_chunk_len) >> 1;
+
+    __syncthreads();
+
+    for (; incr > 0; incr >>= 1) {
+        unsigned int block_i_2 = block_i + incr;
+
+        if (block_i_2 < chunk_end && chunk_i < incr) {
+            buf[block_i] += buf[block_i_2];
+        }
+
+        __syncthreads();
+    }
+
+    if (block_i == chunk_start) {
+        atomicAdd(out + i / chunk_len, __float2bfloat16(buf[block_i]));
+    }
+}
+#endif

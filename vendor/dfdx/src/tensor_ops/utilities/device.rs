@@ -116,6 +116,8 @@ pub trait Device<E: Dtype>:
 impl Device<f16> for crate::tensor::Cpu {}
 #[cfg(feature = "f16")]
 impl Device<AMP<f16>> for crate::tensor::Cpu {}
+#[cfg(feature = "f16")]
+impl Device<bf16> for crate::tensor::Cpu {} // typed-amp patch
 impl Device<f32> for crate::tensor::Cpu {}
 impl Device<f64> for crate::tensor::Cpu {}
 
@@ -123,7 +125,20 @@ impl Device<f64> for crate::tensor::Cpu {}
 impl Device<f16> for crate::tensor::Cuda {}
 #[cfg(all(feature = "cuda", feature = "f16"))]
 impl Device<AMP<f16>> for crate::tensor::Cuda {}
+#[cfg(all(feature = "cuda", feature = "f16"))]
+impl Device<bf16> for crate::tensor::Cuda {} // typed-amp patch
 #[cfg(feature = "cuda")]
 impl Device<f32> for crate::tensor::Cuda {}
 #[cfg(feature = "cuda")]
 impl Device<f64> for crate::tensor::Cuda {}
+
+// typed-amp patch: bf16 convolution and pooling run on both devices (typed-amp's Conv2D and
+// MaxPool2D layers bound on `ConvDevice<E>`).
+#[cfg(feature = "f16")]
+#[allow(dead_code)]
+fn bf16_conv_device() {
+    fn assert_conv<D: super::super::ConvDevice<bf16>>() {}
+    assert_conv::<crate::tensor::Cpu>();
+    #[cfg(feature = "cuda")]
+    assert_conv::<crate::tensor::Cuda>();
+}
