@@ -109,8 +109,10 @@ impl AmpConfig {
 impl std::fmt::Display for AmpConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}", self.opt_level)?;
-        if let Some(dtype) = self.dtype {
-            write!(f, "-{dtype}")?;
+        match self.dtype {
+            Some(DType::F16) => write!(f, "-FP16")?,
+            Some(dtype) => write!(f, "-{dtype}")?,
+            None => {}
         }
         write!(
             f,

@@ -171,8 +171,10 @@ pub mod watch;
 pub use device::AmpDevice;
 pub use error::AmpError;
 pub use loss::Loss;
-pub use master::{Fp16Weights, Fp32Weights, MasterWeights, SinglePrecision, TrainTarget};
-pub use ops::cast::{to_f16, to_f32, Cast};
+pub use master::{
+    Bf16Weights, Fp16Weights, Fp32Weights, MasterWeights, SinglePrecision, TrainTarget,
+};
+pub use ops::cast::{to_bf16, to_f16, to_f32, Cast};
 pub use optim::{adamw_config, LowPrecisionUpdates, MasterOptimizer};
 pub use params::{ParamInfo, Parameters};
 pub use precision::{
@@ -190,16 +192,16 @@ pub use typed_amp_macros::amp;
 /// Everything a training script needs: dfdx's prelude and typed-amp's types.
 pub mod prelude {
     pub use dfdx::prelude::*;
-    pub use half::f16;
+    pub use half::{bf16, f16};
 
     pub use crate::loss::{
         binary_cross_entropy_with_logits_loss, cross_entropy_with_logits_loss, mse_loss, Loss,
     };
-    pub use crate::ops::cast::{to_f16, to_f32, Cast};
+    pub use crate::ops::cast::{to_bf16, to_f16, to_f32, Cast};
     pub use crate::{
         adamw_config, clip_grad_norm, clip_grad_value, AmpDevice, AmpError, Fp32Weights,
         GradScaler, MasterWeights, MixedGradients, MixedTape, Parameters, TraceMixed, TrainTarget,
-        F16, F32,
+        BF16, F16, F32,
     };
 }
 

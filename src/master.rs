@@ -824,6 +824,10 @@ pub type Fp32Weights<M, D, P = crate::F32> = SinglePrecision<M, f32, D, P>;
 /// say so explicitly.
 pub type Fp16Weights<M, D> = SinglePrecision<M, half::f16, D>;
 
+/// A plain BF16 model with no FP32 master weights (O3 in BF16); as [`Fp16Weights`], its
+/// optimizer must be wrapped in [`LowPrecisionUpdates`](crate::optim::LowPrecisionUpdates).
+pub type Bf16Weights<M, D> = SinglePrecision<M, half::bf16, D>;
+
 impl<M, E, D> SinglePrecision<M, E, D>
 where
     E: AmpElem,

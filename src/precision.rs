@@ -25,7 +25,7 @@
 //! This module is a leaf: it depends on no other module of typed-amp.
 
 use dfdx::prelude::Dtype;
-use half::f16;
+use half::{bf16, f16};
 
 /// Calls the macro `$m` with the list of precisions typed-amp trains in, one bracketed entry
 /// per precision: `[marker, element type, DType variant, name, safetensors dtype, index]`.
@@ -36,7 +36,8 @@ macro_rules! with_precisions {
     ($m:ident) => {
         $m! {
             [F16, ::half::f16, F16, "F16", F16, 0]
-            [F32, f32, F32, "F32", F32, 1]
+            [BF16, ::half::bf16, BF16, "BF16", BF16, 1]
+            [F32, f32, F32, "F32", F32, 2]
         }
     };
 }
@@ -238,6 +239,56 @@ impl AmpElem for f16 {
     }
 }
 
+impl AmpElem for bf16 {
+    type Precision = BF16;
+    const MANTISSA_BITS: u32 = 7;
+    const FULL_RANGE: bool = true;
+
+    #[inline]
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+
+    #[inline]
+    fn from_f32(value: f32) -> Self {
+        bf16::from_f32(value)
+    }
+
+    fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
+        // BF16 is the upper half of an FP32: widening is a shift, which this loop vectorises.
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+        }
+    }
+
+    fn slice_from_f32(src: &[f32], dst: &mut [Self]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = bf16_from_f32_rne(*s);
+        }
+    }
+
+    fn to_le_bytes(self) -> Vec<u8> {
+        bf16::to_le_bytes(self).to_vec()
+    }
+
+    fn from_le_bytes(bytes: &[u8]) -> Self {
+        bf16::from_le_bytes([bytes[0], bytes[1]])
+    }
+}
+
+/// FP32 → BF16 with round-to-nearest-even, written without branches on the value's class so
+/// that a loop over it vectorises; NaN stays a (quiet) NaN, overflow goes to ±inf.
+#[inline]
+fn bf16_from_f32_rne(value: f32) -> bf16 {
+    let bits = value.to_bits();
+    let is_nan = (bits & 0x7fff_ffff) > 0x7f80_0000;
+    // Adding 0x7fff plus the lowest kept bit rounds half to even; a carry into the exponent
+    // rounds up to the next binade or to inf, as it should.
+    let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16;
+    let quiet_nan = (bits >> 16) | 0x0040;
+    bf16::from_bits(if is_nan { quiet_nan } else { rounded } as u16)
+}
+
 impl AmpElem for f32 {
     type Precision = F32;
     const MANTISSA_BITS: u32 = 23;
@@ -332,6 +383,7 @@ impl LossPrecision for F32 {
 pub trait LowPrecision: Precision {}
 
 impl LowPrecision for F16 {}
+impl LowPrecision for BF16 {}
 
 /// Rule: only gradients with FP32's exponent range may skip loss scaling.
 ///
@@ -347,6 +399,7 @@ impl LowPrecision for F16 {}
 pub trait FullRange: Precision {}
 
 impl FullRange for F32 {}
+impl FullRange for BF16 {}
 
 #[cfg(test)]
 mod tests {
@@ -356,18 +409,20 @@ mod tests {
     fn markers_name_their_element_types() {
         assert_eq!(F16::DTYPE, DType::F16);
         assert_eq!(F32::DTYPE, DType::F32);
+        assert_eq!(BF16::DTYPE, DType::BF16);
         assert_eq!(dtype_of::<f16>(), DType::F16);
+        assert_eq!(dtype_of::<bf16>(), DType::BF16);
         assert_eq!(dtype_of::<f32>(), DType::F32);
         assert_eq!(DType::F16.size_in_bytes(), 2);
         assert_eq!(DType::from_name("F32"), Some(DType::F32));
         assert_eq!(DType::F16.unit_roundoff(), 2f32.powi(-11));
         assert_eq!(DType::F32.unit_roundoff(), 2f32.powi(-24));
         assert_eq!(DType::from_name("F8"), None);
-        let indices = [f16::INDEX, f32::INDEX];
+        let indices = [f16::INDEX, bf16::INDEX, f32::INDEX];
         for (i, dtype) in DType::ALL.iter().enumerate() {
             assert_eq!(indices[i], i, "{dtype} is listed at its index");
         }
-        assert_eq!(PRECISIONS, 2);
+        assert_eq!(PRECISIONS, 3);
     }
 
     #[test]
@@ -391,8 +446,62 @@ mod tests {
     }
 
     #[test]
+    fn bf16_slice_conversion_matches_half_bit_for_bit() {
+        // Ties (1 + 2^-8 rounds to even 1, 1 + 3·2^-8 to 1 + 2^-6), the largest finite BF16 and
+        // what overflows past it, subnormals, zeros of both signs, infinities and NaNs.
+        let mut values = vec![
+            1.0 + 2f32.powi(-8),
+            1.0 + 3.0 * 2f32.powi(-8),
+            bf16::MAX.to_f32(),
+            f32::MAX,
+            -f32::MAX,
+            f32::from_bits(1),
+            f32::from_bits(0x0040_8000),
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::from_bits(0xff80_0001),
+        ];
+        // A sweep through every exponent with mantissas near the rounding boundary.
+        for exp in 0..=255u32 {
+            for low in [0x7fffu32, 0x8000, 0x8001, 0x1_7fff, 0x1_8000, 0x1_8001] {
+                values.push(f32::from_bits((exp << 23) | low));
+            }
+        }
+        let mut ours = vec![bf16::ZERO; values.len()];
+        bf16::slice_from_f32(&values, &mut ours);
+        for (v, o) in values.iter().zip(&ours) {
+            let reference = bf16::from_f32(*v);
+            if v.is_nan() {
+                assert!(o.is_nan(), "{v:e} -> {o}");
+            } else {
+                assert_eq!(
+                    o.to_bits(),
+                    reference.to_bits(),
+                    "{v:e} ({:#010x})",
+                    v.to_bits()
+                );
+            }
+        }
+        let all: Vec<bf16> = (0..=u16::MAX).map(bf16::from_bits).collect();
+        let mut wide = vec![0f32; all.len()];
+        bf16::slice_to_f32(&all, &mut wide);
+        for (b, w) in all.iter().zip(&wide) {
+            if b.is_nan() {
+                // The shift keeps a signalling NaN's payload where `half` quiets it: NaN both.
+                assert!(w.is_nan());
+            } else {
+                assert_eq!(w.to_bits(), b.to_f32().to_bits());
+            }
+        }
+    }
+
+    #[test]
     fn full_range_is_fp32_and_bf16() {
-        assert!(DType::F32.has_full_range());
+        assert!(DType::BF16.has_full_range() && DType::F32.has_full_range());
         assert!(!DType::F16.has_full_range());
+        assert_eq!(DType::BF16.unit_roundoff(), 2f32.powi(-8));
     }
 }

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use typed_amp::amp::OptLevel;
 use typed_amp::data::FashionMnist;
-use typed_amp_cli::models::Arch;
+use typed_amp_cli::models::{Arch, LowDtype};
 use typed_amp_cli::report::{comparison_table, run_json};
 use typed_amp_cli::run::{run, DeviceChoice, RunConfig, RunError};
 
@@ -13,12 +13,14 @@ const USAGE: &str = "\
 typed-amp: train Fashion-MNIST in FP32 and mixed precision
 
 USAGE:
-    typed-amp [compare] [OPTIONS]     train FP32 (O0) and a mixed policy alike, print the table
+    typed-amp [compare] [OPTIONS]     train FP32 (O0), O2-FP16 and O2-BF16 alike, print the table
+                                      (with --policy or --dtype: FP32 and that one mixed run)
     typed-amp train [OPTIONS]         train one model under one policy
 
 OPTIONS:
     --model mlp|cnn        architecture                                  [default: mlp]
     --policy O0|O1|O2|O3   policy (compare: the mixed one)               [default: O2]
+    --dtype fp16|bf16      16-bit precision of O1-O3                     [default: fp16]
     --epochs N             epochs                                        [default: 5]
     --batch B              examples per step                             [default: 128]
     --seed S               seed for initialisation and data order        [default: 0]
@@ -38,6 +40,8 @@ OPTIONS:
 struct Args {
     command: Command,
     config: RunConfig,
+    /// Whether `--policy` or `--dtype` chose one mixed run (else `compare` runs both dtypes).
+    chosen_mixed: bool,
     data_dir: Option<PathBuf>,
     json: bool,
 }
@@ -55,6 +59,7 @@ fn parse_args() -> Result<Option<Args>, String> {
     let mut config = RunConfig {
         arch: Arch::Mlp,
         policy: OptLevel::O2,
+        dtype: LowDtype::Fp16,
         epochs: 5,
         batch: 128,
         seed: 0,
@@ -65,7 +70,7 @@ fn parse_args() -> Result<Option<Args>, String> {
         progress: true,
         device: DeviceChoice::Cpu,
     };
-    let (mut data_dir, mut json) = (None, false);
+    let (mut data_dir, mut json, mut chosen_mixed) = (None, false, false);
     let err = |e: lexopt::Error| e.to_string();
     while let Some(arg) = parser.next().map_err(err)? {
         match arg {
@@ -88,7 +93,17 @@ fn parse_args() -> Result<Option<Args>, String> {
                     .map_err(err)?
                     .parse()?
             }
+            Long("dtype") => {
+                chosen_mixed = true;
+                config.dtype = parser
+                    .value()
+                    .map_err(err)?
+                    .string()
+                    .map_err(err)?
+                    .parse()?
+            }
             Long("policy") => {
+                chosen_mixed = true;
                 config.policy = parser
                     .value()
                     .map_err(err)?
@@ -136,6 +151,7 @@ fn parse_args() -> Result<Option<Args>, String> {
     Ok(Some(Args {
         command,
         config,
+        chosen_mixed,
         data_dir,
         json,
     }))
@@ -194,24 +210,36 @@ fn main_result(args: Args) -> Result<(), RunError> {
             }
         }
         Command::Compare => {
-            let fp32_config = RunConfig {
+            let fp32 = RunConfig {
                 policy: OptLevel::O0,
                 ..args.config.clone()
             };
-            let fp32 = run(&fp32_config, &data)?;
-            let mixed = run(&args.config, &data)?;
+            let mut configs = vec![fp32];
+            if args.chosen_mixed {
+                configs.push(args.config.clone());
+            } else {
+                for dtype in [LowDtype::Fp16, LowDtype::Bf16] {
+                    configs.push(RunConfig {
+                        dtype,
+                        ..args.config.clone()
+                    });
+                }
+            }
+            let runs = configs
+                .iter()
+                .map(|config| run(config, &data))
+                .collect::<Result<Vec<_>, _>>()?;
             if args.json {
                 let value = serde_json::json!({
                     "data": data.describe(),
-                    "fp32": run_json(&fp32),
-                    "mixed": run_json(&mixed),
+                    "runs": runs.iter().map(run_json).collect::<Vec<_>>(),
                 });
                 println!(
                     "{}",
                     serde_json::to_string_pretty(&value).expect("JSON values serialise")
                 );
             } else {
-                print!("{}", comparison_table(&fp32, &mixed));
+                print!("{}", comparison_table(&runs));
             }
         }
     }

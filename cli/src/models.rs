@@ -4,6 +4,50 @@ use typed_amp::dfdx::nn::builders::{BatchNorm2D, Linear};
 use typed_amp::nn::builders::{Conv2D, Flatten, MaxPool2D};
 use typed_amp::prelude::*;
 
+/// The 16-bit precision of a mixed run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LowDtype {
+    /// IEEE half precision, with dynamic loss scaling.
+    Fp16,
+    /// bfloat16: FP32's exponent range, no loss scaling.
+    Bf16,
+}
+
+impl LowDtype {
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            LowDtype::Fp16 => "fp16",
+            LowDtype::Bf16 => "bf16",
+        }
+    }
+
+    /// The name in tables (`FP16`, `BF16`).
+    pub fn upper(self) -> &'static str {
+        match self {
+            LowDtype::Fp16 => "FP16",
+            LowDtype::Bf16 => "BF16",
+        }
+    }
+}
+
+impl std::fmt::Display for LowDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for LowDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fp16" => Ok(LowDtype::Fp16),
+            "bf16" => Ok(LowDtype::Bf16),
+            other => Err(format!("unknown dtype `{other}`: expected fp16 or bf16")),
+        }
+    }
+}
+
 /// The two architectures the main job trains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
@@ -60,6 +104,9 @@ mlp!(MlpO0, policy = "O0");
 mlp!(MlpO1, policy = "O1");
 mlp!(MlpO2, policy = "O2");
 mlp!(MlpO3, policy = "O3", allow_fp16_updates);
+mlp!(MlpO1Bf16, policy = "O1", dtype = "bf16");
+mlp!(MlpO2Bf16, policy = "O2", dtype = "bf16");
+mlp!(MlpO3Bf16, policy = "O3", dtype = "bf16", allow_bf16_updates);
 
 macro_rules! cnn {
     ($name:ident, $($policy:tt)*) => {
@@ -84,3 +131,6 @@ cnn!(CnnO0, policy = "O0");
 cnn!(CnnO1, policy = "O1");
 cnn!(CnnO2, policy = "O2");
 cnn!(CnnO3, policy = "O3", allow_fp16_updates);
+cnn!(CnnO1Bf16, policy = "O1", dtype = "bf16");
+cnn!(CnnO2Bf16, policy = "O2", dtype = "bf16");
+cnn!(CnnO3Bf16, policy = "O3", dtype = "bf16", allow_bf16_updates);

@@ -13,6 +13,8 @@ pub fn run_json(report: &RunReport) -> Value {
     json!({
         "model": report.config.arch.name(),
         "policy": report.config.policy.to_string(),
+        "dtype": report.config.compute_dtype(),
+        "label": report.config.label(),
         "recipe": report.recipe,
         "epochs": report.epochs.iter().map(|e| json!({
             "epoch": e.epoch,
@@ -34,74 +36,63 @@ pub fn run_json(report: &RunReport) -> Value {
     })
 }
 
-/// The FP32-vs-mixed-precision table.
-pub fn comparison_table(fp32: &RunReport, mixed: &RunReport) -> String {
+/// The comparison table: one column per run.
+pub fn comparison_table(runs: &[RunReport]) -> String {
     let weights_note = |r: &RunReport| {
         if r.master_weights {
-            " (FP32 master + working copy)".to_string()
+            " (FP32 master + working)".to_string()
         } else {
             String::new()
         }
     };
-    let rows: Vec<(&str, String, String)> = vec![
-        (
-            "time / epoch",
-            format!("{:.2} s", fp32.seconds_per_epoch()),
-            format!("{:.2} s", mixed.seconds_per_epoch()),
-        ),
-        (
-            "weights in memory",
-            format!("{}{}", mib(fp32.weights_bytes as u64), weights_note(fp32)),
-            format!("{}{}", mib(mixed.weights_bytes as u64), weights_note(mixed)),
-        ),
-        (
-            "checkpoint on disk",
-            mib(fp32.checkpoint_bytes),
-            mib(mixed.checkpoint_bytes),
-        ),
-        (
-            "peak memory (RSS)",
-            fp32.peak_rss_bytes.map_or("n/a".into(), mib),
-            mixed.peak_rss_bytes.map_or("n/a".into(), mib),
-        ),
-        (
-            "test accuracy",
-            format!("{:.2}%", 100.0 * fp32.test_accuracy),
-            format!("{:.2}%", 100.0 * mixed.test_accuracy),
-        ),
-        (
-            "skipped steps",
-            fp32.skipped_steps.to_string(),
-            mixed.skipped_steps.to_string(),
-        ),
-        (
-            "final loss scale",
-            fp32.final_scale.to_string(),
-            mixed.final_scale.to_string(),
-        ),
+    type Row = (&'static str, fn(&RunReport) -> String);
+    let rows: [Row; 7] = [
+        ("time / epoch", |r| {
+            format!("{:.2} s", r.seconds_per_epoch())
+        }),
+        ("weights in memory", |r| mib(r.weights_bytes as u64)),
+        ("checkpoint on disk", |r| mib(r.checkpoint_bytes)),
+        ("peak memory (RSS)", |r| {
+            r.peak_rss_bytes.map_or("n/a".into(), mib)
+        }),
+        ("test accuracy", |r| {
+            format!("{:.2}%", 100.0 * r.test_accuracy)
+        }),
+        ("skipped steps", |r| r.skipped_steps.to_string()),
+        ("final loss scale", |r| {
+            if r.config.policy == typed_amp::amp::OptLevel::O0 || r.final_scale == 1.0 {
+                "none".to_string()
+            } else {
+                r.final_scale.to_string()
+            }
+        }),
     ];
-    let head_fp32 = format!("FP32 ({})", fp32.config.policy);
-    let head_mixed = format!("mixed ({})", mixed.config.policy);
-    let w1 = rows
-        .iter()
-        .map(|r| r.1.len())
-        .max()
-        .unwrap_or(0)
-        .max(head_fp32.len());
-    let w2 = rows
-        .iter()
-        .map(|r| r.2.len())
-        .max()
-        .unwrap_or(0)
-        .max(head_mixed.len());
+    let mut cells: Vec<Vec<String>> = vec![runs.iter().map(|r| r.config.label()).collect()];
+    for (name, cell) in &rows {
+        cells.push(
+            runs.iter()
+                .map(|r| {
+                    let mut text = cell(r);
+                    if *name == "weights in memory" {
+                        text.push_str(&weights_note(r));
+                    }
+                    text
+                })
+                .collect(),
+        );
+    }
+    let widths: Vec<usize> = (0..runs.len())
+        .map(|c| cells.iter().map(|row| row[c].len()).max().unwrap_or(0))
+        .collect();
+    let names = std::iter::once("").chain(rows.iter().map(|(n, _)| *n));
     let mut out = String::new();
-    let mut line = |name: &str, a: &str, b: &str| {
-        out.push_str(format!("{name:<20} {a:<w1$}  {b:<w2$}").trim_end());
+    for (name, row) in names.zip(&cells) {
+        let mut line = format!("{name:<20}");
+        for (cell, width) in row.iter().zip(&widths) {
+            line.push_str(&format!(" {cell:<width$} "));
+        }
+        out.push_str(line.trim_end());
         out.push('\n');
-    };
-    line("", &head_fp32, &head_mixed);
-    for (name, a, b) in &rows {
-        line(name, a, b);
     }
     out
 }

@@ -50,6 +50,8 @@ pub struct RunConfig {
     pub arch: Arch,
     /// The mixed-precision policy.
     pub policy: OptLevel,
+    /// The 16-bit precision of O1, O2 and O3 (ignored under O0).
+    pub dtype: LowDtype,
     /// Epochs to train (in total, counting those a resumed checkpoint already did); the
     /// learning-rate schedule spans them.
     pub epochs: usize,
@@ -111,6 +113,24 @@ pub struct RunReport {
     pub checkpoint_bytes: u64,
     /// Peak resident memory of the process during the run, where the OS reports it.
     pub peak_rss_bytes: Option<u64>,
+}
+
+impl RunConfig {
+    /// The run's name in tables: `FP32 (O0)`, `O2-FP16`, `O2-BF16`.
+    pub fn label(&self) -> String {
+        match self.policy {
+            OptLevel::O0 => "FP32 (O0)".to_string(),
+            level => format!("{level}-{}", self.dtype.upper()),
+        }
+    }
+
+    /// The precision the run computes its matrix products in, as JSON and tables name it.
+    pub fn compute_dtype(&self) -> &'static str {
+        match self.policy {
+            OptLevel::O0 => "fp32",
+            _ => self.dtype.name(),
+        }
+    }
 }
 
 impl RunReport {
@@ -285,6 +305,7 @@ where
         };
         expect("model", cfg.arch.name().to_string())?;
         expect("policy", cfg.policy.to_string())?;
+        expect("dtype", cfg.compute_dtype().to_string())?;
         expect("batch", cfg.batch.to_string())?;
         expect("seed", cfg.seed.to_string())?;
         expect("epochs", cfg.epochs.to_string())?;
@@ -403,6 +424,7 @@ fn run_metadata(
     BTreeMap::from([
         ("model".to_string(), cfg.arch.name().to_string()),
         ("policy".to_string(), cfg.policy.to_string()),
+        ("dtype".to_string(), cfg.compute_dtype().to_string()),
         ("batch".to_string(), cfg.batch.to_string()),
         ("seed".to_string(), cfg.seed.to_string()),
         ("lr".to_string(), cfg.lr.to_string()),
@@ -487,25 +509,33 @@ fn run_on<D: AmpDevice>(
         lr: cfg.lr,
         ..Default::default()
     };
-    // FP32 Adam on the master weights, or (O3) FP16 Adam on the FP16 weights, opted into.
+    // FP32 Adam on the master weights, or (O3) 16-bit Adam on the 16-bit weights, opted into.
     macro_rules! train {
-        ($model:ty, $input:ty, fp32) => {
+        ($model:ty, $input:ty, f32) => {
             run_model::<$model, $input, _, D>(cfg, data, dev, |m| Adam::<_, f32, D>::new(m, adam))
         };
-        ($model:ty, $input:ty, fp16) => {
+        ($model:ty, $input:ty, $low:ty) => {
             run_model::<$model, $input, _, D>(cfg, data, dev, |m| {
-                LowPrecisionUpdates(Adam::<_, f16, D>::new(m, adam))
+                LowPrecisionUpdates(Adam::<_, $low, D>::new(m, adam))
             })
         };
     }
-    match (cfg.arch, cfg.policy) {
-        (Arch::Mlp, OptLevel::O0) => train!(MlpO0, Flat, fp32),
-        (Arch::Mlp, OptLevel::O1) => train!(MlpO1, Flat, fp32),
-        (Arch::Mlp, OptLevel::O2) => train!(MlpO2, Flat, fp32),
-        (Arch::Mlp, OptLevel::O3) => train!(MlpO3, Flat, fp16),
-        (Arch::Cnn, OptLevel::O0) => train!(CnnO0, Image, fp32),
-        (Arch::Cnn, OptLevel::O1) => train!(CnnO1, Image, fp32),
-        (Arch::Cnn, OptLevel::O2) => train!(CnnO2, Image, fp32),
-        (Arch::Cnn, OptLevel::O3) => train!(CnnO3, Image, fp16),
+    use typed_amp::half::bf16;
+    use LowDtype::{Bf16, Fp16};
+    match (cfg.arch, cfg.policy, cfg.dtype) {
+        (Arch::Mlp, OptLevel::O0, _) => train!(MlpO0, Flat, f32),
+        (Arch::Mlp, OptLevel::O1, Fp16) => train!(MlpO1, Flat, f32),
+        (Arch::Mlp, OptLevel::O2, Fp16) => train!(MlpO2, Flat, f32),
+        (Arch::Mlp, OptLevel::O3, Fp16) => train!(MlpO3, Flat, f16),
+        (Arch::Mlp, OptLevel::O1, Bf16) => train!(MlpO1Bf16, Flat, f32),
+        (Arch::Mlp, OptLevel::O2, Bf16) => train!(MlpO2Bf16, Flat, f32),
+        (Arch::Mlp, OptLevel::O3, Bf16) => train!(MlpO3Bf16, Flat, bf16),
+        (Arch::Cnn, OptLevel::O0, _) => train!(CnnO0, Image, f32),
+        (Arch::Cnn, OptLevel::O1, Fp16) => train!(CnnO1, Image, f32),
+        (Arch::Cnn, OptLevel::O2, Fp16) => train!(CnnO2, Image, f32),
+        (Arch::Cnn, OptLevel::O3, Fp16) => train!(CnnO3, Image, f16),
+        (Arch::Cnn, OptLevel::O1, Bf16) => train!(CnnO1Bf16, Image, f32),
+        (Arch::Cnn, OptLevel::O2, Bf16) => train!(CnnO2Bf16, Image, f32),
+        (Arch::Cnn, OptLevel::O3, Bf16) => train!(CnnO3Bf16, Image, bf16),
     }
 }

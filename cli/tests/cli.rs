@@ -235,7 +235,17 @@ fn compare_prints_the_table_and_json() {
     ] {
         assert!(out.contains(row), "missing `{row}` in:\n{out}");
     }
-    assert!(out.contains("FP32 (O0)") && out.contains("mixed (O2)"));
+    // Three columns by default: FP32, and O2 in each 16-bit precision.
+    let header = out
+        .lines()
+        .find(|l| l.contains("FP32 (O0)"))
+        .unwrap_or_default();
+    for column in ["O2-FP16", "O2-BF16"] {
+        assert!(
+            header.contains(column),
+            "missing column `{column}` in:\n{out}"
+        );
+    }
 
     let out = ok(&typed_amp(&[
         "compare",
@@ -249,11 +259,42 @@ fn compare_prints_the_table_and_json() {
         SUBSET,
     ]));
     let value: serde_json::Value = serde_json::from_str(&out).expect("--json prints JSON");
-    assert_eq!(value["mixed"]["policy"], "O2");
-    assert_eq!(value["fp32"]["final_loss_scale"], 1.0);
-    let accuracy = value["mixed"]["test_accuracy"].as_f64().unwrap();
-    assert!(
-        accuracy > 0.5,
-        "one epoch on the subset learns something: {accuracy}"
-    );
+    let runs = value["runs"].as_array().expect("one object per column");
+    let columns: Vec<(&str, &str)> = runs
+        .iter()
+        .map(|r| (r["policy"].as_str().unwrap(), r["dtype"].as_str().unwrap()))
+        .collect();
+    assert_eq!(columns, [("O0", "fp32"), ("O2", "fp16"), ("O2", "bf16")]);
+    assert_eq!(runs[0]["final_loss_scale"], 1.0);
+    // BF16 needs no loss scale.
+    assert_eq!(runs[2]["final_loss_scale"], 1.0);
+    for run in runs {
+        let accuracy = run["test_accuracy"].as_f64().unwrap();
+        assert!(
+            accuracy > 0.5,
+            "one epoch on the subset learns something: {accuracy} ({})",
+            run["label"]
+        );
+    }
+
+    // One mixed column when the policy or dtype is chosen.
+    let out = ok(&typed_amp(&[
+        "compare",
+        "--policy",
+        "O2",
+        "--dtype",
+        "bf16",
+        "--epochs",
+        "1",
+        "--batch",
+        "250",
+        "--quiet",
+        "--json",
+        "--data-dir",
+        SUBSET,
+    ]));
+    let value: serde_json::Value = serde_json::from_str(&out).expect("--json prints JSON");
+    let runs = value["runs"].as_array().expect("one object per column");
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[1]["label"], "O2-BF16");
 }

@@ -45,5 +45,6 @@ macro_rules! cast_layers {
 
 cast_layers! {
     ToF16 => F16, "Casts its input to FP16 (see [`crate::to_f16`]).";
+    ToBf16 => BF16, "Casts its input to BF16 (see [`crate::to_bf16`]).";
     ToF32 => F32, "Casts its input to FP32 (see [`crate::to_f32`]).";
 }

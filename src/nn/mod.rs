@@ -25,7 +25,7 @@ mod pool;
 
 /// The layers, generic over dtype and device (what [`builders`] build).
 pub mod modules {
-    pub use super::cast::{CastLayer, ToF16, ToF32};
+    pub use super::cast::{CastLayer, ToBf16, ToF16, ToF32};
     pub use super::conv2d::Conv2D;
     pub use super::flatten::Flatten;
     pub use super::pool::MaxPool2D;
@@ -33,7 +33,7 @@ pub mod modules {
 
 /// Architecture types to build with `dev.build_module::<Arch, E>()`.
 pub mod builders {
-    pub use super::cast::{ToF16, ToF32};
+    pub use super::cast::{ToBf16, ToF16, ToF32};
     pub use super::conv2d::builder::Conv2D;
     pub use super::flatten::Flatten;
     pub use super::pool::MaxPool2D;

@@ -1,4 +1,5 @@
-//! Differentiable precision casts: [`Cast::cast`] and its shorthands [`to_f16`] and [`to_f32`].
+//! Differentiable precision casts: [`Cast::cast`] and its shorthands [`to_f16`], [`to_bf16`]
+//! and [`to_f32`].
 //!
 //! dfdx's `to_dtype` is not recorded on any tape. These casts are: on a [`MixedTape`] the
 //! backward pass converts the output's gradient into the input's precision and adds it to the
@@ -181,6 +182,22 @@ pub trait Cast<S: Shape, E: AmpElem, D: AmpDevice, T: AmpTape<D>>: Sized {
         self.cast::<crate::F16>()
     }
 
+    /// Casts to BF16. See [`to_bf16`].
+    fn try_to_bf16(self) -> Result<Tensor<S, half::bf16, D, T>, D::Err>
+    where
+        D: CastDevice<E, half::bf16>,
+    {
+        self.try_cast::<crate::BF16>()
+    }
+
+    /// Casts to BF16. See [`to_bf16`].
+    fn to_bf16(self) -> Tensor<S, half::bf16, D, T>
+    where
+        D: CastDevice<E, half::bf16>,
+    {
+        self.cast::<crate::BF16>()
+    }
+
     /// Casts to FP32. See [`to_f32`].
     fn try_to_f32(self) -> Result<Tensor<S, f32, D, T>, D::Err>
     where
@@ -224,6 +241,23 @@ pub fn to_f16<S: Shape, E: AmpElem, D: AmpDevice + CastDevice<E, half::f16>, T: 
     t: Tensor<S, E, D, T>,
 ) -> Tensor<S, half::f16, D, T> {
     t.to_f16()
+}
+
+/// Casts a tensor to BF16 (FP32's exponent range, 8 significant bits); on a [`MixedTape`] its
+/// gradient flows back converted to the input's precision.
+///
+/// ```rust
+/// # use typed_amp::prelude::*;
+/// let dev = Cpu::default();
+/// let x: Tensor<Rank1<3>, f32, _> = dev.tensor([1.0, 1.0e-8, 70000.0]);
+/// let b = to_bf16(x);
+/// // BF16 keeps FP16's lost ends (1e-8 and 70000), at 2^-8 relative precision:
+/// assert_eq!(b.array().map(f32::from), [1.0, 1.0e-8, 70144.0].map(|v| half::bf16::from_f32(v).to_f32()));
+/// ```
+pub fn to_bf16<S: Shape, E: AmpElem, D: AmpDevice + CastDevice<E, half::bf16>, T: AmpTape<D>>(
+    t: Tensor<S, E, D, T>,
+) -> Tensor<S, half::bf16, D, T> {
+    t.to_bf16()
 }
 
 /// Casts a tensor to FP32 (exact from FP16 and BF16); on a [`MixedTape`] its gradient flows
