@@ -136,6 +136,9 @@ pub(crate) unsafe fn f32_to_bf16_raw(lvl: Level, src: *const f32, dst: *mut bf16
 }
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) use x86::narrow_bf16_512 as narrow_bf16_avx512;
+
+#[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{bf16_bits_to_f32_bits, f32_bits_to_bf16_bits};
     use half::{bf16, f16};
@@ -244,9 +247,10 @@ mod x86 {
         }
     }
 
+    /// Sixteen f32 bit patterns to bf16, as `f32_bits_to_bf16_bits` does one.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    unsafe fn narrow_bf16_512(x: __m512i) -> __m256i {
+    pub(crate) unsafe fn narrow_bf16_512(x: __m512i) -> __m256i {
         let abs = _mm512_and_si512(x, _mm512_set1_epi32(0x7FFF_FFFF));
         let nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7F80_0000));
         let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(x), _mm512_set1_epi32(1));

@@ -10,7 +10,7 @@ pub enum Level {
     Portable,
     /// x86-64 with AVX2, FMA and F16C.
     Avx2,
-    /// x86-64 with AVX-512F (and AVX2, FMA, F16C).
+    /// x86-64 with AVX-512F, BW and VL (and AVX2, FMA, F16C).
     Avx512,
     /// [`Level::Avx512`] plus AVX512-BF16: bf16 products use `vdpbf16ps` on bf16 pairs.
     Avx512Bf16,
@@ -60,7 +60,12 @@ fn detect() -> Level {
     if !avx2 {
         return Level::Portable;
     }
-    if !is_x86_feature_detected!("avx512f") {
+    // BW and VL (16-bit masked loads and stores) come with AVX-512F on every CPU since
+    // Skylake-SP; requiring them keeps one AVX-512 path.
+    if !(is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl"))
+    {
         return Level::Avx2;
     }
     if is_x86_feature_detected!("avx512bf16") {

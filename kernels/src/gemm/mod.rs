@@ -202,9 +202,11 @@ pub unsafe fn gemm<T: GemmElem>(
     };
     // Rows are padded to nothing (there is a kernel for every row count up to MR) but columns
     // to whole vectors: for a thin C (n = 10 in a classifier head), computing Cᵀ = Bᵀ·Aᵀ wastes
-    // far less of the kernel.
+    // far less of the kernel. Tiles are written row by row, so a C whose rows are not
+    // contiguous costs a little more to store.
     let pad = |x: usize| x.div_ceil(arch.vw) * arch.vw;
-    if n * pad(m) * 4 < m * pad(n) * 3 {
+    let cost = |rows: usize, cols: usize, unit: bool| rows * pad(cols) * if unit { 4 } else { 5 };
+    if cost(n, m, c_rs == 1) < cost(m, n, c_cs == 1) {
         p = p.transposed();
     }
     run(&arch, &p, threads);
@@ -302,9 +304,10 @@ struct Arch {
     nvmax: usize,
     /// k depth of a packed block (even for the pair path).
     kc: usize,
-    /// Rows of A packed at once (a multiple of `mr`).
+    /// Rows of A packed at once (a multiple of `mr`); the A block lives in L3.
     mc: usize,
-    /// Columns of B packed at once (a multiple of `nr`).
+    /// Columns of B packed at once (a multiple of `nr`); `kc × nc` f32 is sized to stay in L2
+    /// while each A micro-panel sweeps across it.
     nc: usize,
     /// bf16 packed as (k, k+1) pairs for `vdpbf16ps`.
     pairs: bool,
@@ -328,8 +331,8 @@ impl Arch {
                     vw: 16,
                     nvmax: 2,
                     kc: 512,
-                    mc: 144,
-                    nc: 1024,
+                    mc: 480,
+                    nc: 256,
                     pairs: true,
                     kernels: &x86::KERNELS_AVX512_BF16,
                 };
@@ -344,8 +347,8 @@ impl Arch {
                     vw: 16,
                     nvmax: 2,
                     kc: 256,
-                    mc: 144,
-                    nc: 1024,
+                    mc: 480,
+                    nc: 512,
                     pairs: false,
                     kernels: &x86::KERNELS_AVX512,
                 };
@@ -357,8 +360,8 @@ impl Arch {
                     vw: 8,
                     nvmax: 2,
                     kc: 256,
-                    mc: 120,
-                    nc: 1024,
+                    mc: 480,
+                    nc: 512,
                     pairs: false,
                     kernels: &x86::KERNELS_AVX2,
                 };
@@ -373,8 +376,8 @@ impl Arch {
             vw: 8,
             nvmax: 1,
             kc: 256,
-            mc: 128,
-            nc: 1024,
+            mc: 480,
+            nc: 512,
             pairs: false,
             kernels: &PORTABLE_KERNELS,
         }
@@ -387,8 +390,8 @@ impl Arch {
             vw: 16,
             nvmax: 2,
             kc: 512,
-            mc: 144,
-            nc: 1024,
+            mc: 480,
+            nc: 256,
             pairs: true,
             kernels: &PAIR_EMULATION_KERNELS,
         }
@@ -548,16 +551,18 @@ unsafe fn serial_with(arch: &Arch, p: &Problem, bufs: &mut Buffers) {
                     pack::panel(arch, p.kind, src, p.a_rs, p.a_cs, mrr, kc, dst, mr, false);
                     ir += mr;
                 }
-                let mut jr = 0;
-                while jr < nc {
-                    let nrr = nr.min(nc - jr);
-                    let nv = nrr.div_ceil(vw);
-                    let bp = bbuf.add(jr / nr * nr * kc_units);
-                    let mut ir = 0;
-                    while ir < mc {
-                        let mrr = mr.min(mc - ir);
+                // The A micro-panel (MR × kc) stays in L1 while the B micro-panels stream from
+                // the L2-resident B block: the broadcast operand is the small one.
+                let mut ir = 0;
+                while ir < mc {
+                    let mrr = mr.min(mc - ir);
+                    let ap = abuf.add(ir / mr * mr * kc_units);
+                    let mut jr = 0;
+                    while jr < nc {
+                        let nrr = nr.min(nc - jr);
+                        let nv = nrr.div_ceil(vw);
                         let kern = arch.kernels[mrr - 1][nv - 1];
-                        let ap = abuf.add(ir / mr * mr * kc_units);
+                        let bp = bbuf.add(jr / nr * nr * kc_units);
                         let (i, j) = (ic + ir, jc + jr);
                         let cp =
                             p.c.offset((i as isize * p.c_rs + j as isize * p.c_cs) * esz);
@@ -604,9 +609,9 @@ unsafe fn serial_with(arch: &Arch, p: &Problem, bufs: &mut Buffers) {
                                 );
                             }
                         }
-                        ir += mr;
+                        jr += nr;
                     }
-                    jr += nr;
+                    ir += mr;
                 }
                 ic += mc;
             }
@@ -631,39 +636,74 @@ unsafe fn store_tile(
     c_cs: isize,
     add_c: bool,
 ) {
+    debug_assert!(rows <= TILE_MR && cols <= TILE_NR);
+    #[cfg(target_arch = "x86_64")]
+    if c_cs == 1 && lvl >= Level::Avx512 {
+        // One call per tile, masked vectors for the ragged edge: with a short k (im2col, a
+        // 10-wide layer) the store is a large share of the work.
+        return x86::store_rows_avx512(kind, src, src_rs, rows, cols, c, c_rs, add_c);
+    }
     let esz = kind.size();
-    let mut row = [0.0f32; TILE_NR];
+    let mut buf = [0.0f32; TILE_NR];
     let mut old = [0.0f32; TILE_NR];
-    for r in 0..rows {
-        let s = src.add(r * src_rs);
-        let cr = c.offset(r as isize * c_rs * esz);
-        if c_cs == 1 {
-            // Contiguous row: vector conversions.
-            for j0 in (0..cols).step_by(TILE_NR) {
-                let w = TILE_NR.min(cols - j0);
-                let crj = cr.offset(j0 as isize * esz);
+    if c_cs == 1 || c_rs != 1 {
+        // Contiguous rows: vector conversions. (Or neither direction contiguous: scalar.)
+        for r in 0..rows {
+            let s = src.add(r * src_rs);
+            let cr = c.offset(r as isize * c_rs * esz);
+            if c_cs == 1 {
+                for j in 0..cols {
+                    buf[j] = *s.add(j);
+                }
                 if add_c {
-                    widen(lvl, kind, crj, old.as_mut_ptr(), w);
-                    for j in 0..w {
-                        row[j] = *s.add(j0 + j) + old[j];
+                    widen(lvl, kind, cr, old.as_mut_ptr(), cols);
+                    for j in 0..cols {
+                        buf[j] += old[j];
                     }
-                } else {
-                    std::ptr::copy_nonoverlapping(s.add(j0), row.as_mut_ptr(), w);
                 }
-                narrow(lvl, kind, row.as_ptr(), crj, w);
-            }
-        } else {
-            for j in 0..cols {
-                let cj = cr.offset(j as isize * c_cs * esz);
-                let mut v = *s.add(j);
-                if add_c {
-                    let mut o = 0.0f32;
-                    widen(lvl, kind, cj, &mut o, 1);
-                    v += o;
+                narrow(lvl, kind, buf.as_ptr(), cr, cols);
+            } else {
+                for j in 0..cols {
+                    let cj = cr.offset(j as isize * c_cs * esz);
+                    let v = *s.add(j);
+                    store1(kind, cj, if add_c { v + load1(kind, cj) } else { v });
                 }
-                narrow(lvl, kind, &v, cj, 1);
             }
         }
+    } else {
+        // Contiguous columns (C seen transposed): one run per column.
+        for j in 0..cols {
+            for r in 0..rows {
+                buf[r] = *src.add(r * src_rs + j);
+            }
+            let cj = c.offset(j as isize * c_cs * esz);
+            if add_c {
+                widen(lvl, kind, cj, old.as_mut_ptr(), rows);
+                for r in 0..rows {
+                    buf[r] += old[r];
+                }
+            }
+            narrow(lvl, kind, buf.as_ptr(), cj, rows);
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn load1(kind: Kind, s: *const u8) -> f32 {
+    match kind {
+        Kind::F32 => *(s as *const f32),
+        Kind::F16 => (*(s as *const f16)).to_f32(),
+        Kind::Bf16 => (*(s as *const bf16)).to_f32(),
+    }
+}
+
+/// Round-to-nearest-even, like the slice conversions.
+#[inline(always)]
+unsafe fn store1(kind: Kind, d: *mut u8, v: f32) {
+    match kind {
+        Kind::F32 => *(d as *mut f32) = v,
+        Kind::F16 => *(d as *mut f16) = f16::from_f32(v),
+        Kind::Bf16 => *(d as *mut bf16) = bf16::from_f32(v),
     }
 }
 

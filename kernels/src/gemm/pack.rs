@@ -1,9 +1,7 @@
 //! Packing: copy a strided block of A or B into the contiguous micro-panel layout the kernels
 //! read, widening f16/bf16 to f32 (or, for the bf16-pair path, interleaving k pairs).
 
-use half::{bf16, f16};
-
-use super::{widen, Arch, Kind};
+use super::{load1, widen, Arch, Kind};
 use crate::level::Level;
 
 /// Longest k block any path packs in one go.
@@ -51,6 +49,10 @@ pub(super) unsafe fn panel(
     let esz = kind.size();
     if lane_stride == 1 {
         // Each k step is a contiguous run of lanes: vector widening copies.
+        #[cfg(target_arch = "x86_64")]
+        if arch.level >= Level::Avx512 {
+            return super::x86::pack_rows_avx512(kind, src, k_stride, lanes, kc, dst, dst_stride);
+        }
         for p in 0..kc {
             widen(
                 arch.level,
@@ -91,19 +93,9 @@ pub(super) unsafe fn panel(
         for l in 0..lanes {
             for p in 0..kc {
                 let s = src.offset((l as isize * lane_stride + p as isize * k_stride) * esz);
-                *dst.add(p * dst_stride + l) = load_f32(kind, s);
+                *dst.add(p * dst_stride + l) = load1(kind, s);
             }
         }
-    }
-}
-
-#[inline(always)]
-unsafe fn load_f32(kind: Kind, s: *const u8) -> f32 {
-    match kind {
-        Kind::F32 => *(s as *const f32),
-        Kind::F16 => (*(s as *const f16)).to_f32(),
-        // Exact; a NaN stays a NaN, which is all a product needs.
-        Kind::Bf16 => (*(s as *const bf16)).to_f32(),
     }
 }
 

@@ -224,7 +224,8 @@ pub(super) unsafe fn pack_transpose_avx512(
             for l in 0..lb {
                 let s = row(l);
                 for pp in p..kc {
-                    *dst.add(pp * dst_stride + l0 + l) = load1(kind, s.offset(pp as isize * esz));
+                    *dst.add(pp * dst_stride + l0 + l) =
+                        super::load1(kind, s.offset(pp as isize * esz));
                 }
             }
         }
@@ -232,11 +233,99 @@ pub(super) unsafe fn pack_transpose_avx512(
     }
 }
 
+/// `panel`'s contiguous-lanes case: each k step is a run of `lanes` elements.
+///
+/// # Safety
+/// As `pack::panel`, with `lane_stride == 1`; the CPU must have AVX-512F/BW/VL.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn pack_rows_avx512(
+    kind: Kind,
+    src: *const u8,
+    k_stride: isize,
+    lanes: usize,
+    kc: usize,
+    dst: *mut f32,
+    dst_stride: usize,
+) {
+    let esz = kind.size();
+    for p in 0..kc {
+        let s = src.offset(p as isize * k_stride * esz);
+        let d = dst.add(p * dst_stride);
+        let mut l = 0;
+        while l < lanes {
+            let mask = lane_mask(lanes - l);
+            let v = load16_masked(kind, s.offset(l as isize * esz), mask);
+            _mm512_mask_storeu_ps(d.add(l), mask, v);
+            l += 16;
+        }
+    }
+}
+
 #[inline(always)]
-unsafe fn load1(kind: Kind, s: *const u8) -> f32 {
+fn lane_mask(w: usize) -> __mmask16 {
+    if w >= 16 {
+        0xFFFF
+    } else {
+        (1u16 << w) - 1
+    }
+}
+
+/// Up to 16 consecutive elements widened to f32 (zeros where `mask` is clear; nothing is read
+/// there).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn load16_masked(kind: Kind, s: *const u8, mask: __mmask16) -> __m512 {
     match kind {
-        Kind::F32 => *(s as *const f32),
-        Kind::F16 => (*(s as *const half::f16)).to_f32(),
-        Kind::Bf16 => (*(s as *const half::bf16)).to_f32(),
+        Kind::F32 => _mm512_maskz_loadu_ps(mask, s as *const f32),
+        Kind::F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, s as *const i16)),
+        Kind::Bf16 => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+            _mm256_maskz_loadu_epi16(mask, s as *const i16),
+        ))),
+    }
+}
+
+/// `store_tile` for C with contiguous rows: `C[r, j] = round(src[r, j] + (add_c ? C[r, j] :
+/// 0))`, rounding to nearest even for 16-bit C, masked at the ragged edge.
+///
+/// # Safety
+/// `src` readable for `rows` rows of `cols` f32, `src_rs` apart; C's rows writable (and
+/// readable with `add_c`) for `cols` elements, `c_rs` elements apart; AVX-512F/BW/VL.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn store_rows_avx512(
+    kind: Kind,
+    src: *const f32,
+    src_rs: usize,
+    rows: usize,
+    cols: usize,
+    c: *mut u8,
+    c_rs: isize,
+    add_c: bool,
+) {
+    let esz = kind.size();
+    for r in 0..rows {
+        let s = src.add(r * src_rs);
+        let cr = c.offset(r as isize * c_rs * esz);
+        let mut j = 0;
+        while j < cols {
+            let mask = lane_mask(cols - j);
+            let cj = cr.offset(j as isize * esz);
+            let mut v = _mm512_maskz_loadu_ps(mask, s.add(j));
+            if add_c {
+                v = _mm512_add_ps(v, load16_masked(kind, cj, mask));
+            }
+            match kind {
+                Kind::F32 => _mm512_mask_storeu_ps(cj as *mut f32, mask, v),
+                Kind::F16 => {
+                    let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+                    _mm256_mask_storeu_epi16(cj as *mut i16, mask, h)
+                }
+                Kind::Bf16 => {
+                    let h = crate::convert::narrow_bf16_avx512(_mm512_castps_si512(v));
+                    _mm256_mask_storeu_epi16(cj as *mut i16, mask, h)
+                }
+            }
+            j += 16;
+        }
     }
 }
