@@ -340,15 +340,19 @@ impl Arch {
             if kind == Kind::Bf16 && pair_emulation {
                 return Arch::pair_emulation(lvl);
             }
+            // 16-bit C needs an f32 running sum between k blocks (a round trip through
+            // memory per block), so its blocks are deeper and narrower: the same B block size,
+            // and the A micro-panel (12 × kc f32) still fits L1.
+            let (kc, nc) = if kind == Kind::F32 { (256, 512) } else { (512, 256) };
             if lvl >= Level::Avx512 {
                 return Arch {
                     level: lvl,
                     mr: 12,
                     vw: 16,
                     nvmax: 2,
-                    kc: 256,
+                    kc,
                     mc: 480,
-                    nc: 512,
+                    nc,
                     pairs: false,
                     kernels: &x86::KERNELS_AVX512,
                 };
@@ -400,7 +404,7 @@ impl Arch {
 
 /// Work below this many flops (2·m·n·k) runs on the calling thread: rayon's fork and join cost
 /// more than they save (see the benchmark's `threads` rows).
-const PARALLEL_MIN_FLOPS: usize = 1 << 21;
+const PARALLEL_MIN_FLOPS: usize = 1 << 22;
 
 unsafe fn run(arch: &Arch, p: &Problem, threads: usize) {
     let flops = 2 * p.m * p.n * p.k;

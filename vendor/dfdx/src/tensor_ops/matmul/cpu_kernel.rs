@@ -49,6 +49,42 @@ pub(crate) trait MatMulImpl<E> {
     );
 }
 
+/// typed-amp patch: f32, f16 and AMP<f16> products run on `typed_amp_kernels::gemm`
+/// (blocked, AVX-512 / AVX2 selected at run time, 16-bit operands widened to f32 while packing
+/// and accumulated in f32) instead of gemm 0.15, whose f16 path converts element by element.
+/// `E` must have the layout of `K` (checked by the callers' `repr(transparent)` types).
+#[cfg(feature = "cpu")]
+#[allow(clippy::too_many_arguments)]
+#[inline]
+unsafe fn typed_amp_gemm<E, K: typed_amp_kernels::GemmElem, M: Dim, KD: Dim, N: Dim>(
+    (m, k, n): (M, KD, N),
+    accum: bool,
+    ap: *const E,
+    astr: [usize; 2],
+    bp: *const E,
+    bstr: [usize; 2],
+    cp: *mut E,
+    cstr: [usize; 2],
+) {
+    debug_assert_eq!(std::mem::size_of::<E>(), std::mem::size_of::<K>());
+    typed_amp_kernels::gemm::<K>(
+        m.size(),
+        n.size(),
+        k.size(),
+        ap as *const K,
+        astr[0] as isize,
+        astr[1] as isize,
+        bp as *const K,
+        bstr[0] as isize,
+        bstr[1] as isize,
+        cp as *mut K,
+        cstr[0] as isize,
+        cstr[1] as isize,
+        accum,
+        rayon::current_num_threads(),
+    )
+}
+
 #[cfg(feature = "f16")]
 impl MatMulImpl<crate::dtypes::AMP<half::f16>> for Cpu {
     #[inline]
@@ -65,33 +101,11 @@ impl MatMulImpl<crate::dtypes::AMP<half::f16>> for Cpu {
         #[cfg(not(feature = "cpu"))]
         naive_gemm((m, k, n), accum, ap, astr, bp, bstr, cp, cstr);
 
+        // SAFETY: `AMP<f16>` is `repr(transparent)` over `f16`; dfdx's callers pass in-bounds
+        // views and a C that does not alias A or B, as gemm 0.15 required before.
         #[cfg(feature = "cpu")]
         unsafe {
-            gemm::gemm(
-                m.size(),
-                n.size(),
-                k.size(),
-                cp as *mut gemm::f16,
-                cstr[1] as isize,
-                cstr[0] as isize,
-                accum,
-                ap as *const gemm::f16,
-                astr[1] as isize,
-                astr[0] as isize,
-                bp as *const gemm::f16,
-                bstr[1] as isize,
-                bstr[0] as isize,
-                if accum {
-                    gemm::f16::ONE
-                } else {
-                    gemm::f16::ZERO
-                },
-                gemm::f16::ONE,
-                false,
-                false,
-                false,
-                gemm::Parallelism::Rayon(rayon::current_num_threads()),
-            )
+            typed_amp_gemm::<_, half::f16, _, _, _>((m, k, n), accum, ap, astr, bp, bstr, cp, cstr)
         }
     }
 }
@@ -112,34 +126,10 @@ impl MatMulImpl<half::f16> for Cpu {
         #[cfg(not(feature = "cpu"))]
         naive_gemm((m, k, n), accum, ap, astr, bp, bstr, cp, cstr);
 
+        // SAFETY: as for `AMP<f16>` above.
         #[cfg(feature = "cpu")]
-        #[allow(clippy::unnecessary_cast)]
         unsafe {
-            gemm::gemm(
-                m.size(),
-                n.size(),
-                k.size(),
-                cp as *mut gemm::f16,
-                cstr[1] as isize,
-                cstr[0] as isize,
-                accum,
-                ap as *const gemm::f16,
-                astr[1] as isize,
-                astr[0] as isize,
-                bp as *const gemm::f16,
-                bstr[1] as isize,
-                bstr[0] as isize,
-                if accum {
-                    gemm::f16::ONE
-                } else {
-                    gemm::f16::ZERO
-                },
-                gemm::f16::ONE,
-                false,
-                false,
-                false,
-                gemm::Parallelism::Rayon(rayon::current_num_threads()),
-            )
+            typed_amp_gemm::<_, half::f16, _, _, _>((m, k, n), accum, ap, astr, bp, bstr, cp, cstr)
         }
     }
 }
@@ -159,29 +149,10 @@ impl MatMulImpl<f32> for Cpu {
         #[cfg(not(feature = "cpu"))]
         naive_gemm((m, k, n), accum, ap, astr, bp, bstr, cp, cstr);
 
+        // SAFETY: as for `AMP<f16>` above.
         #[cfg(feature = "cpu")]
         unsafe {
-            gemm::gemm(
-                m.size(),
-                n.size(),
-                k.size(),
-                cp,
-                cstr[1] as isize,
-                cstr[0] as isize,
-                accum,
-                ap,
-                astr[1] as isize,
-                astr[0] as isize,
-                bp,
-                bstr[1] as isize,
-                bstr[0] as isize,
-                if accum { 1.0 } else { 0.0 },
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::Rayon(rayon::current_num_threads()),
-            )
+            typed_amp_gemm::<_, f32, _, _, _>((m, k, n), accum, ap, astr, bp, bstr, cp, cstr)
         }
     }
 }
