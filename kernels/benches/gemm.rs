@@ -28,6 +28,7 @@ struct Shape {
     accumulate: bool,
 }
 
+#[allow(clippy::too_many_arguments)]
 const fn s(
     name: &'static str,
     m: usize,

@@ -73,7 +73,7 @@ fn narrowing_inputs() -> Vec<f32> {
         -0.0,
     ]);
     // An odd length, so that every vector loop also runs its scalar tail.
-    if v.len() % 2 == 0 {
+    if v.len().is_multiple_of(2) {
         v.push(1.0);
     }
     v

@@ -271,7 +271,7 @@ fn odd_sizes_every_combination() {
                     let la = LAYOUTS[case % 4];
                     let lb = LAYOUTS[(case / 4) % 4];
                     let lc = LAYOUTS[(case / 2) % 4];
-                    let acc = case % 2 == 0;
+                    let acc = case.is_multiple_of(2);
                     let threads = 1 + case % 3;
                     check::<f32>(rng, m, n, k, la, lb, lc, acc, threads);
                     check::<f16>(rng, m, n, k, la, lb, lc, !acc, threads);

@@ -343,7 +343,11 @@ impl Arch {
             // 16-bit C needs an f32 running sum between k blocks (a round trip through
             // memory per block), so its blocks are deeper and narrower: the same B block size,
             // and the A micro-panel (12 × kc f32) still fits L1.
-            let (kc, nc) = if kind == Kind::F32 { (256, 512) } else { (512, 256) };
+            let (kc, nc) = if kind == Kind::F32 {
+                (256, 512)
+            } else {
+                (512, 256)
+            };
             if lvl >= Level::Avx512 {
                 return Arch {
                     level: lvl,
@@ -445,7 +449,7 @@ fn chunks(len: usize, parts: usize, unit: usize) -> Vec<(usize, usize)> {
 fn split(arch: &Arch, p: &Problem, threads: usize) -> (usize, usize) {
     let (mr, nr) = (arch.mr, arch.nr());
     (1..=threads)
-        .filter(|tm| threads % tm == 0)
+        .filter(|&tm| threads.is_multiple_of(tm))
         .map(|tm| (tm, threads / tm))
         .min_by_key(|&(tm, tn)| {
             let mp = p.m.div_ceil(tm).div_ceil(mr) * mr;
@@ -656,13 +660,11 @@ unsafe fn store_tile(
             let s = src.add(r * src_rs);
             let cr = c.offset(r as isize * c_rs * esz);
             if c_cs == 1 {
-                for j in 0..cols {
-                    buf[j] = *s.add(j);
-                }
+                std::ptr::copy_nonoverlapping(s, buf.as_mut_ptr(), cols);
                 if add_c {
                     widen(lvl, kind, cr, old.as_mut_ptr(), cols);
-                    for j in 0..cols {
-                        buf[j] += old[j];
+                    for (x, o) in buf.iter_mut().zip(&old).take(cols) {
+                        *x += o;
                     }
                 }
                 narrow(lvl, kind, buf.as_ptr(), cr, cols);
@@ -677,14 +679,14 @@ unsafe fn store_tile(
     } else {
         // Contiguous columns (C seen transposed): one run per column.
         for j in 0..cols {
-            for r in 0..rows {
-                buf[r] = *src.add(r * src_rs + j);
+            for (r, x) in buf.iter_mut().enumerate().take(rows) {
+                *x = *src.add(r * src_rs + j);
             }
             let cj = c.offset(j as isize * c_cs * esz);
             if add_c {
                 widen(lvl, kind, cj, old.as_mut_ptr(), rows);
-                for r in 0..rows {
-                    buf[r] += old[r];
+                for (x, o) in buf.iter_mut().zip(&old).take(rows) {
+                    *x += o;
                 }
             }
             narrow(lvl, kind, buf.as_ptr(), cj, rows);
