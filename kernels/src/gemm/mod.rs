@@ -780,6 +780,7 @@ macro_rules! kernel_table {
         [$([$f::<$m, 1> as KernFn, $f::<$m, 2> as KernFn]),*]
     };
 }
+#[cfg(target_arch = "x86_64")]
 pub(crate) use kernel_table;
 
 unsafe fn portable_kernel_nv<const M: usize, const NV: usize>(

@@ -2,6 +2,7 @@
 //! read, widening f16/bf16 to f32 (or, for the bf16-pair path, interleaving k pairs).
 
 use super::{load1, widen, Arch, Kind};
+#[cfg(target_arch = "x86_64")]
 use crate::level::Level;
 
 /// Longest k block any path packs in one go.
