@@ -501,6 +501,14 @@ unsafe fn serial(arch: &Arch, p: &Problem) {
     })
 }
 
+/// The block size for `len` in blocks of at most `max`: as many blocks as `max` needs, made
+/// equal (rounded up to `unit`), so that k = 784 runs as 4 × 196 rather than 3 × 256 plus a
+/// 16-deep block that would cost a full pass over C for little work.
+fn balanced(len: usize, max: usize, unit: usize) -> usize {
+    let blocks = len.div_ceil(max).max(1);
+    len.div_ceil(blocks).div_ceil(unit) * unit
+}
+
 #[repr(C, align(64))]
 struct Tile([f32; TILE_MR * TILE_NR]);
 const TILE_MR: usize = 12;
@@ -510,11 +518,11 @@ unsafe fn serial_with(arch: &Arch, p: &Problem, bufs: &mut Buffers) {
     let (mr, nr, vw) = (arch.mr, arch.nr(), arch.vw);
     debug_assert!(mr <= TILE_MR && nr <= TILE_NR);
     let kstep = if arch.pairs { 2 } else { 1 };
-    let kc_max = arch.kc.min(p.k.div_ceil(kstep) * kstep);
+    let kc_max = balanced(p.k, arch.kc, kstep);
     // Packed panels hold k *steps* (pairs count once, two bf16 in one f32-sized slot).
     let kc_units_max = kc_max / kstep;
-    let mc_max = arch.mc.min(p.m.div_ceil(mr) * mr);
-    let nc_max = arch.nc.min(p.n.div_ceil(nr) * nr);
+    let mc_max = balanced(p.m, arch.mc, mr);
+    let nc_max = balanced(p.n, arch.nc, nr);
     let abuf = aligned(&mut bufs.a, mc_max * kc_units_max);
     let bbuf = aligned(&mut bufs.b, nc_max * kc_units_max);
     let half = p.kind != Kind::F32;
