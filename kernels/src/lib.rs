@@ -8,8 +8,8 @@
 //!
 //! Every vectorised routine is chosen at run time from the CPU's features (see [`Level`]);
 //! nothing depends on `-C target-cpu`. The environment variable `TYPED_AMP_KERNELS`
-//! (`portable`, `avx2`, `avx512`, `avx512bf16`) caps the instruction set, and
-//! [`force_level`] does the same from code.
+//! (`portable`, `avx2`, `avx512`, `avx512bf16`; read once, and an unrecognised value means
+//! `portable`) caps the instruction set, and [`force_level`] does the same from code.
 
 #![warn(missing_docs)]
 
