@@ -49,6 +49,42 @@ pub(crate) trait MatMulImpl<E> {
     );
 }
 
+/// typed-amp patch: f32, f16 and AMP<f16> products run on `typed_amp_kernels::gemm`
+/// (blocked, AVX-512 / AVX2 selected at run time, 16-bit operands widened to f32 while packing
+/// and accumulated in f32) instead of gemm 0.15, whose f16 path converts element by element.
+/// `E` must have the layout of `K` (checked by the callers' `repr(transparent)` types).
+#[cfg(feature = "cpu")]
+#[allow(clippy::too_many_arguments)]
+#[inline]
+unsafe fn typed_amp_gemm<E, K: typed_amp_kernels::GemmElem, M: Dim, KD: Dim, N: Dim>(
+    (m, k, n): (M, KD, N),
+    accum: bool,
+    ap: *const E,
+    astr: [usize; 2],
+    bp: *const E,
+    bstr: [usize; 2],
+    cp: *mut E,
+    cstr: [usize; 2],
+) {
+    debug_assert_eq!(std::mem::size_of::<E>(), std::mem::size_of::<K>());
+    typed_amp_kernels::gemm::<K>(
+        m.size(),
+        n.size(),
+        k.size(),
+        ap as *const K,
+        astr[0] as isize,
+        astr[1] as isize,
+        bp as *const K,
+        bstr[0] as isize,
+        bstr[1] as isize,
+        cp as *mut K,
+        cstr[0] as isize,
+        cstr[1] as isize,
+        accum,
+        rayon::current_num_threads(),
+    )
+}
+
 #[cfg(feature = "f16")]
 impl MatMulImpl<crate::dtypes::AMP<half::f16>> for Cpu {
     #[inline]
@@ -65,33 +101,11 @@ impl MatMulImpl<crate::dtypes::AMP<half::f16>> for Cpu {
         #[cfg(not(feature = "cpu"))]
         naive_gemm((m, k, n), accum, ap, astr, bp, bstr, cp, cstr);
 
+        // SAFETY: `AMP<f16>` is `repr(transparent)` over `f16`; dfdx's callers pass in-bounds
+        // views and a C that does not alias A or B, as gemm 0.15 required before.
         #[cfg(feature = "cpu")]
         unsafe {
-            gemm::gemm(
-                m.size(),
-                n.size(),
-                k.size(),
-                cp as *mut gemm::f16,
-                cstr[1] as isize,
-                cstr[0] as isize,
-                accum,
-                ap as *const gemm::f16,
-                astr[1] as isize,
-                astr[0] as isize,
-                bp as *const gemm::f16,
-                bstr[1] as isize,
-                bstr[0] as isize,
-                if accum {
-                    gemm::f16::ONE
-                } else {
-                    gemm::f16::ZERO
-                },
-                gemm::f16::ONE,
-                false,
-                false,
-                false,
-                gemm::Parallelism::Rayon(rayon::current_num_threads()),
-            )
+            typed_amp_gemm::<_, half::f16, _, _, _>((m, k, n), accum, ap, astr, bp, bstr, cp, cstr)
         }
     }
 }
@@ -112,44 +126,21 @@ impl MatMulImpl<half::f16> for Cpu {
         #[cfg(not(feature = "cpu"))]
         naive_gemm((m, k, n), accum, ap, astr, bp, bstr, cp, cstr);
 
+        // SAFETY: as for `AMP<f16>` above.
         #[cfg(feature = "cpu")]
-        #[allow(clippy::unnecessary_cast)]
         unsafe {
-            gemm::gemm(
-                m.size(),
-                n.size(),
-                k.size(),
-                cp as *mut gemm::f16,
-                cstr[1] as isize,
-                cstr[0] as isize,
-                accum,
-                ap as *const gemm::f16,
-                astr[1] as isize,
-                astr[0] as isize,
-                bp as *const gemm::f16,
-                bstr[1] as isize,
-                bstr[0] as isize,
-                if accum {
-                    gemm::f16::ONE
-                } else {
-                    gemm::f16::ZERO
-                },
-                gemm::f16::ONE,
-                false,
-                false,
-                false,
-                gemm::Parallelism::Rayon(rayon::current_num_threads()),
-            )
+            typed_amp_gemm::<_, half::f16, _, _, _>((m, k, n), accum, ap, astr, bp, bstr, cp, cstr)
         }
     }
 }
 
-// typed-amp patch: bfloat16 matmul. gemm 0.15 has no bf16 kernel, so the operands are widened to
-// f32 (exact: a bf16 is the upper half of an f32), multiplied by the f32 gemm, and the product is
-// rounded to bf16 once (round to nearest, ties to even, as `bf16::from_f32`). With `accum`, C is
-// widened too, so C + A·B is also rounded once. Self-contained: a dedicated bf16 GEMM may replace it.
+// typed-amp patch: bfloat16 matmul on typed-amp's kernels (gemm 0.15 has none): with AVX512-BF16,
+// `vdpbf16ps` on k-pairs into f32 accumulators; otherwise the operands are widened to f32 while
+// packing (exact: a bf16 is the upper half of an f32). Either way the product accumulates in f32
+// and is rounded to bf16 once (nearest, ties to even); with `accum`, C + A·B is rounded once.
 #[cfg(feature = "f16")]
 impl MatMulImpl<half::bf16> for Cpu {
+    #[inline]
     fn matmul<M: Dim, K: Dim, N: Dim>(
         (m, k, n): (M, K, N),
         accum: bool,
@@ -160,62 +151,13 @@ impl MatMulImpl<half::bf16> for Cpu {
         cp: *mut half::bf16,
         cstr: [usize; 2],
     ) {
-        let (m, k, n) = (m.size(), k.size(), n.size());
-        if m == 0 || n == 0 {
-            return;
-        }
+        #[cfg(not(feature = "cpu"))]
+        naive_gemm((m, k, n), accum, ap, astr, bp, bstr, cp, cstr);
 
-        // Copies a strided `rows x cols` bf16 matrix into a dense f32 buffer, keeping the source's
-        // majorness (row-major unless the row stride is the smaller one), and returns the dense
-        // buffer's strides. Reads follow the source's memory order.
-        unsafe fn widen(
-            p: *const half::bf16,
-            [rs, cs]: [usize; 2],
-            rows: usize,
-            cols: usize,
-        ) -> (std::vec::Vec<f32>, [usize; 2]) {
-            let mut buf = std::vec::Vec::with_capacity(rows * cols);
-            if rs >= cs {
-                for r in 0..rows {
-                    for c in 0..cols {
-                        buf.push((*p.add(r * rs + c * cs)).to_f32());
-                    }
-                }
-                (buf, [cols, 1])
-            } else {
-                for c in 0..cols {
-                    for r in 0..rows {
-                        buf.push((*p.add(r * rs + c * cs)).to_f32());
-                    }
-                }
-                (buf, [1, rows])
-            }
-        }
-
+        // SAFETY: as for `AMP<f16>` above.
+        #[cfg(feature = "cpu")]
         unsafe {
-            let (a, a32str) = widen(ap, astr, m, k);
-            let (b, b32str) = widen(bp, bstr, k, n);
-            let (mut c, c32str) = if accum {
-                widen(cp, cstr, m, n)
-            } else {
-                (std::vec![0.0f32; m * n], [n, 1])
-            };
-            <Self as MatMulImpl<f32>>::matmul(
-                (m, k, n),
-                accum,
-                a.as_ptr(),
-                a32str,
-                b.as_ptr(),
-                b32str,
-                c.as_mut_ptr(),
-                c32str,
-            );
-            for i in 0..m {
-                for j in 0..n {
-                    *cp.add(i * cstr[0] + j * cstr[1]) =
-                        half::bf16::from_f32(c[i * c32str[0] + j * c32str[1]]);
-                }
-            }
+            typed_amp_gemm::<_, half::bf16, _, _, _>((m, k, n), accum, ap, astr, bp, bstr, cp, cstr)
         }
     }
 }
@@ -235,29 +177,10 @@ impl MatMulImpl<f32> for Cpu {
         #[cfg(not(feature = "cpu"))]
         naive_gemm((m, k, n), accum, ap, astr, bp, bstr, cp, cstr);
 
+        // SAFETY: as for `AMP<f16>` above.
         #[cfg(feature = "cpu")]
         unsafe {
-            gemm::gemm(
-                m.size(),
-                n.size(),
-                k.size(),
-                cp,
-                cstr[1] as isize,
-                cstr[0] as isize,
-                accum,
-                ap,
-                astr[1] as isize,
-                astr[0] as isize,
-                bp,
-                bstr[1] as isize,
-                bstr[0] as isize,
-                if accum { 1.0 } else { 0.0 },
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::Rayon(rayon::current_num_threads()),
-            )
+            typed_amp_gemm::<_, f32, _, _, _>((m, k, n), accum, ap, astr, bp, bstr, cp, cstr)
         }
     }
 }

@@ -1,0 +1,315 @@
+//! GFLOP/s of `typed_amp_kernels::gemm` against gemm 0.19 (the maintained crate) and gemm 0.15.5
+//! (what dfdx 0.13 called before), on the training step's shapes. A plain binary rather than
+//! criterion: it prints one table, medians of repeated timings.
+//!
+//! `cargo bench -p typed-amp-kernels --bench gemm [-- FILTER]`; `TYPED_AMP_KERNELS` applies.
+
+use std::time::{Duration, Instant};
+
+use half::{bf16, f16};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use rayon::prelude::*;
+use typed_amp_kernels::GemmElem;
+
+#[derive(Clone, Copy)]
+enum L {
+    Row,
+    Col,
+}
+
+struct Shape {
+    name: &'static str,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: L,
+    b: L,
+    c: L,
+    accumulate: bool,
+}
+
+#[allow(clippy::too_many_arguments)]
+const fn s(
+    name: &'static str,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: L,
+    b: L,
+    c: L,
+    accumulate: bool,
+) -> Shape {
+    Shape {
+        name,
+        m,
+        n,
+        k,
+        a,
+        b,
+        c,
+        accumulate,
+    }
+}
+
+// The MLP 784-512-512-10 at batch 256 as dfdx computes it: forward x·Wᵀ (W stored [out, in],
+// so B is column-major); grad_x = g·W accumulated; grad_Wᵀ = xᵀ·g accumulated into the
+// column-major view of grad_W. CNN: one image's im2col product per call.
+const SHAPES: &[Shape] = &[
+    s("square 256", 256, 256, 256, L::Row, L::Row, L::Row, false),
+    s(
+        "square 1024",
+        1024,
+        1024,
+        1024,
+        L::Row,
+        L::Row,
+        L::Row,
+        false,
+    ),
+    s(
+        "mlp fwd1 x·W1ᵀ",
+        256,
+        512,
+        784,
+        L::Row,
+        L::Col,
+        L::Row,
+        false,
+    ),
+    s(
+        "mlp fwd2 x·W2ᵀ",
+        256,
+        512,
+        512,
+        L::Row,
+        L::Col,
+        L::Row,
+        false,
+    ),
+    s(
+        "mlp fwd3 x·W3ᵀ",
+        256,
+        10,
+        512,
+        L::Row,
+        L::Col,
+        L::Row,
+        false,
+    ),
+    s("mlp gx1 g·W1", 256, 784, 512, L::Row, L::Row, L::Row, true),
+    s("mlp gx2 g·W2", 256, 512, 512, L::Row, L::Row, L::Row, true),
+    s("mlp gx3 g·W3", 256, 512, 10, L::Row, L::Row, L::Row, true),
+    s("mlp gW1ᵀ xᵀ·g", 784, 512, 256, L::Col, L::Row, L::Col, true),
+    s("mlp gW2ᵀ xᵀ·g", 512, 512, 256, L::Col, L::Row, L::Col, true),
+    s("mlp gW3ᵀ xᵀ·g", 512, 10, 256, L::Col, L::Row, L::Col, true),
+    s(
+        "cnn conv1 im2col",
+        16,
+        784,
+        9,
+        L::Row,
+        L::Row,
+        L::Row,
+        false,
+    ),
+    s(
+        "cnn conv2 im2col",
+        32,
+        196,
+        144,
+        L::Row,
+        L::Row,
+        L::Row,
+        false,
+    ),
+];
+
+fn strides(l: L, rows: usize, cols: usize) -> (isize, isize) {
+    match l {
+        L::Row => (cols as isize, 1),
+        L::Col => (1, rows as isize),
+    }
+}
+
+/// Median seconds per call over 9 samples of at least 20 ms each.
+fn time(mut f: impl FnMut()) -> f64 {
+    for _ in 0..3 {
+        f();
+    }
+    let t = Instant::now();
+    f();
+    let one = t.elapsed().max(Duration::from_nanos(100));
+    let iters = (Duration::from_millis(20).as_secs_f64() / one.as_secs_f64()).ceil() as usize;
+    let mut samples: Vec<f64> = (0..9)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                f();
+            }
+            t.elapsed().as_secs_f64() / iters as f64
+        })
+        .collect();
+    samples.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    samples[samples.len() / 2]
+}
+
+struct Bufs<T> {
+    a: Vec<T>,
+    b: Vec<T>,
+    c: Vec<T>,
+}
+
+fn bufs<T: Copy>(sh: &Shape, conv: impl Fn(f32) -> T) -> Bufs<T> {
+    let mut rng = StdRng::seed_from_u64(1);
+    let mut v = |len| {
+        (0..len)
+            .map(|_| conv(rng.gen_range(-1.0f32..1.0)))
+            .collect::<Vec<T>>()
+    };
+    Bufs {
+        a: v(sh.m * sh.k),
+        b: v(sh.k * sh.n),
+        c: v(sh.m * sh.n),
+    }
+}
+
+fn ours<T: GemmElem>(sh: &Shape, x: &mut Bufs<T>, threads: usize) -> f64 {
+    let (a_rs, a_cs) = strides(sh.a, sh.m, sh.k);
+    let (b_rs, b_cs) = strides(sh.b, sh.k, sh.n);
+    let (c_rs, c_cs) = strides(sh.c, sh.m, sh.n);
+    time(|| unsafe {
+        typed_amp_kernels::gemm(
+            sh.m,
+            sh.n,
+            sh.k,
+            x.a.as_ptr(),
+            a_rs,
+            a_cs,
+            x.b.as_ptr(),
+            b_rs,
+            b_cs,
+            x.c.as_mut_ptr(),
+            c_rs,
+            c_cs,
+            sh.accumulate,
+            threads,
+        )
+    })
+}
+
+macro_rules! gemm_crate {
+    ($name:ident, $krate:ident, $par:expr) => {
+        fn $name<T: 'static + Copy>(
+            sh: &Shape,
+            x: &mut Bufs<T>,
+            one: T,
+            zero: T,
+            threads: usize,
+        ) -> f64 {
+            let (a_rs, a_cs) = strides(sh.a, sh.m, sh.k);
+            let (b_rs, b_cs) = strides(sh.b, sh.k, sh.n);
+            let (c_rs, c_cs) = strides(sh.c, sh.m, sh.n);
+            time(|| unsafe {
+                $krate::gemm(
+                    sh.m,
+                    sh.n,
+                    sh.k,
+                    x.c.as_mut_ptr(),
+                    c_cs,
+                    c_rs,
+                    sh.accumulate,
+                    x.a.as_ptr(),
+                    a_cs,
+                    a_rs,
+                    x.b.as_ptr(),
+                    b_cs,
+                    b_rs,
+                    if sh.accumulate { one } else { zero },
+                    one,
+                    false,
+                    false,
+                    false,
+                    $par(threads),
+                )
+            })
+        }
+    };
+}
+gemm_crate!(gemm019, gemm, gemm::Parallelism::Rayon);
+gemm_crate!(gemm015, gemm015, gemm015::Parallelism::Rayon);
+
+fn gf(sh: &Shape, secs: f64) -> String {
+    format!("{:7.1}", 2.0 * (sh.m * sh.n * sh.k) as f64 / secs / 1e9)
+}
+
+fn main() {
+    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with("--"));
+    let threads = rayon::current_num_threads();
+    println!(
+        "level {:?} (detected {:?}), rayon threads {threads}; GFLOP/s, median of 9",
+        typed_amp_kernels::level(),
+        typed_amp_kernels::detected_level()
+    );
+    println!(
+        "{:<20} {:>15} | {:>7} {:>7} {:>7} | {:>7} {:>7} {:>7} | {:>7}",
+        "shape", "m×n×k", "f32", "g0.19", "g0.15", "f16", "g0.19", "g0.15", "bf16"
+    );
+    for sh in SHAPES {
+        if filter.as_deref().is_some_and(|f| !sh.name.contains(f)) {
+            continue;
+        }
+        let mut x = bufs(sh, |v| v);
+        let (o32, g19, g15) = (
+            ours(sh, &mut x, threads),
+            gemm019(sh, &mut x, 1.0f32, 0.0, threads),
+            gemm015(sh, &mut x, 1.0f32, 0.0, threads),
+        );
+        let mut h = bufs(sh, f16::from_f32);
+        let (o16, h19, h15) = (
+            ours(sh, &mut h, threads),
+            gemm019(sh, &mut h, f16::ONE, f16::ZERO, threads),
+            gemm015(sh, &mut h, f16::ONE, f16::ZERO, threads),
+        );
+        let mut bb = bufs(sh, bf16::from_f32);
+        let ob = ours(sh, &mut bb, threads);
+        println!(
+            "{:<20} {:>15} | {} {} {} | {} {} {} | {}",
+            sh.name,
+            format!("{}×{}×{}", sh.m, sh.n, sh.k),
+            gf(sh, o32),
+            gf(sh, g19),
+            gf(sh, g15),
+            gf(sh, o16),
+            gf(sh, h19),
+            gf(sh, h15),
+            gf(sh, ob)
+        );
+    }
+
+    println!("\nrayon overhead: ours at 1 thread vs {threads} (f32, GFLOP/s and µs per call)");
+    for sh in SHAPES.iter().filter(|s| s.m * s.n * s.k <= 256 * 512 * 512) {
+        if filter.as_deref().is_some_and(|f| !sh.name.contains(f)) {
+            continue;
+        }
+        let mut x = bufs(sh, |v| v);
+        let t1 = ours(sh, &mut x, 1);
+        let tn = ours(sh, &mut x, threads);
+        println!(
+            "{:<20} 1 thread {} ({:8.1} µs)   {threads} threads {} ({:8.1} µs)",
+            sh.name,
+            gf(sh, t1),
+            t1 * 1e6,
+            gf(sh, tn),
+            tn * 1e6
+        );
+    }
+    let fork = time(|| {
+        (0..threads).into_par_iter().for_each(|i| {
+            std::hint::black_box(i);
+        })
+    });
+    println!(
+        "empty rayon for_each over {threads} items from the main thread: {:.1} µs",
+        fork * 1e6
+    );
+}

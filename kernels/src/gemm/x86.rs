@@ -1,0 +1,331 @@
+//! x86-64 micro-kernels and packing, each compiled for its own instruction set with
+//! `#[target_feature]` and only called after run-time detection (see `Arch::select`).
+
+use std::arch::x86_64::*;
+
+use super::{kernel_table, KernFn, Kind};
+
+// AVX-512 f32: a 12 × 32 tile is 24 zmm accumulators, plus 2 for the B row and the broadcast
+// A element folded into the FMA's memory operand: 26 of the 32 registers, no spills. Per k step
+// it issues 24 FMAs against 14 loads, so the two FMA ports, not the load ports, set the pace.
+const MR512: usize = 12;
+const NR512: usize = 32;
+
+#[target_feature(enable = "avx512f")]
+unsafe fn kernel_avx512<const M: usize, const NV: usize>(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    dst: *mut f32,
+    dst_rs: isize,
+    load: bool,
+) {
+    let mut acc = [[_mm512_setzero_ps(); NV]; M];
+    let (mut a, mut b) = (a, b);
+    for _ in 0..kc {
+        let mut bv = [_mm512_setzero_ps(); NV];
+        for (v, x) in bv.iter_mut().enumerate() {
+            *x = _mm512_loadu_ps(b.add(v * 16));
+        }
+        for (i, row) in acc.iter_mut().enumerate() {
+            let av = _mm512_set1_ps(*a.add(i));
+            for (x, &bx) in row.iter_mut().zip(bv.iter()) {
+                *x = _mm512_fmadd_ps(av, bx, *x);
+            }
+        }
+        a = a.add(MR512);
+        b = b.add(NR512);
+    }
+    for (i, row) in acc.iter().enumerate() {
+        let d = dst.offset(i as isize * dst_rs);
+        for (v, &x) in row.iter().enumerate() {
+            let d = d.add(v * 16);
+            let x = if load {
+                _mm512_add_ps(_mm512_loadu_ps(d), x)
+            } else {
+                x
+            };
+            _mm512_storeu_ps(d, x);
+        }
+    }
+}
+
+pub(super) static KERNELS_AVX512: [[KernFn; 2]; MR512] =
+    kernel_table!(kernel_avx512; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12);
+
+// AVX2: the classic 6 × 16 tile, 12 ymm accumulators of 16.
+const MR256: usize = 6;
+const NR256: usize = 16;
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn kernel_avx2<const M: usize, const NV: usize>(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    dst: *mut f32,
+    dst_rs: isize,
+    load: bool,
+) {
+    let mut acc = [[_mm256_setzero_ps(); NV]; M];
+    let (mut a, mut b) = (a, b);
+    for _ in 0..kc {
+        let mut bv = [_mm256_setzero_ps(); NV];
+        for (v, x) in bv.iter_mut().enumerate() {
+            *x = _mm256_loadu_ps(b.add(v * 8));
+        }
+        for (i, row) in acc.iter_mut().enumerate() {
+            let av = _mm256_set1_ps(*a.add(i));
+            for (x, &bx) in row.iter_mut().zip(bv.iter()) {
+                *x = _mm256_fmadd_ps(av, bx, *x);
+            }
+        }
+        a = a.add(MR256);
+        b = b.add(NR256);
+    }
+    for (i, row) in acc.iter().enumerate() {
+        let d = dst.offset(i as isize * dst_rs);
+        for (v, &x) in row.iter().enumerate() {
+            let d = d.add(v * 8);
+            let x = if load {
+                _mm256_add_ps(_mm256_loadu_ps(d), x)
+            } else {
+                x
+            };
+            _mm256_storeu_ps(d, x);
+        }
+    }
+}
+
+pub(super) static KERNELS_AVX2: [[KernFn; 2]; MR256] = kernel_table!(kernel_avx2; 1, 2, 3, 4, 5, 6);
+
+// AVX512-BF16: the same 12 × 32 tile, but each packed slot is a (k, k+1) bf16 pair and one
+// `vdpbf16ps` does two k steps per lane. Products of two bf16 are exact in f32; the instruction
+// adds them with round-to-nearest-even but flushes subnormal inputs and outputs to zero, unlike
+// the f32 kernels (the tests' tolerance carries an absolute term for that).
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn kernel_avx512_bf16<const M: usize, const NV: usize>(
+    kp: usize,
+    a: *const f32,
+    b: *const f32,
+    dst: *mut f32,
+    dst_rs: isize,
+    load: bool,
+) {
+    let (mut a, mut b) = (a as *const i32, b as *const i32);
+    let mut acc = [[_mm512_setzero_ps(); NV]; M];
+    for _ in 0..kp {
+        let mut bv = [_mm512_setzero_si512(); NV];
+        for (v, x) in bv.iter_mut().enumerate() {
+            *x = _mm512_loadu_si512(b.add(v * 16) as *const _);
+        }
+        for (i, row) in acc.iter_mut().enumerate() {
+            let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a.add(i)));
+            for (x, &bx) in row.iter_mut().zip(bv.iter()) {
+                *x = _mm512_dpbf16_ps(*x, av, std::mem::transmute::<__m512i, __m512bh>(bx));
+            }
+        }
+        a = a.add(MR512);
+        b = b.add(NR512);
+    }
+    for (i, row) in acc.iter().enumerate() {
+        let d = dst.offset(i as isize * dst_rs);
+        for (v, &x) in row.iter().enumerate() {
+            let d = d.add(v * 16);
+            let x = if load {
+                _mm512_add_ps(_mm512_loadu_ps(d), x)
+            } else {
+                x
+            };
+            _mm512_storeu_ps(d, x);
+        }
+    }
+}
+
+pub(super) static KERNELS_AVX512_BF16: [[KernFn; 2]; MR512] =
+    kernel_table!(kernel_avx512_bf16; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12);
+
+/// 16 consecutive elements widened to f32.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn load16(kind: Kind, s: *const u8) -> __m512 {
+    match kind {
+        Kind::F32 => _mm512_loadu_ps(s as *const f32),
+        Kind::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(s as *const __m256i)),
+        Kind::Bf16 => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+            _mm256_loadu_si256(s as *const __m256i),
+        ))),
+    }
+}
+
+/// In-register 16 × 16 transpose: unpack pairs, then 4 × 4 blocks within 128-bit lanes, then
+/// two rounds of 128-bit lane shuffles. 64 shuffles for 256 elements.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn transpose16(r: &mut [__m512; 16]) {
+    let mut t = [_mm512_setzero_ps(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // u[4g + c] holds column (4·lane + c) of rows 4g..4g+4.
+    for g in 0..4 {
+        let (lo, hi) = (t[4 * g], t[4 * g + 1]);
+        let (lo2, hi2) = (t[4 * g + 2], t[4 * g + 3]);
+        r[4 * g] = _mm512_shuffle_ps::<0x44>(lo, lo2);
+        r[4 * g + 1] = _mm512_shuffle_ps::<0xEE>(lo, lo2);
+        r[4 * g + 2] = _mm512_shuffle_ps::<0x44>(hi, hi2);
+        r[4 * g + 3] = _mm512_shuffle_ps::<0xEE>(hi, hi2);
+    }
+    for q in 0..4 {
+        t[q] = _mm512_shuffle_f32x4::<0x88>(r[q], r[q + 4]);
+        t[q + 4] = _mm512_shuffle_f32x4::<0xDD>(r[q], r[q + 4]);
+        t[q + 8] = _mm512_shuffle_f32x4::<0x88>(r[q + 8], r[q + 12]);
+        t[q + 12] = _mm512_shuffle_f32x4::<0xDD>(r[q + 8], r[q + 12]);
+    }
+    for q in 0..8 {
+        r[q] = _mm512_shuffle_f32x4::<0x88>(t[q], t[q + 8]);
+        r[q + 8] = _mm512_shuffle_f32x4::<0xDD>(t[q], t[q + 8]);
+    }
+}
+
+/// `panel`'s transposing case (each lane contiguous along k), 16 lanes × 16 k at a time.
+///
+/// # Safety
+/// As `pack::panel`, with `k_stride == 1`; the CPU must have AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn pack_transpose_avx512(
+    kind: Kind,
+    src: *const u8,
+    lane_stride: isize,
+    lanes: usize,
+    kc: usize,
+    dst: *mut f32,
+    dst_stride: usize,
+) {
+    let esz = kind.size();
+    let mut l0 = 0;
+    while l0 < lanes {
+        let lb = (lanes - l0).min(16);
+        let mask: __mmask16 = if lb == 16 { 0xFFFF } else { (1u16 << lb) - 1 };
+        let row = |l: usize| src.offset((l0 + l) as isize * lane_stride * esz);
+        let mut p = 0;
+        while p + 16 <= kc {
+            let mut r = [_mm512_setzero_ps(); 16];
+            for (l, x) in r.iter_mut().enumerate().take(lb) {
+                *x = load16(kind, row(l).offset(p as isize * esz));
+            }
+            transpose16(&mut r);
+            for (q, &x) in r.iter().enumerate() {
+                _mm512_mask_storeu_ps(dst.add((p + q) * dst_stride + l0), mask, x);
+            }
+            p += 16;
+        }
+        if p < kc {
+            for l in 0..lb {
+                let s = row(l);
+                for pp in p..kc {
+                    *dst.add(pp * dst_stride + l0 + l) =
+                        super::load1(kind, s.offset(pp as isize * esz));
+                }
+            }
+        }
+        l0 += 16;
+    }
+}
+
+/// `panel`'s contiguous-lanes case: each k step is a run of `lanes` elements.
+///
+/// # Safety
+/// As `pack::panel`, with `lane_stride == 1`; the CPU must have AVX-512F/BW/VL.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn pack_rows_avx512(
+    kind: Kind,
+    src: *const u8,
+    k_stride: isize,
+    lanes: usize,
+    kc: usize,
+    dst: *mut f32,
+    dst_stride: usize,
+) {
+    let esz = kind.size();
+    for p in 0..kc {
+        let s = src.offset(p as isize * k_stride * esz);
+        let d = dst.add(p * dst_stride);
+        let mut l = 0;
+        while l < lanes {
+            let mask = lane_mask(lanes - l);
+            let v = load16_masked(kind, s.offset(l as isize * esz), mask);
+            _mm512_mask_storeu_ps(d.add(l), mask, v);
+            l += 16;
+        }
+    }
+}
+
+#[inline(always)]
+fn lane_mask(w: usize) -> __mmask16 {
+    if w >= 16 {
+        0xFFFF
+    } else {
+        (1u16 << w) - 1
+    }
+}
+
+/// Up to 16 consecutive elements widened to f32 (zeros where `mask` is clear; nothing is read
+/// there).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn load16_masked(kind: Kind, s: *const u8, mask: __mmask16) -> __m512 {
+    match kind {
+        Kind::F32 => _mm512_maskz_loadu_ps(mask, s as *const f32),
+        Kind::F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, s as *const i16)),
+        Kind::Bf16 => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+            _mm256_maskz_loadu_epi16(mask, s as *const i16),
+        ))),
+    }
+}
+
+/// `store_tile` for C with contiguous rows: `C[r, j] = round(src[r, j] + (add_c ? C[r, j] :
+/// 0))`, rounding to nearest even for 16-bit C, masked at the ragged edge.
+///
+/// # Safety
+/// `src` readable for `rows` rows of `cols` f32, `src_rs` apart; C's rows writable (and
+/// readable with `add_c`) for `cols` elements, `c_rs` elements apart; AVX-512F/BW/VL.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn store_rows_avx512(
+    kind: Kind,
+    src: *const f32,
+    src_rs: usize,
+    rows: usize,
+    cols: usize,
+    c: *mut u8,
+    c_rs: isize,
+    add_c: bool,
+) {
+    let esz = kind.size();
+    for r in 0..rows {
+        let s = src.add(r * src_rs);
+        let cr = c.offset(r as isize * c_rs * esz);
+        let mut j = 0;
+        while j < cols {
+            let mask = lane_mask(cols - j);
+            let cj = cr.offset(j as isize * esz);
+            let mut v = _mm512_maskz_loadu_ps(mask, s.add(j));
+            if add_c {
+                v = _mm512_add_ps(v, load16_masked(kind, cj, mask));
+            }
+            match kind {
+                Kind::F32 => _mm512_mask_storeu_ps(cj as *mut f32, mask, v),
+                Kind::F16 => {
+                    let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+                    _mm256_mask_storeu_epi16(cj as *mut i16, mask, h)
+                }
+                Kind::Bf16 => {
+                    let h = crate::convert::narrow_bf16_avx512(_mm512_castps_si512(v));
+                    _mm256_mask_storeu_epi16(cj as *mut i16, mask, h)
+                }
+            }
+            j += 16;
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! CPU kernels for typed-amp's mixed-precision training step.
+//!
+//! * [`gemm()`]: `C = A·B` or `C += A·B` for `f32`, [`half::f16`] and [`half::bf16`], with
+//!   arbitrary element strides on every operand. Half-precision products are accumulated in
+//!   `f32` and rounded once, when stored.
+//! * [`convert`]: slice conversions between `f32` and the two 16-bit formats, bit-exact with
+//!   `half`'s scalar conversions.
+//!
+//! Every vectorised routine is chosen at run time from the CPU's features (see [`Level`]);
+//! nothing depends on `-C target-cpu`. The environment variable `TYPED_AMP_KERNELS`
+//! (`portable`, `avx2`, `avx512`, `avx512bf16`; read once, and an unrecognised value means
+//! `portable`) caps the instruction set, and [`force_level`] does the same from code.
+
+#![warn(missing_docs)]
+
+pub mod convert;
+mod gemm;
+mod level;
+
+pub use gemm::{gemm, gemm_slices, GemmElem, MatRef};
+pub use level::{detected_level, force_level, level, Level};
+
+#[doc(hidden)]
+pub use gemm::set_bf16_pair_emulation;

@@ -1,0 +1,437 @@
+//! GEMM against an f64 reference, on every instruction-set level this CPU supports.
+//!
+//! # Tolerance
+//!
+//! Let the exact result be `s = c₀ + Σᵢ aᵢ·bᵢ` over `k` products of the (widened, hence exact
+//! in f32) inputs, with `c₀` C's old value when accumulating (else 0), and `S = |c₀| + Σ|aᵢ·bᵢ|`.
+//! The kernels add these `n = k + 1` terms in f32 in some order, each multiply-add rounded once
+//! (FMA) or a product that is exact (bf16·bf16 in `vdpbf16ps`) then added. For any order of
+//! recursive summation of `n` terms with unit roundoff `u = 2⁻²⁴`, the classic bound (Higham,
+//! *Accuracy and Stability of Numerical Algorithms*, §3.1 and §4.2) is
+//! `|ŝ − s| ≤ γₙ·S`, `γₙ = n·u / (1 − n·u)`.
+//! Storing into an f16 or bf16 C rounds once more, to nearest: `|ĉ − ŝ| ≤ u_T·|ŝ|` with
+//! `u_T = 2⁻¹¹` (f16, 11-bit significand) or `2⁻⁸` (bf16, 8-bit), plus, below the normal range,
+//! half the subnormal spacing (`2⁻²⁵` for f16; bf16 shares f32's range, so `2⁻¹³⁴`). As
+//! `|ŝ| ≤ |s| + γₙ·S`:
+//! `|ĉ − s| ≤ γₙ·S + u_T·(|s| + γₙ·S) + abs_T`.
+//! `vdpbf16ps` flushes subnormals to zero, which can move each of its `n` additions by up to
+//! `2⁻¹²⁶`: `n·2⁻¹²⁶` more, added always (it is far below anything else here). The f64
+//! reference itself is off by at most `γₙ^(f64)·S`, covered by a `2⁻⁴⁹·n·S` term.
+
+use std::sync::Mutex;
+
+use half::{bf16, f16};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use typed_amp_kernels::{
+    detected_level, force_level, gemm, gemm_slices, set_bf16_pair_emulation, GemmElem, Level,
+    MatRef,
+};
+
+/// The level is process-wide: tests that force it take turns.
+static LOCK: Mutex<()> = Mutex::new(());
+
+trait Elem: GemmElem + Default + std::fmt::Debug {
+    const NAME: &'static str;
+    /// Unit roundoff of the final store, and the absolute error allowed below normal range.
+    const U: f64;
+    const ABS: f64;
+    fn from_f32(x: f32) -> Self;
+    fn to_f64(self) -> f64;
+}
+impl Elem for f32 {
+    const NAME: &'static str = "f32";
+    const U: f64 = 0.0;
+    const ABS: f64 = 0.0;
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+}
+impl Elem for f16 {
+    const NAME: &'static str = "f16";
+    const U: f64 = 1.0 / 2048.0;
+    const ABS: f64 = 2.980_232_238_769_531_2e-8; // 2^-25
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+}
+impl Elem for bf16 {
+    const NAME: &'static str = "bf16";
+    const U: f64 = 1.0 / 256.0;
+    const ABS: f64 = 0.0; // 2^-134 is below anything the f64 checks can see
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+}
+
+/// How a matrix sits in memory.
+#[derive(Clone, Copy, Debug)]
+enum Layout {
+    RowMajor,
+    ColMajor,
+    /// Row-major with padded rows.
+    PaddedRows,
+    /// Both strides larger than the extents they step over would need.
+    Sparse,
+}
+const LAYOUTS: [Layout; 4] = [
+    Layout::RowMajor,
+    Layout::ColMajor,
+    Layout::PaddedRows,
+    Layout::Sparse,
+];
+
+impl Layout {
+    fn strides(self, rows: usize, cols: usize) -> (usize, usize) {
+        match self {
+            Layout::RowMajor => (cols, 1),
+            Layout::ColMajor => (1, rows),
+            Layout::PaddedRows => (cols + 5, 1),
+            Layout::Sparse => (2, 2 * rows + 3),
+        }
+    }
+}
+
+struct Mat<T> {
+    data: Vec<T>,
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+}
+
+impl<T: Elem> Mat<T> {
+    fn random(rng: &mut StdRng, rows: usize, cols: usize, layout: Layout) -> Self {
+        let (rs, cs) = layout.strides(rows, cols);
+        let len = if rows == 0 || cols == 0 {
+            0
+        } else {
+            (rows - 1) * rs + (cols - 1) * cs + 1
+        };
+        // Gaps between elements get a sentinel the kernels must never read into C or write.
+        let data = (0..len)
+            .map(|i| {
+                if i % 11 == 0 {
+                    T::from_f32(0.0)
+                } else {
+                    T::from_f32(rng.gen_range(-1.0f32..1.0))
+                }
+            })
+            .collect();
+        Mat {
+            data,
+            rows,
+            cols,
+            rs,
+            cs,
+        }
+    }
+    fn at(&self, i: usize, j: usize) -> T {
+        self.data[i * self.rs + j * self.cs]
+    }
+    fn view(&self) -> MatRef<'_, T> {
+        MatRef {
+            data: &self.data,
+            rows: self.rows,
+            cols: self.cols,
+            rs: self.rs,
+            cs: self.cs,
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check<T: Elem>(
+    rng: &mut StdRng,
+    m: usize,
+    n: usize,
+    k: usize,
+    la: Layout,
+    lb: Layout,
+    lc: Layout,
+    accumulate: bool,
+    threads: usize,
+) {
+    let a = Mat::<T>::random(rng, m, k, la);
+    let b = Mat::<T>::random(rng, k, n, lb);
+    let mut c = Mat::<T>::random(rng, m, n, lc);
+    let c0 = c.data.clone();
+    let ctx = || {
+        format!(
+            "{} {:?} m={m} n={n} k={k} A {la:?} B {lb:?} C {lc:?} acc={accumulate} threads={threads}",
+            T::NAME,
+            typed_amp_kernels::level()
+        )
+    };
+    gemm_slices(
+        a.view(),
+        b.view(),
+        &mut c.data,
+        c.rs,
+        c.cs,
+        accumulate,
+        threads,
+    );
+
+    let nterms = (k + 1) as f64;
+    let u = 2f64.powi(-24);
+    let gamma = nterms * u / (1.0 - nterms * u);
+    let mut touched = vec![false; c.data.len()];
+    for i in 0..m {
+        for j in 0..n {
+            let idx = i * c.rs + j * c.cs;
+            touched[idx] = true;
+            let old = if accumulate { c0[idx].to_f64() } else { 0.0 };
+            let (mut s, mut mag) = (old, old.abs());
+            for p in 0..k {
+                let x = a.at(i, p).to_f64() * b.at(p, j).to_f64();
+                s += x;
+                mag += x.abs();
+            }
+            let tol = gamma * mag
+                + T::U * (s.abs() + gamma * mag)
+                + T::ABS
+                + nterms * 2f64.powi(-126)
+                + 2f64.powi(-49) * nterms * mag;
+            let got = c.data[idx].to_f64();
+            assert!(
+                (got - s).abs() <= tol,
+                "{}: C[{i},{j}] = {got}, expected {s} ± {tol}",
+                ctx()
+            );
+        }
+    }
+    for (idx, t) in touched.iter().enumerate() {
+        if !t {
+            assert_eq!(
+                c.data[idx].to_f64().to_bits(),
+                c0[idx].to_f64().to_bits(),
+                "{}: wrote outside C at {idx}",
+                ctx()
+            );
+        }
+    }
+}
+
+/// Runs `f` once at every level this CPU supports (plus the bf16-pair emulation where
+/// AVX512-BF16 is absent), and prints which ran.
+fn at_each_level(name: &str, mut f: impl FnMut(&mut StdRng)) {
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let mut ran = Vec::new();
+    for lvl in Level::ALL {
+        if lvl > detected_level() {
+            continue;
+        }
+        assert_eq!(force_level(Some(lvl)), lvl);
+        let mut rng = StdRng::seed_from_u64(0x5eed ^ lvl as u64);
+        f(&mut rng);
+        ran.push(lvl.name().to_string());
+    }
+    if detected_level() < Level::Avx512Bf16 {
+        set_bf16_pair_emulation(true);
+        for lvl in [Level::Portable, detected_level()] {
+            force_level(Some(lvl));
+            let mut rng = StdRng::seed_from_u64(0xbf16);
+            f(&mut rng);
+            ran.push(format!("{}+bf16-pair-emulation", lvl.name()));
+        }
+        set_bf16_pair_emulation(false);
+    }
+    force_level(None);
+    println!(
+        "{name}: ran levels [{}] (detected {})",
+        ran.join(", "),
+        detected_level().name()
+    );
+}
+
+#[test]
+fn odd_sizes_every_combination() {
+    const SIZES: [usize; 4] = [1, 7, 33, 513];
+    at_each_level("odd_sizes_every_combination", |rng| {
+        let mut case = 0usize;
+        for &m in &SIZES {
+            for &n in &SIZES {
+                for &k in &SIZES {
+                    // The f64 reference at 513³ takes seconds in a test build; every other
+                    // combination runs.
+                    if m * n * k > 513 * 513 * 33 {
+                        continue;
+                    }
+                    case += 1;
+                    let la = LAYOUTS[case % 4];
+                    let lb = LAYOUTS[(case / 4) % 4];
+                    let lc = LAYOUTS[(case / 2) % 4];
+                    let acc = case.is_multiple_of(2);
+                    let threads = 1 + case % 3;
+                    check::<f32>(rng, m, n, k, la, lb, lc, acc, threads);
+                    check::<f16>(rng, m, n, k, la, lb, lc, !acc, threads);
+                    check::<bf16>(rng, m, n, k, la, lb, lc, acc, threads);
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn every_layout_combination() {
+    at_each_level("every_layout_combination", |rng| {
+        for la in LAYOUTS {
+            for lb in LAYOUTS {
+                for lc in [Layout::RowMajor, Layout::ColMajor, Layout::Sparse] {
+                    for acc in [false, true] {
+                        // k > 256 spans two packed k blocks (the f32 running-sum path for
+                        // 16-bit C); 37 × 45 leaves partial tiles both ways.
+                        check::<f32>(rng, 37, 45, 300, la, lb, lc, acc, 2);
+                        check::<f16>(rng, 37, 45, 300, la, lb, lc, acc, 2);
+                        check::<bf16>(rng, 37, 45, 300, la, lb, lc, acc, 2);
+                        check::<bf16>(rng, 19, 50, 17, la, lb, lc, acc, 1);
+                    }
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn training_step_shapes() {
+    use Layout::*;
+    at_each_level("training_step_shapes", |rng| {
+        // MLP at batch 256 (dfdx: y = x·Wᵀ with W stored [out, in]); backward grad_W = Gᵀ·X
+        // and grad_X = G·W; CNN im2col products.
+        let shapes: &[(usize, usize, usize, Layout, Layout)] = &[
+            (256, 512, 784, RowMajor, ColMajor),
+            (256, 10, 512, RowMajor, ColMajor),
+            (512, 10, 256, ColMajor, RowMajor),
+            (256, 512, 10, RowMajor, RowMajor),
+            (16, 784, 9, RowMajor, RowMajor),
+            (32, 196, 144, RowMajor, RowMajor),
+            (3, 1100, 5, RowMajor, RowMajor),
+        ];
+        for &(m, n, k, la, lb) in shapes {
+            check::<f32>(rng, m, n, k, la, lb, RowMajor, true, 2);
+            check::<f16>(rng, m, n, k, la, lb, RowMajor, false, 2);
+            check::<bf16>(rng, m, n, k, la, lb, RowMajor, true, 2);
+        }
+    });
+}
+
+#[test]
+fn empty_dimensions() {
+    at_each_level("empty_dimensions", |_| {
+        // k = 0: C = 0, or unchanged when accumulating.
+        let a: [f32; 0] = [];
+        let mut c = [1.5f32; 6];
+        let view = |d: &'static [f32], r, cl| MatRef {
+            data: d,
+            rows: r,
+            cols: cl,
+            rs: cl,
+            cs: 1,
+        };
+        gemm_slices(view(&[], 2, 0), view(&[], 0, 3), &mut c, 3, 1, true, 2);
+        assert_eq!(c, [1.5; 6]);
+        gemm_slices(view(&[], 2, 0), view(&[], 0, 3), &mut c, 3, 1, false, 2);
+        assert_eq!(c, [0.0; 6]);
+        let mut h = [f16::ONE; 4];
+        gemm_slices(
+            MatRef {
+                data: &[],
+                rows: 2,
+                cols: 0,
+                rs: 0,
+                cs: 1,
+            },
+            MatRef {
+                data: &[],
+                rows: 0,
+                cols: 2,
+                rs: 2,
+                cs: 1,
+            },
+            &mut h,
+            2,
+            1,
+            false,
+            1,
+        );
+        assert_eq!(h, [f16::ZERO; 4]);
+        // m = 0 or n = 0: nothing to touch (and null pointers are fine).
+        unsafe {
+            gemm::<f32>(
+                0,
+                3,
+                4,
+                a.as_ptr(),
+                4,
+                1,
+                std::ptr::null(),
+                3,
+                1,
+                std::ptr::null_mut(),
+                3,
+                1,
+                false,
+                2,
+            );
+            gemm::<bf16>(
+                3,
+                0,
+                4,
+                std::ptr::null(),
+                4,
+                1,
+                std::ptr::null(),
+                3,
+                1,
+                std::ptr::null_mut(),
+                3,
+                1,
+                true,
+                2,
+            );
+        }
+    });
+}
+
+#[test]
+fn non_finite_values_propagate() {
+    at_each_level("non_finite_values_propagate", |_| {
+        let a = [f16::INFINITY, f16::ONE, f16::ONE, f16::ONE];
+        let b = [f16::ONE, f16::ONE, f16::NAN, f16::ONE];
+        let mut c = [f16::ZERO; 4];
+        let v = |d| MatRef {
+            data: d,
+            rows: 2,
+            cols: 2,
+            rs: 2,
+            cs: 1,
+        };
+        gemm_slices(v(&a), v(&b), &mut c, 2, 1, false, 1);
+        assert!(
+            c[0].is_nan() && c[1] == f16::INFINITY && c[2].is_nan() && c[3] == f16::from_f32(2.0)
+        );
+        // Overflow of the f32 sum's rounding to f16 gives ±inf, as a hardware conversion does.
+        let big = [f16::MAX; 4];
+        gemm_slices(v(&big), v(&big), &mut c, 2, 1, false, 1);
+        assert!(c.iter().all(|x| *x == f16::INFINITY));
+    });
+}
+
+#[test]
+fn forced_level_never_exceeds_detected() {
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for lvl in Level::ALL {
+        assert!(force_level(Some(lvl)) <= detected_level());
+    }
+    force_level(None);
+}
