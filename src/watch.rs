@@ -88,7 +88,7 @@ pub fn overflowing_layer(report: &[LayerReport]) -> Option<Overflow> {
     {
         return Some(Overflow::Forward(report[first].layer));
     }
-    let finite = |r: &LayerReport| r.gradient_max_abs.map_or(true, f32::is_finite);
+    let finite = |r: &LayerReport| r.gradient_max_abs.is_none_or(f32::is_finite);
     // From the loss backwards: the last probe is the model's output.
     let last = report.len().checked_sub(1)?;
     if !finite(&report[last]) {
