@@ -235,9 +235,15 @@ pub use step::{
 pub use tape::{MixedGradients, MixedTape, TraceMixed};
 pub use typed_amp_macros::amp;
 
-/// Everything a training script needs: dfdx's prelude and typed-amp's types.
+/// Everything a training script needs: dfdx's prelude (its layers, shapes, tensors, ops and
+/// optimizers; not its losses, which typed-amp's FP32-only losses of the same purpose replace,
+/// so no name means two things) and typed-amp's types.
 pub mod prelude {
-    pub use dfdx::prelude::*;
+    pub use dfdx::nn::builders::*;
+    pub use dfdx::optim::prelude::*;
+    pub use dfdx::shapes::*;
+    pub use dfdx::tensor::*;
+    pub use dfdx::tensor_ops::*;
     pub use half::{bf16, f16};
 
     pub use crate::loss::{
