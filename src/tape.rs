@@ -41,6 +41,8 @@ trait ErasedStore: Any {
     fn as_any_mut(&mut self) -> &mut dyn Any;
     fn clone_box(&self) -> Box<dyn ErasedStore>;
     fn retain_leafs(&mut self, ids: &[UniqueId]);
+    fn mark_unwanted(&mut self, ids: &[UniqueId]);
+    fn clear_unwanted(&mut self);
     fn drop_non_leafs(&mut self);
 }
 
@@ -57,6 +59,12 @@ impl<E: AmpElem, D: AmpDevice + Device<E>> ErasedStore for Gradients<E, D> {
     fn retain_leafs(&mut self, ids: &[UniqueId]) {
         Gradients::retain_leafs(self, ids);
     }
+    fn mark_unwanted(&mut self, ids: &[UniqueId]) {
+        Gradients::mark_unwanted(self, ids);
+    }
+    fn clear_unwanted(&mut self) {
+        Gradients::clear_unwanted(self);
+    }
     fn drop_non_leafs(&mut self) {
         Gradients::drop_non_leafs(self);
     }
@@ -68,6 +76,9 @@ pub struct MixedGradients<D: AmpDevice> {
     stores: [Option<Box<dyn ErasedStore>>; PRECISIONS],
     /// Ids whose gradients survive a backward pass (parameters); `None` keeps all.
     retained: Option<Vec<UniqueId>>,
+    /// Ids whose gradients nobody reads (the traced input, and what only it feeds): backward
+    /// ops that check may skip computing them.
+    unwanted: Vec<UniqueId>,
     /// The training target these gradients were allocated for.
     pub(crate) owner: Option<TargetId>,
     /// Whether `#[amp]` models record per-layer activation and gradient magnitudes.
@@ -84,6 +95,7 @@ impl<D: AmpDevice> Clone for MixedGradients<D> {
         Self {
             stores: std::array::from_fn(|i| self.stores[i].as_ref().map(|s| s.clone_box())),
             retained: self.retained.clone(),
+            unwanted: self.unwanted.clone(),
             owner: self.owner,
             watch_layers: self.watch_layers,
             probe_grads: self.probe_grads.clone(),
@@ -114,6 +126,7 @@ impl<D: AmpDevice> MixedGradients<D> {
         Self {
             stores: std::array::from_fn(|_| None),
             retained: None,
+            unwanted: Vec::new(),
             owner: None,
             watch_layers: false,
             probe_grads: Vec::new(),
@@ -202,12 +215,13 @@ impl<D: AmpDevice> MixedGradients<D> {
     where
         D: Device<E>,
     {
-        let retained = &self.retained;
+        let (retained, unwanted) = (&self.retained, &self.unwanted);
         let store = self.stores[E::INDEX].get_or_insert_with(|| {
             let mut store = Gradients::<E, D>::leaky();
             if let Some(ids) = retained {
                 store.retain_leafs(ids);
             }
+            store.mark_unwanted(unwanted);
             Box::new(store)
         });
         store
@@ -262,6 +276,20 @@ impl<D: AmpDevice> MixedGradients<D> {
         Some(grads.get(&t.retaped::<NoneTape>()))
     }
 
+    /// Whether the gradient of tensor `id` survives backward (is a parameter's, or every
+    /// gradient is kept).
+    pub(crate) fn keeps(&self, id: UniqueId) -> bool {
+        self.retained.as_ref().is_none_or(|ids| ids.contains(&id))
+    }
+
+    /// Marks gradients nobody reads, in every store (see [`MixedTape`]'s traced input).
+    fn mark_unwanted(&mut self, ids: &[UniqueId]) {
+        self.unwanted.extend_from_slice(ids);
+        for store in self.stores.iter_mut().flatten() {
+            store.mark_unwanted(ids);
+        }
+    }
+
     /// Frees every gradient not marked as a parameter's (see [`MixedGradients::for_params`]).
     pub(crate) fn drop_non_leafs(&mut self) {
         for store in self.stores.iter_mut().flatten() {
@@ -289,6 +317,10 @@ pub struct MixedTape<D: AmpDevice> {
     grads: Option<MixedGradients<D>>,
     /// Activation magnitudes recorded by layer probes during forward.
     activations: Vec<crate::watch::ActivationRecord>,
+    /// Tensors whose gradient nobody reads: the traced input (unless its gradient is kept) and
+    /// what casts make of it. Linear layers skip computing it, as PyTorch does for inputs that
+    /// do not require gradients.
+    unwanted: Vec<UniqueId>,
     /// Set when two tapes that each carried gradients were merged: their stores cannot be joined,
     /// so backward reports it instead of silently dropping one.
     conflicting_grads: bool,
@@ -300,6 +332,7 @@ impl<D: AmpDevice> Default for MixedTape<D> {
             ops: Vec::new(),
             grads: None,
             activations: Vec::new(),
+            unwanted: Vec::new(),
             conflicting_grads: false,
         }
     }
@@ -341,6 +374,16 @@ impl<D: AmpDevice> MixedTape<D> {
         self.activations.push(record);
     }
 
+    /// Whether nobody reads tensor `id`'s gradient.
+    pub(crate) fn is_unwanted(&self, id: UniqueId) -> bool {
+        self.unwanted.contains(&id)
+    }
+
+    /// Marks tensor `id`'s gradient as read by nobody.
+    pub(crate) fn mark_unwanted(&mut self, id: UniqueId) {
+        self.unwanted.push(id);
+    }
+
     /// Number of recorded backward ops.
     pub fn num_ops(&self) -> usize {
         self.ops.len()
@@ -357,12 +400,18 @@ impl<D: AmpDevice> MixedTape<D> {
         }
         let mut grads = self.grads.take().unwrap_or_default();
         grads.probe_grads.clear();
+        grads.mark_unwanted(&self.unwanted);
         seed(&mut grads).map_err(AmpError::device)?;
         self.ops.sort_unstable_by_key(|(order, _)| *order);
         for (_, op) in self.ops.into_iter().rev() {
             op(&mut grads).map_err(AmpError::device)?;
         }
         grads.drop_non_leafs();
+        grads.unwanted.clear();
+        for store in grads.stores.iter_mut().flatten() {
+            // The marks belong to this pass's tensors; the stores live on.
+            store.clear_unwanted();
+        }
         grads.layer_report =
             crate::watch::report(self.activations, std::mem::take(&mut grads.probe_grads));
         Ok(grads)
@@ -391,6 +440,7 @@ impl<D: AmpDevice> Merge<MixedTape<D>> for MixedTape<D> {
     fn merge(mut self, mut other: Self) -> Self {
         self.conflicting_grads |= other.conflicting_grads;
         self.activations.append(&mut other.activations);
+        self.unwanted.append(&mut other.unwanted);
         match (&self.grads, other.grads.take()) {
             (_, None) => {}
             (None, Some(grads)) => self.grads = Some(grads),
@@ -426,7 +476,14 @@ pub trait TraceMixed<D: AmpDevice>: Sized {
 impl<S: Shape, E: AmpElem, D: AmpDevice + Device<E>> TraceMixed<D> for Tensor<S, E, D, NoneTape> {
     type Traced = Tensor<S, E, D, MixedTape<D>>;
     fn traced_mixed(self, grads: MixedGradients<D>) -> Self::Traced {
-        self.put_tape(MixedTape::new(grads))
+        // The input's gradient is wanted only where every gradient is kept (leaky gradients)
+        // or the input is itself a kept parameter.
+        let wanted = grads.keeps(self.id());
+        let mut tape = MixedTape::new(grads);
+        if !wanted {
+            tape.mark_unwanted(self.id());
+        }
+        self.put_tape(tape)
     }
 }
 

@@ -16,6 +16,7 @@ mod cuda_kernel;
 pub(crate) use cuda_kernel::SOURCE as CUDA_SOURCE;
 
 use dfdx::prelude::{NoneTape, PutTape, Shape, SplitTape, Storage, Tape, Tensor};
+use dfdx::tensor::UniqueId;
 use dfdx::tensor_ops::ToDtypeKernel;
 
 use crate::device::{AmpDevice, Kernels};
@@ -58,6 +59,10 @@ macro_rules! define_amp_tape {
             /// Whether layer probes record on this tape (see [`MixedGradients::watch_layers`]).
             fn watching(&self) -> bool;
 
+            /// Marks `to`'s gradient as read by nobody if `from`'s is (a cast of the model's
+            /// input), so that the first layer skips computing it.
+            fn inherit_unwanted(&mut self, from: UniqueId, to: UniqueId);
+
             /// Records a layer's activation magnitude.
             fn record_activation(&mut self, record: crate::watch::ActivationRecord);
         }
@@ -79,6 +84,8 @@ impl<D: AmpDevice> AmpTape<D> for NoneTape {
         false
     }
 
+    fn inherit_unwanted(&mut self, _from: UniqueId, _to: UniqueId) {}
+
     fn record_activation(&mut self, _record: crate::watch::ActivationRecord) {}
 }
 
@@ -92,6 +99,12 @@ impl<D: AmpDevice> AmpTape<D> for MixedTape<D> {
 
     fn watching(&self) -> bool {
         MixedTape::watching(self)
+    }
+
+    fn inherit_unwanted(&mut self, from: UniqueId, to: UniqueId) {
+        if self.is_unwanted(from) {
+            self.mark_unwanted(to);
+        }
     }
 
     fn record_activation(&mut self, record: crate::watch::ActivationRecord) {
@@ -132,7 +145,9 @@ where
     let (inp, mut tape) = t.split_tape();
     let inp_ghost = inp.ghost();
     // dfdx's `to_dtype` kernel keeps the input's strides (a broadcast input stays one).
+    let inp_id = inp.id();
     let out = inp.try_to_dtype::<Dst>()?;
+    tape.inherit_unwanted(inp_id, out.id());
     let out_ghost = out.ghost();
     let dev = out.device().clone();
     tape.record_mixed(move |grads| {

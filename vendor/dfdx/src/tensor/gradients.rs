@@ -22,6 +22,9 @@ pub struct Gradients<E, D: Storage<E>> {
     gradient_by_id: BTreeMap<UniqueId, D::Vec>,
     /// Using BTreeSet for no-std support
     leaf_ids: Option<BTreeSet<UniqueId>>,
+    /// typed-amp patch: tensors whose gradient nobody reads (a model's input), so that backward
+    /// ops may skip computing it.
+    unwanted: BTreeSet<UniqueId>,
 }
 
 impl<E, D: Storage<E>> Gradients<E, D> {
@@ -38,6 +41,7 @@ impl<E, D: Storage<E>> Gradients<E, D> {
         Self {
             gradient_by_id: Default::default(),
             leaf_ids: None,
+            unwanted: Default::default(),
         }
     }
 }
@@ -74,6 +78,25 @@ impl<E, D: Storage<E>> Gradients<E, D> {
         if let Some(leafs) = &self.leaf_ids {
             self.gradient_by_id.retain(|k, _| leafs.contains(k));
         }
+    }
+
+    /// typed-amp patch: marks tensors whose gradient nobody will read (the input of a model, and
+    /// what only it feeds), so that backward ops may skip computing it. Their gradients are
+    /// then absent, or hold partial values; ops that do not check still compute them.
+    pub fn mark_unwanted(&mut self, ids: &[UniqueId]) {
+        self.unwanted.extend(ids);
+    }
+
+    /// typed-amp patch: forgets every mark of [Gradients::mark_unwanted] (the gradients are
+    /// reused for another pass, whose tensors are new).
+    pub fn clear_unwanted(&mut self) {
+        self.unwanted.clear();
+    }
+
+    /// typed-amp patch: whether `t`'s gradient may be read after backward (see
+    /// [Gradients::mark_unwanted]).
+    pub fn wants_grad<S: Shape>(&self, t: &impl Tensorlike<S, E, D>) -> bool {
+        !self.unwanted.contains(&t.id())
     }
 
     /// Returns a reference to the underlying gradient if found.

@@ -284,6 +284,29 @@ where
         );
         Ok(())
     }
+
+    // typed-amp patch: only the product for `rhs`'s gradient.
+    fn backward_rhs<M: Dim, K: Dim, N: Dim>(
+        &self,
+        lhs: &Tensor<(M, K), E, Self>,
+        rhs: &Tensor<(K, N), E, Self>,
+        grad_rhs: &mut Self::Vec,
+        grad_out: &Self::Vec,
+    ) -> Result<(), Self::Err> {
+        let (m, k) = lhs.shape;
+        let n = rhs.shape.1;
+        Self::matmul(
+            (k, m, n),
+            true,
+            lhs.data.as_ptr(),
+            [lhs.strides[1], lhs.strides[0]],
+            grad_out.as_ptr(),
+            (m, n).strides(),
+            grad_rhs.as_mut_ptr(),
+            rhs.strides,
+        );
+        Ok(())
+    }
 }
 
 impl<E: Dtype> super::MatMatBrKernel<E> for Cpu

@@ -130,6 +130,20 @@ pub trait MatMatKernel<E: Dtype>: Storage<E> {
         grad_rhs: &mut Self::Vec,
         grad_out: &Self::Vec,
     ) -> Result<(), Self::Err>;
+
+    /// typed-amp patch: the backward pass when nobody reads `lhs`'s gradient (a linear layer
+    /// whose input is the model's input): only `grad_rhs += lhsᵀ · grad_out`. The default
+    /// computes both into a scratch `grad_lhs`; the CPU kernel skips the product.
+    fn backward_rhs<M: Dim, K: Dim, N: Dim>(
+        &self,
+        lhs: &Tensor<(M, K), E, Self>,
+        rhs: &Tensor<(K, N), E, Self>,
+        grad_rhs: &mut Self::Vec,
+        grad_out: &Self::Vec,
+    ) -> Result<(), Self::Err> {
+        let mut scratch = self.try_alloc_grad(&lhs.data)?;
+        self.backward(lhs, &mut scratch, rhs, grad_rhs, grad_out)
+    }
 }
 
 impl<M: Dim, N: Dim, E: Dtype, D, T: Tape<E, D> + Merge<R>, R: Tape<E, D>>
@@ -192,7 +206,29 @@ where
     /// ```
     fn try_matmul(self, rhs: Tensor<(K, N), E, D, R>) -> Result<Self::Output, Self::Err> {
         assert_eq!(self.shape.1, rhs.shape.0);
-        try_binary_op(self, rhs, D::forward, D::backward)
+        // typed-amp patch: as `try_binary_op`, except that the backward skips `lhs`'s gradient
+        // when nobody reads it (`Gradients::wants_grad`): a first layer's input gradient.
+        let (lhs, ltape) = self.split_tape();
+        let (rhs, rtape) = rhs.split_tape();
+        let mut tape = ltape.merge(rtape);
+        let lhs_ghost = lhs.ghost();
+        let rhs_ghost = rhs.ghost();
+        let out = D::forward(&lhs.device, &lhs, &rhs)?;
+        let out_ghost = out.ghost();
+        tape.add_backward_op(move |grads| {
+            grads.try_alloc_for(&rhs_ghost)?;
+            grads.try_alloc_for(&out_ghost)?;
+            if grads.wants_grad(&lhs_ghost) {
+                grads.try_alloc_for(&lhs_ghost)?;
+                let (grad_lhs, grad_rhs, grad_out) =
+                    grads.muts_and_ref(&lhs_ghost, &rhs_ghost, &out_ghost);
+                D::backward(&lhs.device, &lhs, grad_lhs, &rhs, grad_rhs, grad_out)
+            } else {
+                let (grad_rhs, grad_out) = grads.mut_and_ref(&rhs_ghost, &out_ghost);
+                D::backward_rhs(&lhs.device, &lhs, &rhs, grad_rhs, grad_out)
+            }
+        });
+        Ok(out.put_tape(tape))
     }
 }
 
