@@ -8,7 +8,8 @@ mod cuda_kernel;
 #[cfg(feature = "cudnn")]
 mod cudnn_kernel;
 
-#[cfg(test)]
+// typed-amp patch: these tests use compile-time image sizes, which need nightly (as upstream).
+#[cfg(all(test, feature = "nightly"))]
 mod tests;
 
 #[repr(C)]

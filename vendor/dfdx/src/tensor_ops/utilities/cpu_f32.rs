@@ -1,0 +1,231 @@
+//! typed-amp patch: helpers for CPU kernels that compute in `f32` whatever the element type.
+//!
+//! The convolution, pooling and batch-norm CPU kernels are written once, on `f32` slices. For
+//! `E = f32` they run on the tensors' own buffers ([as_f32], [as_f32_mut]); for 16-bit types
+//! (`f16`, `AMP<f16>`, `bf16`) they convert a block of values to `f32` with one vectorised slice
+//! conversion ([to_f32]), compute, and convert back ([from_f32], [add_from_f32]), instead of
+//! rounding after every arithmetic operation as `half`'s scalar operators do. Other types go
+//! through `num_traits` one element at a time (correct, not fast).
+//!
+//! Also: a rayon `for_each` over chunks that runs serially without the `cpu` feature, and a
+//! `Send` raw pointer for kernels whose parallel tasks write disjoint parts of one buffer.
+
+use crate::shapes::Dtype;
+use std::any::TypeId;
+
+/// Elements per block when a kernel converts a slice to `f32` piece by piece on the stack.
+pub(crate) const BLOCK: usize = 1024;
+
+#[inline(always)]
+fn is<A: 'static, B: 'static>() -> bool {
+    TypeId::of::<A>() == TypeId::of::<B>()
+}
+
+/// `s` itself when `E` is `f32`.
+#[inline(always)]
+pub(crate) fn as_f32<E: Dtype>(s: &[E]) -> Option<&[f32]> {
+    if is::<E, f32>() {
+        // SAFETY: E is f32.
+        Some(unsafe { std::slice::from_raw_parts(s.as_ptr() as *const f32, s.len()) })
+    } else {
+        None
+    }
+}
+
+/// `s` itself when `E` is `f32`.
+#[inline(always)]
+pub(crate) fn as_f32_mut<E: Dtype>(s: &mut [E]) -> Option<&mut [f32]> {
+    if is::<E, f32>() {
+        // SAFETY: E is f32.
+        Some(unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut f32, s.len()) })
+    } else {
+        None
+    }
+}
+
+/// The 16-bit float formats `half` converts in bulk, and the types stored as them.
+enum Half {
+    F16,
+    Bf16,
+    Other,
+}
+
+#[inline(always)]
+fn half_kind<E: 'static>() -> Half {
+    #[cfg(feature = "f16")]
+    {
+        if is::<E, half::f16>() || is::<E, crate::dtypes::AMP<half::f16>>() {
+            return Half::F16;
+        }
+        if is::<E, half::bf16>() || is::<E, crate::dtypes::AMP<half::bf16>>() {
+            return Half::Bf16;
+        }
+    }
+    Half::Other
+}
+
+/// `dst[i] = src[i] as f32`. Same lengths.
+#[inline]
+pub(crate) fn to_f32<E: Dtype>(src: &[E], dst: &mut [f32]) {
+    debug_assert_eq!(src.len(), dst.len());
+    if let Some(s) = as_f32(src) {
+        dst.copy_from_slice(s);
+        return;
+    }
+    #[cfg(feature = "f16")]
+    {
+        use half::slice::HalfFloatSliceExt;
+        match half_kind::<E>() {
+            Half::F16 => {
+                // SAFETY: E is f16 or AMP<f16> (repr(transparent)).
+                let s = unsafe {
+                    std::slice::from_raw_parts(src.as_ptr() as *const half::f16, src.len())
+                };
+                s.convert_to_f32_slice(dst);
+                return;
+            }
+            Half::Bf16 => {
+                // SAFETY: E is bf16 or AMP<bf16> (repr(transparent)).
+                let s = unsafe {
+                    std::slice::from_raw_parts(src.as_ptr() as *const half::bf16, src.len())
+                };
+                s.convert_to_f32_slice(dst);
+                return;
+            }
+            Half::Other => {}
+        }
+    }
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = s.to_f32().unwrap();
+    }
+}
+
+/// `dst[i] = src[i]` rounded to `E`. Same lengths.
+#[inline]
+pub(crate) fn from_f32<E: Dtype>(src: &[f32], dst: &mut [E]) {
+    debug_assert_eq!(src.len(), dst.len());
+    if let Some(d) = as_f32_mut(dst) {
+        d.copy_from_slice(src);
+        return;
+    }
+    #[cfg(feature = "f16")]
+    {
+        use half::slice::HalfFloatSliceExt;
+        match half_kind::<E>() {
+            Half::F16 => {
+                // SAFETY: E is f16 or AMP<f16> (repr(transparent)).
+                let d = unsafe {
+                    std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut half::f16, dst.len())
+                };
+                d.convert_from_f32_slice(src);
+                return;
+            }
+            Half::Bf16 => {
+                // SAFETY: E is bf16 or AMP<bf16> (repr(transparent)).
+                let d = unsafe {
+                    std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut half::bf16, dst.len())
+                };
+                d.convert_from_f32_slice(src);
+                return;
+            }
+            Half::Other => {}
+        }
+    }
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = E::from_f32(*s).unwrap();
+    }
+}
+
+/// `dst[i] += src[i]`, the sum computed in `f32` and rounded once to `E`. Same lengths.
+#[inline]
+pub(crate) fn add_from_f32<E: Dtype>(src: &[f32], dst: &mut [E]) {
+    debug_assert_eq!(src.len(), dst.len());
+    if let Some(d) = as_f32_mut(dst) {
+        for (d, s) in d.iter_mut().zip(src) {
+            *d += *s;
+        }
+        return;
+    }
+    let mut buf = [0.0f32; BLOCK];
+    for (d, s) in dst.chunks_mut(BLOCK).zip(src.chunks(BLOCK)) {
+        let b = &mut buf[..d.len()];
+        to_f32(d, b);
+        for (b, s) in b.iter_mut().zip(s) {
+            *b += *s;
+        }
+        from_f32(b, d);
+    }
+}
+
+/// Calls `f(i, chunk)` for each `chunk_len`-element chunk of `data` (the last may be shorter),
+/// in parallel on rayon's pool with the `cpu` feature.
+#[inline]
+pub(crate) fn par_chunks_mut<T: Send, F>(data: &mut [T], chunk_len: usize, f: F)
+where
+    F: Fn(usize, &mut [T]) + Send + Sync,
+{
+    let chunk_len = chunk_len.max(1);
+    #[cfg(feature = "cpu")]
+    {
+        use rayon::prelude::*;
+        data.par_chunks_mut(chunk_len)
+            .enumerate()
+            .for_each(|(i, c)| f(i, c));
+    }
+    #[cfg(not(feature = "cpu"))]
+    for (i, c) in data.chunks_mut(chunk_len).enumerate() {
+        f(i, c);
+    }
+}
+
+/// Calls `f(i)` for `i` in `0..n`, in parallel on rayon's pool with the `cpu` feature.
+#[inline]
+pub(crate) fn par_for<F>(n: usize, f: F)
+where
+    F: Fn(usize) + Send + Sync,
+{
+    #[cfg(feature = "cpu")]
+    {
+        use rayon::prelude::*;
+        (0..n).into_par_iter().for_each(f);
+    }
+    #[cfg(not(feature = "cpu"))]
+    for i in 0..n {
+        f(i);
+    }
+}
+
+/// How many pieces to split `n` independent items into for parallel work: enough for the pool
+/// to balance load on a shared machine, and fixed by `n` alone (not by the thread count) so that
+/// results summed piece by piece are the same on every machine.
+#[inline]
+pub(crate) fn pieces(n: usize) -> usize {
+    n.clamp(1, 16)
+}
+
+/// A raw pointer that parallel tasks may share, each writing a disjoint part of the buffer.
+#[derive(Clone, Copy)]
+pub(crate) struct SendPtr<T>(pub(crate) *mut T);
+// SAFETY: users guarantee that tasks access disjoint elements.
+unsafe impl<T> Send for SendPtr<T> {}
+unsafe impl<T> Sync for SendPtr<T> {}
+
+/// Whether `E` is stored as a 16-bit float that [to_f32] and [from_f32] convert in bulk.
+#[inline(always)]
+pub(crate) fn is_half<E: 'static>() -> bool {
+    !matches!(half_kind::<E>(), Half::Other)
+}
+
+/// Reads `dst.len()` values of `src`, starting at `off` and `step` apart, as `f32`.
+#[inline]
+pub(crate) fn load_f32<E: Dtype>(src: &[E], off: usize, step: usize, dst: &mut [f32]) {
+    match step {
+        0 => dst.fill(src[off].to_f32().unwrap()),
+        1 => to_f32(&src[off..off + dst.len()], dst),
+        _ => {
+            for (j, d) in dst.iter_mut().enumerate() {
+                *d = src[off + j * step].to_f32().unwrap();
+            }
+        }
+    }
+}
