@@ -8,7 +8,8 @@
 //! backward, Adam update, zeroing the gradients), and of each op alone at the shapes the CNN
 //! feeds it: its forward, and its backward. An op's backward is timed as `loss.backward()` on
 //! `op(x).sum()` minus the same for `x.sum()` of the op's output shape (the sum's own backward),
-//! so it includes allocating the input gradients, as in the step.
+//! so it includes allocating the input gradients, as in the step. Each op's line gives the median
+//! and the minimum: on a shared machine the minimum is the steadier measure of the op itself.
 //!
 //! Run with `cargo bench --bench conv_step` (add `-- --steps N --repetitions R` to change the
 //! number of timed steps per repetition and of repetitions, `-- --only f32` or `--only f16` for
@@ -152,21 +153,29 @@ where
     t
 }
 
-/// Backward of `x.sum()` alone, to subtract from [`time_op`]'s backward.
-fn time_sum<E, S>(dev: &Cpu, shape: S, reps: usize) -> f64
+/// Backward of `x.sum()` alone (median, minimum), to subtract from [`time_op`]'s backward.
+fn time_sum<E, S>(dev: &Cpu, shape: S, reps: usize) -> [f64; 2]
 where
     E: Elem,
     Cpu: Device<E> + typed_amp::dfdx::tensor_ops::ConvDevice<E>,
     S: Shape,
 {
     let x: Tensor<S, E, Cpu> = randn(dev, shape);
-    median(time_op(&x, reps, |x| x).bwd)
+    let t = time_op(&x, reps, |x| x).bwd;
+    [median(t.clone()), minimum(&t)]
 }
 
-fn report(name: &str, t: OpTimes, sum_bwd: f64) {
+fn minimum(samples: &[Duration]) -> f64 {
+    samples.iter().min().unwrap().as_secs_f64() * 1e3
+}
+
+fn report(name: &str, t: OpTimes, sum_bwd: [f64; 2]) {
+    let (fwd_min, bwd_min) = (minimum(&t.fwd), minimum(&t.bwd) - sum_bwd[1]);
     let fwd = median(t.fwd);
-    let bwd = median(t.bwd) - sum_bwd;
-    println!("    {name:<34} fwd {fwd:8.3} ms   bwd {bwd:8.3} ms");
+    let bwd = median(t.bwd) - sum_bwd[0];
+    println!(
+        "    {name:<30} fwd {fwd:7.3} ms (min {fwd_min:7.3})   bwd {bwd:7.3} ms (min {bwd_min:7.3})"
+    );
 }
 
 fn ops<E: Elem>(dev: &Cpu, reps: usize)
@@ -189,7 +198,10 @@ where
     let sum2 = time_sum::<E, _>(dev, s2, reps);
     let sum_p1 = time_sum::<E, _>(dev, (b, Const::<16>, 14usize, 14usize), reps);
     let sum_p2 = time_sum::<E, _>(dev, (b, Const::<32>, 7usize, 7usize), reps);
-    println!("    backward of sum (subtracted): {sum1:.3} ms ({s1:?}), {sum2:.3} ms ({s2:?})");
+    println!(
+        "    backward of sum (subtracted, median): {:.3} ms ({s1:?}), {:.3} ms ({s2:?})",
+        sum1[0], sum2[0]
+    );
 
     let t = time_op(&x0, reps, |x| {
         (x, w1.clone()).conv2d(Const::<1>, Const::<1>, Const::<1>, Const::<1>)
@@ -308,8 +320,9 @@ fn main() {
                 continue;
             }
             println!(
-                "    {name}: step {:8.2} ms   (forward {:7.2} ms, backward {:7.2} ms)",
-                median(s),
+                "    {name}: step {:8.2} ms (min {:7.2})   forward {:7.2} ms, backward {:7.2} ms",
+                median(s.clone()),
+                minimum(&s),
                 median(f),
                 median(b)
             );

@@ -48,8 +48,9 @@ impl Conv2DOp {
     }
 
     /// `cols[(c·K + ki)·K + kj][oh·OW + ow] = img[c][oh·s + ki·d − p][ow·s + kj·d − p]`, zero
-    /// where that falls in the padding. `img` holds one image, `C × H × W`.
-    fn im2col<E: Copy + Default>(&self, img: &[E], cols: &mut [E]) {
+    /// where that falls in the padding. `img` holds one image, `C × H × W`; row `r` of `cols`
+    /// starts at `r · ld`.
+    fn im2col<E: Copy + Default>(&self, img: &[E], cols: &mut [E], ld: usize) {
         let (k, s, d, p) = (
             self.kernel,
             self.stride,
@@ -68,7 +69,7 @@ impl Conv2DOp {
                     let x_off = (kj * d) as isize - p;
                     let (ow_lo, ow_hi) = valid_range(ow_n, w, s, x_off);
                     let r = (c * k + ki) * k + kj;
-                    let row = &mut cols[r * ohw..(r + 1) * ohw];
+                    let row = &mut cols[r * ld..r * ld + ohw];
                     row[..oh_lo * ow_n].fill(zero);
                     row[oh_hi * ow_n..].fill(zero);
                     for oh in oh_lo..oh_hi {
@@ -95,8 +96,8 @@ impl Conv2DOp {
     }
 
     /// The adjoint of [Self::im2col]: `img[c][y][x] += cols[..][..]` for every unfolded element
-    /// that was read from `(c, y, x)`.
-    fn col2im(&self, cols: &[f32], img: &mut [f32]) {
+    /// that was read from `(c, y, x)`. Row `r` of `cols` starts at `r · ld`.
+    fn col2im(&self, cols: &[f32], ld: usize, img: &mut [f32]) {
         let (k, s, d, p) = (
             self.kernel,
             self.stride,
@@ -117,7 +118,7 @@ impl Conv2DOp {
                         continue;
                     }
                     let r = (c * k + ki) * k + kj;
-                    let row = &cols[r * ohw..(r + 1) * ohw];
+                    let row = &cols[r * ld..r * ld + ohw];
                     for oh in oh_lo..oh_hi {
                         let y = ((oh * s) as isize + y_off) as usize;
                         let x0 = ((ow_lo * s) as isize + x_off) as usize;
@@ -144,6 +145,16 @@ impl Conv2DOp {
     }
 }
 
+/// Images per GEMM: enough to give the products about this many columns.
+const GEMM_COLS: usize = 1024;
+
+impl Conv2DOp {
+    /// How many images share one GEMM (their unfolded columns side by side).
+    fn group_len(&self) -> usize {
+        (GEMM_COLS / (self.h_out * self.w_out).max(1)).max(1)
+    }
+}
+
 impl Cpu {
     /// `out = W · im2col(img)` for the images in `img` (`n × C·H·W`), into `out` (`n × O·OH·OW`).
     fn conv_fwd_images<E: Dtype>(op: &Conv2DOp, img: &[E], filters: &[E], out: &mut [E])
@@ -154,18 +165,46 @@ impl Cpu {
         let out_len = op.chan_out * op.h_out * op.w_out;
         let m = op.chan_out / op.groups;
         let k = op.col_rows();
-        let n = op.h_out * op.w_out;
-        let mut cols = if op.is_pointwise() {
-            Vec::new()
+        let ohw = op.h_out * op.w_out;
+        let n_imgs = img.len() / img_len;
+        let group = op.group_len().min(n_imgs);
+        let mut cols = std::vec![E::default(); op.groups * k * group * ohw];
+        let mut tmp = if group > 1 {
+            std::vec![E::default(); op.chan_out * group * ohw]
         } else {
-            vec![E::default(); op.groups * k * n]
+            Vec::new()
         };
-        for (img, out) in img.chunks_exact(img_len).zip(out.chunks_exact_mut(out_len)) {
-            let cols: &[E] = if op.is_pointwise() {
-                img
+        for (imgs, outs) in img
+            .chunks(group * img_len)
+            .zip(out.chunks_mut(group * out_len))
+        {
+            let nb = imgs.len() / img_len;
+            let n = nb * ohw;
+            if nb == 1 && op.is_pointwise() {
+                // The image is its own unfolding.
+                for g in 0..op.groups {
+                    Self::matmul(
+                        (m, k, n),
+                        false,
+                        filters[g * m * k..].as_ptr(),
+                        [k, 1],
+                        imgs[g * k * n..].as_ptr(),
+                        [n, 1],
+                        outs[g * m * n..].as_mut_ptr(),
+                        [n, 1],
+                    );
+                }
+                continue;
+            }
+            // cols: (G·k) × n, image i in columns i·ohw..(i+1)·ohw.
+            for (i, im) in imgs.chunks_exact(img_len).enumerate() {
+                op.im2col(im, &mut cols[i * ohw..], n);
+            }
+            // y (O × n) = W · cols, straight into the output for one image.
+            let (dst, ld): (&mut [E], usize) = if nb == 1 {
+                (&mut *outs, n)
             } else {
-                op.im2col(img, &mut cols);
-                &cols
+                (&mut tmp[..], n)
             };
             for g in 0..op.groups {
                 Self::matmul(
@@ -175,9 +214,16 @@ impl Cpu {
                     [k, 1],
                     cols[g * k * n..].as_ptr(),
                     [n, 1],
-                    out[g * m * n..].as_mut_ptr(),
-                    [n, 1],
+                    dst[g * m * ld..].as_mut_ptr(),
+                    [ld, 1],
                 );
+            }
+            if nb > 1 {
+                for (i, out) in outs.chunks_exact_mut(out_len).enumerate() {
+                    for (o, row) in out.chunks_exact_mut(ohw).enumerate() {
+                        row.copy_from_slice(&tmp[o * n + i * ohw..][..ohw]);
+                    }
+                }
             }
         }
     }
@@ -199,41 +245,65 @@ impl Cpu {
         let out_len = op.chan_out * op.h_out * op.w_out;
         let m = op.chan_out / op.groups;
         let k = op.col_rows();
-        let n = op.h_out * op.w_out;
+        let ohw = op.h_out * op.w_out;
+        let n_imgs = img.len() / img_len;
+        let group = op.group_len().min(n_imgs);
         let is_f32 = as_f32(filters).is_some();
-        let mut cols = vec![E::default(); op.groups * k * n];
-        let mut dcols = vec![E::default(); op.groups * k * n];
-        // For 16-bit types: the unfolded gradient and the image gradient in f32, and one image's
+        let width = group * ohw;
+        let mut cols = std::vec![E::default(); op.groups * k * width];
+        let mut dcols = std::vec![E::default(); op.groups * k * width];
+        // The output gradient of a group of images, channels by columns.
+        let mut dy = if group > 1 {
+            std::vec![E::default(); op.chan_out * width]
+        } else {
+            Vec::new()
+        };
+        // For 16-bit types: the unfolded gradient and the image gradient in f32, and a group's
         // filter gradient in E.
         let (mut dcols32, mut dimg32, mut dw_e) = if is_f32 {
             (Vec::new(), Vec::new(), Vec::new())
         } else {
             (
-                vec![0.0f32; op.groups * k * n],
-                vec![0.0f32; img_len],
-                vec![E::default(); op.chan_out * k],
+                std::vec![0.0f32; op.groups * k * width],
+                std::vec![0.0f32; img_len],
+                std::vec![E::default(); op.chan_out * k],
             )
         };
-        for ((img, grad_img), grad_out) in img
-            .chunks_exact(img_len)
-            .zip(grad_img.chunks_exact_mut(img_len))
-            .zip(grad_out.chunks_exact(out_len))
+        for ((imgs, grad_imgs), grad_outs) in img
+            .chunks(group * img_len)
+            .zip(grad_img.chunks_mut(group * img_len))
+            .zip(grad_out.chunks(group * out_len))
         {
-            let cols: &[E] = if op.is_pointwise() {
-                img
+            let nb = imgs.len() / img_len;
+            let n = nb * ohw;
+            let pointwise = nb == 1 && op.is_pointwise();
+            let cols: &[E] = if pointwise {
+                imgs
             } else {
-                op.im2col(img, &mut cols);
+                for (i, im) in imgs.chunks_exact(img_len).enumerate() {
+                    op.im2col(im, &mut cols[i * ohw..], n);
+                }
                 &cols
+            };
+            let dy: &[E] = if nb == 1 {
+                grad_outs
+            } else {
+                for (i, go) in grad_outs.chunks_exact(out_len).enumerate() {
+                    for (o, row) in go.chunks_exact(ohw).enumerate() {
+                        dy[o * n + i * ohw..][..ohw].copy_from_slice(row);
+                    }
+                }
+                &dy
             };
             for g in 0..op.groups {
                 // dW[g] (m × k) += dY[g] (m × n) · cols[g]ᵀ (n × k)
-                let dy = grad_out[g * m * n..].as_ptr();
+                let dyp = dy[g * m * n..].as_ptr();
                 let c = cols[g * k * n..].as_ptr();
                 if is_f32 {
                     Self::matmul(
                         (m, n, k),
                         true,
-                        dy,
+                        dyp,
                         [n, 1],
                         c,
                         [1, n],
@@ -244,7 +314,7 @@ impl Cpu {
                     Self::matmul(
                         (m, n, k),
                         false,
-                        dy,
+                        dyp,
                         [n, 1],
                         c,
                         [1, n],
@@ -258,7 +328,7 @@ impl Cpu {
                     false,
                     filters[g * m * k..].as_ptr(),
                     [1, k],
-                    dy,
+                    dyp,
                     [n, 1],
                     dcols[g * k * n..].as_mut_ptr(),
                     [n, 1],
@@ -274,20 +344,26 @@ impl Cpu {
                     }
                 }
             }
-            match as_f32_mut(grad_img) {
-                Some(grad_img) if op.is_pointwise() => {
-                    for (gi, v) in grad_img.iter_mut().zip(as_f32(&dcols).unwrap()) {
-                        *gi += *v;
-                    }
-                }
-                Some(grad_img) => op.col2im(as_f32(&dcols).unwrap(), grad_img),
+            let dcols_len = op.groups * k * n;
+            let dcols32: &[f32] = match as_f32(&dcols[..dcols_len]) {
+                Some(d) => d,
                 None => {
-                    to_f32(&dcols, &mut dcols32);
-                    if op.is_pointwise() {
-                        add_from_f32(&dcols32[..img_len], grad_img);
-                    } else {
+                    to_f32(&dcols[..dcols_len], &mut dcols32[..dcols_len]);
+                    &dcols32[..dcols_len]
+                }
+            };
+            for (i, grad_img) in grad_imgs.chunks_exact_mut(img_len).enumerate() {
+                match as_f32_mut(grad_img) {
+                    Some(grad_img) if pointwise => {
+                        for (gi, v) in grad_img.iter_mut().zip(dcols32) {
+                            *gi += *v;
+                        }
+                    }
+                    Some(grad_img) => op.col2im(&dcols32[i * ohw..], n, grad_img),
+                    None if pointwise => add_from_f32(&dcols32[..img_len], grad_img),
+                    None => {
                         dimg32.fill(0.0);
-                        op.col2im(&dcols32, &mut dimg32);
+                        op.col2im(&dcols32[i * ohw..], n, &mut dimg32);
                         add_from_f32(&dimg32, grad_img);
                     }
                 }
