@@ -13,7 +13,8 @@
 //!
 //! Run with `cargo bench --bench conv_step` (add `-- --steps N --repetitions R` to change the
 //! number of timed steps per repetition and of repetitions, `-- --only f32` or `--only f16` for
-//! one precision, `-- --no-ops` or `--no-step` to skip a part).
+//! one precision, `-- --no-ops` or `--no-step` to skip a part, `-- --op conv2` for the ops whose
+//! name contains `conv2`).
 
 use std::time::{Duration, Instant};
 
@@ -169,6 +170,13 @@ fn minimum(samples: &[Duration]) -> f64 {
     samples.iter().min().unwrap().as_secs_f64() * 1e3
 }
 
+/// Only ops whose name contains this run (`--op NAME`).
+static OP_FILTER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+fn wanted(name: &str) -> bool {
+    OP_FILTER.get().map_or(true, |f| name.contains(f.as_str()))
+}
+
 fn report(name: &str, t: OpTimes, sum_bwd: [f64; 2]) {
     let (fwd_min, bwd_min) = (minimum(&t.fwd), minimum(&t.bwd) - sum_bwd[1]);
     let fwd = median(t.fwd);
@@ -203,58 +211,78 @@ where
         sum1[0], sum2[0]
     );
 
-    let t = time_op(&x0, reps, |x| {
-        (x, w1.clone()).conv2d(Const::<1>, Const::<1>, Const::<1>, Const::<1>)
-    });
-    report("conv1 1->16 3x3 @28x28", t, sum1);
-    let t = time_op(&x2, reps, |x| {
-        (x, w2.clone()).conv2d(Const::<1>, Const::<1>, Const::<1>, Const::<1>)
-    });
-    report("conv2 16->32 3x3 @14x14", t, sum2);
+    if wanted("conv1 1->16 3x3 @28x28") {
+        let t = time_op(&x0, reps, |x| {
+            (x, w1.clone()).conv2d(Const::<1>, Const::<1>, Const::<1>, Const::<1>)
+        });
+        report("conv1 1->16 3x3 @28x28", t, sum1);
+    }
+    if wanted("conv2 16->32 3x3 @14x14") {
+        let t = time_op(&x2, reps, |x| {
+            (x, w2.clone()).conv2d(Const::<1>, Const::<1>, Const::<1>, Const::<1>)
+        });
+        report("conv2 16->32 3x3 @14x14", t, sum2);
+    }
 
-    let t = time_op(&x1, reps, |x| {
-        let s = *x.shape();
-        x + b1.clone().broadcast_like::<_, Axes3<0, 2, 3>>(&s)
-    });
-    report("bias add 16 @28x28", t, sum1);
-    let t = time_op(&y2, reps, |x| {
-        let s = *x.shape();
-        x + b2.clone().broadcast_like::<_, Axes3<0, 2, 3>>(&s)
-    });
-    report("bias add 32 @14x14", t, sum2);
+    if wanted("bias add 16 @28x28") {
+        let t = time_op(&x1, reps, |x| {
+            let s = *x.shape();
+            x + b1.clone().broadcast_like::<_, Axes3<0, 2, 3>>(&s)
+        });
+        report("bias add 16 @28x28", t, sum1);
+    }
+    if wanted("bias add 32 @14x14") {
+        let t = time_op(&y2, reps, |x| {
+            let s = *x.shape();
+            x + b2.clone().broadcast_like::<_, Axes3<0, 2, 3>>(&s)
+        });
+        report("bias add 32 @14x14", t, sum2);
+    }
 
     let mut bn1 = dev.build_module::<BatchNorm2D<16>, E>();
-    let t = time_op(&x1, reps, |x| bn1.forward_mut(x));
-    report("batch norm 16 @28x28 (train)", t, sum1);
+    if wanted("batch norm 16 @28x28 (train)") {
+        let t = time_op(&x1, reps, |x| bn1.forward_mut(x));
+        report("batch norm 16 @28x28 (train)", t, sum1);
+    }
     let mut bn2 = dev.build_module::<BatchNorm2D<32>, E>();
-    let t = time_op(&y2, reps, |x| bn2.forward_mut(x));
-    report("batch norm 32 @14x14 (train)", t, sum2);
+    if wanted("batch norm 32 @14x14 (train)") {
+        let t = time_op(&y2, reps, |x| bn2.forward_mut(x));
+        report("batch norm 32 @14x14 (train)", t, sum2);
+    }
 
-    let t = time_op(&x1, reps, |x| x.relu());
-    report("relu 16 @28x28", t, sum1);
-    let t = time_op(&y2, reps, |x| x.relu());
-    report("relu 32 @14x14", t, sum2);
+    if wanted("relu 16 @28x28") {
+        let t = time_op(&x1, reps, |x| x.relu());
+        report("relu 16 @28x28", t, sum1);
+    }
+    if wanted("relu 32 @14x14") {
+        let t = time_op(&y2, reps, |x| x.relu());
+        report("relu 32 @14x14", t, sum2);
+    }
 
-    let t = time_op(&x1, reps, |x| {
-        x.pool2d(
-            Pool2DKind::Max,
-            Const::<2>,
-            Const::<2>,
-            Const::<0>,
-            Const::<1>,
-        )
-    });
-    report("max pool 2 16 @28x28", t, sum_p1);
-    let t = time_op(&y2, reps, |x| {
-        x.pool2d(
-            Pool2DKind::Max,
-            Const::<2>,
-            Const::<2>,
-            Const::<0>,
-            Const::<1>,
-        )
-    });
-    report("max pool 2 32 @14x14", t, sum_p2);
+    if wanted("max pool 2 16 @28x28") {
+        let t = time_op(&x1, reps, |x| {
+            x.pool2d(
+                Pool2DKind::Max,
+                Const::<2>,
+                Const::<2>,
+                Const::<0>,
+                Const::<1>,
+            )
+        });
+        report("max pool 2 16 @28x28", t, sum_p1);
+    }
+    if wanted("max pool 2 32 @14x14") {
+        let t = time_op(&y2, reps, |x| {
+            x.pool2d(
+                Pool2DKind::Max,
+                Const::<2>,
+                Const::<2>,
+                Const::<0>,
+                Const::<1>,
+            )
+        });
+        report("max pool 2 32 @14x14", t, sum_p2);
+    }
 }
 
 fn main() {
@@ -275,6 +303,11 @@ fn main() {
             "--only" => only = args.next(),
             "--no-ops" => run_ops = false,
             "--no-step" => run_step = false,
+            "--op" => {
+                if let Some(f) = args.next() {
+                    let _ = OP_FILTER.set(f);
+                }
+            }
             _ => {} // cargo bench passes `--bench`
         }
     }

@@ -15,7 +15,7 @@ use crate::shapes::{Dtype, Shape};
 use crate::tensor::{cpu::*, *};
 use crate::tensor_ops::matmul::cpu_kernel::MatMulImpl;
 use crate::tensor_ops::utilities::cpu_f32::{
-    add_from_f32, as_f32, as_f32_mut, from_f32, par_chunks_mut, pieces, to_f32,
+    add_from_f32, as_f32, as_f32_mut, from_f32, par_chunks_mut, pieces, to_f32, with_scratch,
 };
 
 use super::{Conv2DKernel, Conv2DOp};
@@ -72,6 +72,27 @@ impl Conv2DOp {
                     let row = &mut cols[r * ld..r * ld + ohw];
                     row[..oh_lo * ow_n].fill(zero);
                     row[oh_hi * ow_n..].fill(zero);
+                    if s == 1 && ow_n == w && oh_lo < oh_hi && ow_lo < ow_hi {
+                        // Unit stride, output as wide as the input: the unfolded row is the
+                        // plane shifted by a constant, so copy the whole span at once, then
+                        // zero the padding columns (which the span filled from the neighbouring
+                        // rows).
+                        let y0 = (oh_lo as isize + y_off) as usize;
+                        let dst0 = oh_lo * w + ow_lo;
+                        let src0 = y0 * w + (ow_lo as isize + x_off) as usize;
+                        let len = (oh_hi - oh_lo - 1) * w + (ow_hi - ow_lo);
+                        row[dst0..dst0 + len].copy_from_slice(&plane[src0..src0 + len]);
+                        for oh in oh_lo..oh_hi {
+                            let r = &mut row[oh * w..(oh + 1) * w];
+                            for v in &mut r[..ow_lo] {
+                                *v = zero;
+                            }
+                            for v in &mut r[ow_hi..] {
+                                *v = zero;
+                            }
+                        }
+                        continue;
+                    }
                     for oh in oh_lo..oh_hi {
                         let y = (oh * s) as isize + y_off;
                         let src = &plane[y as usize * w..(y as usize + 1) * w];
@@ -97,7 +118,9 @@ impl Conv2DOp {
 
     /// The adjoint of [Self::im2col]: `img[c][y][x] += cols[..][..]` for every unfolded element
     /// that was read from `(c, y, x)`. Row `r` of `cols` starts at `r · ld`.
-    fn col2im(&self, cols: &[f32], ld: usize, img: &mut [f32]) {
+    ///
+    /// `cols` is scratch: the kernel may zero the entries that fall in the padding.
+    fn col2im(&self, cols: &mut [f32], ld: usize, img: &mut [f32]) {
         let (k, s, d, p) = (
             self.kernel,
             self.stride,
@@ -118,7 +141,32 @@ impl Conv2DOp {
                         continue;
                     }
                     let r = (c * k + ki) * k + kj;
-                    let row = &cols[r * ld..r * ld + ohw];
+                    let row = &mut cols[r * ld..r * ld + ohw];
+                    if s == 1 && ow_n == w && oh_lo < oh_hi {
+                        // As in im2col: one span, shifted by a constant, once the padding
+                        // columns (which the span maps onto the neighbouring rows) are zeroed.
+                        for oh in oh_lo..oh_hi {
+                            let r = &mut row[oh * w..(oh + 1) * w];
+                            for v in &mut r[..ow_lo] {
+                                *v = 0.0;
+                            }
+                            for v in &mut r[ow_hi..] {
+                                *v = 0.0;
+                            }
+                        }
+                        let y0 = (oh_lo as isize + y_off) as usize;
+                        let src0 = oh_lo * w + ow_lo;
+                        let dst0 = y0 * w + (ow_lo as isize + x_off) as usize;
+                        let len = (oh_hi - oh_lo - 1) * w + (ow_hi - ow_lo);
+                        for (o, v) in plane[dst0..dst0 + len]
+                            .iter_mut()
+                            .zip(&row[src0..src0 + len])
+                        {
+                            *o += *v;
+                        }
+                        continue;
+                    }
+                    let row = &*row;
                     for oh in oh_lo..oh_hi {
                         let y = ((oh * s) as isize + y_off) as usize;
                         let x0 = ((ow_lo * s) as isize + x_off) as usize;
@@ -168,64 +216,66 @@ impl Cpu {
         let ohw = op.h_out * op.w_out;
         let n_imgs = img.len() / img_len;
         let group = op.group_len().min(n_imgs);
-        let mut cols = std::vec![E::default(); op.groups * k * group * ohw];
-        let mut tmp = if group > 1 {
-            std::vec![E::default(); op.chan_out * group * ohw]
+        let tmp_len = if group > 1 {
+            op.chan_out * group * ohw
         } else {
-            Vec::new()
+            0
         };
-        for (imgs, outs) in img
-            .chunks(group * img_len)
-            .zip(out.chunks_mut(group * out_len))
-        {
-            let nb = imgs.len() / img_len;
-            let n = nb * ohw;
-            if nb == 1 && op.is_pointwise() {
-                // The image is its own unfolding.
+        let lens = [op.groups * k * group * ohw, tmp_len];
+        with_scratch::<E, f32, _, 2, 0>(lens, [], |[cols, tmp], []| {
+            for (imgs, outs) in img
+                .chunks(group * img_len)
+                .zip(out.chunks_mut(group * out_len))
+            {
+                let nb = imgs.len() / img_len;
+                let n = nb * ohw;
+                if nb == 1 && op.is_pointwise() {
+                    // The image is its own unfolding.
+                    for g in 0..op.groups {
+                        Self::matmul(
+                            (m, k, n),
+                            false,
+                            filters[g * m * k..].as_ptr(),
+                            [k, 1],
+                            imgs[g * k * n..].as_ptr(),
+                            [n, 1],
+                            outs[g * m * n..].as_mut_ptr(),
+                            [n, 1],
+                        );
+                    }
+                    continue;
+                }
+                // cols: (G·k) × n, image i in columns i·ohw..(i+1)·ohw.
+                for (i, im) in imgs.chunks_exact(img_len).enumerate() {
+                    op.im2col(im, &mut cols[i * ohw..], n);
+                }
+                // y (O × n) = W · cols, straight into the output for one image.
+                let (dst, ld): (&mut [E], usize) = if nb == 1 {
+                    (&mut *outs, n)
+                } else {
+                    (&mut *tmp, n)
+                };
                 for g in 0..op.groups {
                     Self::matmul(
                         (m, k, n),
                         false,
                         filters[g * m * k..].as_ptr(),
                         [k, 1],
-                        imgs[g * k * n..].as_ptr(),
+                        cols[g * k * n..].as_ptr(),
                         [n, 1],
-                        outs[g * m * n..].as_mut_ptr(),
-                        [n, 1],
+                        dst[g * m * ld..].as_mut_ptr(),
+                        [ld, 1],
                     );
                 }
-                continue;
-            }
-            // cols: (G·k) × n, image i in columns i·ohw..(i+1)·ohw.
-            for (i, im) in imgs.chunks_exact(img_len).enumerate() {
-                op.im2col(im, &mut cols[i * ohw..], n);
-            }
-            // y (O × n) = W · cols, straight into the output for one image.
-            let (dst, ld): (&mut [E], usize) = if nb == 1 {
-                (&mut *outs, n)
-            } else {
-                (&mut tmp[..], n)
-            };
-            for g in 0..op.groups {
-                Self::matmul(
-                    (m, k, n),
-                    false,
-                    filters[g * m * k..].as_ptr(),
-                    [k, 1],
-                    cols[g * k * n..].as_ptr(),
-                    [n, 1],
-                    dst[g * m * ld..].as_mut_ptr(),
-                    [ld, 1],
-                );
-            }
-            if nb > 1 {
-                for (i, out) in outs.chunks_exact_mut(out_len).enumerate() {
-                    for (o, row) in out.chunks_exact_mut(ohw).enumerate() {
-                        row.copy_from_slice(&tmp[o * n + i * ohw..][..ohw]);
+                if nb > 1 {
+                    for (i, out) in outs.chunks_exact_mut(out_len).enumerate() {
+                        for (o, row) in out.chunks_exact_mut(ohw).enumerate() {
+                            row.copy_from_slice(&tmp[o * n + i * ohw..][..ohw]);
+                        }
                     }
                 }
             }
-        }
+        })
     }
 
     /// For the images in `img` and `grad_out`: `grad_img += col2im(Wᵀ · grad_out)`, and
@@ -250,125 +300,123 @@ impl Cpu {
         let group = op.group_len().min(n_imgs);
         let is_f32 = as_f32(filters).is_some();
         let width = group * ohw;
-        let mut cols = std::vec![E::default(); op.groups * k * width];
-        let mut dcols = std::vec![E::default(); op.groups * k * width];
-        // The output gradient of a group of images, channels by columns.
-        let mut dy = if group > 1 {
-            std::vec![E::default(); op.chan_out * width]
-        } else {
-            Vec::new()
-        };
-        // For 16-bit types: the unfolded gradient and the image gradient in f32, and a group's
-        // filter gradient in E.
-        let (mut dcols32, mut dimg32, mut dw_e) = if is_f32 {
-            (Vec::new(), Vec::new(), Vec::new())
-        } else {
-            (
-                std::vec![0.0f32; op.groups * k * width],
-                std::vec![0.0f32; img_len],
-                std::vec![E::default(); op.chan_out * k],
-            )
-        };
-        for ((imgs, grad_imgs), grad_outs) in img
-            .chunks(group * img_len)
-            .zip(grad_img.chunks_mut(group * img_len))
-            .zip(grad_out.chunks(group * out_len))
-        {
-            let nb = imgs.len() / img_len;
-            let n = nb * ohw;
-            let pointwise = nb == 1 && op.is_pointwise();
-            let cols: &[E] = if pointwise {
-                imgs
-            } else {
-                for (i, im) in imgs.chunks_exact(img_len).enumerate() {
-                    op.im2col(im, &mut cols[i * ohw..], n);
-                }
-                &cols
-            };
-            let dy: &[E] = if nb == 1 {
-                grad_outs
-            } else {
-                for (i, go) in grad_outs.chunks_exact(out_len).enumerate() {
-                    for (o, row) in go.chunks_exact(ohw).enumerate() {
-                        dy[o * n + i * ohw..][..ohw].copy_from_slice(row);
+        // cols and dcols; the output gradient of a group of images, channels by columns; and
+        // for 16-bit types, a group's filter gradient in E, the unfolded gradient and the image
+        // gradient in f32.
+        let dy_len = if group > 1 { op.chan_out * width } else { 0 };
+        let half = if is_f32 { 0 } else { 1 };
+        let lens_e = [
+            op.groups * k * width,
+            op.groups * k * width,
+            dy_len,
+            half * op.chan_out * k,
+        ];
+        let lens_f = [half * op.groups * k * width, half * img_len];
+        with_scratch::<E, f32, _, 4, 2>(
+            lens_e,
+            lens_f,
+            |[cols, dcols, dy, dw_e], [dcols32, dimg32]| {
+                for ((imgs, grad_imgs), grad_outs) in img
+                    .chunks(group * img_len)
+                    .zip(grad_img.chunks_mut(group * img_len))
+                    .zip(grad_out.chunks(group * out_len))
+                {
+                    let nb = imgs.len() / img_len;
+                    let n = nb * ohw;
+                    let pointwise = nb == 1 && op.is_pointwise();
+                    let cols: &[E] = if pointwise {
+                        imgs
+                    } else {
+                        for (i, im) in imgs.chunks_exact(img_len).enumerate() {
+                            op.im2col(im, &mut cols[i * ohw..], n);
+                        }
+                        &*cols
+                    };
+                    let dy: &[E] = if nb == 1 {
+                        grad_outs
+                    } else {
+                        for (i, go) in grad_outs.chunks_exact(out_len).enumerate() {
+                            for (o, row) in go.chunks_exact(ohw).enumerate() {
+                                dy[o * n + i * ohw..][..ohw].copy_from_slice(row);
+                            }
+                        }
+                        &*dy
+                    };
+                    for g in 0..op.groups {
+                        // dW[g] (m × k) += dY[g] (m × n) · cols[g]ᵀ (n × k)
+                        let dyp = dy[g * m * n..].as_ptr();
+                        let c = cols[g * k * n..].as_ptr();
+                        if is_f32 {
+                            Self::matmul(
+                                (m, n, k),
+                                true,
+                                dyp,
+                                [n, 1],
+                                c,
+                                [1, n],
+                                grad_w[g * m * k..].as_mut_ptr() as *mut E,
+                                [k, 1],
+                            );
+                        } else {
+                            Self::matmul(
+                                (m, n, k),
+                                false,
+                                dyp,
+                                [n, 1],
+                                c,
+                                [1, n],
+                                dw_e[g * m * k..].as_mut_ptr(),
+                                [k, 1],
+                            );
+                        }
+                        // dcols[g] (k × n) = W[g]ᵀ (k × m) · dY[g] (m × n)
+                        Self::matmul(
+                            (k, m, n),
+                            false,
+                            filters[g * m * k..].as_ptr(),
+                            [1, k],
+                            dyp,
+                            [n, 1],
+                            dcols[g * k * n..].as_mut_ptr(),
+                            [n, 1],
+                        );
                     }
-                }
-                &dy
-            };
-            for g in 0..op.groups {
-                // dW[g] (m × k) += dY[g] (m × n) · cols[g]ᵀ (n × k)
-                let dyp = dy[g * m * n..].as_ptr();
-                let c = cols[g * k * n..].as_ptr();
-                if is_f32 {
-                    Self::matmul(
-                        (m, n, k),
-                        true,
-                        dyp,
-                        [n, 1],
-                        c,
-                        [1, n],
-                        grad_w[g * m * k..].as_mut_ptr() as *mut E,
-                        [k, 1],
-                    );
-                } else {
-                    Self::matmul(
-                        (m, n, k),
-                        false,
-                        dyp,
-                        [n, 1],
-                        c,
-                        [1, n],
-                        dw_e[g * m * k..].as_mut_ptr(),
-                        [k, 1],
-                    );
-                }
-                // dcols[g] (k × n) = W[g]ᵀ (k × m) · dY[g] (m × n)
-                Self::matmul(
-                    (k, m, n),
-                    false,
-                    filters[g * m * k..].as_ptr(),
-                    [1, k],
-                    dyp,
-                    [n, 1],
-                    dcols[g * k * n..].as_mut_ptr(),
-                    [n, 1],
-                );
-            }
-            if !is_f32 {
-                let mut buf = [0.0f32; 256];
-                for (dw, w) in grad_w.chunks_mut(256).zip(dw_e.chunks(256)) {
-                    let b = &mut buf[..w.len()];
-                    to_f32(w, b);
-                    for (d, v) in dw.iter_mut().zip(b.iter()) {
-                        *d += *v;
-                    }
-                }
-            }
-            let dcols_len = op.groups * k * n;
-            let dcols32: &[f32] = match as_f32(&dcols[..dcols_len]) {
-                Some(d) => d,
-                None => {
-                    to_f32(&dcols[..dcols_len], &mut dcols32[..dcols_len]);
-                    &dcols32[..dcols_len]
-                }
-            };
-            for (i, grad_img) in grad_imgs.chunks_exact_mut(img_len).enumerate() {
-                match as_f32_mut(grad_img) {
-                    Some(grad_img) if pointwise => {
-                        for (gi, v) in grad_img.iter_mut().zip(dcols32) {
-                            *gi += *v;
+                    if !is_f32 {
+                        let mut buf = [0.0f32; 256];
+                        for (dw, w) in grad_w.chunks_mut(256).zip(dw_e.chunks(256)) {
+                            let b = &mut buf[..w.len()];
+                            to_f32(w, b);
+                            for (d, v) in dw.iter_mut().zip(b.iter()) {
+                                *d += *v;
+                            }
                         }
                     }
-                    Some(grad_img) => op.col2im(&dcols32[i * ohw..], n, grad_img),
-                    None if pointwise => add_from_f32(&dcols32[..img_len], grad_img),
-                    None => {
-                        dimg32.fill(0.0);
-                        op.col2im(&dcols32[i * ohw..], n, &mut dimg32);
-                        add_from_f32(&dimg32, grad_img);
+                    let dcols_len = op.groups * k * n;
+                    let dcols32: &mut [f32] = if is_f32 {
+                        as_f32_mut(&mut dcols[..dcols_len]).unwrap()
+                    } else {
+                        to_f32(&dcols[..dcols_len], &mut dcols32[..dcols_len]);
+                        &mut dcols32[..dcols_len]
+                    };
+                    for (i, grad_img) in grad_imgs.chunks_exact_mut(img_len).enumerate() {
+                        match as_f32_mut(grad_img) {
+                            Some(grad_img) if pointwise => {
+                                for (gi, v) in grad_img.iter_mut().zip(dcols32.iter()) {
+                                    *gi += *v;
+                                }
+                            }
+                            Some(grad_img) => op.col2im(&mut dcols32[i * ohw..], n, grad_img),
+                            None if pointwise => add_from_f32(&dcols32[..img_len], grad_img),
+                            None => {
+                                dimg32.fill(0.0);
+                                op.col2im(&mut dcols32[i * ohw..], n, dimg32);
+                                add_from_f32(dimg32, grad_img);
+                            }
+                        }
                     }
                 }
-            }
-        }
+            },
+        )
     }
 }
 

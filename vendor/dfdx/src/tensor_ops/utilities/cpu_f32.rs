@@ -229,3 +229,57 @@ pub(crate) fn load_f32<E: Dtype>(src: &[E], off: usize, step: usize, dst: &mut [
         }
     }
 }
+
+std::thread_local! {
+    /// Per-thread scratch memory that kernels reuse from call to call (see [with_scratch]).
+    static SCRATCH: std::cell::Cell<Vec<u64>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Calls `f` with scratch slices of `A` (of lengths `a`) and of `B` (of lengths `b`), carved
+/// from this thread's reusable scratch memory, so that kernels neither allocate nor zero their
+/// buffers on every call. The slices hold arbitrary earlier values: callers write before they
+/// read. Re-entrant: a nested call (rayon may run another task on this thread while `f` waits
+/// in a parallel GEMM) finds the memory taken and uses a fresh allocation.
+pub(crate) fn with_scratch<A: Dtype, B: Dtype, R, const N: usize, const M: usize>(
+    a: [usize; N],
+    b: [usize; M],
+    f: impl FnOnce([&mut [A]; N], [&mut [B]; M]) -> R,
+) -> R {
+    // SAFETY (below): Dtypes are plain numbers (valid for any bit pattern) of at most 8 bytes
+    // and alignment at most 8; the u64 buffer is aligned to 8.
+    fn check<T>() -> usize {
+        assert!(std::mem::align_of::<T>() <= 8 && std::mem::size_of::<T>() <= 8);
+        std::mem::size_of::<T>()
+    }
+    let (sa, sb) = (check::<A>(), check::<B>());
+    // Each slice starts on a 64-byte boundary (8 u64s).
+    let words = |len: usize, size: usize| (len * size).div_ceil(64) * 8;
+    let total: usize = a.iter().map(|l| words(*l, sa)).sum::<usize>()
+        + b.iter().map(|l| words(*l, sb)).sum::<usize>();
+    let mut buf = SCRATCH.with(|s| s.take());
+    if buf.len() < total {
+        buf = std::vec![0u64; total];
+    }
+    let r = {
+        let mut rest: &mut [u64] = &mut buf[..total];
+        let mut carve = |len: usize, size: usize| {
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(words(len, size));
+            rest = tail;
+            head.as_mut_ptr()
+        };
+        let pa: [*mut u64; N] = std::array::from_fn(|i| carve(a[i], sa));
+        let pb: [*mut u64; M] = std::array::from_fn(|i| carve(b[i], sb));
+        let sa_: [&mut [A]; N] = std::array::from_fn(|i| unsafe {
+            std::slice::from_raw_parts_mut(pa[i] as *mut A, a[i])
+        });
+        let sb_: [&mut [B]; M] = std::array::from_fn(|i| unsafe {
+            std::slice::from_raw_parts_mut(pb[i] as *mut B, b[i])
+        });
+        f(sa_, sb_)
+    };
+    SCRATCH.with(|s| {
+        let old = s.take();
+        s.set(if old.len() > buf.len() { old } else { buf });
+    });
+    r
+}
