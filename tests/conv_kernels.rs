@@ -352,6 +352,102 @@ fn conv2d_matches_a_direct_convolution_fp16() {
     conv_all::<f16>();
 }
 
+/// The convolution with its bias fused, `(x, w, b).conv2d(..)` (typed-amp's `Conv2D`), against
+/// the convolution followed by a broadcast add: the output and the input and filter gradients
+/// are the same bits (the same kernels on the same values, then the same single rounding of
+/// the addition); the bias gradient sums `B·OH·OW` values of the output gradient.
+fn conv_bias_case<E: El>(case: ConvCase, rng: &mut Rng) -> f64
+where
+    Cpu: Device<E> + ConvDevice<E>,
+{
+    let dev = Cpu::default();
+    let ConvCase {
+        batch: b,
+        chan_in: c,
+        chan_out: o,
+        h,
+        w,
+        kernel: k,
+        stride: s,
+        padding: p,
+        ..
+    } = case;
+    let (oh, ow) = (case.out_dim(h).unwrap(), case.out_dim(w).unwrap());
+    let x = to_e::<E>(&rng.vec::<E>(b * c * h * w, -1.0, 1.0));
+    let wt = to_e::<E>(&rng.vec::<E>(o * c * k * k, -1.0, 1.0));
+    let bias = to_e::<E>(&rng.vec::<E>(o, -1.0, 1.0));
+    let gy = rng.vec::<E>(b * o * oh * ow, -1.0, 1.0);
+    let run = |fused: bool| {
+        let xt = dev.tensor_from_vec(x.clone(), (b, c, h, w));
+        let wtt = dev.tensor_from_vec(wt.clone(), (o, c, k, k));
+        let bt = dev.tensor_from_vec(bias.clone(), (o,));
+        let y = if fused {
+            (xt.leaky_trace(), wtt.clone(), bt.clone()).conv2d(s, p, 1, 1)
+        } else {
+            let y = (xt.leaky_trace(), wtt.clone()).conv2d(s, p, 1, 1);
+            let shape = *y.shape();
+            y + bt.leaky_trace().broadcast_like::<_, Axes3<0, 2, 3>>(&shape)
+        };
+        let y_vec = y.retaped::<NoneTape>().as_vec();
+        let gyt = dev.tensor_from_vec(to_e::<E>(&gy), (b, o, oh, ow));
+        let grads = (y * gyt).sum().backward();
+        (
+            y_vec,
+            grads.get(&xt).as_vec(),
+            grads.get(&wtt).as_vec(),
+            to_f64(&grads.get(&bt).as_vec()),
+        )
+    };
+    let (y_f, dx_f, dw_f, db_f) = run(true);
+    let (y_u, dx_u, dw_u, _) = run(false);
+    let name = format!("{} conv with fused bias {case:?}", E::NAME);
+    assert_eq!(y_f, y_u, "{name}: output");
+    assert_eq!(dx_f, dx_u, "{name}: input gradient");
+    assert_eq!(dw_f, dw_u, "{name}: filter gradient");
+    let mut db = vec![0.0; o];
+    let mut db_abs = vec![0.0; o];
+    for (i, g) in gy.iter().enumerate() {
+        db[(i / (oh * ow)) % o] += g;
+        db_abs[(i / (oh * ow)) % o] += g.abs();
+    }
+    let bound: Vec<f64> = db_abs
+        .iter()
+        .map(|a| sum_bound::<E>(b * oh * ow, *a))
+        .collect();
+    check(&format!("{name}: bias gradient"), &db_f, &db, &bound)
+}
+
+fn conv_bias_all<E: El>()
+where
+    Cpu: Device<E> + ConvDevice<E>,
+{
+    let mut rng = Rng(6);
+    let mut worst: f64 = 0.0;
+    let cases = conv_cases();
+    let cases: Vec<_> = cases
+        .iter()
+        .filter(|c| c.groups == 1 && c.dilation == 1)
+        .collect();
+    for case in &cases {
+        worst = worst.max(conv_bias_case::<E>(**case, &mut rng));
+    }
+    println!(
+        "{} conv2d with fused bias, {} cases: output and input/filter gradients equal to the unfused op; worst bias-gradient error / bound {worst:.3}",
+        E::NAME,
+        cases.len()
+    );
+}
+
+#[test]
+fn conv2d_with_fused_bias_matches_conv2d_then_add_fp32() {
+    conv_bias_all::<f32>();
+}
+
+#[test]
+fn conv2d_with_fused_bias_matches_conv2d_then_add_fp16() {
+    conv_bias_all::<f16>();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Pooling
 

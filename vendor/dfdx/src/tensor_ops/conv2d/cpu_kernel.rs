@@ -420,6 +420,164 @@ impl Cpu {
     }
 }
 
+/// `row[i] += b`, in f32 (one rounding, as the elementwise add).
+fn add_bias_row<E: Dtype>(row: &mut [E], b: f32) {
+    match as_f32_mut(row) {
+        Some(row) => {
+            for v in row {
+                *v += b;
+            }
+        }
+        None => {
+            let mut buf = [0.0f32; 256];
+            for c in row.chunks_mut(256) {
+                let t = &mut buf[..c.len()];
+                to_f32(c, t);
+                for v in t.iter_mut() {
+                    *v += b;
+                }
+                from_f32(t, c);
+            }
+        }
+    }
+}
+
+/// `Σ row`, in f32: 8 interleaved lanes, then the lanes.
+fn sum_row<E: Dtype>(row: &[E]) -> f32 {
+    fn lanes(x: &[f32]) -> f32 {
+        let mut acc = [0.0f32; 8];
+        let mut chunks = x.chunks_exact(8);
+        for c in &mut chunks {
+            for i in 0..8 {
+                acc[i] += c[i];
+            }
+        }
+        let mut s = 0.0;
+        for a in acc {
+            s += a;
+        }
+        for v in chunks.remainder() {
+            s += *v;
+        }
+        s
+    }
+    match as_f32(row) {
+        Some(row) => lanes(row),
+        None => {
+            let mut buf = [0.0f32; 256];
+            let mut s = 0.0;
+            for c in row.chunks(256) {
+                let t = &mut buf[..c.len()];
+                to_f32(c, t);
+                s += lanes(t);
+            }
+            s
+        }
+    }
+}
+
+impl Cpu {
+    /// The forward over the batch in parallel pieces, with an optional bias.
+    fn conv_fwd<E: Dtype>(
+        op: Conv2DOp,
+        lhs: &[E],
+        filters: &[E],
+        bias: Option<&[f32]>,
+        out: &mut [E],
+    ) where
+        Self: MatMulImpl<E>,
+    {
+        // The op checked that `lhs` and `rhs` are contiguous; `out` was just allocated.
+        let img_len = op.chan_in * op.h_in * op.w_in;
+        let out_len = op.chan_out * op.h_out * op.w_out;
+        let lhs = &lhs[..op.batch * img_len];
+        let out = &mut out[..op.batch * out_len];
+        let per_piece = op.batch.div_ceil(pieces(op.batch));
+        par_chunks_mut(out, per_piece * out_len, |i, out| {
+            let img = &lhs[i * per_piece * img_len..][..out.len() / out_len * img_len];
+            Self::conv_fwd_images(&op, img, filters, out);
+            if let Some(bias) = bias {
+                for out in out.chunks_exact_mut(out_len) {
+                    let rows = out.chunks_exact_mut(op.h_out * op.w_out);
+                    for (row, b) in rows.zip(bias) {
+                        add_bias_row(row, *b);
+                    }
+                }
+            }
+        });
+    }
+
+    /// The backward over the batch in parallel pieces; with `grad_bias`, also the bias
+    /// gradient.
+    #[allow(clippy::too_many_arguments)]
+    fn conv_bwd<E: Dtype>(
+        op: Conv2DOp,
+        lhs: &[E],
+        grad_lhs: &mut [E],
+        filters: &[E],
+        grad_rhs: &mut [E],
+        grad_bias: Option<&mut [E]>,
+        grad_out: &[E],
+    ) where
+        Self: MatMulImpl<E>,
+    {
+        let img_len = op.chan_in * op.h_in * op.w_in;
+        let ohw = op.h_out * op.w_out;
+        let out_len = op.chan_out * ohw;
+        let w_len = op.chan_out * op.col_rows();
+        // Each piece's partial filter gradient and, with a bias, its partial bias gradient.
+        let part_len = w_len + if grad_bias.is_some() { op.chan_out } else { 0 };
+        let with_bias = grad_bias.is_some();
+        let lhs = &lhs[..op.batch * img_len];
+        let grad_out = &grad_out[..op.batch * out_len];
+        let n_pieces = pieces(op.batch);
+        let per_piece = op.batch.div_ceil(n_pieces);
+        let mut partials = std::vec![0.0f32; n_pieces * part_len];
+        {
+            let partials = crate::tensor_ops::utilities::cpu_f32::SendPtr(partials.as_mut_ptr());
+            par_chunks_mut(
+                &mut grad_lhs[..op.batch * img_len],
+                per_piece * img_len,
+                |i, grad_img| {
+                    let b0 = i * per_piece;
+                    let nb = grad_img.len() / img_len;
+                    let p = partials;
+                    // SAFETY: piece `i` alone writes its `part_len` partials.
+                    let part =
+                        unsafe { std::slice::from_raw_parts_mut(p.0.add(i * part_len), part_len) };
+                    let (grad_w, grad_b) = part.split_at_mut(w_len);
+                    let grad_out = &grad_out[b0 * out_len..(b0 + nb) * out_len];
+                    Self::conv_bwd_images(
+                        &op,
+                        &lhs[b0 * img_len..(b0 + nb) * img_len],
+                        grad_img,
+                        filters,
+                        grad_w,
+                        grad_out,
+                    );
+                    if with_bias {
+                        for go in grad_out.chunks_exact(out_len) {
+                            for (gb, row) in grad_b.iter_mut().zip(go.chunks_exact(ohw)) {
+                                *gb += sum_row(row);
+                            }
+                        }
+                    }
+                },
+            );
+        }
+        let (total, rest) = partials.split_at_mut(part_len);
+        for part in rest.chunks_exact(part_len) {
+            for (t, v) in total.iter_mut().zip(part) {
+                *t += *v;
+            }
+        }
+        add_from_f32(&total[..w_len], &mut grad_rhs[..w_len]);
+        if let Some(grad_bias) = grad_bias {
+            add_from_f32(&total[w_len..], &mut grad_bias[..op.chan_out]);
+        }
+    }
+}
+
 impl<E: Dtype> Conv2DKernel<E> for Cpu
 where
     Self: MatMulImpl<E>,
@@ -435,17 +593,8 @@ where
         rhs: &Tensor<R, E, Self>,
         out: &mut Tensor<O, E, Self>,
     ) -> Result<(), Self::Err> {
-        // The op checked that `lhs` and `rhs` are contiguous; `out` was just allocated.
-        let img_len = op.chan_in * op.h_in * op.w_in;
-        let out_len = op.chan_out * op.h_out * op.w_out;
-        let lhs = &lhs.data[..op.batch * img_len];
-        let filters = rhs.data.as_ref();
-        let out = &mut Arc::make_mut(&mut out.data)[..op.batch * out_len];
-        let per_piece = op.batch.div_ceil(pieces(op.batch));
-        par_chunks_mut(out, per_piece * out_len, |i, out| {
-            let img = &lhs[i * per_piece * img_len..][..out.len() / out_len * img_len];
-            Self::conv_fwd_images(&op, img, filters, out);
-        });
+        let out = Arc::make_mut(&mut out.data);
+        Self::conv_fwd(op, &lhs.data, &rhs.data, None, out);
         Ok(())
     }
 
@@ -459,47 +608,47 @@ where
         _out: &impl Tensorlike<O, E, Self>,
         grad_out: &Self::Vec,
     ) -> Result<(), Self::Err> {
-        let img_len = op.chan_in * op.h_in * op.w_in;
-        let out_len = op.chan_out * op.h_out * op.w_out;
-        let w_len = op.chan_out * op.col_rows();
-        let lhs = &lhs.data[..op.batch * img_len];
-        let filters = rhs.data.as_ref();
-        let grad_out = &grad_out[..op.batch * out_len];
-        let n_pieces = pieces(op.batch);
-        let per_piece = op.batch.div_ceil(n_pieces);
-        // One partial filter gradient per piece, summed below in piece order.
-        let mut partials = std::vec![0.0f32; n_pieces * w_len];
-        {
-            let partials = crate::tensor_ops::utilities::cpu_f32::SendPtr(partials.as_mut_ptr());
-            par_chunks_mut(
-                &mut grad_lhs[..op.batch * img_len],
-                per_piece * img_len,
-                |i, grad_img| {
-                    let b0 = i * per_piece;
-                    let nb = grad_img.len() / img_len;
-                    let p = partials;
-                    // SAFETY: piece `i` alone writes partials[i·w_len..(i+1)·w_len].
-                    let grad_w =
-                        unsafe { std::slice::from_raw_parts_mut(p.0.add(i * w_len), w_len) };
-                    Self::conv_bwd_images(
-                        &op,
-                        &lhs[b0 * img_len..(b0 + nb) * img_len],
-                        grad_img,
-                        filters,
-                        grad_w,
-                        &grad_out[b0 * out_len..(b0 + nb) * out_len],
-                    );
-                },
-            );
-        }
-        let (total, rest) = partials.split_at_mut(w_len);
-        for part in rest.chunks_exact(w_len) {
-            for (t, v) in total.iter_mut().zip(part) {
-                *t += *v;
-            }
-        }
-        add_from_f32(total, &mut grad_rhs[..w_len]);
-        let _ = from_f32::<E>;
+        Self::conv_bwd(op, &lhs.data, grad_lhs, &rhs.data, grad_rhs, None, grad_out);
+        Ok(())
+    }
+
+    const FUSED_BIAS: bool = true;
+
+    fn forward_bias<L: Shape, R: Shape, B: Shape, O: Shape>(
+        &self,
+        op: Conv2DOp,
+        lhs: &Tensor<L, E, Self>,
+        rhs: &Tensor<R, E, Self>,
+        bias: &Tensor<B, E, Self>,
+        out: &mut Tensor<O, E, Self>,
+    ) -> Result<(), Self::Err> {
+        let mut b = std::vec![0.0f32; op.chan_out];
+        to_f32(&bias.data[..op.chan_out], &mut b);
+        let out = Arc::make_mut(&mut out.data);
+        Self::conv_fwd(op, &lhs.data, &rhs.data, Some(&b), out);
+        Ok(())
+    }
+
+    fn backward_bias<L: Shape, R: Shape, O: Shape>(
+        &self,
+        op: Conv2DOp,
+        lhs: &Tensor<L, E, Self>,
+        grad_lhs: &mut Self::Vec,
+        rhs: &Tensor<R, E, Self>,
+        grad_rhs: &mut Self::Vec,
+        grad_bias: &mut Self::Vec,
+        _out: &impl Tensorlike<O, E, Self>,
+        grad_out: &Self::Vec,
+    ) -> Result<(), Self::Err> {
+        Self::conv_bwd(
+            op,
+            &lhs.data,
+            grad_lhs,
+            &rhs.data,
+            grad_rhs,
+            Some(grad_bias),
+            grad_out,
+        );
         Ok(())
     }
 }
