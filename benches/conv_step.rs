@@ -6,7 +6,8 @@
 //!
 //! Prints, for each precision, the median of the whole training step (forward, cross-entropy,
 //! backward, Adam update, zeroing the gradients), and of each op alone at the shapes the CNN
-//! feeds it: its forward, and its backward. An op's backward is timed as `loss.backward()` on
+//! feeds it: its forward, and its backward. The convolutions appear alone, with their bias fused
+//! as typed-amp's `Conv2D` runs them, and the bias as the separate broadcast add it used to be. An op's backward is timed as `loss.backward()` on
 //! `op(x).sum()` minus the same for `x.sum()` of the op's output shape (the sum's own backward),
 //! so it includes allocating the input gradients, as in the step. Each op's line gives the median
 //! and the minimum: on a shared machine the minimum is the steadier measure of the op itself.
@@ -222,6 +223,19 @@ where
             (x, w2.clone()).conv2d(Const::<1>, Const::<1>, Const::<1>, Const::<1>)
         });
         report("conv2 16->32 3x3 @14x14", t, sum2);
+    }
+
+    if wanted("conv1+bias (fused) @28x28") {
+        let t = time_op(&x0, reps, |x| {
+            (x, w1.clone(), b1.clone()).conv2d(Const::<1>, Const::<1>, Const::<1>, Const::<1>)
+        });
+        report("conv1+bias (fused) @28x28", t, sum1);
+    }
+    if wanted("conv2+bias (fused) @14x14") {
+        let t = time_op(&x2, reps, |x| {
+            (x, w2.clone(), b2.clone()).conv2d(Const::<1>, Const::<1>, Const::<1>, Const::<1>)
+        });
+        report("conv2+bias (fused) @14x14", t, sum2);
     }
 
     if wanted("bias add 16 @28x28") {

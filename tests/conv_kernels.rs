@@ -1101,8 +1101,8 @@ where
         dev.tensor_from_vec(to_e::<E>(&gz), Default::default());
     let grads = (z * gzt).sum().backward();
     let mut dx_want = vec![E::default(); 5 * 4 * 6];
-    let mut db = vec![0.0; 5];
-    let mut db_abs = vec![0.0; 5];
+    let mut db = [0.0; 5];
+    let mut db_abs = [0.0; 5];
     let gze = to_e::<E>(&gz);
     for i in 0..4 {
         for j in 0..5 {
