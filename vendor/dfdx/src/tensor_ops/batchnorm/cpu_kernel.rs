@@ -29,9 +29,9 @@ const LANES: usize = 16;
 /// `Σ x`, in 16 interleaved lanes.
 #[inline]
 fn sum(x: &[f32]) -> f32 {
+    let (chunks, rest) = x.as_chunks::<LANES>();
     let mut acc = [0.0f32; LANES];
-    let mut chunks = x.chunks_exact(LANES);
-    for c in &mut chunks {
+    for c in chunks {
         for i in 0..LANES {
             acc[i] += c[i];
         }
@@ -40,7 +40,7 @@ fn sum(x: &[f32]) -> f32 {
     for a in acc {
         s += a;
     }
-    for v in chunks.remainder() {
+    for v in rest {
         s += *v;
     }
     s
@@ -49,9 +49,9 @@ fn sum(x: &[f32]) -> f32 {
 /// `Σ (x − m)²`, in 16 interleaved lanes.
 #[inline]
 fn sum_sq_dev(x: &[f32], m: f32) -> f32 {
+    let (chunks, rest) = x.as_chunks::<LANES>();
     let mut acc = [0.0f32; LANES];
-    let mut chunks = x.chunks_exact(LANES);
-    for c in &mut chunks {
+    for c in chunks {
         for i in 0..LANES {
             let d = c[i] - m;
             acc[i] += d * d;
@@ -61,7 +61,7 @@ fn sum_sq_dev(x: &[f32], m: f32) -> f32 {
     for a in acc {
         s += a;
     }
-    for v in chunks.remainder() {
+    for v in rest {
         let d = *v - m;
         s += d * d;
     }
@@ -71,12 +71,18 @@ fn sum_sq_dev(x: &[f32], m: f32) -> f32 {
 /// `(Σ dy, Σ dy·(x − m))`, in 16 interleaved lanes.
 #[inline]
 fn sum_dy_dev(dy: &[f32], x: &[f32], m: f32) -> (f32, f32) {
+    let x = &x[..dy.len()];
+    let (cd, rd) = dy.as_chunks::<LANES>();
+    let (cx, rx) = x.as_chunks::<LANES>();
+    // Two loops over the run (in L1), so that each vectorises on its own.
     let (mut a, mut b) = ([0.0f32; LANES], [0.0f32; LANES]);
-    let mut cd = dy.chunks_exact(LANES);
-    let mut cx = x.chunks_exact(LANES);
-    for (d, x) in (&mut cd).zip(&mut cx) {
+    for d in cd {
         for i in 0..LANES {
             a[i] += d[i];
+        }
+    }
+    for (d, x) in cd.iter().zip(cx) {
+        for i in 0..LANES {
             b[i] += d[i] * (x[i] - m);
         }
     }
@@ -85,7 +91,7 @@ fn sum_dy_dev(dy: &[f32], x: &[f32], m: f32) -> (f32, f32) {
         sa += a[i];
         sb += b[i];
     }
-    for (d, x) in cd.remainder().iter().zip(cx.remainder()) {
+    for (d, x) in rd.iter().zip(rx) {
         sa += *d;
         sb += *d * (*x - m);
     }

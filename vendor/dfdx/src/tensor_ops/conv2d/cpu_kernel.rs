@@ -445,9 +445,9 @@ fn add_bias_row<E: Dtype>(row: &mut [E], b: f32) {
 /// `Σ row`, in f32: 8 interleaved lanes, then the lanes.
 fn sum_row<E: Dtype>(row: &[E]) -> f32 {
     fn lanes(x: &[f32]) -> f32 {
+        let (chunks, rest) = x.as_chunks::<8>();
         let mut acc = [0.0f32; 8];
-        let mut chunks = x.chunks_exact(8);
-        for c in &mut chunks {
+        for c in chunks {
             for i in 0..8 {
                 acc[i] += c[i];
             }
@@ -456,7 +456,7 @@ fn sum_row<E: Dtype>(row: &[E]) -> f32 {
         for a in acc {
             s += a;
         }
-        for v in chunks.remainder() {
+        for v in rest {
             s += *v;
         }
         s

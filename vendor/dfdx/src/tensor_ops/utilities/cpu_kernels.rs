@@ -85,9 +85,9 @@ const LANES: usize = 8;
 fn accumulate<E: Dtype>(g: &mut [E], off: usize, step: usize, coef: E, go: &[E]) {
     match step {
         0 => {
+            let (chunks, rest) = go.as_chunks::<LANES>();
             let mut acc = [E::default(); LANES];
-            let mut chunks = go.chunks_exact(LANES);
-            for c in &mut chunks {
+            for c in chunks {
                 for i in 0..LANES {
                     acc[i] += coef * c[i];
                 }
@@ -96,7 +96,7 @@ fn accumulate<E: Dtype>(g: &mut [E], off: usize, step: usize, coef: E, go: &[E])
             for a in acc {
                 s += a;
             }
-            for v in chunks.remainder() {
+            for v in rest {
                 s += coef * *v;
             }
             g[off] += s;
@@ -119,10 +119,11 @@ fn accumulate<E: Dtype>(g: &mut [E], off: usize, step: usize, coef: E, go: &[E])
 fn accumulate_f32<E: Dtype>(g: &mut [E], off: usize, step: usize, d: &[f32], go: &[f32]) {
     match step {
         0 => {
+            let d = &d[..go.len()];
+            let (dc, dr) = d.as_chunks::<LANES>();
+            let (gc, gr) = go.as_chunks::<LANES>();
             let mut acc = [0.0f32; LANES];
-            let mut dc = d.chunks_exact(LANES);
-            let mut gc = go.chunks_exact(LANES);
-            for (d, go) in (&mut dc).zip(&mut gc) {
+            for (d, go) in dc.iter().zip(gc) {
                 for i in 0..LANES {
                     acc[i] += d[i] * go[i];
                 }
@@ -131,7 +132,7 @@ fn accumulate_f32<E: Dtype>(g: &mut [E], off: usize, step: usize, d: &[f32], go:
             for a in acc {
                 s += a;
             }
-            for (d, go) in dc.remainder().iter().zip(gc.remainder()) {
+            for (d, go) in dr.iter().zip(gr) {
                 s += *d * *go;
             }
             g[off] = E::from_f32(g[off].to_f32().unwrap() + s).unwrap();
