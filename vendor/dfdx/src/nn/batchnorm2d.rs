@@ -19,6 +19,9 @@ where
 }
 
 /// generic batchnorm forward for training
+///
+/// typed-amp patch: dispatches to the device's [BatchNormKernel] (fused on the CPU; upstream's
+/// composition of generic ops elsewhere).
 pub fn train_fwd<const C: usize, S: Shape, E: Dtype, D: Device<E>, T: Tape<E, D>, Ax: Axes>(
     x: Tensor<S, E, D, T>,
     var: &mut Tensor<Rank1<C>, E, D>,
@@ -31,42 +34,13 @@ pub fn train_fwd<const C: usize, S: Shape, E: Dtype, D: Device<E>, T: Tape<E, D>
 where
     S: HasAxes<Ax> + ReduceShapeTo<Rank1<C>, Ax>,
 {
-    let n = f64::from_usize(<S as HasAxes<Ax>>::size(x.shape())).unwrap();
-    let shape = *x.shape();
-
-    // compute statistics for updating running stats later - on tape
-    let mean_chan = x.retaped::<T>().try_mean::<Rank1<C>, _>()?;
-
-    // update statistics since we are training - off tape
-    mean.try_axpy(1.0 - momentum, &mean_chan, momentum)?;
-
-    let centered = x.try_sub(mean_chan.try_broadcast_like(&shape)?)?;
-
-    let var_chan = centered
-        .retaped::<T>()
-        .try_square()?
-        .try_mean::<Rank1<C>, _>()?;
-
-    // NOTE: uses unbiased variance in running estimate
-    var.try_axpy(1.0 - momentum, &var_chan, momentum * n / (n - 1.0))?;
-
-    // statistics for normalizing - on tape
-    let std = var_chan
-        .try_add(E::from_f64(epsilon).unwrap())?
-        .try_sqrt()?;
-
-    // record broadcast of scale & bias - on tape
-    let scale = scale
-        .retaped::<T>()
-        .try_div(std)?
-        .try_broadcast_like(&shape)?;
-    let bias = bias.retaped::<T>().try_broadcast_like(&shape)?;
-
-    // normalize & affine - on tape
-    centered.try_mul(scale)?.try_add(bias)
+    D::try_batchnorm_train(x, var, mean, scale, bias, epsilon, momentum)
 }
 
 /// generic batchnorm forward for inference
+///
+/// typed-amp patch: dispatches to the device's [BatchNormKernel] (fused on the CPU; upstream's
+/// composition of generic ops elsewhere).
 pub fn infer_fwd<const C: usize, S: Shape, E: Dtype, D: Device<E>, Ax: Axes>(
     x: Tensor<S, E, D>,
     var: &Tensor<Rank1<C>, E, D>,
@@ -78,20 +52,7 @@ pub fn infer_fwd<const C: usize, S: Shape, E: Dtype, D: Device<E>, Ax: Axes>(
 where
     Rank1<C>: BroadcastShapeTo<S, Ax>,
 {
-    let shape = *x.shape();
-
-    // statistics for normalizing
-    let std = var
-        .clone()
-        .try_add(E::from_f64(epsilon).unwrap())?
-        .try_sqrt()?;
-
-    let scale = scale.clone().try_div(std)?.try_broadcast_like(&shape)?;
-
-    // normalize & affine
-    let x = x.try_sub(mean.clone().try_broadcast_like(&shape)?)?;
-    let x = x.try_mul(scale)?;
-    x.try_add(bias.clone().try_broadcast_like(&shape)?)
+    D::try_batchnorm_infer(x, var, mean, scale, bias, epsilon)
 }
 
 /// Batch normalization for images as described in

@@ -290,6 +290,10 @@ pub use convtrans2d::TryConvTrans2D;
 mod pool2d;
 pub use pool2d::{Pool2DKind, TryPool2D};
 
+// typed-amp patch: batch norm as fused ops (CPU kernels; other devices compose generic ops).
+mod batchnorm;
+pub(crate) use batchnorm::BatchNormKernel;
+
 /// A device that runs 2-D convolution and pooling in dtype `E`: the bound generic code needs to
 /// call [TryConv2D::try_conv2d] and [TryPool2D::try_pool2d].
 ///

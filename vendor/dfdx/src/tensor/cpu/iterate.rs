@@ -214,6 +214,74 @@ impl<'q, S: Shape, E> LendingIterator for StridedMutIndexIter<'q, S, E> {
     }
 }
 
+/// typed-amp patch: iterates a contiguous output of shape `dims` together with `N` strided
+/// operands, a run at a time instead of an index computation per element. The trailing
+/// dimensions over which every operand advances by one constant stride (contiguous, or
+/// broadcast with stride 0) are merged into one run. Calls `f(out_offset, offsets, len, steps)`
+/// once per run, in the order of the output's elements: the run covers output elements
+/// `out_offset..out_offset + len`, and operand `k`'s element `j` of the run is at
+/// `offsets[k] + j * steps[k]`.
+pub(crate) fn for_each_run<const N: usize>(
+    dims: &[usize],
+    strides: [&[usize]; N],
+    mut f: impl FnMut(usize, [usize; N], usize, [usize; N]),
+) {
+    if dims.iter().any(|&d| d == 0) {
+        return;
+    }
+    // Merge trailing dimensions into the run.
+    let mut split = dims.len();
+    let mut len = 1;
+    let mut steps = [0; N];
+    let mut started = false;
+    while split > 0 {
+        let i = split - 1;
+        let d = dims[i];
+        if d == 1 {
+            split -= 1;
+        } else if !started {
+            for k in 0..N {
+                steps[k] = strides[k][i];
+            }
+            len = d;
+            started = true;
+            split -= 1;
+        } else if (0..N).all(|k| strides[k][i] == steps[k] * len) {
+            len *= d;
+            split -= 1;
+        } else {
+            break;
+        }
+    }
+    // Odometer over the remaining outer dimensions.
+    let outer = &dims[..split];
+    let mut idx = [0usize; 16];
+    let mut offs = [0usize; N];
+    let mut o = 0;
+    loop {
+        f(o, offs, len, steps);
+        o += len;
+        let mut d = split;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            for k in 0..N {
+                offs[k] += strides[k][d];
+            }
+            if idx[d] < outer[d] {
+                break;
+            }
+            for k in 0..N {
+                offs[k] -= strides[k][d] * outer[d];
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::shapes::{Rank1, Rank2, Rank3};
@@ -300,5 +368,36 @@ mod tests {
         assert_eq!(i.next(), Some(4));
         assert_eq!(i.next(), Some(5));
         assert!(i.next().is_none());
+    }
+
+    // typed-amp patch
+    #[test]
+    fn test_runs_match_nd_index() {
+        let shape: Rank3<3, 4, 5> = Default::default();
+        let cases: [[usize; 3]; 6] = [
+            [20, 5, 1],
+            [0, 1, 0],
+            [1, 0, 0],
+            [0, 0, 1],
+            [1, 3, 12],
+            [0, 5, 1],
+        ];
+        for strides in cases {
+            let mut expected = std::vec::Vec::new();
+            let mut idx = NdIndex::new(shape, strides);
+            while let Some(i) = idx.next() {
+                expected.push(i);
+            }
+            let mut got = std::vec::Vec::new();
+            let mut outs = std::vec::Vec::new();
+            super::for_each_run(&shape.concrete(), [&strides], |o, [off], len, [step]| {
+                for j in 0..len {
+                    outs.push(o + j);
+                    got.push(off + j * step);
+                }
+            });
+            assert_eq!(got, expected, "strides {strides:?}");
+            assert_eq!(outs, (0..60).collect::<std::vec::Vec<_>>());
+        }
     }
 }

@@ -4,7 +4,7 @@ mod index;
 mod iterate;
 
 pub(crate) use index::index_to_i;
-pub(crate) use iterate::{LendingIterator, NdIndex};
+pub(crate) use iterate::{for_each_run, LendingIterator, NdIndex}; // typed-amp patch: for_each_run
 
 pub(crate) use device::CachableVec;
 pub use device::{Cpu, CpuError};

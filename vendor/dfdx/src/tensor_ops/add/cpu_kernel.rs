@@ -3,6 +3,9 @@ use num_traits::Float;
 
 impl<F: Float> BinaryDerivative<F> for super::BinaryAddKernelOp {
     const HAS_CONST_DF: bool = true;
+    // typed-amp patch: 16-bit types compute the forward in f32 a block at a time
+    const ARITH: Option<crate::tensor_ops::cpu_kernels::Arith> =
+        Some(crate::tensor_ops::cpu_kernels::Arith::Add);
     #[inline(always)]
     fn f(&self, &x: &F, &y: &F) -> F {
         x + y

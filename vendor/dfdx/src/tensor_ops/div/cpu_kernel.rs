@@ -20,6 +20,9 @@ impl<F: Float> UnaryDerivative<F> for super::ScalarDivKernelOp<F> {
 
 impl<F: Float> BinaryDerivative<F> for super::BinaryDivKernelOp {
     const HAS_CONST_DF: bool = false;
+    // typed-amp patch: 16-bit types compute the forward in f32 a block at a time
+    const ARITH: Option<crate::tensor_ops::cpu_kernels::Arith> =
+        Some(crate::tensor_ops::cpu_kernels::Arith::Div);
     #[inline(always)]
     fn f(&self, &x: &F, &y: &F) -> F {
         x / y

@@ -223,7 +223,8 @@ where
     }
 }
 
-#[cfg(test)]
+// typed-amp patch: these tests use compile-time image sizes, which need nightly (as upstream).
+#[cfg(all(test, feature = "nightly"))]
 mod tests {
     use super::*;
     use crate::{tensor_ops::*, tests::*};

@@ -19,6 +19,9 @@ impl<F: num_traits::Float> UnaryDerivative<F> for super::ScalarSubKernelOp<F> {
 
 impl<F: num_traits::Float> BinaryDerivative<F> for super::BinarySubKernelOp {
     const HAS_CONST_DF: bool = true;
+    // typed-amp patch: 16-bit types compute the forward in f32 a block at a time
+    const ARITH: Option<crate::tensor_ops::cpu_kernels::Arith> =
+        Some(crate::tensor_ops::cpu_kernels::Arith::Sub);
     #[inline(always)]
     fn f(&self, &x: &F, &y: &F) -> F {
         x - y

@@ -85,11 +85,9 @@ impl<E: Dtype + NotMixedPrecision + CpuCompute> super::SumKernel<E> for Cpu {
         if Dst::NUM_DIMS == 0 {
             debug_assert_eq!(out.data.len(), 1);
             let scale = E::from_usize(inp.shape.num_elements() / inp.data.len()).unwrap();
-            let mut tmp: E::Compute = Default::default();
-            for v in inp.buf_iter() {
-                tmp += v.widen();
-            }
-            std::sync::Arc::get_mut(&mut out.data).unwrap()[0] = E::narrow(tmp * scale.widen());
+            // typed-amp patch: summed in 8 lanes (in f32 for 16-bit types), not one chain.
+            let tmp: E = sum_all(&inp.data);
+            std::sync::Arc::get_mut(&mut out.data).unwrap()[0] = tmp * scale;
         } else {
             let num_elems_reduced = <Src as HasAxes<Ax>>::size(&inp.shape);
             let inp_buf = inp.data.as_ref();
@@ -118,9 +116,9 @@ impl<E: Dtype + NotMixedPrecision + CpuCompute> super::SumKernel<E> for Cpu {
             debug_assert_eq!(grad_out.len(), 1);
             let v = grad_out[0];
             let scale = E::from_usize(inp.shape().num_elements() / inp.len()).unwrap();
-            for i in grad_inp.iter_mut() {
-                *i += v * scale;
-            }
+            // typed-amp patch: the same `grad += v · scale` for every element, 16-bit types
+            // converted a block at a time (the same single rounding as `half`'s addition).
+            add_const(grad_inp, v * scale);
         } else if E::WIDENS {
             // typed-amp patch: a broadcast input (stride 0) receives many of these additions in
             // one element; bf16 accumulates them in f32 and rounds each gradient once.
@@ -146,5 +144,60 @@ impl<E: Dtype + NotMixedPrecision + CpuCompute> super::SumKernel<E> for Cpu {
             }
         }
         Ok(())
+    }
+}
+
+/// typed-amp patch: `Σ x` in 8 interleaved lanes, in f32 for 16-bit types.
+fn sum_all<E: Dtype>(x: &[E]) -> E {
+    use crate::tensor_ops::utilities::cpu_f32::{is_half, to_f32, BLOCK};
+    fn lanes<T: Dtype>(x: &[T]) -> T {
+        let (chunks, rest) = x.as_chunks::<8>();
+        let mut acc = [T::default(); 8];
+        for c in chunks {
+            for i in 0..8 {
+                acc[i] += c[i];
+            }
+        }
+        let mut s = T::default();
+        for a in acc {
+            s += a;
+        }
+        for v in rest {
+            s += *v;
+        }
+        s
+    }
+    if is_half::<E>() {
+        let mut buf = [0.0f32; BLOCK];
+        let mut s = 0.0f32;
+        for c in x.chunks(BLOCK) {
+            let b = &mut buf[..c.len()];
+            to_f32(c, b);
+            s += lanes(b);
+        }
+        E::from_f32(s).unwrap()
+    } else {
+        lanes(x)
+    }
+}
+
+/// typed-amp patch: `g[i] += c` for every element, in f32 for 16-bit types.
+fn add_const<E: Dtype>(g: &mut [E], c: E) {
+    use crate::tensor_ops::utilities::cpu_f32::{from_f32, is_half, to_f32, BLOCK};
+    if is_half::<E>() {
+        let c = c.to_f32().unwrap();
+        let mut buf = [0.0f32; BLOCK];
+        for g in g.chunks_mut(BLOCK) {
+            let b = &mut buf[..g.len()];
+            to_f32(g, b);
+            for v in b.iter_mut() {
+                *v += c;
+            }
+            from_f32(b, g);
+        }
+    } else {
+        for v in g.iter_mut() {
+            *v += c;
+        }
     }
 }

@@ -1,13 +1,22 @@
 use std::borrow::Cow;
 
+use super::cpu_f32::{from_f32, is_half, load_f32, to_f32, BLOCK};
 use super::ops::{BinaryKernel, UnaryKernel};
 use crate::{
     shapes::{Dtype, Shape},
     tensor::{
-        cpu::{Cpu, LendingIterator, NdIndex},
+        cpu::{for_each_run, Cpu},
         unique_id, Tensor, Tensorlike, ZerosTensor,
     },
 };
+
+// typed-amp patch: the elementwise CPU kernels iterate broadcast and strided operands a run at a
+// time ([for_each_run]) instead of computing every element's index, reduce broadcast
+// gradients (stride-0 runs) in independent lanes, and, for 16-bit types, do the arithmetic that
+// surrounds an op (the forward of the four basic binary ops, and every gradient accumulation
+// `grad += df · grad_out`) in f32 a block at a time instead of through `half`'s scalar
+// operators. Results are bit-identical to upstream's except for the broadcast reductions (a
+// different summation order) and the 16-bit accumulations (one rounding instead of two).
 
 pub trait UnaryDerivative<E> {
     /// Whether the [UnaryDerivative::df] function can re-use the output
@@ -28,10 +37,35 @@ pub trait UnaryDerivative<E> {
     }
 }
 
+/// typed-amp patch: the arithmetic of the four basic binary ops. 16-bit types compute it in f32
+/// a block at a time, which gives the same bits as `half`'s operators (each converts both
+/// operands to f32, computes and rounds back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arith {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+impl Arith {
+    #[inline(always)]
+    fn apply(self, a: f32, b: f32) -> f32 {
+        match self {
+            Arith::Add => a + b,
+            Arith::Sub => a - b,
+            Arith::Mul => a * b,
+            Arith::Div => a / b,
+        }
+    }
+}
+
 pub trait BinaryDerivative<E>: std::fmt::Debug {
     /// Whether the derivative of this op can be computed without
     /// any data.
     const HAS_CONST_DF: bool;
+    /// typed-amp patch: `Some` when [BinaryDerivative::f] is one of the four basic operations.
+    const ARITH: Option<Arith> = None;
     fn f(&self, x: &E, y: &E) -> E;
     fn dfdx(&self, x: &E, y: &E) -> E;
     fn dfdy(&self, x: &E, y: &E) -> E;
@@ -40,6 +74,91 @@ pub trait BinaryDerivative<E>: std::fmt::Debug {
     }
     fn const_dfdy(&self) -> E {
         unimplemented!()
+    }
+}
+
+/// Lanes for reductions of a broadcast gradient.
+const LANES: usize = 8;
+
+/// `g[off + j·step] += coef · go[j]` for each `j`; a stride-0 `g` gets the sum, summed in lanes.
+#[inline(always)]
+fn accumulate<E: Dtype>(g: &mut [E], off: usize, step: usize, coef: E, go: &[E]) {
+    match step {
+        0 => {
+            let (chunks, rest) = go.as_chunks::<LANES>();
+            let mut acc = [E::default(); LANES];
+            for c in chunks {
+                for i in 0..LANES {
+                    acc[i] += coef * c[i];
+                }
+            }
+            let mut s = E::default();
+            for a in acc {
+                s += a;
+            }
+            for v in rest {
+                s += coef * *v;
+            }
+            g[off] += s;
+        }
+        1 => {
+            for (g, go) in g[off..off + go.len()].iter_mut().zip(go) {
+                *g += coef * *go;
+            }
+        }
+        _ => {
+            for (j, go) in go.iter().enumerate() {
+                g[off + j * step] += coef * *go;
+            }
+        }
+    }
+}
+
+/// `g[off + j·step] += d[j] · go[j]` for each `j`, in f32 (`g` holds a 16-bit type).
+#[inline(always)]
+fn accumulate_f32<E: Dtype>(g: &mut [E], off: usize, step: usize, d: &[f32], go: &[f32]) {
+    match step {
+        0 => {
+            let d = &d[..go.len()];
+            let (dc, dr) = d.as_chunks::<LANES>();
+            let (gc, gr) = go.as_chunks::<LANES>();
+            let mut acc = [0.0f32; LANES];
+            for (d, go) in dc.iter().zip(gc) {
+                for i in 0..LANES {
+                    acc[i] += d[i] * go[i];
+                }
+            }
+            let mut s = 0.0f32;
+            for a in acc {
+                s += a;
+            }
+            for (d, go) in dr.iter().zip(gr) {
+                s += *d * *go;
+            }
+            g[off] = E::from_f32(g[off].to_f32().unwrap() + s).unwrap();
+        }
+        1 => {
+            let mut buf = [0.0f32; BLOCK];
+            let g = &mut g[off..off + go.len()];
+            for ((g, d), go) in g
+                .chunks_mut(BLOCK)
+                .zip(d.chunks(BLOCK))
+                .zip(go.chunks(BLOCK))
+            {
+                let b = &mut buf[..g.len()];
+                to_f32(g, b);
+                for ((b, d), go) in b.iter_mut().zip(d).zip(go) {
+                    *b += *d * *go;
+                }
+                from_f32(b, g);
+            }
+        }
+        _ => {
+            for (j, (d, go)) in d.iter().zip(go).enumerate() {
+                let i = off + j * step;
+                g[i] = E::from_f32(g[i].to_f32().unwrap() + *d * *go).unwrap();
+            }
+        }
     }
 }
 
@@ -85,21 +204,50 @@ impl<E: Dtype, Op: UnaryDerivative<E>> UnaryKernel<Op, E> for Cpu {
         out: &impl Tensorlike<S, E, Self>,
         grad_out: &Self::Vec,
     ) -> Result<(), Self::Err> {
+        let grad_inp: &mut [E] = grad_inp;
+        let grad_out: &[E] = grad_out;
+        if is_half::<E>() {
+            // df in E, then grad_inp += df · grad_out in f32, a block at a time.
+            let (mut d, mut d32, mut go32) = ([E::default(); BLOCK], [0.0; BLOCK], [0.0; BLOCK]);
+            let data = match (inp.data(), out.data()) {
+                (None, None) => None,
+                (None, Some(out)) => Some(out),
+                (Some(inp), None) => Some(inp),
+                _ => unreachable!(),
+            };
+            let const_df = data.is_none().then(|| op.const_df());
+            for start in (0..grad_inp.len()).step_by(BLOCK) {
+                let n = BLOCK.min(grad_inp.len() - start);
+                match (const_df, data) {
+                    (Some(df), _) => d[..n].fill(df),
+                    (None, Some(x)) => {
+                        for (d, x) in d[..n].iter_mut().zip(&x[start..start + n]) {
+                            *d = op.df(x);
+                        }
+                    }
+                    _ => unreachable!(),
+                }
+                to_f32(&d[..n], &mut d32[..n]);
+                to_f32(&grad_out[start..start + n], &mut go32[..n]);
+                accumulate_f32(grad_inp, start, 1, &d32[..n], &go32[..n]);
+            }
+            return Ok(());
+        }
         match (inp.data(), out.data()) {
             (None, None) => {
                 let df = op.const_df();
-                for (i, x) in grad_inp.iter_mut().enumerate() {
-                    *x += df * grad_out[i];
+                for (x, go) in grad_inp.iter_mut().zip(grad_out) {
+                    *x += df * *go;
                 }
             }
             (None, Some(out)) => {
-                for (i, x) in grad_inp.iter_mut().enumerate() {
-                    *x += op.df(&out[i]) * grad_out[i];
+                for ((x, o), go) in grad_inp.iter_mut().zip(out.iter()).zip(grad_out) {
+                    *x += op.df(o) * *go;
                 }
             }
             (Some(inp), None) => {
-                for (i, x) in grad_inp.iter_mut().enumerate() {
-                    *x += op.df(&inp[i]) * grad_out[i];
+                for ((x, i), go) in grad_inp.iter_mut().zip(inp.iter()).zip(grad_out) {
+                    *x += op.df(i) * *go;
                 }
             }
             _ => unreachable!(),
@@ -108,7 +256,160 @@ impl<E: Dtype, Op: UnaryDerivative<E>> UnaryKernel<Op, E> for Cpu {
     }
 }
 
-// typed-amp patch: `CpuCompute` bound; for bf16 the backward accumulates in f32 (see below).
+/// Where a binary op's forward writes: a new buffer, or in place over one of its operands.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dst {
+    New,
+    OverLhs,
+    OverRhs,
+}
+
+/// `out[i] = op.f(lhs[..], rhs[..])` over the contiguous `out` of shape `dims`, with each
+/// operand read through its strides; with [Dst::OverLhs] (or [Dst::OverRhs]) that operand is
+/// `out` itself (contiguous) and its buffer argument is ignored.
+fn binary_forward<E: Dtype, Op: BinaryDerivative<E>>(
+    op: &Op,
+    dims: &[usize],
+    lhs: (&[E], &[usize]),
+    rhs: (&[E], &[usize]),
+    out: &mut [E],
+    dst: Dst,
+) {
+    if let (Some(arith), true) = (Op::ARITH, is_half::<E>()) {
+        let (mut a, mut b, mut o32) = ([0.0f32; BLOCK], [0.0f32; BLOCK], [0.0f32; BLOCK]);
+        for_each_run(dims, [lhs.1, rhs.1], |o, [ol, or], len, [sl, sr]| {
+            for start in (0..len).step_by(BLOCK) {
+                let n = BLOCK.min(len - start);
+                let out = &mut out[o + start..o + start + n];
+                let (a, b) = (&mut a[..n], &mut b[..n]);
+                match dst {
+                    Dst::OverLhs => to_f32(out, a),
+                    _ => load_f32(lhs.0, ol + start * sl, sl, a),
+                }
+                match dst {
+                    Dst::OverRhs => to_f32(out, b),
+                    _ => load_f32(rhs.0, or + start * sr, sr, b),
+                }
+                for ((o, a), b) in o32[..n].iter_mut().zip(a.iter()).zip(b.iter()) {
+                    *o = arith.apply(*a, *b);
+                }
+                from_f32(&o32[..n], out);
+            }
+        });
+        return;
+    }
+    for_each_run(dims, [lhs.1, rhs.1], |o, [ol, or], len, [sl, sr]| {
+        let out = &mut out[o..o + len];
+        match dst {
+            Dst::New => match (sl, sr) {
+                (1, 1) => {
+                    let (l, r) = (&lhs.0[ol..ol + len], &rhs.0[or..or + len]);
+                    for ((o, l), r) in out.iter_mut().zip(l).zip(r) {
+                        *o = op.f(l, r);
+                    }
+                }
+                (1, 0) => {
+                    let r = &rhs.0[or];
+                    for (o, l) in out.iter_mut().zip(&lhs.0[ol..ol + len]) {
+                        *o = op.f(l, r);
+                    }
+                }
+                (0, 1) => {
+                    let l = &lhs.0[ol];
+                    for (o, r) in out.iter_mut().zip(&rhs.0[or..or + len]) {
+                        *o = op.f(l, r);
+                    }
+                }
+                _ => {
+                    for (j, o) in out.iter_mut().enumerate() {
+                        *o = op.f(&lhs.0[ol + j * sl], &rhs.0[or + j * sr]);
+                    }
+                }
+            },
+            Dst::OverLhs => match sr {
+                0 => {
+                    let r = &rhs.0[or];
+                    for o in out.iter_mut() {
+                        *o = op.f(o, r);
+                    }
+                }
+                1 => {
+                    for (o, r) in out.iter_mut().zip(&rhs.0[or..or + len]) {
+                        *o = op.f(o, r);
+                    }
+                }
+                _ => {
+                    for (j, o) in out.iter_mut().enumerate() {
+                        *o = op.f(o, &rhs.0[or + j * sr]);
+                    }
+                }
+            },
+            Dst::OverRhs => match sl {
+                0 => {
+                    let l = &lhs.0[ol];
+                    for o in out.iter_mut() {
+                        *o = op.f(l, o);
+                    }
+                }
+                1 => {
+                    for (o, l) in out.iter_mut().zip(&lhs.0[ol..ol + len]) {
+                        *o = op.f(l, o);
+                    }
+                }
+                _ => {
+                    for (j, o) in out.iter_mut().enumerate() {
+                        *o = op.f(&lhs.0[ol + j * sl], o);
+                    }
+                }
+            },
+        }
+    });
+}
+
+/// typed-amp patch: a binary op's backward for 16-bit `E`: the derivatives in `E`, then
+/// `grad += d · grad_out` in f32, a block at a time, into gradients stored as `G` (`E` itself,
+/// or f32 buffers that the caller rounds once).
+fn binary_backward_f32<E: Dtype, G: Dtype, Op: BinaryDerivative<E>>(
+    op: &Op,
+    dims: &[usize],
+    strides: [&[usize]; 2],
+    data: Option<(&[E], &[E])>,
+    grad_out: &[E],
+    grad_lhs: &mut [G],
+    grad_rhs: &mut [G],
+) {
+    // Derivatives in E, then grad += d · grad_out in f32, a block at a time.
+    let (mut dl, mut dr) = ([E::default(); BLOCK], [E::default(); BLOCK]);
+    let (mut dl32, mut dr32, mut go32) = ([0.0; BLOCK], [0.0; BLOCK], [0.0; BLOCK]);
+    let consts = data.is_none().then(|| (op.const_dfdx(), op.const_dfdy()));
+    for_each_run(dims, strides, |o, [ol, or], len, [sl, sr]| {
+        for start in (0..len).step_by(BLOCK) {
+            let n = BLOCK.min(len - start);
+            let (ol, or) = (ol + start * sl, or + start * sr);
+            match (consts, data) {
+                (Some((dx, dy)), _) => {
+                    dl[..n].fill(dx);
+                    dr[..n].fill(dy);
+                }
+                (None, Some((lb, rb))) => {
+                    for j in 0..n {
+                        let (l, r) = (&lb[ol + j * sl], &rb[or + j * sr]);
+                        dl[j] = op.dfdx(l, r);
+                        dr[j] = op.dfdy(l, r);
+                    }
+                }
+                _ => unreachable!(),
+            }
+            to_f32(&dl[..n], &mut dl32[..n]);
+            to_f32(&dr[..n], &mut dr32[..n]);
+            to_f32(&grad_out[o + start..o + start + n], &mut go32[..n]);
+            accumulate_f32(grad_lhs, ol, sl, &dl32[..n], &go32[..n]);
+            accumulate_f32(grad_rhs, or, sr, &dr32[..n], &go32[..n]);
+        }
+    });
+}
+
+// typed-amp patch: `CpuCompute` bound (bf16 accumulates its gradients in f32).
 impl<E: Dtype + crate::dtypes::CpuCompute, Op: BinaryDerivative<E>> BinaryKernel<Op, E> for Cpu {
     const BACKWARD_WITHOUT_DATA: bool = Op::HAS_CONST_DF;
     fn forward<S: Shape>(
@@ -120,13 +421,15 @@ impl<E: Dtype + crate::dtypes::CpuCompute, Op: BinaryDerivative<E>> BinaryKernel
         match (lhs, rhs) {
             (Cow::Borrowed(lhs), Cow::Borrowed(rhs)) => {
                 let mut out = self.try_zeros_like(&lhs.shape)?;
-                let mut lhs_iter = lhs.iter();
-                let mut rhs_iter = rhs.iter();
-                for o in out.buf_iter_mut() {
-                    let l = lhs_iter.next().unwrap();
-                    let r = rhs_iter.next().unwrap();
-                    *o = op.f(l, r);
-                }
+                let dims = lhs.shape.concrete();
+                binary_forward(
+                    &op,
+                    dims.as_ref(),
+                    (&lhs.data, lhs.strides.as_ref()),
+                    (&rhs.data, rhs.strides.as_ref()),
+                    &mut std::sync::Arc::make_mut(&mut out.data)[..],
+                    Dst::New,
+                );
                 Ok(out)
             }
             (Cow::Owned(mut lhs), Cow::Owned(mut rhs)) => {
@@ -135,19 +438,30 @@ impl<E: Dtype + crate::dtypes::CpuCompute, Op: BinaryDerivative<E>> BinaryKernel
                 if lhs_valid || rhs_valid {
                     let lhs_count = std::sync::Arc::strong_count(&lhs.data);
                     let rhs_count = std::sync::Arc::strong_count(&rhs.data);
+                    let dims = lhs.shape.concrete();
                     if rhs_valid && (rhs_count == 1 || !lhs_valid || lhs_count != 1) {
                         rhs.id = unique_id();
-                        let mut lhs_idx = NdIndex::new(lhs.shape, lhs.strides);
-                        for r in rhs.buf_iter_mut() {
-                            *r = op.f(&lhs.data[lhs_idx.next().unwrap()], r);
-                        }
+                        let strides = rhs.strides;
+                        binary_forward(
+                            &op,
+                            dims.as_ref(),
+                            (&lhs.data, lhs.strides.as_ref()),
+                            (&[], strides.as_ref()),
+                            &mut std::sync::Arc::make_mut(&mut rhs.data)[..],
+                            Dst::OverRhs,
+                        );
                         Ok(rhs)
                     } else {
                         lhs.id = unique_id();
-                        let mut rhs_idx = NdIndex::new(rhs.shape, rhs.strides);
-                        for l in lhs.buf_iter_mut() {
-                            *l = op.f(l, &rhs.data[rhs_idx.next().unwrap()]);
-                        }
+                        let strides = lhs.strides;
+                        binary_forward(
+                            &op,
+                            dims.as_ref(),
+                            (&[], strides.as_ref()),
+                            (&rhs.data, rhs.strides.as_ref()),
+                            &mut std::sync::Arc::make_mut(&mut lhs.data)[..],
+                            Dst::OverLhs,
+                        );
                         Ok(lhs)
                     }
                 } else {
@@ -171,79 +485,119 @@ impl<E: Dtype + crate::dtypes::CpuCompute, Op: BinaryDerivative<E>> BinaryKernel
         grad_rhs: &mut Self::Vec,
         grad_out: &Self::Vec,
     ) -> Result<(), Self::Err> {
-        if E::WIDENS {
-            // typed-amp patch: a broadcast operand (a bias, a batch statistic) receives one
-            // gradient term per output element. In bf16 a running sum of them stops growing at
-            // 2^8 times the terms, so bf16 accumulates in `E::Compute` (f32) and rounds each
-            // gradient once; every other dtype keeps upstream's loop below.
+        let dims = lhs.shape().concrete();
+        let (ls, rs) = (lhs.strides(), rhs.strides());
+        let grad_lhs: &mut [E] = grad_lhs;
+        let grad_rhs: &mut [E] = grad_rhs;
+        let grad_out: &[E] = grad_out;
+        // NOTE: grad_out is contiguous: the outcome of this op's forward.
+        let data = match (lhs.data(), rhs.data()) {
+            (Some(l), Some(r)) => Some((l, r)),
+            (None, None) => {
+                assert!(Op::HAS_CONST_DF);
+                None
+            }
+            _ => unreachable!(),
+        };
+        if is_half::<E>() {
             use crate::dtypes::CpuCompute;
-            let mut acc_lhs: std::vec::Vec<E::Compute> =
-                grad_lhs.iter().map(|g| g.widen()).collect();
-            let mut acc_rhs: std::vec::Vec<E::Compute> =
-                grad_rhs.iter().map(|g| g.widen()).collect();
-            let mut lhs_idx = NdIndex::new(*lhs.shape(), lhs.strides());
-            let mut rhs_idx = NdIndex::new(*rhs.shape(), rhs.strides());
-            match (lhs.data(), rhs.data()) {
-                (Some(lhs_buf), Some(rhs_buf)) => {
-                    for &go in grad_out.iter() {
-                        let lhs_i = lhs_idx.next().unwrap();
-                        let rhs_i = rhs_idx.next().unwrap();
-                        let l = &lhs_buf[lhs_i];
-                        let r = &rhs_buf[rhs_i];
-                        acc_lhs[lhs_i] += op.dfdx(l, r).widen() * go.widen();
-                        acc_rhs[rhs_i] += op.dfdy(l, r).widen() * go.widen();
-                    }
-                }
-                (None, None) => {
-                    assert!(Op::HAS_CONST_DF);
-                    let dx = op.const_dfdx().widen();
-                    let dy = op.const_dfdy().widen();
-                    for &go in grad_out.iter() {
-                        let lhs_i = lhs_idx.next().unwrap();
-                        let rhs_i = rhs_idx.next().unwrap();
-                        acc_lhs[lhs_i] += dx * go.widen();
-                        acc_rhs[rhs_i] += dy * go.widen();
-                    }
-                }
-                _ => unreachable!(),
-            }
-            for (g, a) in grad_lhs.iter_mut().zip(acc_lhs) {
-                *g = E::narrow(a);
-            }
-            for (g, a) in grad_rhs.iter_mut().zip(acc_rhs) {
-                *g = E::narrow(a);
+            let data = data.map(|(l, r)| (&l[..], &r[..]));
+            if E::WIDENS {
+                // A broadcast operand (a bias, a batch statistic) receives one gradient term
+                // per output element, one run of them at a time. In bf16 a running sum stops
+                // growing at 2^8 times its terms, so bf16 accumulates the whole gradient in
+                // f32 and rounds each element once; f16 (11 bits) rounds once per run.
+                let mut gl32 = std::vec![0.0f32; grad_lhs.len()];
+                let mut gr32 = std::vec![0.0f32; grad_rhs.len()];
+                to_f32(grad_lhs, &mut gl32);
+                to_f32(grad_rhs, &mut gr32);
+                binary_backward_f32(
+                    &op,
+                    dims.as_ref(),
+                    [ls.as_ref(), rs.as_ref()],
+                    data,
+                    grad_out,
+                    &mut gl32,
+                    &mut gr32,
+                );
+                from_f32(&gl32, grad_lhs);
+                from_f32(&gr32, grad_rhs);
+            } else {
+                binary_backward_f32(
+                    &op,
+                    dims.as_ref(),
+                    [ls.as_ref(), rs.as_ref()],
+                    data,
+                    grad_out,
+                    grad_lhs,
+                    grad_rhs,
+                );
             }
             return Ok(());
         }
-        match (lhs.data(), rhs.data()) {
-            (Some(lhs_buf), Some(rhs_buf)) => {
-                let mut lhs_idx = NdIndex::new(*lhs.shape(), lhs.strides());
-                let mut rhs_idx = NdIndex::new(*rhs.shape(), rhs.strides());
-                // NOTE: we can use .buf_iter() here because we know the outcome of this op is
-                // contiguous from forward
-                for &go in grad_out.iter() {
-                    let lhs_i = lhs_idx.next().unwrap();
-                    let rhs_i = rhs_idx.next().unwrap();
-                    let l = &lhs_buf[lhs_i];
-                    let r = &rhs_buf[rhs_i];
-                    grad_lhs[lhs_i] += op.dfdx(l, r) * go;
-                    grad_rhs[rhs_i] += op.dfdy(l, r) * go;
-                }
+        match data {
+            Some((lhs_buf, rhs_buf)) => {
+                for_each_run(
+                    dims.as_ref(),
+                    [ls.as_ref(), rs.as_ref()],
+                    |o, [ol, or], len, [sl, sr]| {
+                        let go = &grad_out[o..o + len];
+                        match (sl, sr) {
+                            (1, 1) => {
+                                let l = &lhs_buf[ol..ol + len];
+                                let r = &rhs_buf[or..or + len];
+                                let gl = &mut grad_lhs[ol..ol + len];
+                                let gr = &mut grad_rhs[or..or + len];
+                                for ((((l, r), go), gl), gr) in
+                                    l.iter().zip(r).zip(go).zip(gl).zip(gr)
+                                {
+                                    *gl += op.dfdx(l, r) * *go;
+                                    *gr += op.dfdy(l, r) * *go;
+                                }
+                            }
+                            _ => {
+                                // Accumulate a stride-0 gradient in a register, in the same order
+                                // as element by element in memory.
+                                let (mut al, mut ar) = (grad_lhs[ol], grad_rhs[or]);
+                                for (j, go) in go.iter().enumerate() {
+                                    let (il, ir) = (ol + j * sl, or + j * sr);
+                                    let (l, r) = (&lhs_buf[il], &rhs_buf[ir]);
+                                    let (dl, dr) = (op.dfdx(l, r) * *go, op.dfdy(l, r) * *go);
+                                    if sl == 0 {
+                                        al += dl;
+                                    } else {
+                                        grad_lhs[il] += dl;
+                                    }
+                                    if sr == 0 {
+                                        ar += dr;
+                                    } else {
+                                        grad_rhs[ir] += dr;
+                                    }
+                                }
+                                if sl == 0 {
+                                    grad_lhs[ol] = al;
+                                }
+                                if sr == 0 {
+                                    grad_rhs[or] = ar;
+                                }
+                            }
+                        }
+                    },
+                );
             }
-            (None, None) => {
-                assert!(Op::HAS_CONST_DF);
-                let mut lhs_idx = NdIndex::new(*lhs.shape(), lhs.strides());
-                let mut rhs_idx = NdIndex::new(*rhs.shape(), rhs.strides());
+            None => {
                 let dx = op.const_dfdx();
                 let dy = op.const_dfdy();
-                for &go in grad_out.iter() {
-                    let lhs_i = lhs_idx.next().unwrap();
-                    let rhs_i = rhs_idx.next().unwrap();
-                    grad_lhs[lhs_i] += dx * go;
-                    grad_rhs[rhs_i] += dy * go;
-                }
+                for_each_run(
+                    dims.as_ref(),
+                    [ls.as_ref(), rs.as_ref()],
+                    |o, [ol, or], len, [sl, sr]| {
+                        let go = &grad_out[o..o + len];
+                        accumulate(grad_lhs, ol, sl, dx, go);
+                        accumulate(grad_rhs, or, sr, dy, go);
+                    },
+                );
             }
-            _ => unreachable!(),
         }
         Ok(())
     }

@@ -109,6 +109,9 @@ pub trait Device<E: Dtype>:
     + BinaryKernel<super::super::maximum::MaximumKernelOp, E>
     + BinaryKernel<super::super::minimum::MinimumKernelOp, E>
     + crate::tensor_ops::axpy::AxpyKernel<E>
+
+    // typed-amp patch: fused batch norm
+    + super::super::batchnorm::BatchNormKernel<E>
 {
 }
 

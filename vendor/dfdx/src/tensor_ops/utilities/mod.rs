@@ -1,4 +1,5 @@
 mod backward;
+pub(crate) mod cpu_f32; // typed-amp patch
 pub(crate) mod cpu_kernels;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_kernels;
