@@ -1,0 +1,681 @@
+//! Training-step speed on the CPU, for side-by-side comparison with PyTorch
+//! (`benches/peers/torch_cpu_step.py`; `benches/compare_cpu.sh` runs both and prints one table).
+//!
+//! Models (the same in the PyTorch script):
+//!
+//! - `mlp`: MLP 784-512-512-10 with ReLU, batch 256;
+//! - `cnn`: the main job's CNN (`cli/src/models.rs`): conv(1→16, 3×3, pad 1)-BN-ReLU-maxpool 2,
+//!   conv(16→32, 3×3, pad 1)-BN-ReLU-maxpool 2, flatten, linear 1568→10; batch 128 of 1×28×28.
+//!
+//! Loss: cross-entropy with logits, in FP32. Optimizer: Adam (lr 1e-3, PyTorch's defaults).
+//! One fixed random batch, generated once; forward in training mode (`forward_mut`: batch norm
+//! uses and updates batch statistics).
+//!
+//! Configurations per model:
+//!
+//! - `dfdx-fp32`: plain dfdx (`OwnedTape`, `loss.backward()`, `Adam::update`, `zero_grads`);
+//! - `O0`, `O2-FP16`, `O2-BF16`, `O1-BF16`: `#[typed_amp::amp]` models trained with the typed
+//!   step as the main job does (`scale` → `backward` → `unscale` → `step` → `update`).
+//!
+//! and matrix products through dfdx's `matmul` on `(usize, usize)` tensors, 256³ and 1024³, in
+//! f32, f16 and bf16.
+//!
+//! Timing: warm-up steps, then timed steps (at least `--steps`, more until each configuration
+//! has run `--min-time` seconds, at most `--max-steps`), taken in blocks of 10 that alternate
+//! between configurations so that drifting machine load affects them alike. The figure is the
+//! median milliseconds per step (GFLOP/s of the median product time for matmul).
+//!
+//! ```text
+//! cargo bench --bench cpu_step [-- [--json] [--only mlp|cnn|matmul] [--steps N] [--warmup W]
+//!                                   [--min-time SECONDS] [--max-steps N]]
+//! ```
+//!
+//! `--json` prints one JSON object per line (`model`, `config`, `ms_per_step`, and `gflops` for
+//! matmul) instead of the table. The figures are not checked against anything: this bench only
+//! measures.
+
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+use typed_amp::amp::{AmpModel, MasterOf, WorkingOf};
+use typed_amp::dfdx::nn::builders::BatchNorm2D;
+use typed_amp::dfdx::optim::Adam;
+use typed_amp::nn::builders::{Conv2D, Flatten, MaxPool2D};
+use typed_amp::prelude::*;
+use typed_amp::{AmpError, MasterOptimizer, TrainTarget};
+
+const CLASSES: usize = 10;
+const MLP_BATCH: usize = 256;
+const CNN_BATCH: usize = 128;
+/// Timed steps in a row for one configuration before the next one's turn.
+const BLOCK: usize = 10;
+
+// ---------------------------------------------------------------------------------------------
+// Models
+
+/// Plain dfdx's MLP.
+type DfdxMlp = (
+    Linear<784, 512>,
+    ReLU,
+    Linear<512, 512>,
+    ReLU,
+    Linear<512, 10>,
+);
+
+/// Plain dfdx's CNN (typed-amp's stable conv, pool and flatten layers; dfdx's batch norm).
+type DfdxCnn = (
+    (Conv2D<1, 16, 3, 1, 1>, BatchNorm2D<16>, ReLU, MaxPool2D<2>),
+    (Conv2D<16, 32, 3, 1, 1>, BatchNorm2D<32>, ReLU, MaxPool2D<2>),
+    Flatten<{ 32 * 7 * 7 }>,
+    Linear<{ 32 * 7 * 7 }, 10>,
+);
+
+macro_rules! mlp {
+    ($name:ident, $($policy:tt)*) => {
+        #[typed_amp::amp($($policy)*, cast_model_outputs = "fp32")]
+        struct $name {
+            fc1: Linear<784, 512>,
+            act1: ReLU,
+            fc2: Linear<512, 512>,
+            act2: ReLU,
+            fc3: Linear<512, 10>,
+        }
+    };
+}
+
+mlp!(MlpO0, policy = "O0");
+mlp!(MlpO2, policy = "O2");
+mlp!(MlpO2Bf16, policy = "O2", dtype = "bf16");
+mlp!(MlpO1Bf16, policy = "O1", dtype = "bf16");
+
+macro_rules! cnn {
+    ($name:ident, $($policy:tt)*) => {
+        #[typed_amp::amp($($policy)*, cast_model_outputs = "fp32")]
+        struct $name {
+            conv1: Conv2D<1, 16, 3, 1, 1>,
+            bn1: BatchNorm2D<16>,
+            act1: ReLU,
+            pool1: MaxPool2D<2>,
+            conv2: Conv2D<16, 32, 3, 1, 1>,
+            bn2: BatchNorm2D<32>,
+            act2: ReLU,
+            pool2: MaxPool2D<2>,
+            flat: Flatten<{ 32 * 7 * 7 }>,
+            fc: Linear<{ 32 * 7 * 7 }, 10>,
+        }
+    };
+}
+
+cnn!(CnnO0, policy = "O0");
+cnn!(CnnO2, policy = "O2");
+cnn!(CnnO2Bf16, policy = "O2", dtype = "bf16");
+cnn!(CnnO1Bf16, policy = "O1", dtype = "bf16");
+
+// ---------------------------------------------------------------------------------------------
+// Data
+
+type MlpShape = (usize, Const<784>);
+type CnnShape = (usize, Const<1>, Const<28>, Const<28>);
+type Logits<T> = Tensor<(usize, Const<CLASSES>), f32, Cpu, T>;
+
+/// One fixed batch: standard-normal inputs and one-hot labels drawn uniformly.
+struct Batch<S: Shape> {
+    x: Tensor<S, f32, Cpu>,
+    y: Tensor<(usize, Const<CLASSES>), f32, Cpu>,
+}
+
+fn batch<S: Shape>(dev: &Cpu, shape: S, seed: u64) -> Batch<S> {
+    let rows = shape.concrete().into_iter().next().unwrap_or(1);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut y = vec![0.0f32; rows * CLASSES];
+    for row in y.chunks_mut(CLASSES) {
+        row[rng.gen_range(0..CLASSES)] = 1.0;
+    }
+    Batch {
+        x: dev.sample_normal_like(&shape),
+        y: dev.tensor_from_vec(y, (rows, Const)),
+    }
+}
+
+fn adam() -> AdamConfig {
+    // lr 1e-3, betas (0.9, 0.999), eps 1e-8, no weight decay: PyTorch's defaults.
+    AdamConfig {
+        lr: 1e-3,
+        ..Default::default()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Steps
+
+/// What one training step reports.
+struct StepInfo {
+    loss: f32,
+}
+
+/// A configuration ready to run: one call is one training step.
+struct Config {
+    name: &'static str,
+    step: Box<dyn FnMut() -> StepInfo>,
+    /// Skipped steps so far (dynamic loss scaling), where the configuration has a scaler.
+    skipped: Box<dyn Fn() -> u64>,
+    /// The loss of the latest step.
+    last_loss: f32,
+}
+
+/// Plain dfdx: `OwnedTape`, `loss.backward()`, `Adam::update`, `zero_grads`.
+fn dfdx_config<A, S>(dev: &Cpu, data: Batch<S>) -> Config
+where
+    S: Shape + 'static,
+    A: BuildOnDevice<Cpu, f32>,
+    A::Built: ModuleMut<
+            Tensor<S, f32, Cpu, OwnedTape<f32, Cpu>>,
+            Output = Logits<OwnedTape<f32, Cpu>>,
+        > + TensorCollection<f32, Cpu>
+        + 'static,
+{
+    let mut model = dev.build_module::<A, f32>();
+    let mut opt: Adam<A::Built, f32, Cpu> = Adam::new(&model, adam());
+    let mut grads = Some(model.alloc_grads());
+    Config {
+        name: "dfdx-fp32",
+        step: Box::new(move || {
+            let g = grads.take().expect("gradients are put back after each step");
+            let logits = model.forward_mut(data.x.clone().traced(g));
+            let loss = typed_amp::dfdx::losses::cross_entropy_with_logits_loss(
+                logits,
+                data.y.clone(),
+            );
+            let value = loss.array();
+            let mut g = loss.backward();
+            opt.update(&mut model, &g).expect("every parameter has a gradient");
+            model.zero_grads(&mut g);
+            grads = Some(g);
+            StepInfo { loss: value }
+        }),
+        skipped: Box::new(|| 0),
+        last_loss: f32::NAN,
+    }
+}
+
+/// An `#[amp]` model trained with the typed step, as `cli/src/run.rs` does.
+fn amp_config<M, S, O>(
+    name: &'static str,
+    dev: &Cpu,
+    data: Batch<S>,
+    make_optimizer: impl FnOnce(&MasterOf<M, Cpu>) -> O,
+) -> Config
+where
+    S: Shape + 'static,
+    M: AmpModel<Cpu>,
+    M::Weights: 'static,
+    WorkingOf<M, Cpu>: ModuleMut<
+        Tensor<S, f32, Cpu, MixedTape<Cpu>>,
+        Output = Logits<MixedTape<Cpu>>,
+        Error = <Cpu as HasErr>::Err,
+    >,
+    O: MasterOptimizer<MasterOf<M, Cpu>, Cpu> + 'static,
+{
+    let mut model = M::try_build(dev).expect("the model builds");
+    let mut opt = make_optimizer(model.master());
+    let scaler = std::rc::Rc::new(std::cell::RefCell::new(M::scaler()));
+    let mut grads = Some(model.alloc_grads().expect("gradients allocate"));
+    let counter = scaler.clone();
+    let step = move || -> Result<StepInfo, AmpError> {
+        let mut scaler = scaler.borrow_mut();
+        let g = grads.take().expect("gradients are put back after each step");
+        let logits = model
+            .working_mut()
+            .try_forward_mut(data.x.clone().traced_mixed(g))
+            .map_err(AmpError::device)?;
+        let loss = cross_entropy_with_logits_loss(logits, data.y.clone());
+        let value = loss.value();
+        let scaled = scaler.scale(loss).backward()?;
+        let unscaled = scaler.unscale(&mut model, scaled)?;
+        let outcome = scaler.step(&mut opt, unscaled)?;
+        grads = Some(scaler.update(outcome)?);
+        Ok(StepInfo { loss: value })
+    };
+    let mut step = step;
+    Config {
+        name,
+        step: Box::new(move || step().expect("the typed step runs")),
+        skipped: Box::new(move || counter.borrow().skipped_steps()),
+        last_loss: f32::NAN,
+    }
+}
+
+fn mlp_configs(dev: &Cpu) -> Vec<Config> {
+    let data = || batch(dev, (MLP_BATCH, Const::<784>), 1);
+    vec![
+        dfdx_config::<DfdxMlp, MlpShape>(dev, data()),
+        amp_config::<MlpO0, MlpShape, _>("O0", dev, data(), |m| {
+            Adam::<_, f32, Cpu>::new(m, adam())
+        }),
+        amp_config::<MlpO2, MlpShape, _>("O2-FP16", dev, data(), |m| {
+            Adam::<_, f32, Cpu>::new(m, adam())
+        }),
+        amp_config::<MlpO2Bf16, MlpShape, _>("O2-BF16", dev, data(), |m| {
+            Adam::<_, f32, Cpu>::new(m, adam())
+        }),
+        amp_config::<MlpO1Bf16, MlpShape, _>("O1-BF16", dev, data(), |m| {
+            Adam::<_, f32, Cpu>::new(m, adam())
+        }),
+    ]
+}
+
+fn cnn_configs(dev: &Cpu) -> Vec<Config> {
+    let data = || batch(dev, (CNN_BATCH, Const::<1>, Const::<28>, Const::<28>), 2);
+    vec![
+        dfdx_config::<DfdxCnn, CnnShape>(dev, data()),
+        amp_config::<CnnO0, CnnShape, _>("O0", dev, data(), |m| {
+            Adam::<_, f32, Cpu>::new(m, adam())
+        }),
+        amp_config::<CnnO2, CnnShape, _>("O2-FP16", dev, data(), |m| {
+            Adam::<_, f32, Cpu>::new(m, adam())
+        }),
+        amp_config::<CnnO2Bf16, CnnShape, _>("O2-BF16", dev, data(), |m| {
+            Adam::<_, f32, Cpu>::new(m, adam())
+        }),
+        amp_config::<CnnO1Bf16, CnnShape, _>("O1-BF16", dev, data(), |m| {
+            Adam::<_, f32, Cpu>::new(m, adam())
+        }),
+    ]
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timing
+
+struct Options {
+    json: bool,
+    only: Option<String>,
+    steps: usize,
+    warmup: usize,
+    min_time: f64,
+    max_steps: usize,
+}
+
+impl Options {
+    fn parse() -> Options {
+        let mut o = Options {
+            json: false,
+            only: None,
+            steps: 30,
+            warmup: 5,
+            min_time: 2.0,
+            max_steps: 300,
+        };
+        let mut args = std::env::args().skip(1);
+        while let Some(arg) = args.next() {
+            let mut value = |name: &str| {
+                args.next()
+                    .unwrap_or_else(|| usage(&format!("{name} needs a value")))
+            };
+            match arg.as_str() {
+                "--json" => o.json = true,
+                "--only" => {
+                    let v = value("--only");
+                    if !["mlp", "cnn", "matmul"].contains(&v.as_str()) {
+                        usage(&format!("--only {v}: expected mlp, cnn or matmul"));
+                    }
+                    o.only = Some(v);
+                }
+                "--steps" => o.steps = number(&value("--steps"), "--steps"),
+                "--warmup" => o.warmup = number(&value("--warmup"), "--warmup"),
+                "--max-steps" => o.max_steps = number(&value("--max-steps"), "--max-steps"),
+                "--min-time" => {
+                    let v = value("--min-time");
+                    o.min_time = v
+                        .parse()
+                        .unwrap_or_else(|_| usage(&format!("--min-time {v}: expected seconds")));
+                }
+                "-h" | "--help" => usage(""),
+                // `cargo bench` passes `--bench`; ignore anything else it may add.
+                _ => {}
+            }
+        }
+        o.steps = o.steps.max(1);
+        o.max_steps = o.max_steps.max(o.steps);
+        o
+    }
+
+    fn runs(&self, what: &str) -> bool {
+        self.only.as_deref().is_none_or(|only| only == what)
+    }
+}
+
+fn number(v: &str, name: &str) -> usize {
+    v.parse()
+        .unwrap_or_else(|_| usage(&format!("{name} {v}: expected a whole number")))
+}
+
+fn usage(problem: &str) -> ! {
+    if !problem.is_empty() {
+        eprintln!("error: {problem}");
+    }
+    eprintln!(
+        "usage: cargo bench --bench cpu_step -- [--json] [--only mlp|cnn|matmul] [--steps N] \
+         [--warmup W] [--min-time SECONDS] [--max-steps N]"
+    );
+    std::process::exit(if problem.is_empty() { 0 } else { 2 });
+}
+
+/// CPU time this process has used so far, all threads, in seconds (Linux's `/proc/self/stat`,
+/// in clock ticks of 10 ms; `None` elsewhere). On a loaded machine it wanders less than wall
+/// time; summed over blocks of steps, the tick is fine enough.
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) start at the state, field 3;
+    // utime and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / 100.0)
+}
+
+/// Timing samples of one configuration.
+struct Samples {
+    times: Vec<Duration>,
+    total: Duration,
+    /// CPU seconds over the timed blocks.
+    cpu: Option<f64>,
+}
+
+impl Samples {
+    fn new() -> Self {
+        Samples {
+            times: Vec::new(),
+            total: Duration::ZERO,
+            cpu: Some(0.0),
+        }
+    }
+
+    fn cpu_ms(&self) -> Option<f64> {
+        self.cpu.map(|c| c / self.times.len() as f64 * 1e3)
+    }
+
+    fn push(&mut self, t: Duration) {
+        self.times.push(t);
+        self.total += t;
+    }
+
+    fn ms(&self, quantile: f64) -> f64 {
+        let mut sorted = self.times.clone();
+        sorted.sort();
+        let i = ((sorted.len() - 1) as f64 * quantile).round() as usize;
+        sorted[i].as_secs_f64() * 1e3
+    }
+
+    fn median_ms(&self) -> f64 {
+        let mut sorted = self.times.clone();
+        sorted.sort();
+        let n = sorted.len();
+        let mid = if n % 2 == 1 {
+            sorted[n / 2].as_secs_f64()
+        } else {
+            (sorted[n / 2 - 1].as_secs_f64() + sorted[n / 2].as_secs_f64()) / 2.0
+        };
+        mid * 1e3
+    }
+}
+
+/// Runs `work` for each entry in turn, `BLOCK` timed calls at a time, until every entry has
+/// at least `opts.steps` samples and `opts.min_time` seconds of them (or `opts.max_steps`).
+fn time_interleaved<T>(
+    entries: &mut [T],
+    opts: &Options,
+    mut work: impl FnMut(&mut T) -> Duration,
+) -> Vec<Samples> {
+    for entry in entries.iter_mut() {
+        for _ in 0..opts.warmup {
+            work(entry);
+        }
+    }
+    let mut samples: Vec<Samples> = entries.iter().map(|_| Samples::new()).collect();
+    let done = |s: &Samples| {
+        s.times.len() >= opts.max_steps
+            || (s.times.len() >= opts.steps && s.total.as_secs_f64() >= opts.min_time)
+    };
+    while !samples.iter().all(done) {
+        for (entry, s) in entries.iter_mut().zip(samples.iter_mut()) {
+            if done(s) {
+                continue;
+            }
+            // Up to the block, without going past the minimum count when time is not the
+            // limit, nor past the maximum.
+            let left = if s.total.as_secs_f64() >= opts.min_time {
+                opts.steps.saturating_sub(s.times.len()).max(1)
+            } else {
+                BLOCK
+            };
+            let n = left.min(BLOCK).min(opts.max_steps - s.times.len());
+            let cpu_before = cpu_seconds();
+            for _ in 0..n {
+                s.push(work(entry));
+            }
+            s.cpu = match (s.cpu, cpu_before, cpu_seconds()) {
+                (Some(sum), Some(a), Some(b)) => Some(sum + (b - a)),
+                _ => None,
+            };
+        }
+    }
+    samples
+}
+
+/// One result line.
+struct Row {
+    model: &'static str,
+    config: String,
+    ms: f64,
+    p10: f64,
+    p90: f64,
+    steps: usize,
+    cpu_ms: Option<f64>,
+    gflops: Option<f64>,
+    loss: Option<f32>,
+    skipped: Option<u64>,
+}
+
+impl Row {
+    fn json(&self) -> String {
+        let mut s = format!(
+            "{{\"model\": \"{}\", \"config\": \"{}\", \"ms_per_step\": {:.4}, \"p10_ms\": {:.4}, \
+             \"p90_ms\": {:.4}, \"steps\": {}",
+            self.model, self.config, self.ms, self.p10, self.p90, self.steps
+        );
+        if let Some(c) = self.cpu_ms {
+            s += &format!(", \"cpu_ms_per_step\": {c:.4}");
+        }
+        if let Some(g) = self.gflops {
+            s += &format!(", \"gflops\": {g:.2}");
+        }
+        if let Some(l) = self.loss {
+            if l.is_finite() {
+                s += &format!(", \"final_loss\": {l:.5}");
+            } else {
+                s += &format!(", \"final_loss\": \"{l}\"");
+            }
+        }
+        if let Some(k) = self.skipped {
+            s += &format!(", \"skipped_steps\": {k}");
+        }
+        s += &format!(", \"threads\": {}, \"impl\": \"typed-amp\"}}", threads());
+        s
+    }
+}
+
+fn run_models(model: &'static str, mut configs: Vec<Config>, opts: &Options, out: &mut Vec<Row>) {
+    let samples = time_interleaved(&mut configs, opts, |config| {
+        let t = Instant::now();
+        let info = (config.step)();
+        let elapsed = t.elapsed();
+        config.last_loss = info.loss;
+        elapsed
+    });
+    for (config, s) in configs.iter().zip(&samples) {
+        out.push(Row {
+            model,
+            config: config.name.to_string(),
+            ms: s.median_ms(),
+            p10: s.ms(0.1),
+            p90: s.ms(0.9),
+            steps: s.times.len(),
+            cpu_ms: s.cpu_ms(),
+            gflops: None,
+            loss: Some(config.last_loss),
+            skipped: Some((config.skipped)()),
+        });
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matrix products
+
+/// `a.matmul(b)` on square `(usize, usize)` tensors of one dtype, allocating its output as
+/// training does.
+struct Matmul {
+    name: String,
+    n: usize,
+    run: Box<dyn FnMut() -> Duration>,
+}
+
+fn matmul<E>(dev: &Cpu, dtype: &str, n: usize) -> Matmul
+where
+    E: Dtype,
+    Cpu: Device<E>,
+{
+    let a = <Cpu as SampleTensor<f32>>::sample_normal_like(dev, &(n, n));
+    let b = <Cpu as SampleTensor<f32>>::sample_normal_like(dev, &(n, n));
+    let (a, b) = (a.to_dtype::<E>(), b.to_dtype::<E>());
+    Matmul {
+        name: format!("{dtype}-{n}"),
+        n,
+        run: Box::new(move || {
+            let t = Instant::now();
+            let c = a.clone().matmul(b.clone());
+            let elapsed = t.elapsed();
+            std::hint::black_box(&c);
+            elapsed
+        }),
+    }
+}
+
+fn run_matmul(dev: &Cpu, opts: &Options, out: &mut Vec<Row>) {
+    let mut products = Vec::new();
+    for n in [256, 1024] {
+        products.push(matmul::<f32>(dev, "f32", n));
+        products.push(matmul::<f16>(dev, "f16", n));
+        products.push(matmul::<bf16>(dev, "bf16", n));
+    }
+    // Products are quick: take more of them, at least the step count and a second each.
+    let opts = Options {
+        json: opts.json,
+        only: None,
+        steps: opts.steps.max(30),
+        warmup: opts.warmup.max(3),
+        min_time: opts.min_time.min(1.0),
+        max_steps: opts.max_steps.max(1000),
+    };
+    let samples = time_interleaved(&mut products, &opts, |p| (p.run)());
+    for (p, s) in products.iter().zip(&samples) {
+        let flops = 2.0 * (p.n as f64).powi(3);
+        let ms = s.median_ms();
+        out.push(Row {
+            model: "matmul",
+            config: p.name.clone(),
+            ms,
+            p10: s.ms(0.1),
+            p90: s.ms(0.9),
+            steps: s.times.len(),
+            cpu_ms: s.cpu_ms(),
+            gflops: Some(flops / (ms * 1e-3) / 1e9),
+            loss: None,
+            skipped: None,
+        });
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+fn threads() -> usize {
+    // dfdx's matmul runs on rayon's global pool: RAYON_NUM_THREADS, else one per core.
+    std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+fn print_table(rows: &[Row], opts: &Options) {
+    println!(
+        "typed-amp CPU training step ({} threads; warm-up {}, then at least {} timed steps and {} s per configuration; median, p10-p90)",
+        threads(),
+        opts.warmup,
+        opts.steps,
+        opts.min_time
+    );
+    let mut model = "";
+    for row in rows {
+        if row.model != model {
+            model = row.model;
+            println!();
+            match model {
+                "mlp" => println!("MLP 784-512-512-10, batch {MLP_BATCH}, Adam, cross-entropy"),
+                "cnn" => println!(
+                    "CNN conv16-BN-ReLU-pool, conv32-BN-ReLU-pool, linear 1568-10, batch {CNN_BATCH}, Adam"
+                ),
+                _ => println!("dfdx matmul, square n x n x n"),
+            }
+            if model == "matmul" {
+                println!(
+                    "  {:<10} {:>10} {:>19} {:>9} {:>7}",
+                    "product", "ms", "p10-p90", "GFLOP/s", "calls"
+                );
+            } else {
+                println!(
+                    "  {:<10} {:>10} {:>19} {:>7} {:>11} {:>8}",
+                    "config", "ms/step", "p10-p90", "steps", "final loss", "skipped"
+                );
+            }
+        }
+        let spread = format!("{:.2}-{:.2}", row.p10, row.p90);
+        match row.gflops {
+            Some(g) => println!(
+                "  {:<10} {:>10.3} {:>19} {:>9.1} {:>7}",
+                row.config, row.ms, spread, g, row.steps
+            ),
+            None => println!(
+                "  {:<10} {:>10.2} {:>19} {:>7} {:>11.4} {:>8}",
+                row.config,
+                row.ms,
+                spread,
+                row.steps,
+                row.loss.unwrap_or(f32::NAN),
+                row.skipped.unwrap_or(0)
+            ),
+        }
+    }
+}
+
+fn main() {
+    let opts = Options::parse();
+    let dev = Cpu::seed_from_u64(0);
+    let mut rows = Vec::new();
+    if opts.runs("mlp") {
+        run_models("mlp", mlp_configs(&dev), &opts, &mut rows);
+    }
+    if opts.runs("cnn") {
+        run_models("cnn", cnn_configs(&dev), &opts, &mut rows);
+    }
+    if opts.runs("matmul") {
+        run_matmul(&dev, &opts, &mut rows);
+    }
+    if opts.json {
+        for row in &rows {
+            println!("{}", row.json());
+        }
+    } else {
+        print_table(&rows, &opts);
+    }
+}
