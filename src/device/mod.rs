@@ -92,13 +92,19 @@ macro_rules! define_capabilities {
         /// Implemented for [`dfdx::prelude::Cpu`] and, with the `cuda` feature, for
         /// `dfdx::prelude::Cuda`, whose kernels run on dfdx's own stream and keep
         /// [`StatsDevice::Stats`] in GPU memory until [`StatsDevice::try_read_stats`].
+        ///
+        /// Its error type converts from [`dfdx::tensor::CpuError`], so that layers report an
+        /// input of the wrong size as an error (`WrongNumElements`) on every device.
         #[diagnostic::on_unimplemented(
             message = "`{Self}` is not a device typed-amp can train on",
             note = "train on `dfdx::prelude::Cpu`, or on `dfdx::prelude::Cuda` with typed-amp's `cuda` feature"
         )]
-        pub trait AmpDevice: StatsDevice $(+ Kernels<$elem>)* {}
+        pub trait AmpDevice:
+            StatsDevice<Err: From<dfdx::tensor::CpuError>> $(+ Kernels<$elem>)*
+        {
+        }
 
-        impl<D: StatsDevice $(+ Kernels<$elem>)*> AmpDevice for D {}
+        impl<D: StatsDevice<Err: From<dfdx::tensor::CpuError>> $(+ Kernels<$elem>)*> AmpDevice for D {}
     };
 }
 
