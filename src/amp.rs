@@ -178,6 +178,7 @@ pub trait AmpModel<D: AmpDevice>: Sized {
 
 /// Casts a tensor to precision `P` (a no-op if it already is): what `#[amp]` inserts at
 /// precision boundaries.
+#[doc(hidden)] // `#[amp]`'s generated code; users cast with `Cast::cast` or `to_f16`/`to_bf16`/`to_f32`.
 pub trait CastTo<P: Precision> {
     /// The cast tensor.
     type Output;
@@ -277,6 +278,7 @@ where
 
 /// Element `I` of a tuple layer: how `#[amp]`'s generated forward reaches into tuple fields
 /// whose type is a generic parameter.
+#[doc(hidden)] // `#[amp]`'s generated code.
 pub trait TupleField<const I: usize> {
     /// The element's type.
     type Field;
