@@ -175,7 +175,7 @@ fn minimum(samples: &[Duration]) -> f64 {
 static OP_FILTER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 fn wanted(name: &str) -> bool {
-    OP_FILTER.get().map_or(true, |f| name.contains(f.as_str()))
+    OP_FILTER.get().is_none_or(|f| name.contains(f.as_str()))
 }
 
 fn report(name: &str, t: OpTimes, sum_bwd: [f64; 2]) {
@@ -330,10 +330,7 @@ fn main() {
     println!(
         "CNN conv16-BN-ReLU-pool, conv32-BN-ReLU-pool, linear; batch {BATCH}; CPU ({threads} threads); plain dfdx OwnedTape + Adam"
     );
-    let want = |name: &str| {
-        only.as_deref()
-            .map_or(true, |o| o.eq_ignore_ascii_case(name))
-    };
+    let want = |name: &str| only.as_deref().is_none_or(|o| o.eq_ignore_ascii_case(name));
     if run_step {
         // Warm up caches, the allocator and the thread pool.
         if want("f32") {

@@ -168,10 +168,8 @@ fn dfdx_config<A, S>(dev: &Cpu, data: Batch<S>) -> Config
 where
     S: Shape + 'static,
     A: BuildOnDevice<Cpu, f32>,
-    A::Built: ModuleMut<
-            Tensor<S, f32, Cpu, OwnedTape<f32, Cpu>>,
-            Output = Logits<OwnedTape<f32, Cpu>>,
-        > + TensorCollection<f32, Cpu>
+    A::Built: ModuleMut<Tensor<S, f32, Cpu, OwnedTape<f32, Cpu>>, Output = Logits<OwnedTape<f32, Cpu>>>
+        + TensorCollection<f32, Cpu>
         + 'static,
 {
     let mut model = dev.build_module::<A, f32>();
@@ -180,15 +178,16 @@ where
     Config {
         name: "dfdx-fp32",
         step: Box::new(move || {
-            let g = grads.take().expect("gradients are put back after each step");
+            let g = grads
+                .take()
+                .expect("gradients are put back after each step");
             let logits = model.forward_mut(data.x.clone().traced(g));
-            let loss = typed_amp::dfdx::losses::cross_entropy_with_logits_loss(
-                logits,
-                data.y.clone(),
-            );
+            let loss =
+                typed_amp::dfdx::losses::cross_entropy_with_logits_loss(logits, data.y.clone());
             let value = loss.array();
             let mut g = loss.backward();
-            opt.update(&mut model, &g).expect("every parameter has a gradient");
+            opt.update(&mut model, &g)
+                .expect("every parameter has a gradient");
             model.zero_grads(&mut g);
             grads = Some(g);
             StepInfo { loss: value }
@@ -223,7 +222,9 @@ where
     let counter = scaler.clone();
     let step = move || -> Result<StepInfo, AmpError> {
         let mut scaler = scaler.borrow_mut();
-        let g = grads.take().expect("gradients are put back after each step");
+        let g = grads
+            .take()
+            .expect("gradients are put back after each step");
         let logits = model
             .working_mut()
             .try_forward_mut(data.x.clone().traced_mixed(g))
