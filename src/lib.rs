@@ -227,7 +227,7 @@ pub use precision::{
     AmpElem, AmpTensor, DType, FullRange, LossPrecision, LowPrecision, Precision,
     UpdatablePrecision, BF16, F16, F32,
 };
-pub use scaler::{GradScaler, LossScalers, ScaleMode, ScalerState};
+pub use scaler::{GradScaler, LossScalers, ScaleMode, ScalerState, SMALLEST_SCALE};
 pub use step::{
     clip_grad_norm, clip_grad_value, Accumulation, RawGrads, ScaledGrads, ScaledLoss, StepOutcome,
     UnscaledGrads,

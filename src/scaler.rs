@@ -121,12 +121,20 @@ impl Default for GradScaler {
     }
 }
 
+/// The smallest loss scale a dynamic scaler backs off to, and the smallest any scaler accepts:
+/// FP32's smallest normal number, 2^-126. Below 2^-127 the unscale factor `1/scale` overflows
+/// to inf in FP32 and `0 · inf` makes NaN of every zero gradient; PyTorch's scaler goes there
+/// after about 144 overflowing steps in a row and puts NaN into the master weights. Backoffs stop
+/// here instead (a floor set with [`GradScaler::with_min_scale`] stops them earlier), and the
+/// non-finite check also runs on the unscaled gradients, so no scale lets inf or NaN through.
+pub const SMALLEST_SCALE: f32 = f32::MIN_POSITIVE;
+
 fn check_scale(scale: f32) -> Result<(), AmpError> {
-    if scale.is_finite() && scale > 0.0 {
+    if scale.is_finite() && scale >= SMALLEST_SCALE {
         Ok(())
     } else {
         Err(AmpError::InvalidScalerConfig(format!(
-            "the scale must be finite and positive, got {scale}"
+            "the scale must be finite and at least 2^-126 (so that 1/scale is finite in FP32), got {scale}"
         )))
     }
 }
@@ -302,10 +310,8 @@ impl GradScaler {
                 if found_inf {
                     s.skipped_steps += 1;
                     let at_floor = s.min_scale.is_some_and(|min| s.scale <= min);
-                    s.scale *= s.backoff_factor;
-                    if let Some(min) = s.min_scale {
-                        s.scale = s.scale.max(min);
-                    }
+                    s.scale =
+                        (s.scale * s.backoff_factor).max(s.min_scale.unwrap_or(SMALLEST_SCALE));
                     s.growth_tracker = 0;
                     if at_floor {
                         s.floor_hits += 1;
@@ -364,6 +370,14 @@ impl GradScaler {
             );
             if let Err(e) = probe {
                 return invalid(e.to_string());
+            }
+            for (name, bound) in [
+                ("min_scale", state.min_scale),
+                ("max_scale", state.max_scale),
+            ] {
+                if let Some(Err(e)) = bound.map(check_scale) {
+                    return invalid(format!("{name}: {e}"));
+                }
             }
             if let (Some(min), Some(max)) = (state.min_scale, state.max_scale) {
                 if min > max {

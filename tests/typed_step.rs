@@ -364,3 +364,67 @@ fn a_disabled_scaler_still_skips_a_non_finite_step() {
     assert_eq!(master_bits(&model), before);
     assert_eq!(scaler.get_scale(), 1.0, "a disabled scaler keeps scale 1");
 }
+
+#[test]
+fn two_hundred_overflows_in_a_row_skip_every_step_and_the_scaler_recovers() {
+    // PyTorch's scaler would reach 2^-144 here: 1/scale overflows to inf, and 0 · inf puts NaN
+    // into every zero gradient. Backoffs stop at SMALLEST_SCALE (2^-126) instead.
+    let (dev, mut model) = model(19);
+    let mut opt = Adam::new(model.master(), AdamConfig::default());
+    // Growth after every clean step, so that recovery takes as many steps as the backoff did.
+    let mut scaler = GradScaler::new(65536.0, 2.0, 0.5, 1).unwrap();
+    let (x, y) = batch(&dev);
+    let mut poisoned = x.as_vec();
+    poisoned[3] = f16::NAN;
+    let poisoned = dev.tensor_from_vec(poisoned, (Const::<4>, Const::<6>));
+    let before = master_bits(&model);
+    for step in 0..200 {
+        let grads = backward(&scaler, &model, poisoned.clone(), y.clone());
+        let unscaled = scaler.unscale(&mut model, grads).unwrap();
+        let outcome = scaler.step(&mut opt, unscaled).unwrap();
+        assert!(outcome.skipped(), "step {step} was not skipped");
+        scaler.update(outcome).unwrap();
+        assert_eq!(
+            master_bits(&model),
+            before,
+            "step {step} changed the masters"
+        );
+        assert!(scaler.get_scale() >= typed_amp::SMALLEST_SCALE);
+    }
+    assert_eq!(scaler.get_scale(), typed_amp::SMALLEST_SCALE);
+    assert_eq!(scaler.skipped_steps(), 200);
+
+    // Clean data: the first 120 steps (scales 2^-126 to 2^-7, far below FP16's overflow) all
+    // step; later ones may overflow FP16 again as the scale grows, and back off as usual.
+    let mut clean_steps = 0;
+    for step in 0..160 {
+        let grads = backward(&scaler, &model, x.clone(), y.clone());
+        let unscaled = scaler.unscale(&mut model, grads).unwrap();
+        let outcome = scaler.step(&mut opt, unscaled).unwrap();
+        clean_steps += usize::from(step < 120 && !outcome.skipped());
+        scaler.update(outcome).unwrap();
+        let masters = model.master();
+        assert!(masters.0.weight.as_vec().iter().all(|w| w.is_finite()));
+        assert!(masters.4.bias.as_vec().iter().all(|w| w.is_finite()));
+    }
+    assert_eq!(clean_steps, 120, "clean data after the burst must step");
+    assert!(
+        scaler.get_scale() >= 1.0,
+        "the scale grows back: {}",
+        scaler.get_scale()
+    );
+    assert_ne!(master_bits(&model), before, "the clean steps trained");
+}
+
+#[test]
+fn scales_whose_inverse_overflows_are_refused() {
+    let tiny = typed_amp::SMALLEST_SCALE / 2.0;
+    assert!(GradScaler::with_static_scale(tiny).is_err());
+    assert!(GradScaler::dynamic().with_min_scale(tiny).is_err());
+    let mut state = GradScaler::dynamic().state();
+    state.max_scale = Some(0.0);
+    assert!(GradScaler::from_state(state).is_err());
+    let mut state = GradScaler::dynamic().state();
+    state.scale = tiny;
+    assert!(GradScaler::from_state(state).is_err());
+}
