@@ -99,6 +99,15 @@ pub trait TrainTarget<D: AmpDevice> {
     /// Sets the whole working copy, buffers included, from the master, e.g. after the master
     /// was loaded from a checkpoint.
     fn reload_working(&mut self) -> Result<(), AmpError>;
+
+    /// After a skipped step: sets the working copy's buffers (batch norm running statistics)
+    /// back from the master, which holds them as of the last step taken, so that a batch whose
+    /// gradients were inf or NaN leaves no trace in them either. (PyTorch keeps them.) A model
+    /// that is its own master ([`SinglePrecision`]) has no earlier copy and keeps them.
+    #[doc(hidden)]
+    fn restore_buffers(&mut self) -> Result<(), AmpError> {
+        Ok(())
+    }
 }
 
 /// Views a buffer of element type `E` as one of `F`, mutably: `Some` exactly when they are the
@@ -786,6 +795,13 @@ where
 
     fn reload_working(&mut self) -> Result<(), AmpError> {
         copy_from_master(&self.master, &mut self.working, CopyWhich::All)
+    }
+
+    fn restore_buffers(&mut self) -> Result<(), AmpError> {
+        if self.has_buffers {
+            copy_from_master(&self.master, &mut self.working, CopyWhich::Buffers)?;
+        }
+        Ok(())
     }
 }
 

@@ -482,7 +482,8 @@ impl<'t, T: TrainTarget<D>, D: AmpDevice, K: StepKind> UnscaledGrads<'t, T, D, K
 
     /// Updates the master weights with `optimizer` and refreshes the working copy, unless a
     /// gradient was inf or NaN, in which case master weights and optimizer state are left
-    /// exactly as they were.
+    /// exactly as they were, and the working copy's buffers (batch norm running statistics) are
+    /// put back as they were after the last step taken ([`TrainTarget::restore_buffers`]).
     fn take_step<O>(self, optimizer: &mut O) -> Result<StepOutcome<D, K>, AmpError>
     where
         O: MasterOptimizer<T::Master, D>,
@@ -497,7 +498,11 @@ impl<'t, T: TrainTarget<D>, D: AmpDevice, K: StepKind> UnscaledGrads<'t, T, D, K
             scalers,
             ..
         } = self;
-        if !found_inf {
+        if found_inf {
+            // The forward that produced these gradients also moved the working copy's batch
+            // norm statistics (by a NaN batch, perhaps); the master still holds the last good ones.
+            target.restore_buffers()?;
+        } else {
             optimizer.try_update(target.master_mut(), &master)?;
             target.refresh()?;
         }
@@ -603,7 +608,8 @@ fn add_master_grads<T: TrainTarget<D>, D: AmpDevice>(
 impl<'t, T: TrainTarget<D>, D: AmpDevice> UnscaledGrads<'t, T, D, ScaleFree> {
     /// Updates the master weights with `optimizer` and refreshes the working copy, unless a
     /// gradient was inf or NaN, in which case master weights and optimizer state are left
-    /// exactly as they were. There is no scaler to update: the outcome gives the next
+    /// exactly as they were, and the working copy's buffers (batch norm running statistics) are
+    /// put back as they were after the last step taken ([`TrainTarget::restore_buffers`]). There is no scaler to update: the outcome gives the next
     /// iteration's gradients ([`StepOutcome::into_grads`]).
     pub fn step<O>(self, optimizer: &mut O) -> Result<StepOutcome<D, ScaleFree>, AmpError>
     where
@@ -914,7 +920,8 @@ impl GradScaler {
 
     /// Updates the master weights with `optimizer` and refreshes the working copy, unless a
     /// gradient was inf or NaN, in which case master weights and optimizer state are left
-    /// exactly as they were. Pass the outcome to [`GradScaler::update`].
+    /// exactly as they were, and the working copy's buffers (batch norm running statistics) are
+    /// put back as they were after the last step taken ([`TrainTarget::restore_buffers`]). Pass the outcome to [`GradScaler::update`].
     pub fn step<'t, D, O, G>(
         &self,
         optimizer: &mut O,

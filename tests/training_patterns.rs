@@ -401,9 +401,11 @@ fn batch_norm_statistics_stay_fp32_under_o2_and_reach_the_master() {
         }
     }
     let grads = model.alloc_grads().unwrap();
-    let logits = model.working_mut().forward_mut(x.traced_mixed(grads));
+    let logits = model
+        .working_mut()
+        .forward_mut(x.clone().traced_mixed(grads));
     let scaled = scaler
-        .scale(cross_entropy_with_logits_loss(logits, y))
+        .scale(cross_entropy_with_logits_loss(logits, y.clone()))
         .backward()
         .unwrap();
     let unscaled = scaler.unscale(&mut model, scaled).unwrap();
@@ -418,5 +420,31 @@ fn batch_norm_statistics_stay_fp32_under_o2_and_reach_the_master() {
         model.master().bn.running_mean.as_vec(),
         running,
         "the master holds them too"
+    );
+
+    // One NaN batch: its step is skipped, and its trace in the running statistics is undone
+    // (beyond PyTorch, which keeps NaN statistics and evaluates every input to NaN afterwards).
+    let (mean, var) = (running, model.working().bn.running_var.as_vec());
+    let mut values = x.as_vec();
+    values[0] = f16::NAN;
+    let poisoned = dev.tensor_from_vec(values, (32, Const::<8>));
+    let grads = model.alloc_grads().unwrap();
+    let logits = model
+        .working_mut()
+        .forward_mut(poisoned.traced_mixed(grads));
+    let scaled = scaler
+        .scale(cross_entropy_with_logits_loss(logits, y))
+        .backward()
+        .unwrap();
+    let unscaled = scaler.unscale(&mut model, scaled).unwrap();
+    let outcome = scaler.step(&mut opt, unscaled).unwrap();
+    assert!(outcome.skipped());
+    scaler.update(outcome).unwrap();
+    assert_eq!(model.working().bn.running_mean.as_vec(), mean);
+    assert_eq!(model.working().bn.running_var.as_vec(), var);
+    let eval = model.working().forward(x.clone());
+    assert!(
+        eval.as_vec().iter().all(|v| v.is_finite()),
+        "evaluation after the NaN batch"
     );
 }
