@@ -52,6 +52,21 @@ enum Command {
     Compare,
 }
 
+/// The most epochs a run may ask for: far beyond any real run, and small enough that the step
+/// count (epochs × steps per epoch) cannot overflow.
+const MAX_EPOCHS: usize = 1_000_000;
+
+/// The value of `--name`, parsed as a number; errors name the option.
+fn number<T: std::str::FromStr>(parser: &mut lexopt::Parser, name: &str) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    let value = parser.value().map_err(|e| format!("--{name}: {e}"))?;
+    let text = value.to_string_lossy();
+    text.parse()
+        .map_err(|e| format!("--{name}: cannot parse `{text}` as a number ({e})"))
+}
+
 fn parse_args() -> Result<Option<Args>, String> {
     use lexopt::prelude::*;
     let mut parser = lexopt::Parser::from_env();
@@ -112,13 +127,11 @@ fn parse_args() -> Result<Option<Args>, String> {
                     .parse()
                     .map_err(|e: typed_amp::AmpError| e.to_string())?
             }
-            Long("epochs") => config.epochs = parser.value().map_err(err)?.parse().map_err(err)?,
-            Long("batch") => config.batch = parser.value().map_err(err)?.parse().map_err(err)?,
-            Long("seed") => config.seed = parser.value().map_err(err)?.parse().map_err(err)?,
-            Long("lr") => config.lr = parser.value().map_err(err)?.parse().map_err(err)?,
-            Long("stop-after") => {
-                config.stop_after = Some(parser.value().map_err(err)?.parse().map_err(err)?)
-            }
+            Long("epochs") => config.epochs = number(&mut parser, "epochs")?,
+            Long("batch") => config.batch = number(&mut parser, "batch")?,
+            Long("seed") => config.seed = number(&mut parser, "seed")?,
+            Long("lr") => config.lr = number(&mut parser, "lr")?,
+            Long("stop-after") => config.stop_after = Some(number(&mut parser, "stop-after")?),
             Long("data-dir") => data_dir = Some(PathBuf::from(parser.value().map_err(err)?)),
             Long("save") => config.save = Some(PathBuf::from(parser.value().map_err(err)?)),
             Long("resume") => config.resume = Some(PathBuf::from(parser.value().map_err(err)?)),
@@ -144,6 +157,15 @@ fn parse_args() -> Result<Option<Args>, String> {
     }
     if config.batch == 0 {
         return Err("--batch must be at least 1".to_string());
+    }
+    if config.epochs == 0 || config.epochs > MAX_EPOCHS {
+        return Err(format!(
+            "--epochs must be between 1 and {MAX_EPOCHS}, got {}",
+            config.epochs
+        ));
+    }
+    if config.stop_after == Some(0) {
+        return Err("--stop-after must be at least 1".to_string());
     }
     if !(config.lr.is_finite() && config.lr > 0.0) {
         return Err("--lr must be a positive number".to_string());
@@ -174,7 +196,29 @@ fn describe(args: &Args, data: &FashionMnist) -> String {
     )
 }
 
-fn main_result(args: Args) -> Result<(), RunError> {
+/// Exit code of a run that completed but trained nothing useful: every step was skipped, or
+/// the final loss is not finite.
+const EXIT_DIVERGED: u8 = 3;
+
+/// Why a finished run's result cannot be trusted, if it cannot.
+fn diverged(report: &typed_amp_cli::run::RunReport) -> Option<String> {
+    let name = &report.recipe;
+    if report.steps > 0 && report.skipped_steps == report.steps {
+        return Some(format!(
+            "{name}: every one of the {} steps was skipped (inf/NaN gradients at every scale); nothing was trained",
+            report.steps
+        ));
+    }
+    match report.epochs.last() {
+        Some(last) if !last.train_loss.is_finite() => Some(format!(
+            "{name}: the training loss is {} after epoch {} ({} of {} steps skipped); lower --lr",
+            last.train_loss, last.epoch, report.skipped_steps, report.steps
+        )),
+        _ => None,
+    }
+}
+
+fn main_result(args: Args) -> Result<Option<String>, RunError> {
     let data = FashionMnist::load(args.data_dir.as_deref())?;
     if !args.json {
         println!("{}\n", describe(&args, &data));
@@ -182,6 +226,7 @@ fn main_result(args: Args) -> Result<(), RunError> {
     match args.command {
         Command::Train => {
             let report = run(&args.config, &data)?;
+            let verdict = diverged(&report);
             if args.json {
                 println!(
                     "{}",
@@ -208,6 +253,7 @@ fn main_result(args: Args) -> Result<(), RunError> {
                     report.final_scale
                 );
             }
+            Ok(verdict)
         }
         Command::Compare => {
             let fp32 = RunConfig {
@@ -241,9 +287,10 @@ fn main_result(args: Args) -> Result<(), RunError> {
             } else {
                 print!("{}", comparison_table(&runs));
             }
+            let verdicts: Vec<String> = runs.iter().filter_map(diverged).collect();
+            Ok((!verdicts.is_empty()).then(|| verdicts.join("\n")))
         }
     }
-    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -259,7 +306,11 @@ fn main() -> ExitCode {
         }
     };
     match main_result(args) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(None) => ExitCode::SUCCESS,
+        Ok(Some(verdict)) => {
+            eprintln!("error: {verdict}");
+            ExitCode::from(EXIT_DIVERGED)
+        }
         Err(RunError::Usage(message)) => {
             eprintln!("error: {message}");
             ExitCode::from(2)
