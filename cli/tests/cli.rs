@@ -53,13 +53,19 @@ fn scaler_state(path: &Path) -> Vec<(String, String)> {
 }
 
 fn resume_matches(model: &str, policy: &str) {
-    let dir = TempDir::new(&format!("cli-resume-{model}-{policy}"));
+    resume_matches_in(model, policy, "fp16");
+}
+
+fn resume_matches_in(model: &str, policy: &str, dtype: &str) {
+    let dir = TempDir::new(&format!("cli-resume-{model}-{policy}-{dtype}"));
     let common = [
         "train",
         "--model",
         model,
         "--policy",
         policy,
+        "--dtype",
+        dtype,
         "--epochs",
         "2",
         "--batch",
@@ -105,7 +111,7 @@ fn resume_matches(model: &str, policy: &str) {
         assert_eq!(name, other);
         assert!(
             x == y,
-            "{model} {policy}: `{name}` differs between the resumed and the uninterrupted run"
+            "{model} {policy} {dtype}: `{name}` differs between the resumed and the uninterrupted run"
         );
     }
     assert_eq!(scaler_state(&full), scaler_state(&resumed));
@@ -120,6 +126,60 @@ fn a_resumed_mlp_run_matches_the_uninterrupted_run_bit_for_bit() {
 #[test]
 fn a_resumed_cnn_run_with_batch_norm_matches_bit_for_bit() {
     resume_matches("cnn", "O2");
+}
+
+#[test]
+fn a_resumed_bf16_cnn_run_matches_bit_for_bit() {
+    resume_matches_in("cnn", "O2", "bf16");
+}
+
+#[test]
+fn resuming_a_bf16_checkpoint_as_fp16_is_refused() {
+    let dir = TempDir::new("cli-dtype-mismatch");
+    let ckpt = dir.join("bf16.safetensors");
+    let base = [
+        "train",
+        "--policy",
+        "O2",
+        "--epochs",
+        "2",
+        "--batch",
+        "500",
+        "--quiet",
+        "--data-dir",
+        SUBSET,
+    ];
+    ok(&typed_amp(
+        &[
+            &base[..],
+            &[
+                "--dtype",
+                "bf16",
+                "--stop-after",
+                "1",
+                "--save",
+                ckpt.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+    ));
+    let bytes = std::fs::read(&ckpt).unwrap();
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let meta = header.metadata().clone().unwrap_or_default();
+    assert_eq!(meta["model.precision"], "BF16");
+
+    let out = typed_amp(
+        &[
+            &base[..],
+            &["--dtype", "fp16", "--resume", ckpt.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    assert!(stderr.contains("dtype = bf16, this run has fp16"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
 #[test]
