@@ -1,18 +1,25 @@
 //! typed-amp: mixed-precision training for [dfdx] in which precision lives in the type system.
 //!
-//! Mixed-precision training runs most of a network in FP16 and keeps the fragile parts in FP32:
-//! FP32 master weights for the optimizer, a scaled loss so small gradients survive FP16, and
-//! losses, softmax and norms in FP32. Each of those rules is a trait bound here, so a recipe
-//! that breaks one does not compile:
+//! Mixed-precision training runs most of a network in a 16-bit precision (FP16 or BF16) and
+//! keeps the fragile parts in FP32: FP32 master weights for the optimizer, a scaled loss so
+//! small gradients survive FP16's narrow exponent range, and losses, softmax and norms in FP32.
+//! Each of those rules is a trait bound here, so a recipe that breaks one does not compile:
 //!
 //! | mistake | caught by |
 //! | --- | --- |
-//! | an optimizer over FP16 weights | [`UpdatablePrecision`], [`MasterOptimizer`] |
-//! | a loss over FP16 values | [`LossPrecision`] |
+//! | an optimizer over FP16 or BF16 weights | [`UpdatablePrecision`], [`MasterOptimizer`] |
+//! | a loss over FP16 or BF16 values | [`LossPrecision`] |
+//! | an FP16 model stepping without a loss scaler | [`FullRange`] |
 //! | stepping or clipping with gradients still × scale | [`step::Unscaled`] |
 //! | unscaling twice | [`step::Scaled`] (and ownership) |
-//! | FP32 data into an FP16 layer without a cast | dfdx's `Module`/`TryMatMul` bounds, with typed-amp's message |
+//! | an iteration that never updates the scaler, or updates it with a made-up flag | [`step::StepOutcomes`], `#[must_use]` |
+//! | FP32 data into a 16-bit layer (or FP16 into BF16) without a cast | dfdx's `Module`/`TryMatMul` bounds, with typed-amp's message |
 //! | a model with no FP32 master weights given to the step | [`TrainTarget`] |
+//!
+//! What cannot be a type is checked at run time, before anything changes, with a typed error:
+//! gradients unscaled into a model that did not allocate them
+//! ([`AmpError::ForeignGradients`]), or by a scaler that did not scale them
+//! ([`AmpError::ScalerMismatch`]).
 //!
 //! # The training step
 //!
@@ -45,14 +52,45 @@
 //! # }
 //! ```
 //!
-//! The mixed-precision autograd underneath is [`MixedTape`]: one dfdx tape for both precisions,
-//! with differentiable casts ([`to_f16`], [`to_f32`]).
+//! BF16 has FP32's exponent range, so a BF16 model (or an FP32 one) steps without a scaler, its
+//! gradients still checked for inf and NaN:
+//!
+//! ```rust
+//! # use typed_amp::prelude::*;
+//! # fn main() -> Result<(), AmpError> {
+//! #[typed_amp::amp(policy = "O2", dtype = "bf16", cast_model_outputs = "fp32")]
+//! struct Mlp { fc1: Linear<784, 128>, act: ReLU, fc2: Linear<128, 10> }
+//!
+//! let dev = Cpu::default();
+//! let mut model = Mlp::build(&dev)?;                       // BF16 working copy, FP32 master
+//! let mut opt = typed_amp::optim::adam(model.master(), AdamConfig::default());
+//! let x: Tensor<Rank2<32, 784>, f32, _> = dev.zeros();
+//! let y: Tensor<Rank2<32, 10>, f32, _> = dev.zeros();
+//! let logits = model.working().forward(x.traced_mixed(model.alloc_grads()?));
+//! let loss = cross_entropy_with_logits_loss(logits, y);
+//! let mut grads = loss.backward()?.check(&mut model)?;      // no scale; inf/NaN checked
+//! clip_grad_norm(&mut grads, 1.0)?;
+//! let next = grads.step(&mut opt)?.into_grads();            // skipped on inf/NaN
+//! # let _ = next;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The mixed-precision autograd underneath is [`MixedTape`]: one dfdx tape for every precision,
+//! with differentiable casts ([`to_f16`], [`to_bf16`], [`to_f32`], [`Cast::cast`]).
 //!
 //! Beyond one step: [`GradScaler::accumulate`] opens a gradient-accumulation window (the scale
 //! cannot change inside it); several optimizers share a scaler by stepping their own targets and
-//! updating once with the OR of their overflows; [`LossScalers`] and [`UnscaledGrads::merge`]
-//! give each loss its own scaler; [`MixedGradients::watch_layers`] makes a skipped step name the
-//! layer that overflowed ([`watch`]); [`checkpoint`] saves and restores a run exactly.
+//! passing every outcome to one [`GradScaler::update`]; [`LossScalers`] and
+//! [`UnscaledGrads::merge`] give each loss its own scaler; [`MixedGradients::watch_layers`]
+//! makes a skipped step name the layer that overflowed ([`watch`]); [`checkpoint`] saves and
+//! restores a run exactly.
+//!
+//! # Precisions
+//!
+//! [`with_precisions!`] is the one list of precisions (FP16, BF16, FP32); the [`DType`] enum,
+//! the per-precision gradient stores, the device capability bundle [`AmpDevice`] and the CUDA
+//! kernels' element types are generated from it (see [`precision`]).
 //!
 //! # Policies: `#[amp(policy = ...)]`
 //!
@@ -61,17 +99,25 @@
 //! model (`NameWorking<D>`), a forward that casts at every precision boundary, and
 //! `Name::build(&dev)`, which returns what the optimizer trains:
 //!
-//! | policy | matmul, conv | batch/layer norm | softmax, exp, log | weights the optimizer updates | input | loss scale | `build` returns |
-//! | --- | --- | --- | --- | --- | --- | --- | --- |
-//! | `"O0"` | FP32 | FP32 | FP32 | FP32 | FP32 | none | [`Fp32Weights`] |
-//! | `"O1"` | FP16 (FP32 weights cast per pass) | FP32 | FP32 | FP32 | FP32 | dynamic | [`Fp32Weights`] |
-//! | `"O2"` | FP16 | FP32 (`keep_batchnorm_fp32`) | FP32 | FP32 master copy | cast to FP16 | dynamic | [`MasterWeights`] |
-//! | `"O3"` | FP16 | FP16 | FP16 | FP16, opt-in only (`allow_fp16_updates`) | cast to FP16 | static 1.0 | [`Fp16Weights`] |
+//! | policy | `dtype` | matmul, conv | batch/layer norm | softmax, exp, log | weights the optimizer updates | input | loss scale | `build` returns |
+//! | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+//! | `"O0"` | (none: a compile error) | FP32 | FP32 | FP32 | FP32 | FP32 | none | [`Fp32Weights`] |
+//! | `"O1"` | `"fp16"` (default) | FP16 (FP32 weights cast per pass) | FP32 | FP32 | FP32 | FP32 | dynamic | [`Fp32Weights`] computing in [`F16`] |
+//! | `"O1"` | `"bf16"` | BF16 (FP32 weights cast per pass) | FP32 | FP32 | FP32 | FP32 | none | [`Fp32Weights`] computing in [`BF16`] |
+//! | `"O2"` | `"fp16"` | FP16 | FP32 (`keep_batchnorm_fp32`) | FP32 | FP32 master copy | cast to FP16 | dynamic | [`MasterWeights`] |
+//! | `"O2"` | `"bf16"` | BF16 | FP32 (`keep_batchnorm_fp32`) | FP32 | FP32 master copy | cast to BF16 | none | [`MasterWeights`] |
+//! | `"O3"` | `"fp16"` | FP16 | FP16 | FP16 | FP16, opt-in only (`allow_fp16_updates`) | cast to FP16 | static 1.0 | [`Fp16Weights`] |
+//! | `"O3"` | `"bf16"` | BF16 | BF16 | BF16 | BF16, opt-in only (`allow_bf16_updates`) | cast to BF16 | none | [`Bf16Weights`] |
 //!
-//! Properties override the policy, as in Apex: `keep_batchnorm_fp32 = bool`,
-//! `master_weights = bool`, `loss_scale = "dynamic" | <number below 65520>`,
-//! `cast_model_outputs = "fp32" | "fp16"`, `allow_fp16_updates`, and `custom_forward` (generate
-//! no forward). `#[amp(fp16)]` or `#[amp(fp32)]` on a field pins that layer. Layers are
+//! BF16 has FP32's exponent range, so its policies need no loss scale, and their step compiles
+//! without a scaler (an FP16 one does not: rule [`FullRange`]); a model that pins any layer to
+//! FP16 is scaled dynamically again.
+//!
+//! Properties override the policy, as in Apex: `dtype = "fp16" | "bf16"`,
+//! `keep_batchnorm_fp32 = bool`, `master_weights = bool`,
+//! `loss_scale = "dynamic" | <number below 65520>`, `cast_model_outputs = "fp32" | "fp16" | "bf16"`,
+//! `allow_fp16_updates` / `allow_bf16_updates`, and `custom_forward` (generate no forward).
+//! `#[amp(fp16)]`, `#[amp(bf16)]` or `#[amp(fp32)]` on a field pins that layer. Layers are
 //! recognised by name (dfdx's and typed-amp's); tuples of layers run in order; a field of
 //! another `#[amp]` struct runs under that struct's own policy. Conflicting properties, unknown
 //! names and fields that are not layers are compile errors on the offending tokens.
@@ -189,9 +235,15 @@ pub use step::{
 pub use tape::{MixedGradients, MixedTape, TraceMixed};
 pub use typed_amp_macros::amp;
 
-/// Everything a training script needs: dfdx's prelude and typed-amp's types.
+/// Everything a training script needs: dfdx's prelude (its layers, shapes, tensors, ops and
+/// optimizers; not its losses, which typed-amp's FP32-only losses of the same purpose replace,
+/// so no name means two things) and typed-amp's types.
 pub mod prelude {
-    pub use dfdx::prelude::*;
+    pub use dfdx::nn::builders::*;
+    pub use dfdx::optim::prelude::*;
+    pub use dfdx::shapes::*;
+    pub use dfdx::tensor::*;
+    pub use dfdx::tensor_ops::*;
     pub use half::{bf16, f16};
 
     pub use crate::loss::{

@@ -344,3 +344,23 @@ fn gradients_are_unscaled_only_into_the_model_that_allocated_them() {
     let err = scaler.unscale(&mut model, grads).unwrap_err();
     assert!(err.to_string().contains("alloc_grads"), "{err}");
 }
+
+/// The inf/NaN check runs whatever the scaler's mode: a disabled scaler (scale 1, no scale
+/// changes) still skips a step whose gradients hold NaN.
+#[test]
+fn a_disabled_scaler_still_skips_a_non_finite_step() {
+    let (dev, mut model) = model(18);
+    let mut opt = Sgd::new(model.master(), SgdConfig::default());
+    let mut scaler = GradScaler::disabled();
+    let (x, y) = batch(&dev);
+    let mut grads = backward(&scaler, &model, x, y);
+    inject(&mut grads, &model.working().0.weight, f32::NAN);
+    let before = master_bits(&model);
+    let unscaled = scaler.unscale(&mut model, grads).unwrap();
+    assert_eq!(unscaled.non_finite_params(), ["0.weight".to_string()]);
+    let outcome = scaler.step(&mut opt, unscaled).unwrap();
+    assert!(outcome.skipped());
+    scaler.update(outcome).unwrap();
+    assert_eq!(master_bits(&model), before);
+    assert_eq!(scaler.get_scale(), 1.0, "a disabled scaler keeps scale 1");
+}
