@@ -1,6 +1,6 @@
 //! An MLP and a small CNN with batch norm, declared with `#[amp]`, train under O0, O1, O2 and
-//! opted-in O3, in FP16 and in BF16; O1 and O2 end within 2% of O0's loss for the same seed and
-//! data in either precision. BF16 models train without a loss scaler, and a BF16 step with a NaN
+//! opted-in O3, in FP16 and in BF16; O1 and O2 end within 2% of O0's held-out loss for the same
+//! seed and data in either precision, and so does O3 in BF16. BF16 models train without a loss scaler, and a BF16 step with a NaN
 //! gradient is skipped without touching master weights or optimizer state.
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -77,6 +77,19 @@ struct Data<S: ConstShape> {
     batches: Vec<Batch<S>>,
 }
 
+impl<S: ConstShape> Data<S> {
+    /// The first `n` batches to train on and the rest, which training never sees, to evaluate.
+    fn split(mut self, n: usize) -> (Self, Self) {
+        let held_out = self.batches.split_off(n);
+        (self, Data { batches: held_out })
+    }
+}
+
+/// Training batches (200 steps are 4 passes over them) and held-out batches, drawn after them
+/// from the same generator.
+const TRAIN_BATCHES: usize = 50;
+const HELD_OUT_BATCHES: usize = 32;
+
 fn one_hot(labels: &[usize]) -> Vec<f32> {
     let mut y = vec![0.0; labels.len() * CLASSES];
     for (i, &c) in labels.iter().enumerate() {
@@ -150,7 +163,7 @@ type Logits<T = NoneTape> = Tensor<Rank2<BATCH, CLASSES>, f32, Cpu, T>;
 type WorkingOf<M> = typed_amp::amp::WorkingOf<M, Cpu>;
 type MasterOf<M> = typed_amp::amp::MasterOf<M, Cpu>;
 
-/// Trains `STEPS` steps with SGD (momentum 0.9) and returns the loss on held-out batches.
+/// Trains `STEPS` steps and returns the loss on held-out batches.
 fn train<M, S, O>(
     data: &Data<S>,
     held_out: &Data<S>,
@@ -240,17 +253,27 @@ where
     total / held_out.batches.len() as f32
 }
 
-fn sgd() -> SgdConfig {
+/// SGD with momentum 0.9 at learning rate `lr`.
+fn sgd(lr: f64) -> SgdConfig {
     SgdConfig {
-        lr: 0.02,
+        lr,
         momentum: Some(Momentum::Classic(0.9)),
         weight_decay: None,
     }
 }
 
-/// Adam for O3-BF16, whose optimizer updates the BF16 weights themselves: an update smaller than
-/// half a unit in the last place (`|Δw| < |w|·2^-8`) rounds away, and Adam's steps, about `lr`
-/// in size whatever the gradient, survive that better than SGD's.
+/// The MLP's learning rate.
+const MLP_LR: f64 = 0.02;
+
+/// The CNN's learning rate. At 0.02, the MLP's, the CNN's loss after 200 steps is not
+/// reproducible to 2% under perturbations the size of one rounding: over model seeds 42 to 45,
+/// O2-FP16
+/// ended -0.60% to +3.56% from O0 and O2-BF16 +0.95% to +3.23% (on these 32 held-out batches),
+/// so whether a run met the bound was down to the seed. At 0.005 the same runs end within 0.70%
+/// of O0 in both precisions, and the bound tests the precision, not the seed.
+const CNN_LR: f64 = 0.005;
+
+/// Adam for the scale-free step's own test.
 fn adam() -> AdamConfig {
     AdamConfig {
         lr: 1e-3,
@@ -260,8 +283,9 @@ fn adam() -> AdamConfig {
 
 /// The acceptance threshold, not a derived bound: training runs drift apart once their
 /// first roundings differ, so no per-op error analysis covers 200 steps. The same 2% holds in
-/// BF16, whose roundings are 8 times coarser than FP16's. Observed: MLP 0.49%, CNN 1.17% (FP16
-/// O1 and O2 alike).
+/// BF16, whose roundings are 8 times coarser than FP16's. Observed on the 32 held-out batches:
+/// MLP 0.11% (FP16 O1, O2), 0.14% (BF16 O1, O2), 0.11% (O3-BF16); CNN 0.55% (FP16 O1, O2),
+/// 0.70% (BF16 O1, O2), 0.86% (O3-BF16).
 fn assert_within_2_percent(policy: &str, loss: f32, o0: f32) {
     let relative = (loss - o0).abs() / o0;
     eprintln!(
@@ -277,57 +301,67 @@ fn assert_within_2_percent(policy: &str, loss: f32, o0: f32) {
 #[test]
 fn mlp_trains_under_every_policy() {
     let dev = Cpu::default();
-    let (data, held_out) = (clusters(&dev, 50), clusters(&dev, 4));
+    let (data, held_out) = clusters(&dev, TRAIN_BATCHES + HELD_OUT_BATCHES).split(TRAIN_BATCHES);
     let initial = 4f32.ln();
-    let o0 = train::<MlpO0, _, _>(&data, &held_out, |m| Sgd::new(m, sgd()));
-    let o1 = train::<MlpO1, _, _>(&data, &held_out, |m| Sgd::new(m, sgd()));
-    let o2 = train::<MlpO2, _, _>(&data, &held_out, |m| Sgd::new(m, sgd()));
+    let o0 = train::<MlpO0, _, _>(&data, &held_out, |m| Sgd::new(m, sgd(MLP_LR)));
+    let o1 = train::<MlpO1, _, _>(&data, &held_out, |m| Sgd::new(m, sgd(MLP_LR)));
+    let o2 = train::<MlpO2, _, _>(&data, &held_out, |m| Sgd::new(m, sgd(MLP_LR)));
     let o3 = train::<MlpO3, _, _>(&data, &held_out, |m| {
-        LowPrecisionUpdates(Sgd::new(m, sgd()))
+        LowPrecisionUpdates(Sgd::new(m, sgd(MLP_LR)))
     });
+    eprintln!(
+        "MLP O0: held-out loss {o0:.4}; O3 (SGD on FP16 weights): {o3:.4} ({:+.2}%)",
+        100.0 * (o3 - o0) / o0
+    );
     assert!(o0 < 0.6 * initial, "O0 learned: {o0} (chance: {initial})");
     assert!(o3 < 0.8 * initial, "O3 learned: {o3}");
     assert_within_2_percent("MLP O1", o1, o0);
     assert_within_2_percent("MLP O2", o2, o0);
 
     // BF16: the same seed and data, stepped without a loss scaler.
-    let o1 = train_scale_free::<MlpO1Bf16, _, _>(&data, &held_out, |m| Sgd::new(m, sgd()));
-    let o2 = train_scale_free::<MlpO2Bf16, _, _>(&data, &held_out, |m| Sgd::new(m, sgd()));
+    let o1 = train_scale_free::<MlpO1Bf16, _, _>(&data, &held_out, |m| Sgd::new(m, sgd(MLP_LR)));
+    let o2 = train_scale_free::<MlpO2Bf16, _, _>(&data, &held_out, |m| Sgd::new(m, sgd(MLP_LR)));
+    // O3-BF16: SGD updates the BF16 weights themselves (its kernel computes in FP32 and rounds
+    // the weight and the velocity once per step).
     let o3 = train_scale_free::<MlpO3Bf16, _, _>(&data, &held_out, |m| {
-        LowPrecisionUpdates(Adam::<_, bf16, _>::new(m, adam()))
+        LowPrecisionUpdates(Sgd::<_, bf16, _>::new(m, sgd(MLP_LR)))
     });
-    eprintln!("MLP O3-BF16 (Adam): held-out loss {o3:.4}");
-    assert!(o3 < 0.8 * initial, "O3-BF16 learned: {o3}");
     assert_within_2_percent("MLP O1-BF16", o1, o0);
     assert_within_2_percent("MLP O2-BF16", o2, o0);
+    assert_within_2_percent("MLP O3-BF16", o3, o0);
 }
 
 #[test]
 fn cnn_with_batch_norm_trains_under_every_policy() {
     let dev = Cpu::default();
-    let (data, held_out) = (bars(&dev, 50), bars(&dev, 4));
+    let (data, held_out) = bars(&dev, TRAIN_BATCHES + HELD_OUT_BATCHES).split(TRAIN_BATCHES);
     let initial = 4f32.ln();
-    let o0 = train::<CnnO0, _, _>(&data, &held_out, |m| Sgd::new(m, sgd()));
-    let o1 = train::<CnnO1, _, _>(&data, &held_out, |m| Sgd::new(m, sgd()));
-    let o2 = train::<CnnO2, _, _>(&data, &held_out, |m| Sgd::new(m, sgd()));
+    let o0 = train::<CnnO0, _, _>(&data, &held_out, |m| Sgd::new(m, sgd(CNN_LR)));
+    let o1 = train::<CnnO1, _, _>(&data, &held_out, |m| Sgd::new(m, sgd(CNN_LR)));
+    let o2 = train::<CnnO2, _, _>(&data, &held_out, |m| Sgd::new(m, sgd(CNN_LR)));
     let o3 = train::<CnnO3, _, _>(&data, &held_out, |m| {
-        LowPrecisionUpdates(Sgd::new(m, sgd()))
+        LowPrecisionUpdates(Sgd::new(m, sgd(CNN_LR)))
     });
+    eprintln!(
+        "CNN O0: held-out loss {o0:.4}; O3 (SGD on FP16 weights): {o3:.4} ({:+.2}%)",
+        100.0 * (o3 - o0) / o0
+    );
     assert!(o0 < 0.6 * initial, "O0 learned: {o0} (chance: {initial})");
     assert!(o3 < 0.8 * initial, "O3 learned: {o3}");
     assert_within_2_percent("CNN O1", o1, o0);
     assert_within_2_percent("CNN O2", o2, o0);
 
     // BF16: the same seed and data, stepped without a loss scaler.
-    let o1 = train_scale_free::<CnnO1Bf16, _, _>(&data, &held_out, |m| Sgd::new(m, sgd()));
-    let o2 = train_scale_free::<CnnO2Bf16, _, _>(&data, &held_out, |m| Sgd::new(m, sgd()));
+    let o1 = train_scale_free::<CnnO1Bf16, _, _>(&data, &held_out, |m| Sgd::new(m, sgd(CNN_LR)));
+    let o2 = train_scale_free::<CnnO2Bf16, _, _>(&data, &held_out, |m| Sgd::new(m, sgd(CNN_LR)));
+    // O3-BF16: SGD updates the BF16 weights themselves (its kernel computes in FP32 and rounds
+    // the weight and the velocity once per step).
     let o3 = train_scale_free::<CnnO3Bf16, _, _>(&data, &held_out, |m| {
-        LowPrecisionUpdates(Adam::<_, bf16, _>::new(m, adam()))
+        LowPrecisionUpdates(Sgd::<_, bf16, _>::new(m, sgd(CNN_LR)))
     });
-    eprintln!("CNN O3-BF16 (Adam): held-out loss {o3:.4}");
-    assert!(o3 < 0.8 * initial, "O3-BF16 learned: {o3}");
     assert_within_2_percent("CNN O1-BF16", o1, o0);
     assert_within_2_percent("CNN O2-BF16", o2, o0);
+    assert_within_2_percent("CNN O3-BF16", o3, o0);
 }
 
 #[test]
@@ -419,13 +453,25 @@ fn bf16_policies_store_their_layers_in_bf16_and_need_no_loss_scale() {
         .param_summary()
         .iter()
         .all(|p| p.dtype == DType::BF16));
-    for config in [CnnO1Bf16::AMP_CONFIG, CnnO2Bf16::AMP_CONFIG, CnnO3Bf16::AMP_CONFIG] {
+    for config in [
+        CnnO1Bf16::AMP_CONFIG,
+        CnnO2Bf16::AMP_CONFIG,
+        CnnO3Bf16::AMP_CONFIG,
+    ] {
         assert_eq!(config.dtype, Some(DType::BF16), "{config}");
-        assert_eq!(config.loss_scale, typed_amp::amp::LossScale::None, "{config}");
+        assert_eq!(
+            config.loss_scale,
+            typed_amp::amp::LossScale::None,
+            "{config}"
+        );
     }
     assert_eq!(CnnO3Bf16::AMP_CONFIG.opt_level, OptLevel::O3);
     assert!(CnnO3Bf16::AMP_CONFIG.low_precision_updates);
-    for scaler in [CnnO1Bf16::scaler(), CnnO2Bf16::scaler(), CnnO3Bf16::scaler()] {
+    for scaler in [
+        CnnO1Bf16::scaler(),
+        CnnO2Bf16::scaler(),
+        CnnO3Bf16::scaler(),
+    ] {
         assert!(!scaler.is_enabled());
     }
 }
