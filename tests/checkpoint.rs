@@ -178,7 +178,12 @@ pub struct NetBf16 {
     fc2: Linear<8, 3>,
 }
 
-#[typed_amp::amp(policy = "O3", dtype = "bf16", allow_bf16_updates, cast_model_outputs = "fp32")]
+#[typed_amp::amp(
+    policy = "O3",
+    dtype = "bf16",
+    allow_bf16_updates,
+    cast_model_outputs = "fp32"
+)]
 pub struct NetO3Bf16 {
     fc1: Linear<6, 8>,
     bn: BatchNorm1D<8>,
@@ -315,6 +320,22 @@ fn a_resumed_bf16_run_matches_the_uninterrupted_one_bit_for_bit() {
     train_steps_scale_free(&mut model, &mut opt, 0..5);
     let extra = BTreeMap::from([("step".to_string(), "5".to_string())]);
     checkpoint::save(&path, &mut model, &opt, &scaler, &extra).unwrap();
+
+    // The file holds the FP32 masters bit for bit, and says the model trains in BF16.
+    let bytes = std::fs::read(&path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    for (p, dtype, values) in param_bytes(model.master()) {
+        assert_eq!(dtype, DType::F32, "{p}");
+        let view = file.tensor(&format!("master.{p}")).unwrap();
+        assert_eq!(view.dtype(), safetensors::Dtype::F32, "master.{p}");
+        assert_eq!(view.data(), values.as_slice(), "master.{p}");
+    }
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    assert_eq!(
+        header.metadata().as_ref().unwrap()["model.precision"],
+        "BF16"
+    );
+
     train_steps_scale_free(&mut model, &mut opt, 5..12);
 
     let mut resumed: ModelBf16 = NetBf16::build(&Cpu::seed_from_u64(99)).unwrap();
@@ -325,7 +346,11 @@ fn a_resumed_bf16_run_matches_the_uninterrupted_one_bit_for_bit() {
         checkpoint::load(&path, &mut resumed, &mut resumed_opt, &mut resumed_scaler).unwrap();
     assert_eq!(meta, extra);
     assert_eq!(resumed_opt.step_count(), 5);
-    assert_eq!(resumed_scaler.state(), scaler.state(), "the disabled scaler");
+    assert_eq!(
+        resumed_scaler.state(),
+        scaler.state(),
+        "the disabled scaler"
+    );
     train_steps_scale_free(&mut resumed, &mut resumed_opt, 5..12);
 
     // Master weights (batch norm's running statistics included), the BF16 working copy and
@@ -338,9 +363,12 @@ fn a_resumed_bf16_run_matches_the_uninterrupted_one_bit_for_bit() {
     );
     let working = param_bytes(model.working());
     assert!(working.iter().any(|(_, d, _)| *d == DType::BF16));
-    assert!(working
-        .iter()
-        .all(|(p, d, _)| *d == if p.starts_with("bn") { DType::F32 } else { DType::BF16 }));
+    assert!(working.iter().all(|(p, d, _)| *d
+        == if p.starts_with("bn") {
+            DType::F32
+        } else {
+            DType::BF16
+        }));
 }
 
 #[test]
@@ -381,7 +409,10 @@ fn o3_bf16_weights_are_saved_in_bf16_and_restored_exactly() {
     }
     let weight = file.tensor("master.fc1.weight").unwrap();
     let first = bf16::from_le_bytes([weight.data()[0], weight.data()[1]]);
-    assert_eq!(first.to_bits(), model.master().fc1.weight.as_vec()[0].to_bits());
+    assert_eq!(
+        first.to_bits(),
+        model.master().fc1.weight.as_vec()[0].to_bits()
+    );
     assert!(file.tensor("master.bn.running_var").is_ok());
     assert!(file.tensor("optim.moment2.fc2.weight").is_ok());
 
@@ -454,8 +485,8 @@ fn a_bf16_checkpoint_is_refused_by_an_fp16_model_without_touching_it() {
     checkpoint::save(&fp16_path, &mut model, &opt, &scaler, &BTreeMap::new()).unwrap();
     let before = param_bytes(bf16_model.master());
     let mut bf16_scaler = NetBf16::scaler();
-    let err = checkpoint::load(&fp16_path, &mut bf16_model, &mut bf16_opt, &mut bf16_scaler)
-        .unwrap_err();
+    let err =
+        checkpoint::load(&fp16_path, &mut bf16_model, &mut bf16_opt, &mut bf16_scaler).unwrap_err();
     assert!(err.to_string().contains("BF16"), "{err}");
     assert_eq!(param_bytes(bf16_model.master()), before);
 }

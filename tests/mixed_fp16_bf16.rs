@@ -51,6 +51,7 @@ fn batch(dev: &Cpu) -> (Tensor<Rank2<8, 6>, f16, Cpu>, Tensor<Rank2<8, 3>, f32, 
 fn an_fp16_and_bf16_model_trains_behind_fp32_masters_with_a_scaler() {
     let dev = Cpu::seed_from_u64(4);
     let master = dev.build_module::<Arch, f32>();
+    let initial = master.clone();
     let mut model = MasterWeights::<_, _, _, F16>::pair(master, working(&dev), &dev).unwrap();
 
     let summary: Vec<(String, DType)> = model
@@ -75,10 +76,13 @@ fn an_fp16_and_bf16_model_trains_behind_fp32_masters_with_a_scaler() {
         .iter()
         .all(|p| p.dtype == DType::F32));
 
-    let mut opt = Adam::new(model.master(), AdamConfig {
-        lr: 1e-2,
-        ..Default::default()
-    });
+    let mut opt = Adam::new(
+        model.master(),
+        AdamConfig {
+            lr: 1e-2,
+            ..Default::default()
+        },
+    );
     let mut scaler = GradScaler::dynamic();
     let (x, y) = batch(&dev);
     let mut grads = model.alloc_grads().unwrap();
@@ -92,8 +96,14 @@ fn an_fp16_and_bf16_model_trains_behind_fp32_masters_with_a_scaler() {
         let scaled = scaler.scale(loss).backward().unwrap();
         // The scaled gradients are in each parameter's own precision.
         let w = model.working();
-        assert!(scaled.grads().get(&w.0 .0.weight).is_some(), "FP16 gradient");
-        assert!(scaled.grads().get(&w.1 .0.weight).is_some(), "BF16 gradient");
+        assert!(
+            scaled.grads().get(&w.0 .0.weight).is_some(),
+            "FP16 gradient"
+        );
+        assert!(
+            scaled.grads().get(&w.1 .0.weight).is_some(),
+            "BF16 gradient"
+        );
         assert!(scaled.grads().get(&w.2.weight).is_some(), "FP32 gradient");
         let unscaled = scaler.unscale(&mut model, scaled).unwrap();
         let outcome = scaler.step(&mut opt, unscaled).unwrap();
@@ -114,13 +124,36 @@ fn an_fp16_and_bf16_model_trains_behind_fp32_masters_with_a_scaler() {
         losses[19]
     );
 
+    let (m, w) = (model.master(), model.working());
+    // Every layer learned: the gradients reached the FP16 layer through both casts.
+    assert_ne!(
+        m.0 .0.weight.as_vec(),
+        initial.0 .0.weight.as_vec(),
+        "FP16 layer"
+    );
+    assert_ne!(
+        m.1 .0.weight.as_vec(),
+        initial.1 .0.weight.as_vec(),
+        "BF16 layer"
+    );
+    assert_ne!(m.2.weight.as_vec(), initial.2.weight.as_vec(), "FP32 layer");
     // After the updates, each working parameter holds its master's value rounded to its own
     // precision.
-    let (m, w) = (model.master(), model.working());
-    assert_ne!(m.0 .0.weight.as_vec(), dev.build_module::<Arch, f32>().0 .0.weight.as_vec());
-    let f16_expected: Vec<f16> = m.0 .0.weight.as_vec().into_iter().map(f16::from_f32).collect();
+    let f16_expected: Vec<f16> =
+        m.0 .0
+            .weight
+            .as_vec()
+            .into_iter()
+            .map(f16::from_f32)
+            .collect();
     assert_eq!(w.0 .0.weight.as_vec(), f16_expected);
-    let bf16_expected: Vec<bf16> = m.1 .0.weight.as_vec().into_iter().map(bf16::from_f32).collect();
+    let bf16_expected: Vec<bf16> =
+        m.1 .0
+            .weight
+            .as_vec()
+            .into_iter()
+            .map(bf16::from_f32)
+            .collect();
     assert_eq!(w.1 .0.weight.as_vec(), bf16_expected);
     assert_eq!(w.2.weight.as_vec(), m.2.weight.as_vec());
 }
@@ -147,7 +180,11 @@ fn a_working_copy_declared_bf16_with_an_fp16_parameter_is_refused_by_name() {
     );
 
     // Without the FP16 layer, BF16 and FP32 parameters make a valid BF16 working copy.
-    type Bf16Arch = ((Linear<6, 16>, ReLU), (Linear<16, 16>, ReLU, ToF32), Linear<16, 3>);
+    type Bf16Arch = (
+        (Linear<6, 16>, ReLU),
+        (Linear<16, 16>, ReLU, ToF32),
+        Linear<16, 3>,
+    );
     let master = dev.build_module::<Bf16Arch, f32>();
     let working = (
         (dev.build_module::<Linear<6, 16>, bf16>(), ReLU),
