@@ -363,7 +363,11 @@ macro_rules! cnn_graph {
             let summary = mixed.working().param_summary();
             assert_eq!(summary[0].dtype, dtype_of::<$low>(), "conv weight");
             assert_eq!(summary[2].dtype, DType::F32, "batch norm scale");
-            assert_eq!(summary.last().unwrap().dtype, dtype_of::<$low>(), "linear bias");
+            assert_eq!(
+                summary.last().unwrap().dtype,
+                dtype_of::<$low>(),
+                "linear bias"
+            );
 
             let x = low_values::<Rank4<6, 1, 8, 8>, $low>(&dev);
             let target = one_hot::<6, 3>(&dev);
@@ -474,5 +478,13 @@ macro_rules! layer_norm_graph {
     };
 }
 
-layer_norm_graph!(layer_norm_and_softmax_in_fp32_between_fp16_layers, f16, ToF16);
-layer_norm_graph!(layer_norm_and_softmax_in_fp32_between_bf16_layers, bf16, ToBf16);
+layer_norm_graph!(
+    layer_norm_and_softmax_in_fp32_between_fp16_layers,
+    f16,
+    ToF16
+);
+layer_norm_graph!(
+    layer_norm_and_softmax_in_fp32_between_bf16_layers,
+    bf16,
+    ToBf16
+);
