@@ -1,12 +1,17 @@
 //! Checkpoints restore master weights, optimizer state and scaler state exactly, are readable
-//! by name with any safetensors reader, and refuse files that are not theirs.
+//! by name with any safetensors reader, and refuse files that are not theirs, in FP16 and in
+//! BF16 (whose O3 weights are saved as BF16).
 
 use std::collections::BTreeMap;
 
 use typed_amp::checkpoint::{self, CheckpointError};
+use typed_amp::device::{HostKernel, Kernels};
 use typed_amp::dfdx::nn::builders::{BatchNorm1D, Linear};
 use typed_amp::dfdx::optim::Adam;
+use typed_amp::optim::{OptimizerState, StateRef};
+use typed_amp::params::ParamVisitor;
 use typed_amp::prelude::*;
+use typed_amp::{AmpElem, DType, LowPrecisionUpdates, MasterOptimizer};
 
 #[typed_amp::amp(policy = "O2", cast_model_outputs = "fp32")]
 pub struct Net {
@@ -163,4 +168,325 @@ fn foreign_or_damaged_files_are_refused_without_touching_the_model() {
     let err = checkpoint::load(&path, &mut model, &mut opt, &mut scaler).unwrap_err();
     assert!(err.to_string().contains("optimizer `adam`"), "{err}");
     assert_eq!(master_bits(&model), before);
+}
+
+#[typed_amp::amp(policy = "O2", dtype = "bf16", cast_model_outputs = "fp32")]
+pub struct NetBf16 {
+    fc1: Linear<6, 8>,
+    bn: BatchNorm1D<8>,
+    act: ReLU,
+    fc2: Linear<8, 3>,
+}
+
+#[typed_amp::amp(
+    policy = "O3",
+    dtype = "bf16",
+    allow_bf16_updates,
+    cast_model_outputs = "fp32"
+)]
+pub struct NetO3Bf16 {
+    fc1: Linear<6, 8>,
+    bn: BatchNorm1D<8>,
+    act: ReLU,
+    fc2: Linear<8, 3>,
+}
+
+type ModelBf16 = <NetBf16 as typed_amp::amp::AmpModel<Cpu>>::Weights;
+type ModelO3Bf16 = <NetO3Bf16 as typed_amp::amp::AmpModel<Cpu>>::Weights;
+
+/// Every parameter and buffer of a model, by path: its precision and the little-endian bytes of
+/// its values in that precision.
+fn param_bytes<M: Parameters<Cpu>>(model: &M) -> Vec<(String, DType, Vec<u8>)> {
+    struct Collect(Vec<(String, DType, Vec<u8>)>);
+    impl ParamVisitor<Cpu> for Collect {
+        type Error = std::convert::Infallible;
+        fn visit<S: Shape, E: AmpElem>(
+            &mut self,
+            path: &str,
+            param: &Tensor<S, E, Cpu>,
+            _trainable: bool,
+        ) -> Result<(), Self::Error>
+        where
+            Cpu: Kernels<E>,
+        {
+            let bytes = param
+                .as_vec()
+                .into_iter()
+                .flat_map(AmpElem::to_le_bytes)
+                .collect();
+            let dtype = typed_amp::precision::dtype_of::<E>();
+            self.0.push((path.to_string(), dtype, bytes));
+            Ok(())
+        }
+    }
+    let mut collect = Collect(Vec::new());
+    let Ok(()) = model.visit_params(&mut collect);
+    collect.0
+}
+
+/// An optimizer's whole state over `master`: each store's bytes per trainable parameter
+/// (`None` before its first update), and its scalars.
+type OptimizerBytes = (Vec<(String, Option<Vec<u8>>)>, Vec<(&'static str, i64)>);
+
+fn optimizer_bytes<O: OptimizerState<Cpu>, M: Parameters<Cpu>>(
+    opt: &O,
+    master: &M,
+) -> OptimizerBytes {
+    struct Collect<'s> {
+        stores: Vec<(&'static str, StateRef<'s>)>,
+        out: Vec<(String, Option<Vec<u8>>)>,
+    }
+    impl ParamVisitor<Cpu> for Collect<'_> {
+        type Error = std::convert::Infallible;
+        fn visit<S: Shape, E: AmpElem>(
+            &mut self,
+            path: &str,
+            param: &Tensor<S, E, Cpu>,
+            trainable: bool,
+        ) -> Result<(), Self::Error>
+        where
+            Cpu: Kernels<E>,
+        {
+            if !trainable {
+                return Ok(());
+            }
+            for (name, store) in &self.stores {
+                let store = store
+                    .get::<E, Cpu>()
+                    .expect("optimizer state in the parameter's precision");
+                let bytes = store.get_ref_checked(param).map(|buf| {
+                    HostKernel::<E>::try_read(param.device(), buf)
+                        .unwrap()
+                        .into_iter()
+                        .flat_map(AmpElem::to_le_bytes)
+                        .collect()
+                });
+                self.out.push((format!("{name}.{path}"), bytes));
+            }
+            Ok(())
+        }
+    }
+    let mut collect = Collect {
+        stores: opt.stores(),
+        out: Vec::new(),
+    };
+    let Ok(()) = master.visit_params(&mut collect);
+    (collect.out, opt.scalars())
+}
+
+/// Training steps of a BF16 model: no loss scaler, `loss.backward()?.check(..)?.step(..)?`.
+fn train_steps_scale_free<T, O>(model: &mut T, opt: &mut O, steps: std::ops::Range<u64>)
+where
+    T: TrainTarget<Cpu>,
+    T::Precision: typed_amp::FullRange,
+    T::Working: ModuleMut<
+        Tensor<Rank2<5, 6>, f32, Cpu, MixedTape<Cpu>>,
+        Output = Tensor<Rank2<5, 3>, f32, Cpu, MixedTape<Cpu>>,
+    >,
+    O: MasterOptimizer<T::Master, Cpu>,
+{
+    let dev = Cpu::default();
+    let mut grads = model.alloc_grads().unwrap();
+    for i in steps {
+        let (x, y) = batch(&dev, i);
+        let logits = model
+            .working_mut()
+            .try_forward_mut(x.traced_mixed(grads))
+            .unwrap();
+        let loss = cross_entropy_with_logits_loss(logits, y);
+        let outcome = loss
+            .backward()
+            .unwrap()
+            .check(model)
+            .unwrap()
+            .step(opt)
+            .unwrap();
+        assert!(!outcome.skipped());
+        grads = outcome.into_grads();
+    }
+}
+
+#[test]
+fn a_resumed_bf16_run_matches_the_uninterrupted_one_bit_for_bit() {
+    let dev = Cpu::seed_from_u64(0);
+    let dir = TempDir::new("checkpoint-resume-bf16");
+    let path = dir.join("model.safetensors");
+
+    let mut model: ModelBf16 = NetBf16::build(&dev).unwrap();
+    let mut opt = Adam::new(model.master(), AdamConfig::default());
+    // BF16 trains without a loss scale: the checkpoint stores a disabled scaler.
+    let scaler = NetBf16::scaler();
+    assert!(!scaler.is_enabled());
+    train_steps_scale_free(&mut model, &mut opt, 0..5);
+    let extra = BTreeMap::from([("step".to_string(), "5".to_string())]);
+    checkpoint::save(&path, &mut model, &opt, &scaler, &extra).unwrap();
+
+    // The file holds the FP32 masters bit for bit, and says the model trains in BF16.
+    let bytes = std::fs::read(&path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    for (p, dtype, values) in param_bytes(model.master()) {
+        assert_eq!(dtype, DType::F32, "{p}");
+        let view = file.tensor(&format!("master.{p}")).unwrap();
+        assert_eq!(view.dtype(), safetensors::Dtype::F32, "master.{p}");
+        assert_eq!(view.data(), values.as_slice(), "master.{p}");
+    }
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    assert_eq!(
+        header.metadata().as_ref().unwrap()["model.precision"],
+        "BF16"
+    );
+
+    train_steps_scale_free(&mut model, &mut opt, 5..12);
+
+    let mut resumed: ModelBf16 = NetBf16::build(&Cpu::seed_from_u64(99)).unwrap();
+    let mut resumed_opt = Adam::new(resumed.master(), AdamConfig::default());
+    let mut resumed_scaler = GradScaler::default();
+    assert_ne!(param_bytes(resumed.master()), param_bytes(model.master()));
+    let meta =
+        checkpoint::load(&path, &mut resumed, &mut resumed_opt, &mut resumed_scaler).unwrap();
+    assert_eq!(meta, extra);
+    assert_eq!(resumed_opt.step_count(), 5);
+    assert_eq!(
+        resumed_scaler.state(),
+        scaler.state(),
+        "the disabled scaler"
+    );
+    train_steps_scale_free(&mut resumed, &mut resumed_opt, 5..12);
+
+    // Master weights (batch norm's running statistics included), the BF16 working copy and
+    // Adam's state, bit for bit.
+    assert_eq!(param_bytes(resumed.master()), param_bytes(model.master()));
+    assert_eq!(param_bytes(resumed.working()), param_bytes(model.working()));
+    assert_eq!(
+        optimizer_bytes(&resumed_opt, resumed.master()),
+        optimizer_bytes(&opt, model.master())
+    );
+    let working = param_bytes(model.working());
+    assert!(working.iter().any(|(_, d, _)| *d == DType::BF16));
+    assert!(working.iter().all(|(p, d, _)| *d
+        == if p.starts_with("bn") {
+            DType::F32
+        } else {
+            DType::BF16
+        }));
+}
+
+#[test]
+fn o3_bf16_weights_are_saved_in_bf16_and_restored_exactly() {
+    let dev = Cpu::seed_from_u64(3);
+    let dir = TempDir::new("checkpoint-o3-bf16");
+    let path = dir.join("model.safetensors");
+
+    let mut model: ModelO3Bf16 = NetO3Bf16::build(&dev).unwrap();
+    let mut opt = LowPrecisionUpdates(Adam::<_, bf16, _>::new(
+        model.master(),
+        AdamConfig {
+            lr: 1e-2,
+            ..Default::default()
+        },
+    ));
+    train_steps_scale_free(&mut model, &mut opt, 0..4);
+    checkpoint::save(
+        &path,
+        &mut model,
+        &opt,
+        &NetO3Bf16::scaler(),
+        &BTreeMap::new(),
+    )
+    .unwrap();
+
+    // Every tensor in the file is BF16, bit for bit the model's (and Adam's BF16 moments).
+    let saved = param_bytes(model.master());
+    assert!(saved.iter().all(|(_, d, _)| *d == DType::BF16));
+    let bytes = std::fs::read(&path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    for (name, view) in file.tensors() {
+        assert_eq!(view.dtype(), safetensors::Dtype::BF16, "{name}");
+    }
+    for (p, _, values) in &saved {
+        let view = file.tensor(&format!("master.{p}")).unwrap();
+        assert_eq!(view.data(), values.as_slice(), "master.{p}");
+    }
+    let weight = file.tensor("master.fc1.weight").unwrap();
+    let first = bf16::from_le_bytes([weight.data()[0], weight.data()[1]]);
+    assert_eq!(
+        first.to_bits(),
+        model.master().fc1.weight.as_vec()[0].to_bits()
+    );
+    assert!(file.tensor("master.bn.running_var").is_ok());
+    assert!(file.tensor("optim.moment2.fc2.weight").is_ok());
+
+    let mut resumed: ModelO3Bf16 = NetO3Bf16::build(&Cpu::seed_from_u64(98)).unwrap();
+    let mut resumed_opt = LowPrecisionUpdates(Adam::<_, bf16, _>::new(
+        resumed.master(),
+        AdamConfig {
+            lr: 1e-2,
+            ..Default::default()
+        },
+    ));
+    let mut scaler = GradScaler::default();
+    checkpoint::load(&path, &mut resumed, &mut resumed_opt, &mut scaler).unwrap();
+    assert_eq!(param_bytes(resumed.master()), saved);
+    assert_eq!(
+        optimizer_bytes(&resumed_opt, resumed.master()),
+        optimizer_bytes(&opt, model.master())
+    );
+    assert!(!scaler.is_enabled());
+
+    // And they continue alike.
+    train_steps_scale_free(&mut model, &mut opt, 4..8);
+    train_steps_scale_free(&mut resumed, &mut resumed_opt, 4..8);
+    assert_eq!(param_bytes(resumed.master()), param_bytes(model.master()));
+}
+
+#[test]
+fn a_bf16_checkpoint_is_refused_by_an_fp16_model_without_touching_it() {
+    let dir = TempDir::new("checkpoint-bf16-into-fp16");
+    let path = dir.join("bf16.safetensors");
+    let mut bf16_model: ModelBf16 = NetBf16::build(&Cpu::seed_from_u64(6)).unwrap();
+    let mut bf16_opt = Adam::new(bf16_model.master(), AdamConfig::default());
+    train_steps_scale_free(&mut bf16_model, &mut bf16_opt, 0..3);
+    checkpoint::save(
+        &path,
+        &mut bf16_model,
+        &bf16_opt,
+        &NetBf16::scaler(),
+        &BTreeMap::new(),
+    )
+    .unwrap();
+
+    // The FP32 masters of O2-BF16 and O2-FP16 have the same parameters: only the checkpoint's
+    // precision tells them apart.
+    let dev = Cpu::seed_from_u64(7);
+    let mut model = Net::build(&dev).unwrap();
+    let mut opt = Adam::new(model.master(), AdamConfig::default());
+    let mut scaler = GradScaler::new(256.0, 2.0, 0.5, 3).unwrap();
+    train_steps(&mut model, &mut opt, &mut scaler, 0..3);
+    let (master, working) = (param_bytes(model.master()), param_bytes(model.working()));
+    let state = optimizer_bytes(&opt, model.master());
+    let scaler_state = scaler.state();
+
+    let err = checkpoint::load(&path, &mut model, &mut opt, &mut scaler).unwrap_err();
+    let message = err.to_string();
+    eprintln!("{message}");
+    assert!(matches!(err, CheckpointError::Mismatch { .. }), "{err:?}");
+    assert!(message.contains("BF16"), "names BF16: {message}");
+    assert!(
+        message.replace("BF16", "").contains("F16"),
+        "names F16: {message}"
+    );
+    assert_eq!(param_bytes(model.master()), master);
+    assert_eq!(param_bytes(model.working()), working);
+    assert_eq!(optimizer_bytes(&opt, model.master()), state);
+    assert_eq!(scaler.state(), scaler_state);
+
+    // And the other way round.
+    let fp16_path = dir.join("fp16.safetensors");
+    checkpoint::save(&fp16_path, &mut model, &opt, &scaler, &BTreeMap::new()).unwrap();
+    let before = param_bytes(bf16_model.master());
+    let mut bf16_scaler = NetBf16::scaler();
+    let err =
+        checkpoint::load(&fp16_path, &mut bf16_model, &mut bf16_opt, &mut bf16_scaler).unwrap_err();
+    assert!(err.to_string().contains("BF16"), "{err}");
+    assert_eq!(param_bytes(bf16_model.master()), before);
 }

@@ -53,13 +53,22 @@ fn scaler_state(path: &Path) -> Vec<(String, String)> {
 }
 
 fn resume_matches(model: &str, policy: &str) {
-    let dir = TempDir::new(&format!("cli-resume-{model}-{policy}"));
+    resume_matches_in(model, policy, "fp16");
+}
+
+/// Runs `model` under `policy` in `dtype` straight through, and stopped after one epoch then
+/// resumed; checks the two final checkpoints are equal bit for bit and returns the precisions
+/// of the saved `master.*` tensors.
+fn resume_matches_in(model: &str, policy: &str, dtype: &str) -> Vec<safetensors::Dtype> {
+    let dir = TempDir::new(&format!("cli-resume-{model}-{policy}-{dtype}"));
     let common = [
         "train",
         "--model",
         model,
         "--policy",
         policy,
+        "--dtype",
+        dtype,
         "--epochs",
         "2",
         "--batch",
@@ -105,11 +114,19 @@ fn resume_matches(model: &str, policy: &str) {
         assert_eq!(name, other);
         assert!(
             x == y,
-            "{model} {policy}: `{name}` differs between the resumed and the uninterrupted run"
+            "{model} {policy} {dtype}: `{name}` differs between the resumed and the uninterrupted run"
         );
     }
     assert_eq!(scaler_state(&full), scaler_state(&resumed));
     assert_ne!(tensors(&part), a, "the split run really stopped halfway");
+
+    let bytes = std::fs::read(&full).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    file.tensors()
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("master."))
+        .map(|(_, view)| view.dtype())
+        .collect()
 }
 
 #[test]
@@ -120,6 +137,80 @@ fn a_resumed_mlp_run_matches_the_uninterrupted_run_bit_for_bit() {
 #[test]
 fn a_resumed_cnn_run_with_batch_norm_matches_bit_for_bit() {
     resume_matches("cnn", "O2");
+}
+
+#[test]
+fn a_resumed_bf16_cnn_run_matches_bit_for_bit() {
+    // O2-BF16 saves its FP32 masters (batch norm's statistics included).
+    let master = resume_matches_in("cnn", "O2", "bf16");
+    assert!(!master.is_empty());
+    assert!(
+        master.iter().all(|d| *d == safetensors::Dtype::F32),
+        "{master:?}"
+    );
+}
+
+#[test]
+fn a_resumed_o3_bf16_mlp_run_matches_bit_for_bit() {
+    // O3-BF16 has no master copy: the checkpoint holds its BF16 weights and optimizer state.
+    let master = resume_matches_in("mlp", "O3", "bf16");
+    assert!(!master.is_empty());
+    assert!(
+        master.iter().all(|d| *d == safetensors::Dtype::BF16),
+        "{master:?}"
+    );
+}
+
+#[test]
+fn resuming_a_bf16_checkpoint_as_fp16_is_refused() {
+    let dir = TempDir::new("cli-dtype-mismatch");
+    let ckpt = dir.join("bf16.safetensors");
+    let base = [
+        "train",
+        "--policy",
+        "O2",
+        "--epochs",
+        "2",
+        "--batch",
+        "500",
+        "--quiet",
+        "--data-dir",
+        SUBSET,
+    ];
+    ok(&typed_amp(
+        &[
+            &base[..],
+            &[
+                "--dtype",
+                "bf16",
+                "--stop-after",
+                "1",
+                "--save",
+                ckpt.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+    ));
+    let bytes = std::fs::read(&ckpt).unwrap();
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let meta = header.metadata().clone().unwrap_or_default();
+    assert_eq!(meta["model.precision"], "BF16");
+
+    let out = typed_amp(
+        &[
+            &base[..],
+            &["--dtype", "fp16", "--resume", ckpt.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    assert!(
+        stderr.contains("dtype = bf16, this run has fp16"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
 #[test]

@@ -10,7 +10,7 @@ use super::tensor_collection::*;
 #[diagnostic::on_unimplemented(
     message = "`{Self}` has no forward for an input of type `{Input}`",
     label = "this layer cannot take that input",
-    note = "a layer takes tensors of its own precision (and shape); where an FP16 layer meets FP32 data or the reverse, cast at the boundary with typed-amp's `.to_f16()` / `.to_f32()`"
+    note = "a layer takes tensors of its own precision (and shape); where layers of different precisions meet (FP32, FP16, BF16), cast at the boundary to the next layer's precision with typed-amp's `.to_f16()`, `.to_bf16()` or `.to_f32()`"
 )]
 pub trait Module<Input> {
     /// The type that this unit produces given `Input`.
@@ -32,7 +32,7 @@ pub trait Module<Input> {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` has no training forward for an input of type `{Input}`",
     label = "this layer cannot take that input",
-    note = "a layer takes tensors of its own precision (and shape); where an FP16 layer meets FP32 data or the reverse, cast at the boundary with typed-amp's `.to_f16()` / `.to_f32()`"
+    note = "a layer takes tensors of its own precision (and shape); where layers of different precisions meet (FP32, FP16, BF16), cast at the boundary to the next layer's precision with typed-amp's `.to_f16()`, `.to_bf16()` or `.to_f32()`"
 )]
 pub trait ModuleMut<Input> {
     /// The type that this unit produces given `Input`.

@@ -71,7 +71,7 @@ where
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be multiplied by `{Rhs}`",
     label = "operands of different precisions or inner dimensions",
-    note = "both operands of a matrix product (a linear layer's input and weight) have one precision: cast FP32 data entering an FP16 layer with typed-amp's `.to_f16()`, FP16 data entering an FP32 layer with `.to_f32()`"
+    note = "both operands of a matrix product (a linear layer's input and weight) have one precision: cast data entering a layer to the layer's precision with typed-amp's `.to_f16()` (FP16 layer), `.to_bf16()` (BF16 layer) or `.to_f32()` (FP32 layer)"
 )]
 pub trait TryMatMul<Rhs>: HasErr {
     type Output;

@@ -1,0 +1,13 @@
+use typed_amp::prelude::*;
+
+type Mlp = (Linear<4, 8>, ReLU, Linear<8, 2>);
+
+fn main() -> Result<(), AmpError> {
+    let dev = Cpu::default();
+    let master = dev.build_module::<Mlp, f32>();
+    let model = MasterWeights::<_, _, _, BF16>::convert(master, &dev)?;
+    let x: Tensor<Rank2<3, 4>, f16, _> = dev.zeros();
+    // Wrong: FP16 data into BF16 layers, without a cast (`.to_bf16()`).
+    let _logits = model.working().forward(x.traced_mixed(model.alloc_grads()?));
+    Ok(())
+}
