@@ -296,11 +296,35 @@ fn bad_arguments_are_usage_errors() {
         &["compare", "--save", "x"],
         &["train", "--device", "cuda:0"],
         &["fit"],
+        &["train", "--epochs", "0"],
+        &["train", "--epochs", "9223372036854775808"],
+        &["train", "--stop-after", "0"],
     ] {
         let out = typed_amp(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: "));
     }
+    // A number that does not parse names its option.
+    let out = typed_amp(&["train", "--lr", "fast"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: --lr: cannot parse `fast`"));
+}
+
+#[test]
+fn a_run_that_diverges_exits_3_and_says_why() {
+    let out = typed_amp(&[
+        "train",
+        "--lr",
+        "1e10",
+        "--epochs",
+        "1",
+        "--quiet",
+        "--data-dir",
+        SUBSET,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("the training loss is NaN"), "{stderr}");
 }
 
 #[test]
