@@ -27,8 +27,11 @@
 //!
 //! ```text
 //! cargo bench --bench cpu_step [-- [--json] [--only mlp|cnn|matmul] [--steps N] [--warmup W]
-//!                                   [--min-time SECONDS] [--max-steps N]]
+//!                                   [--min-time SECONDS] [--max-steps N] [--default-malloc]]
 //! ```
+//!
+//! Like the main job, the bench first makes glibc keep freed memory for reuse
+//! ([`typed_amp::device::keep_freed_memory`]); `--default-malloc` leaves the allocator as it is.
 //!
 //! `--json` prints one JSON object per line (`model`, `config`, `ms_per_step`, and `gflops` for
 //! matmul) instead of the table. The figures are not checked against anything: this bench only
@@ -289,6 +292,9 @@ fn cnn_configs(dev: &Cpu) -> Vec<Config> {
 
 struct Options {
     json: bool,
+    /// Keep freed memory for reuse, as the main job does
+    /// (`typed_amp::device::keep_freed_memory`; off with `--default-malloc`).
+    keep_freed_memory: bool,
     only: Option<String>,
     steps: usize,
     warmup: usize,
@@ -300,6 +306,7 @@ impl Options {
     fn parse() -> Options {
         let mut o = Options {
             json: false,
+            keep_freed_memory: true,
             only: None,
             steps: 30,
             warmup: 5,
@@ -314,6 +321,7 @@ impl Options {
             };
             match arg.as_str() {
                 "--json" => o.json = true,
+                "--default-malloc" => o.keep_freed_memory = false,
                 "--only" => {
                     let v = value("--only");
                     if !["mlp", "cnn", "matmul"].contains(&v.as_str()) {
@@ -572,6 +580,7 @@ fn run_matmul(dev: &Cpu, opts: &Options, out: &mut Vec<Row>) {
     // Products are quick: take more of them, at least the step count and a second each.
     let opts = Options {
         json: opts.json,
+        keep_freed_memory: opts.keep_freed_memory,
         only: None,
         steps: opts.steps.max(30),
         warmup: opts.warmup.max(3),
@@ -661,6 +670,9 @@ fn print_table(rows: &[Row], opts: &Options) {
 
 fn main() {
     let opts = Options::parse();
+    if opts.keep_freed_memory {
+        typed_amp::device::keep_freed_memory();
+    }
     let dev = Cpu::seed_from_u64(0);
     let mut rows = Vec::new();
     if opts.runs("mlp") {

@@ -17,6 +17,9 @@
 //! [`with_precisions!`](crate::with_precisions). Both are implemented for every device that has
 //! the capabilities: dfdx's `Cpu` and, with the `cuda` feature, `Cuda`.
 
+mod allocator;
+pub use allocator::keep_freed_memory;
+
 pub use crate::ops::cast::CastKernel;
 pub use crate::ops::fill::FillKernel;
 pub use crate::ops::host::HostKernel;
