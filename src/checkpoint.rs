@@ -231,6 +231,15 @@ where
     T: TrainTarget<D>,
     O: OptimizerState<D>,
 {
+    // Refuse to write what `load` would refuse to read.
+    let refuse = |detail: String| CheckpointError::Mismatch {
+        path: path.to_path_buf(),
+        detail: format!("not saved: {detail}"),
+    };
+    GradScaler::from_state(scaler.state()).map_err(|e| refuse(e.to_string()))?;
+    if let Some((name, value)) = optimizer.scalars().into_iter().find(|(_, v)| *v < 0) {
+        return Err(refuse(format!("optimizer state `{name}` is {value}")));
+    }
     target.sync_buffers_to_master()?;
     let mut entries = BTreeMap::new();
     target.master().visit_params(&mut SaveParams {
@@ -301,6 +310,7 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
         name.to_string_lossy(),
         std::process::id()
     ));
+    remove_stale_temporaries(dir, &name.to_string_lossy());
     let result = (|| {
         let mut file = std::fs::File::create(&tmp)?;
         file.write_all(bytes)?;
@@ -311,6 +321,32 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
         let _ = std::fs::remove_file(&tmp);
     }
     result.map_err(io)
+}
+
+/// Removes the temporary files `.NAME.tmp-PID` that writes of `NAME` killed before their rename
+/// left behind: those of processes that no longer run (known on Linux, through `/proc`;
+/// elsewhere nothing is removed).
+fn remove_stale_temporaries(dir: &Path, name: &str) {
+    let prefix = format!(".{name}.tmp-");
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(pid) = file_name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let running = pid == std::process::id()
+            || !cfg!(target_os = "linux")
+            || Path::new("/proc").join(pid.to_string()).exists();
+        if !running {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// Writes `prefix.<path>` tensors of a checkpoint into the visited parameters.
@@ -353,11 +389,59 @@ fn tensor_values<S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>>(
         )));
     }
     let size = want.size_in_bytes();
-    Ok(view
+    let values: Vec<E> = view
         .data()
         .chunks_exact(size)
         .map(E::from_le_bytes)
-        .collect())
+        .collect();
+    // Masters, statistics and optimizer moments are finite in any state `save` writes: a step
+    // with a non-finite gradient is skipped before anything changes.
+    if let Some(i) = values.iter().position(|v| !AmpElem::to_f32(*v).is_finite()) {
+        return Err(err(format!(
+            "holds a non-finite value ({} at element {i})",
+            AmpElem::to_f32(values[i])
+        )));
+    }
+    Ok(values)
+}
+
+/// Checks, before anything is written, that the checkpoint holds every master tensor and a
+/// complete optimizer state (for each store, every trainable parameter's entry or none: none
+/// means saved before the optimizer's first update), each in the right precision and shape,
+/// and finite.
+struct CheckTensors<'a> {
+    file: &'a Path,
+    tensors: &'a SafeTensors<'a>,
+    /// Per optimizer store: its name, and the first trainable path with and without an entry.
+    stores: Vec<(&'static str, Option<String>, Option<String>)>,
+}
+
+impl<D: AmpDevice> ParamVisitor<D> for CheckTensors<'_> {
+    type Error = CheckpointError;
+    fn visit<S: Shape, E: AmpElem>(
+        &mut self,
+        path: &str,
+        param: &Tensor<S, E, D>,
+        trainable: bool,
+    ) -> Result<(), CheckpointError>
+    where
+        D: Kernels<E>,
+    {
+        tensor_values(self.file, self.tensors, &format!("master.{path}"), param)?;
+        if !trainable {
+            return Ok(());
+        }
+        for (store, with, without) in &mut self.stores {
+            let name = format!("optim.{store}.{path}");
+            if self.tensors.tensor(&name).is_ok() {
+                tensor_values(self.file, self.tensors, &name, param)?;
+                with.get_or_insert_with(|| name.clone());
+            } else {
+                without.get_or_insert(name);
+            }
+        }
+        Ok(())
+    }
 }
 
 impl<D: AmpDevice> ParamVisitorMut<D> for LoadParams<'_> {
@@ -558,7 +642,33 @@ where
             .get(&key)
             .and_then(|v| v.parse().ok())
             .ok_or_else(|| mismatch(format!("optimizer state `{key}` is missing or malformed")))?;
+        if value < 0 {
+            return Err(mismatch(format!(
+                "optimizer state `{key}` is {value}; it counts steps and cannot be negative"
+            )));
+        }
         scalars.push((name, value));
+    }
+    let mut check = CheckTensors {
+        file: path,
+        tensors: &tensors,
+        stores: optimizer
+            .stores()
+            .into_iter()
+            .map(|(name, _)| (name, None, None))
+            .collect(),
+    };
+    target.master().visit_params(&mut check)?;
+    for (_, with, without) in check.stores {
+        if let (Some(present), Some(missing)) = (with, without) {
+            return Err(CheckpointError::Tensor {
+                path: path.to_path_buf(),
+                name: missing,
+                detail: format!(
+                    "missing from the checkpoint, which has the optimizer's state for other parameters (`{present}`)"
+                ),
+            });
+        }
     }
 
     target.master_mut().visit_params_mut(&mut LoadParams {

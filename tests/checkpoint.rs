@@ -490,3 +490,121 @@ fn a_bf16_checkpoint_is_refused_by_an_fp16_model_without_touching_it() {
     assert!(err.to_string().contains("BF16"), "{err}");
     assert_eq!(param_bytes(bf16_model.master()), before);
 }
+
+/// Rewrites a checkpoint file: `edit` gets its tensors (name, dtype, shape, bytes) and metadata.
+fn rewrite(
+    path: &std::path::Path,
+    edit: impl FnOnce(
+        &mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>,
+        &mut std::collections::HashMap<String, String>,
+    ),
+) {
+    let bytes = std::fs::read(path).unwrap();
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let mut meta = header.metadata().clone().unwrap_or_default();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<_> = file
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            (
+                name,
+                view.dtype(),
+                view.shape().to_vec(),
+                view.data().to_vec(),
+            )
+        })
+        .collect();
+    edit(&mut tensors, &mut meta);
+    let views: Vec<_> = tensors
+        .iter()
+        .map(|(name, dtype, shape, data)| {
+            (
+                name.clone(),
+                safetensors::tensor::TensorView::new(*dtype, shape.clone(), data).unwrap(),
+            )
+        })
+        .collect();
+    std::fs::write(
+        path,
+        safetensors::tensor::serialize(views, &Some(meta)).unwrap(),
+    )
+    .unwrap();
+}
+
+#[test]
+fn incomplete_non_finite_or_out_of_range_state_is_refused_before_anything_changes() {
+    let dev = Cpu::seed_from_u64(3);
+    let dir = TempDir::new("checkpoint-invalid");
+    let path = dir.join("run.safetensors");
+    let mut model = Net::build(&dev).unwrap();
+    let mut opt: Adam<NetMaster<Cpu>, f32, Cpu> = Adam::new(model.master(), AdamConfig::default());
+    let mut scaler = GradScaler::default();
+    train_steps(&mut model, &mut opt, &mut scaler, 0..3);
+    // A killed earlier write (a process that no longer runs) left its temporary file behind.
+    let stale = dir.join(".run.safetensors.tmp-4294967294");
+    std::fs::write(&stale, b"partial").unwrap();
+    checkpoint::save(&path, &mut model, &opt, &scaler, &BTreeMap::new()).unwrap();
+    assert!(!stale.exists(), "the stale temporary file was not removed");
+    let saved = std::fs::read(&path).unwrap();
+
+    let mut fresh = Net::build(&Cpu::seed_from_u64(4)).unwrap();
+    let mut fresh_opt: Adam<NetMaster<Cpu>, f32, Cpu> =
+        Adam::new(fresh.master(), AdamConfig::default());
+    let mut fresh_scaler = GradScaler::default();
+    let before = master_bits(&fresh);
+    let mut refused = |edit: &dyn Fn(
+        &mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>,
+        &mut std::collections::HashMap<String, String>,
+    )|
+     -> String {
+        std::fs::write(&path, &saved).unwrap();
+        rewrite(&path, |t, m| edit(t, m));
+        let err = checkpoint::load(&path, &mut fresh, &mut fresh_opt, &mut fresh_scaler)
+            .expect_err("an invalid checkpoint loaded");
+        assert_eq!(
+            master_bits(&fresh),
+            before,
+            "a refused load changed the model"
+        );
+        assert_eq!(fresh_scaler.get_scale(), 65536.0);
+        err.to_string()
+    };
+
+    // One parameter's Adam moment missing while the others are there.
+    let err = refused(&|t, _| t.retain(|(name, ..)| name != "optim.moment2.fc2.bias"));
+    assert!(
+        err.contains("optim.moment2.fc2.bias") && err.contains("missing"),
+        "{err}"
+    );
+    // A NaN in a master tensor (written after the other tensors have been checked).
+    let err = refused(&|t, _| {
+        let w = t
+            .iter_mut()
+            .find(|(name, ..)| name == "master.fc2.weight")
+            .unwrap();
+        w.3[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+    });
+    assert!(
+        err.contains("master.fc2.weight") && err.contains("non-finite"),
+        "{err}"
+    );
+    // A negative Adam step count.
+    let err = refused(&|_, m| {
+        m.insert("optim.scalar.step_count".into(), "-5".into());
+    });
+    assert!(err.contains("cannot be negative"), "{err}");
+    // A scale whose inverse overflows in FP32.
+    let err = refused(&|_, m| {
+        m.insert(
+            "scaler.scale_bits".into(),
+            (typed_amp::SMALLEST_SCALE / 4.0).to_bits().to_string(),
+        );
+    });
+    assert!(err.contains("2^-126"), "{err}");
+
+    // The untouched file still loads.
+    std::fs::write(&path, &saved).unwrap();
+    checkpoint::load(&path, &mut fresh, &mut fresh_opt, &mut fresh_scaler).unwrap();
+    assert_eq!(master_bits(&fresh), master_bits(&model));
+}
