@@ -635,6 +635,14 @@ where
     }
     let scaler_state = parse_scaler(path, &meta)?;
     GradScaler::from_state(scaler_state).map_err(|e| mismatch(e.to_string()))?;
+    if scaler_state.mode != scaler.mode() {
+        // An O0 checkpoint would otherwise switch an O2 run's dynamic scaling off.
+        return Err(mismatch(format!(
+            "the checkpoint's loss scaler is {:?}, this run's is {:?}",
+            scaler_state.mode,
+            scaler.mode()
+        )));
+    }
     let mut scalars = Vec::new();
     for (name, _) in optimizer.scalars() {
         let key = format!("optim.scalar.{name}");

@@ -340,7 +340,8 @@ fn a_resumed_bf16_run_matches_the_uninterrupted_one_bit_for_bit() {
 
     let mut resumed: ModelBf16 = NetBf16::build(&Cpu::seed_from_u64(99)).unwrap();
     let mut resumed_opt = Adam::new(resumed.master(), AdamConfig::default());
-    let mut resumed_scaler = GradScaler::default();
+    // A BF16 model's scaler is off; the checkpoint's mode must match this run's.
+    let mut resumed_scaler = NetBf16::scaler();
     assert_ne!(param_bytes(resumed.master()), param_bytes(model.master()));
     let meta =
         checkpoint::load(&path, &mut resumed, &mut resumed_opt, &mut resumed_scaler).unwrap();
@@ -424,7 +425,7 @@ fn o3_bf16_weights_are_saved_in_bf16_and_restored_exactly() {
             ..Default::default()
         },
     ));
-    let mut scaler = GradScaler::default();
+    let mut scaler = NetO3Bf16::scaler();
     checkpoint::load(&path, &mut resumed, &mut resumed_opt, &mut scaler).unwrap();
     assert_eq!(param_bytes(resumed.master()), saved);
     assert_eq!(
@@ -602,6 +603,12 @@ fn incomplete_non_finite_or_out_of_range_state_is_refused_before_anything_change
         );
     });
     assert!(err.contains("2^-126"), "{err}");
+    // A checkpoint whose scaler is off (an O0 run's) would switch this run's dynamic scaling off.
+    let err = refused(&|_, m| {
+        m.insert("scaler.mode".into(), "disabled".into());
+        m.insert("scaler.scale_bits".into(), 1f32.to_bits().to_string());
+    });
+    assert!(err.contains("Disabled") && err.contains("Dynamic"), "{err}");
 
     // The untouched file still loads.
     std::fs::write(&path, &saved).unwrap();
