@@ -492,14 +492,13 @@ fn a_bf16_checkpoint_is_refused_by_an_fp16_model_without_touching_it() {
     assert_eq!(param_bytes(bf16_model.master()), before);
 }
 
-/// Rewrites a checkpoint file: `edit` gets its tensors (name, dtype, shape, bytes) and metadata.
-fn rewrite(
-    path: &std::path::Path,
-    edit: impl FnOnce(
-        &mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>,
-        &mut std::collections::HashMap<String, String>,
-    ),
-) {
+/// A checkpoint's tensors, as (name, dtype, shape, bytes).
+type RawTensors = Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>;
+/// A checkpoint's metadata.
+type RawMetadata = std::collections::HashMap<String, String>;
+
+/// Rewrites a checkpoint file: `edit` gets its tensors and metadata.
+fn rewrite(path: &std::path::Path, edit: impl FnOnce(&mut RawTensors, &mut RawMetadata)) {
     let bytes = std::fs::read(path).unwrap();
     let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
     let mut meta = header.metadata().clone().unwrap_or_default();
@@ -554,11 +553,7 @@ fn incomplete_non_finite_or_out_of_range_state_is_refused_before_anything_change
         Adam::new(fresh.master(), AdamConfig::default());
     let mut fresh_scaler = GradScaler::default();
     let before = master_bits(&fresh);
-    let mut refused = |edit: &dyn Fn(
-        &mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>,
-        &mut std::collections::HashMap<String, String>,
-    )|
-     -> String {
+    let mut refused = |edit: &dyn Fn(&mut RawTensors, &mut RawMetadata)| -> String {
         std::fs::write(&path, &saved).unwrap();
         rewrite(&path, |t, m| edit(t, m));
         let err = checkpoint::load(&path, &mut fresh, &mut fresh_opt, &mut fresh_scaler)
