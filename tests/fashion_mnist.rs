@@ -143,6 +143,20 @@ fn explicit_directory_loads_and_says_so() {
 }
 
 #[test]
+fn multi_member_gzip_loads_as_one_stream() {
+    let dir = valid_dir("multi-member");
+    let images = valid_images(5);
+    let (head, tail) = images.split_at(100);
+    dir.write(TRAIN_IMAGES_FILE, &[gzip(head), gzip(tail)].concat());
+    let data = FashionMnist::load(Some(&dir)).expect("a two-member gzip file");
+    assert_eq!(data.train.len(), 5);
+    assert_eq!(
+        data.train.image(4)[IMAGE_SIZE - 1],
+        ((5 * IMAGE_SIZE - 1) % 256) as u8
+    );
+}
+
+#[test]
 fn missing_file_in_explicit_directory() {
     let dir = valid_dir("missing");
     std::fs::remove_file(dir.join(TEST_LABELS_FILE)).expect("remove");

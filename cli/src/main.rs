@@ -167,6 +167,19 @@ fn parse_args() -> Result<Option<Args>, String> {
     if config.stop_after == Some(0) {
         return Err("--stop-after must be at least 1".to_string());
     }
+    if let Some(save) = &config.save {
+        // Checked now rather than when the first epoch ends and the first checkpoint is due.
+        let dir = save
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        if !dir.is_dir() {
+            return Err(format!(
+                "--save: the directory {} does not exist",
+                dir.display()
+            ));
+        }
+    }
     if !(config.lr.is_finite() && config.lr > 0.0) {
         return Err("--lr must be a positive number".to_string());
     }

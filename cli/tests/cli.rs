@@ -299,6 +299,11 @@ fn bad_arguments_are_usage_errors() {
         &["train", "--epochs", "0"],
         &["train", "--epochs", "9223372036854775808"],
         &["train", "--stop-after", "0"],
+        &[
+            "train",
+            "--save",
+            "/nonexistent-typed-amp-dir/run.safetensors",
+        ],
     ] {
         let out = typed_amp(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");

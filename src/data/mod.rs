@@ -30,7 +30,7 @@
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
-use flate2::read::GzDecoder;
+use flate2::read::MultiGzDecoder;
 
 /// Height and width of every image, in pixels.
 pub const IMAGE_SIDE: usize = 28;
@@ -462,7 +462,8 @@ fn decompress_idx<const DIMS: usize>(
         expected,
         found,
     };
-    let mut decoder = GzDecoder::new(gzip_bytes);
+    // gzip files may hold several members (as `cat a.gz b.gz` makes); all are one stream.
+    let mut decoder = MultiGzDecoder::new(gzip_bytes);
 
     let mut header = Vec::with_capacity(header_len as usize);
     (&mut decoder)
