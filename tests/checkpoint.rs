@@ -5,13 +5,10 @@
 use std::collections::BTreeMap;
 
 use typed_amp::checkpoint::{self, CheckpointError};
-use typed_amp::device::{HostKernel, Kernels};
 use typed_amp::dfdx::nn::builders::{BatchNorm1D, Linear};
 use typed_amp::dfdx::optim::Adam;
-use typed_amp::optim::{OptimizerState, StateRef};
-use typed_amp::params::ParamVisitor;
 use typed_amp::prelude::*;
-use typed_amp::{AmpElem, DType, LowPrecisionUpdates, MasterOptimizer};
+use typed_amp::{DType, LowPrecisionUpdates, MasterOptimizer};
 
 #[typed_amp::amp(policy = "O2", cast_model_outputs = "fp32")]
 pub struct Net {
@@ -22,7 +19,7 @@ pub struct Net {
 }
 
 mod common;
-use common::TempDir;
+use common::{optimizer_bytes, param_bytes, TempDir};
 
 type Model = <Net as typed_amp::amp::AmpModel<Cpu>>::Weights;
 
@@ -193,86 +190,6 @@ pub struct NetO3Bf16 {
 
 type ModelBf16 = <NetBf16 as typed_amp::amp::AmpModel<Cpu>>::Weights;
 type ModelO3Bf16 = <NetO3Bf16 as typed_amp::amp::AmpModel<Cpu>>::Weights;
-
-/// Every parameter and buffer of a model, by path: its precision and the little-endian bytes of
-/// its values in that precision.
-fn param_bytes<M: Parameters<Cpu>>(model: &M) -> Vec<(String, DType, Vec<u8>)> {
-    struct Collect(Vec<(String, DType, Vec<u8>)>);
-    impl ParamVisitor<Cpu> for Collect {
-        type Error = std::convert::Infallible;
-        fn visit<S: Shape, E: AmpElem>(
-            &mut self,
-            path: &str,
-            param: &Tensor<S, E, Cpu>,
-            _trainable: bool,
-        ) -> Result<(), Self::Error>
-        where
-            Cpu: Kernels<E>,
-        {
-            let bytes = param
-                .as_vec()
-                .into_iter()
-                .flat_map(AmpElem::to_le_bytes)
-                .collect();
-            let dtype = typed_amp::precision::dtype_of::<E>();
-            self.0.push((path.to_string(), dtype, bytes));
-            Ok(())
-        }
-    }
-    let mut collect = Collect(Vec::new());
-    let Ok(()) = model.visit_params(&mut collect);
-    collect.0
-}
-
-/// An optimizer's whole state over `master`: each store's bytes per trainable parameter
-/// (`None` before its first update), and its scalars.
-type OptimizerBytes = (Vec<(String, Option<Vec<u8>>)>, Vec<(&'static str, i64)>);
-
-fn optimizer_bytes<O: OptimizerState<Cpu>, M: Parameters<Cpu>>(
-    opt: &O,
-    master: &M,
-) -> OptimizerBytes {
-    struct Collect<'s> {
-        stores: Vec<(&'static str, StateRef<'s>)>,
-        out: Vec<(String, Option<Vec<u8>>)>,
-    }
-    impl ParamVisitor<Cpu> for Collect<'_> {
-        type Error = std::convert::Infallible;
-        fn visit<S: Shape, E: AmpElem>(
-            &mut self,
-            path: &str,
-            param: &Tensor<S, E, Cpu>,
-            trainable: bool,
-        ) -> Result<(), Self::Error>
-        where
-            Cpu: Kernels<E>,
-        {
-            if !trainable {
-                return Ok(());
-            }
-            for (name, store) in &self.stores {
-                let store = store
-                    .get::<E, Cpu>()
-                    .expect("optimizer state in the parameter's precision");
-                let bytes = store.get_ref_checked(param).map(|buf| {
-                    HostKernel::<E>::try_read(param.device(), buf)
-                        .unwrap()
-                        .into_iter()
-                        .flat_map(AmpElem::to_le_bytes)
-                        .collect()
-                });
-                self.out.push((format!("{name}.{path}"), bytes));
-            }
-            Ok(())
-        }
-    }
-    let mut collect = Collect {
-        stores: opt.stores(),
-        out: Vec::new(),
-    };
-    let Ok(()) = master.visit_params(&mut collect);
-    (collect.out, opt.scalars())
-}
 
 /// Training steps of a BF16 model: no loss scaler, `loss.backward()?.check(..)?.step(..)?`.
 fn train_steps_scale_free<T, O>(model: &mut T, opt: &mut O, steps: std::ops::Range<u64>)

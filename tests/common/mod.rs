@@ -38,3 +38,89 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+use typed_amp::device::{HostKernel, Kernels};
+use typed_amp::optim::{OptimizerState, StateRef};
+use typed_amp::params::{ParamVisitor, Parameters};
+use typed_amp::prelude::{Cpu, Shape, Tensor};
+use typed_amp::{AmpElem, DType};
+
+/// Every parameter and buffer of a model, by path: its precision and the little-endian bytes of
+/// its values in that precision.
+pub fn param_bytes<M: Parameters<Cpu>>(model: &M) -> Vec<(String, DType, Vec<u8>)> {
+    struct Collect(Vec<(String, DType, Vec<u8>)>);
+    impl ParamVisitor<Cpu> for Collect {
+        type Error = std::convert::Infallible;
+        fn visit<S: Shape, E: AmpElem>(
+            &mut self,
+            path: &str,
+            param: &Tensor<S, E, Cpu>,
+            _trainable: bool,
+        ) -> Result<(), Self::Error>
+        where
+            Cpu: Kernels<E>,
+        {
+            let bytes = param
+                .as_vec()
+                .into_iter()
+                .flat_map(AmpElem::to_le_bytes)
+                .collect();
+            let dtype = typed_amp::precision::dtype_of::<E>();
+            self.0.push((path.to_string(), dtype, bytes));
+            Ok(())
+        }
+    }
+    let mut collect = Collect(Vec::new());
+    let Ok(()) = model.visit_params(&mut collect);
+    collect.0
+}
+
+/// An optimizer's whole state over `master`: each store's bytes per trainable parameter
+/// (`None` before its first update), and its scalars.
+pub type OptimizerBytes = (Vec<(String, Option<Vec<u8>>)>, Vec<(&'static str, i64)>);
+
+pub fn optimizer_bytes<O: OptimizerState<Cpu>, M: Parameters<Cpu>>(
+    opt: &O,
+    master: &M,
+) -> OptimizerBytes {
+    struct Collect<'s> {
+        stores: Vec<(&'static str, StateRef<'s>)>,
+        out: Vec<(String, Option<Vec<u8>>)>,
+    }
+    impl ParamVisitor<Cpu> for Collect<'_> {
+        type Error = std::convert::Infallible;
+        fn visit<S: Shape, E: AmpElem>(
+            &mut self,
+            path: &str,
+            param: &Tensor<S, E, Cpu>,
+            trainable: bool,
+        ) -> Result<(), Self::Error>
+        where
+            Cpu: Kernels<E>,
+        {
+            if !trainable {
+                return Ok(());
+            }
+            for (name, store) in &self.stores {
+                let store = store
+                    .get::<E, Cpu>()
+                    .expect("optimizer state in the parameter's precision");
+                let bytes = store.get_ref_checked(param).map(|buf| {
+                    HostKernel::<E>::try_read(param.device(), buf)
+                        .unwrap()
+                        .into_iter()
+                        .flat_map(AmpElem::to_le_bytes)
+                        .collect()
+                });
+                self.out.push((format!("{name}.{path}"), bytes));
+            }
+            Ok(())
+        }
+    }
+    let mut collect = Collect {
+        stores: opt.stores(),
+        out: Vec::new(),
+    };
+    let Ok(()) = master.visit_params(&mut collect);
+    (collect.out, opt.scalars())
+}
