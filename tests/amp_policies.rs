@@ -6,15 +6,15 @@
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use rand_distr::StandardNormal;
 use typed_amp::amp::{AmpModel, OptLevel};
-use typed_amp::device::{HostKernel, Kernels};
 use typed_amp::dfdx::losses;
 use typed_amp::dfdx::nn::builders::{BatchNorm2D, Linear};
 use typed_amp::dfdx::optim::{Adam, Sgd};
 use typed_amp::nn::builders::{Conv2D, Flatten, MaxPool2D};
-use typed_amp::optim::OptimizerState;
-use typed_amp::params::ParamVisitor;
 use typed_amp::prelude::*;
-use typed_amp::{AmpElem, DType, FullRange, LowPrecisionUpdates, MasterOptimizer, RawGrads};
+use typed_amp::{DType, FullRange, LowPrecisionUpdates, MasterOptimizer};
+
+mod common;
+use common::{inject, optimizer_bytes, param_bytes};
 
 const CLASSES: usize = 4;
 const BATCH: usize = 32;
@@ -476,100 +476,6 @@ fn bf16_policies_store_their_layers_in_bf16_and_need_no_loss_scale() {
     }
 }
 
-/// Every parameter of a model, by path, as the little-endian bytes of its own precision.
-fn param_bytes<M: Parameters<Cpu>>(model: &M) -> Vec<(String, Vec<u8>)> {
-    struct Collect(Vec<(String, Vec<u8>)>);
-    impl ParamVisitor<Cpu> for Collect {
-        type Error = std::convert::Infallible;
-        fn visit<S: Shape, E: AmpElem>(
-            &mut self,
-            path: &str,
-            param: &Tensor<S, E, Cpu>,
-            _trainable: bool,
-        ) -> Result<(), Self::Error>
-        where
-            Cpu: Kernels<E>,
-        {
-            let bytes = param
-                .as_vec()
-                .into_iter()
-                .flat_map(AmpElem::to_le_bytes)
-                .collect();
-            self.0.push((path.to_string(), bytes));
-            Ok(())
-        }
-    }
-    let mut collect = Collect(Vec::new());
-    let Ok(()) = model.visit_params(&mut collect);
-    collect.0
-}
-
-/// An optimizer's whole state over `master`: every store's value for every trainable parameter
-/// (as bytes, `None` before its first update), and its scalars.
-type OptimizerBytes = (Vec<(String, Option<Vec<u8>>)>, Vec<(&'static str, i64)>);
-
-fn optimizer_bytes<O: OptimizerState<Cpu>, M: Parameters<Cpu>>(
-    opt: &O,
-    master: &M,
-) -> OptimizerBytes {
-    struct Collect<'s> {
-        stores: Vec<(&'static str, typed_amp::optim::StateRef<'s>)>,
-        out: Vec<(String, Option<Vec<u8>>)>,
-    }
-    impl ParamVisitor<Cpu> for Collect<'_> {
-        type Error = std::convert::Infallible;
-        fn visit<S: Shape, E: AmpElem>(
-            &mut self,
-            path: &str,
-            param: &Tensor<S, E, Cpu>,
-            trainable: bool,
-        ) -> Result<(), Self::Error>
-        where
-            Cpu: Kernels<E>,
-        {
-            if !trainable {
-                return Ok(());
-            }
-            for (name, store) in &self.stores {
-                let store = store
-                    .get::<E, Cpu>()
-                    .expect("optimizer state in the parameter's precision");
-                let bytes = store.get_ref_checked(param).map(|buf| {
-                    HostKernel::<E>::try_read(param.device(), buf)
-                        .unwrap()
-                        .into_iter()
-                        .flat_map(AmpElem::to_le_bytes)
-                        .collect()
-                });
-                self.out.push((format!("{name}.{path}"), bytes));
-            }
-            Ok(())
-        }
-    }
-    let mut collect = Collect {
-        stores: opt.stores(),
-        out: Vec::new(),
-    };
-    let Ok(()) = master.visit_params(&mut collect);
-    (collect.out, opt.scalars())
-}
-
-/// Puts `value` into the first element of one parameter's raw (scale-free) gradient.
-fn inject<E: AmpElem>(grads: &mut RawGrads<Cpu>, param: &Tensor<impl Shape, E, Cpu>, value: f32)
-where
-    Cpu: Kernels<E>,
-{
-    let buf = grads
-        .grads_mut()
-        .store_mut::<E>()
-        .get_or_alloc_mut(param)
-        .unwrap();
-    let dev = param.device();
-    let mut values = HostKernel::<E>::try_read(dev, buf).unwrap();
-    values[0] = <E as AmpElem>::from_f32(value);
-    HostKernel::<E>::try_write(dev, buf, &values).unwrap();
-}
-
 #[test]
 fn bf16_o2_trains_without_a_scaler_and_skips_a_step_with_a_nan_gradient() {
     let dev = Cpu::default();
@@ -611,7 +517,7 @@ fn bf16_o2_trains_without_a_scaler_and_skips_a_step_with_a_nan_gradient() {
     let mut raw = cross_entropy_with_logits_loss(logits, y.clone())
         .backward()
         .unwrap();
-    inject(&mut raw, &model.working().fc2.weight, f32::NAN);
+    inject(raw.grads_mut(), &model.working().fc2.weight, f32::NAN);
     let checked = raw.check(&mut model).unwrap();
     assert!(checked.found_inf());
     assert_eq!(checked.non_finite_params(), ["fc2.weight".to_string()]);

@@ -9,10 +9,10 @@ use rand::{Rng, SeedableRng};
 use typed_amp::dfdx::nn::builders::{BatchNorm1D, Linear};
 use typed_amp::dfdx::optim::Adam;
 use typed_amp::prelude::*;
-use typed_amp::{AmpElem, AmpError, ScaledGrads};
+use typed_amp::AmpError;
 
 mod common;
-use common::{optimizer_bytes, param_bytes};
+use common::{inject, optimizer_bytes, param_bytes};
 
 #[typed_amp::amp(policy = "O2", cast_model_outputs = "fp32")]
 pub struct Net {
@@ -76,23 +76,6 @@ fn batch(dev: &Cpu, rng: &mut rand::rngs::StdRng, fault: Fault) -> (Input, Targe
         dev.tensor_from_vec(x, (Const, Const)),
         dev.tensor_from_vec(y, (Const, Const)),
     )
-}
-
-/// Puts `value` into one element of one parameter's scaled gradient.
-fn inject<E: AmpElem>(grads: &mut ScaledGrads<Cpu>, param: &Tensor<impl Shape, E, Cpu>, value: f32)
-where
-    Cpu: typed_amp::device::Kernels<E>,
-{
-    use typed_amp::device::HostKernel;
-    let buf = grads
-        .grads_mut()
-        .store_mut::<E>()
-        .get_or_alloc_mut(param)
-        .unwrap();
-    let dev = param.device();
-    let mut values = HostKernel::<E>::try_read(dev, buf).unwrap();
-    values[0] = <E as AmpElem>::from_f32(value);
-    HostKernel::<E>::try_write(dev, buf, &values).unwrap();
 }
 
 /// Everything a skipped step must leave alone.
@@ -171,10 +154,10 @@ fn campaign(seed: u64, steps: usize, rate: f64, burst_rate: f64, floor: bool, co
         let mut scaled = scaler.scale(loss).backward().unwrap();
         let m = model.working();
         match fault {
-            Fault::NanGradient => inject(&mut scaled, &m.fc1.weight, f32::NAN),
-            Fault::InfGradient => inject(&mut scaled, &m.fc2.weight, f32::INFINITY),
-            Fault::HugeGradient => inject(&mut scaled, &m.fc2.bias, 6e4),
-            Fault::NanBnGradient => inject(&mut scaled, &m.bn.scale, f32::NAN),
+            Fault::NanGradient => inject(scaled.grads_mut(), &m.fc1.weight, f32::NAN),
+            Fault::InfGradient => inject(scaled.grads_mut(), &m.fc2.weight, f32::INFINITY),
+            Fault::HugeGradient => inject(scaled.grads_mut(), &m.fc2.bias, 6e4),
+            Fault::NanBnGradient => inject(scaled.grads_mut(), &m.bn.scale, f32::NAN),
             _ => {}
         }
         counts.injections += usize::from(fault != Fault::None);

@@ -1,12 +1,14 @@
 //! The typed step's run-time behaviour: non-finite gradients are found wherever they arise, a
 //! skipped step changes nothing, and the dynamic scaler recovers from FP16 overflow.
 
-use typed_amp::device::{HostKernel, Kernels};
 use typed_amp::dfdx::nn::builders::Linear;
 use typed_amp::dfdx::optim::{Adam, Sgd};
 use typed_amp::loss::cross_entropy_with_logits_loss;
 use typed_amp::prelude::*;
-use typed_amp::{AmpElem, ScaledGrads};
+use typed_amp::ScaledGrads;
+
+mod common;
+use common::inject;
 
 type Mlp = (Linear<6, 8>, ReLU, Linear<8, 8>, ReLU, Linear<8, 3>);
 type Model = MasterWeights<
@@ -84,22 +86,6 @@ fn inf_or_nan_in_the_input_is_found_and_the_step_skipped() {
     }
 }
 
-/// Puts `value` into one element of one parameter's scaled gradient.
-fn inject<E: AmpElem>(grads: &mut ScaledGrads<Cpu>, param: &Tensor<impl Shape, E, Cpu>, value: f32)
-where
-    Cpu: Kernels<E>,
-{
-    let buf = grads
-        .grads_mut()
-        .store_mut::<E>()
-        .get_or_alloc_mut(param)
-        .unwrap();
-    let dev = param.device();
-    let mut values = HostKernel::<E>::try_read(dev, buf).unwrap();
-    values[0] = <E as AmpElem>::from_f32(value);
-    HostKernel::<E>::try_write(dev, buf, &values).unwrap();
-}
-
 #[test]
 fn a_non_finite_gradient_in_any_layer_is_found_and_blamed_by_name() {
     let (dev, mut model) = model(11);
@@ -117,12 +103,12 @@ fn a_non_finite_gradient_in_any_layer_is_found_and_blamed_by_name() {
         let mut grads = backward(&scaler, &model, x, y);
         let w = model.working();
         match path {
-            "0.weight" => inject(&mut grads, &w.0.weight, value),
-            "0.bias" => inject(&mut grads, &w.0.bias, value),
-            "2.weight" => inject(&mut grads, &w.2.weight, value),
-            "2.bias" => inject(&mut grads, &w.2.bias, value),
-            "4.weight" => inject(&mut grads, &w.4.weight, value),
-            _ => inject(&mut grads, &w.4.bias, value),
+            "0.weight" => inject(grads.grads_mut(), &w.0.weight, value),
+            "0.bias" => inject(grads.grads_mut(), &w.0.bias, value),
+            "2.weight" => inject(grads.grads_mut(), &w.2.weight, value),
+            "2.bias" => inject(grads.grads_mut(), &w.2.bias, value),
+            "4.weight" => inject(grads.grads_mut(), &w.4.weight, value),
+            _ => inject(grads.grads_mut(), &w.4.bias, value),
         }
         let unscaled = scaler.unscale(&mut model, grads).unwrap();
         assert!(unscaled.found_inf(), "{value} in {path}");
@@ -161,7 +147,7 @@ fn fp32_parameters_of_a_mixed_model_are_checked_too() {
         .scale(cross_entropy_with_logits_loss(logits, y))
         .backward()
         .unwrap();
-    inject(&mut grads, &model.working().1.weight, f32::NAN);
+    inject(grads.grads_mut(), &model.working().1.weight, f32::NAN);
     let unscaled = scaler.unscale(&mut model, grads).unwrap();
     assert_eq!(unscaled.non_finite_params(), ["1.weight".to_string()]);
 }
@@ -191,7 +177,7 @@ fn a_skipped_step_leaves_master_weights_and_optimizer_state_untouched() {
 
     let (x, y) = batch(&dev);
     let mut grads = backward(&scaler, &model, x, y);
-    inject(&mut grads, &model.working().2.weight, f32::INFINITY);
+    inject(grads.grads_mut(), &model.working().2.weight, f32::INFINITY);
     let unscaled = scaler.unscale(&mut model, grads).unwrap();
     let outcome = scaler.step(&mut opt, unscaled).unwrap();
     assert!(outcome.skipped());
@@ -354,7 +340,7 @@ fn a_disabled_scaler_still_skips_a_non_finite_step() {
     let mut scaler = GradScaler::disabled();
     let (x, y) = batch(&dev);
     let mut grads = backward(&scaler, &model, x, y);
-    inject(&mut grads, &model.working().0.weight, f32::NAN);
+    inject(grads.grads_mut(), &model.working().0.weight, f32::NAN);
     let before = master_bits(&model);
     let unscaled = scaler.unscale(&mut model, grads).unwrap();
     assert_eq!(unscaled.non_finite_params(), ["0.weight".to_string()]);

@@ -43,7 +43,7 @@ use typed_amp::device::{HostKernel, Kernels};
 use typed_amp::optim::{OptimizerState, StateRef};
 use typed_amp::params::{ParamVisitor, Parameters};
 use typed_amp::prelude::{Cpu, Shape, Tensor};
-use typed_amp::{AmpElem, DType};
+use typed_amp::{AmpElem, DType, MixedGradients};
 
 /// Every parameter and buffer of a model, by path: its precision and the little-endian bytes of
 /// its values in that precision.
@@ -123,4 +123,20 @@ pub fn optimizer_bytes<O: OptimizerState<Cpu>, M: Parameters<Cpu>>(
     };
     let Ok(()) = master.visit_params(&mut collect);
     (collect.out, opt.scalars())
+}
+
+/// Puts `value` into the first element of one parameter's gradient (scaled or raw: pass
+/// `grads.grads_mut()`), allocating it if backward did not.
+pub fn inject<E: AmpElem>(
+    grads: &mut MixedGradients<Cpu>,
+    param: &Tensor<impl Shape, E, Cpu>,
+    value: f32,
+) where
+    Cpu: Kernels<E>,
+{
+    let buf = grads.store_mut::<E>().get_or_alloc_mut(param).unwrap();
+    let dev = param.device();
+    let mut values = HostKernel::<E>::try_read(dev, buf).unwrap();
+    values[0] = <E as AmpElem>::from_f32(value);
+    HostKernel::<E>::try_write(dev, buf, &values).unwrap();
 }
