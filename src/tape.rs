@@ -473,7 +473,11 @@ pub trait TraceMixed<D: AmpDevice>: Sized {
     }
 }
 
-impl<S: Shape, E: AmpElem, D: AmpDevice + Device<E>> TraceMixed<D> for Tensor<S, E, D, NoneTape> {
+// Any element type: float inputs, and the token ids an embedding gathers with (whose tape
+// carries the embedding's gradient).
+impl<S: Shape, E: dfdx::prelude::Unit, D: AmpDevice + dfdx::prelude::Storage<E>> TraceMixed<D>
+    for Tensor<S, E, D, NoneTape>
+{
     type Traced = Tensor<S, E, D, MixedTape<D>>;
     fn traced_mixed(self, grads: MixedGradients<D>) -> Self::Traced {
         // The input's gradient is wanted only where every gradient is kept (leaky gradients)

@@ -138,6 +138,15 @@ impl<S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>, T: AmpTape<D>> Watch for T
     }
 }
 
+// Token ids have no magnitude worth watching.
+impl<S: Shape, D: AmpDevice + dfdx::prelude::Storage<usize>, T> Watch for Tensor<S, usize, D, T> {
+    type Error = D::Err;
+
+    fn try_watch(self, _layer: &'static str) -> Result<Self, D::Err> {
+        Ok(self)
+    }
+}
+
 fn max_abs<E: AmpElem, D: AmpDevice + Kernels<E>>(
     dev: &D,
     buf: &<D as dfdx::prelude::Storage<E>>::Vec,

@@ -5,32 +5,17 @@ use syn::{Attribute, Error, Fields, Ident, Item, ItemStruct, Result, Type, Visib
 
 use crate::attr::{take_field_pin, Prec, Spanned as At};
 
-/// How a layer takes part in mixed precision, recognised from its type's name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// Matrix products (linear, convolution): FP16 compute under O1, O2 and O3.
-    Matmul,
-    /// Batch norm and layer norm: FP32 under O1, and under O2 unless `keep_batchnorm_fp32 = false`.
-    Norm,
-    /// Softmax, log-softmax, exp and log: FP32 except under O3.
-    Fp32Op,
-    /// Elementwise layers with parameters (PReLU, bias): follow the model's storage precision.
-    Elementwise,
-    /// Parameterless layers that compute in whatever precision they receive.
-    Neutral,
-    /// An explicit cast layer (`ToF16`, `ToF32`).
-    Cast(Prec),
-}
-
-/// A field's layer.
+/// A field's layer. What kind of layer it is (its row of the policy table) is not read from
+/// its name: the generated code asks the layer's `AmpLayer` impl, so aliases, user layers and
+/// composite layers work alike.
 #[derive(Debug, Clone)]
 pub enum Layer {
-    /// A layer `#[amp]` recognises (or one pinned to a precision).
-    Known(Kind),
-    /// A tuple of layers run in order.
+    /// One layer (possibly a composite one behind an alias, `Repeated`, `Residual`, or another
+    /// `#[amp]` model).
+    Single,
+    /// A tuple of layers written out in the field's type: each part runs, and is watched for
+    /// overflow, on its own.
     Tuple(Vec<(Type, Layer)>),
-    /// Another `#[amp]` model (or an unknown layer: the trait bound will say so).
-    Nested,
 }
 
 /// One field of the model.
@@ -53,32 +38,6 @@ pub struct Model {
     pub fields: Vec<Field>,
 }
 
-const MATMUL: &[&str] = &["Linear", "UnbiasedLinear", "Conv2D", "ConvTrans2D"];
-const NORM: &[&str] = &["BatchNorm1D", "BatchNorm2D", "LayerNorm1D"];
-const FP32_OPS: &[&str] = &["Softmax", "LogSoftmax", "Exp", "Ln"];
-const ELEMENTWISE: &[&str] = &["PReLU", "PReLU1D", "Bias2D"];
-const NEUTRAL: &[&str] = &[
-    "ReLU",
-    "GeLU",
-    "FastGeLU",
-    "AccurateGeLU",
-    "Sigmoid",
-    "Tanh",
-    "Sin",
-    "Cos",
-    "Square",
-    "Sqrt",
-    "Abs",
-    "LeakyReLU",
-    "Dropout",
-    "DropoutOneIn",
-    "MaxPool2D",
-    "AvgPoolGlobal",
-    "MaxPoolGlobal",
-    "MinPoolGlobal",
-    "Flatten",
-    "Flatten2D",
-];
 /// Types that are plainly not layers.
 const NOT_LAYERS: &[&str] = &[
     "bool",
@@ -133,30 +92,13 @@ pub fn classify(ty: &Type) -> Result<Layer> {
                 return Err(Error::new_spanned(ty, "expected a layer type"));
             };
             let name = last.ident.to_string();
-            let is = |list: &[&str]| list.contains(&name.as_str());
-            if is(NOT_LAYERS) {
+            if NOT_LAYERS.contains(&name.as_str()) {
                 Err(Error::new_spanned(
                     ty,
                     format!("`{name}` is not a layer: every field of an #[amp] struct is a layer (a dfdx or typed-amp layer, a tuple of layers, or another #[amp] struct)"),
                 ))
-            } else if is(MATMUL) {
-                Ok(Layer::Known(Kind::Matmul))
-            } else if is(NORM) {
-                Ok(Layer::Known(Kind::Norm))
-            } else if is(FP32_OPS) {
-                Ok(Layer::Known(Kind::Fp32Op))
-            } else if is(ELEMENTWISE) {
-                Ok(Layer::Known(Kind::Elementwise))
-            } else if is(NEUTRAL) {
-                Ok(Layer::Known(Kind::Neutral))
-            } else if name == "ToF16" {
-                Ok(Layer::Known(Kind::Cast(Prec::F16)))
-            } else if name == "ToBf16" {
-                Ok(Layer::Known(Kind::Cast(Prec::BF16)))
-            } else if name == "ToF32" {
-                Ok(Layer::Known(Kind::Cast(Prec::F32)))
             } else {
-                Ok(Layer::Nested)
+                Ok(Layer::Single)
             }
         }
         _ => Err(Error::new_spanned(
@@ -219,12 +161,7 @@ pub fn parse_model(item: Item) -> Result<Model> {
     let mut fields = Vec::new();
     for field in named.named.iter_mut() {
         let pin = take_field_pin(&mut field.attrs)?;
-        let mut layer = classify(&field.ty)?;
-        if pin.is_some() && matches!(layer, Layer::Nested) {
-            // A pinned layer whose name #[amp] does not know is taken as a layer of the pinned
-            // precision (a type alias, or a user's own dfdx layer).
-            layer = Layer::Known(Kind::Elementwise);
-        }
+        let layer = classify(&field.ty)?;
         fields.push(Field {
             attrs: field.attrs.clone(),
             vis: field.vis.clone(),
@@ -247,32 +184,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn layers_are_classified_by_name() {
-        let kind = |ty: Type| match classify(&ty).unwrap() {
-            Layer::Known(k) => Some(k),
-            _ => None,
-        };
-        assert_eq!(
-            kind(syn::parse_quote!(Linear<784, 512>)),
-            Some(Kind::Matmul)
-        );
-        assert_eq!(
-            kind(syn::parse_quote!(typed_amp::nn::builders::Conv2D<1, 8, 3>)),
-            Some(Kind::Matmul)
-        );
-        assert_eq!(kind(syn::parse_quote!(BatchNorm2D<8>)), Some(Kind::Norm));
-        assert_eq!(kind(syn::parse_quote!(Softmax)), Some(Kind::Fp32Op));
-        assert_eq!(kind(syn::parse_quote!(ReLU)), Some(Kind::Neutral));
-        assert_eq!(kind(syn::parse_quote!(ToF32)), Some(Kind::Cast(Prec::F32)));
+    fn tuples_are_split_and_everything_else_is_one_layer() {
+        assert!(matches!(
+            classify(&syn::parse_quote!(Linear<784, 512>)).unwrap(),
+            Layer::Single
+        ));
         assert!(matches!(
             classify(&syn::parse_quote!(MyBlock)).unwrap(),
-            Layer::Nested
+            Layer::Single
         ));
-        let Layer::Tuple(elems) = classify(&syn::parse_quote!((Linear<2, 2>, ReLU))).unwrap()
+        let Layer::Tuple(elems) = classify(&syn::parse_quote!((Linear<2, 2>, (ReLU, Tanh)))).unwrap()
         else {
             panic!("a tuple")
         };
         assert_eq!(elems.len(), 2);
+        assert!(matches!(elems[1].1, Layer::Tuple(_)));
     }
 
     #[test]

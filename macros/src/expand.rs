@@ -7,7 +7,7 @@ use syn::{Ident, Index, Type};
 
 use crate::ast::{Field, Layer, Model};
 use crate::attr::{OptLevel, Prec};
-use crate::valid::{plan_layer, Compute, LossScale, Recipe, Target};
+use crate::valid::{plan_layer, Compute, LayerPlan, LossScale, Recipe, Row, Target};
 
 /// The marker type of a precision.
 fn marker(p: Prec) -> TokenStream {
@@ -24,83 +24,111 @@ fn elem(p: Prec) -> TokenStream {
     quote!(<#marker as ::typed_amp::Precision>::Elem)
 }
 
+/// A plan as a type (`typed_amp::amp::layer::plan`).
+fn plan_ty(plan: LayerPlan) -> TokenStream {
+    match plan.compute {
+        Compute::In(p) => {
+            let p = marker(p);
+            quote!(::typed_amp::amp::layer::plan::In<#p>)
+        }
+        Compute::Autocast(p) => {
+            let p = marker(p);
+            quote!(::typed_amp::amp::layer::plan::Autocast<#p>)
+        }
+        Compute::Pass => {
+            let p = marker(plan.storage);
+            quote!(::typed_amp::amp::layer::plan::Pass<#p>)
+        }
+    }
+}
+
+/// The recipe's policy table as a type: one plan per row.
+fn policy_ty(recipe: &Recipe) -> TokenStream {
+    let plans = Row::ALL
+        .iter()
+        .map(|row| plan_ty(plan_layer(recipe, *row, None)));
+    quote!(::typed_amp::amp::layer::Table<#(#plans),*>)
+}
+
 /// The FP32 master type of a layer.
 fn master_ty(ty: &Type, layer: &Layer) -> TokenStream {
     match layer {
-        Layer::Known(_) => quote!(::typed_amp::amp::Built<#ty, f32, D>),
+        Layer::Single => quote!(::typed_amp::amp::Built<#ty, f32, D>),
         Layer::Tuple(elems) => {
             let elems = elems.iter().map(|(t, l)| master_ty(t, l));
             quote!((#(#elems,)*))
         }
-        Layer::Nested => quote!(<#ty as ::typed_amp::amp::AmpModel<D>>::Master),
     }
 }
 
-/// The working type of a layer under the recipe.
+/// The working type of a layer under the recipe: by the layer's `AmpLayer` row, or, for a
+/// pinned layer, in the pinned precision.
 fn working_ty(recipe: &Recipe, ty: &Type, layer: &Layer, pin: Option<Prec>) -> TokenStream {
     match layer {
-        Layer::Known(kind) => {
+        Layer::Single => {
             let master = master_ty(ty, layer);
-            match plan_layer(recipe, *kind, pin).storage {
-                Prec::F32 => master,
-                low => {
-                    let low = elem(low);
-                    quote!(::typed_amp::amp::Converted<#master, #low, D>)
+            match pin {
+                None => {
+                    let policy = policy_ty(recipe);
+                    quote!(<#master as ::typed_amp::amp::layer::WorkingUnder<#policy, D>>::Working)
                 }
+                Some(p) => match plan_layer(recipe, Row::Elementwise, Some(p)).storage {
+                    Prec::F32 => master,
+                    low => {
+                        let low = elem(low);
+                        quote!(::typed_amp::amp::Converted<#master, #low, D>)
+                    }
+                },
             }
         }
         Layer::Tuple(elems) => {
             let elems = elems.iter().map(|(t, l)| working_ty(recipe, t, l, pin));
             quote!((#(#elems,)*))
         }
-        Layer::Nested => quote!(<#ty as ::typed_amp::amp::AmpModel<D>>::Working),
     }
 }
 
-/// An expression building a layer's FP32 master from `device`.
+/// An expression building a layer's FP32 master from `device`, in the device's error type.
 fn build_master(ty: &Type, layer: &Layer) -> TokenStream {
     match layer {
-        Layer::Known(_) => quote! {
-            <#ty as ::typed_amp::dfdx::nn::BuildOnDevice<D, f32>>::try_build_on_device(device)
-                .map_err(::typed_amp::AmpError::device)?
+        Layer::Single => quote! {
+            <#ty as ::typed_amp::dfdx::nn::BuildOnDevice<D, f32>>::try_build_on_device(device)?
         },
         Layer::Tuple(elems) => {
             let elems = elems.iter().map(|(t, l)| build_master(t, l));
             quote!((#(#elems,)*))
         }
-        Layer::Nested => quote!(<#ty as ::typed_amp::amp::AmpModel<D>>::try_build_master(device)?),
     }
 }
 
 /// An expression making a layer's working copy from its master, `src`.
-fn working_from(
-    recipe: &Recipe,
-    src: TokenStream,
-    ty: &Type,
-    layer: &Layer,
-    pin: Option<Prec>,
-) -> TokenStream {
+fn working_from(recipe: &Recipe, src: TokenStream, layer: &Layer, pin: Option<Prec>) -> TokenStream {
     match layer {
-        Layer::Known(kind) => match plan_layer(recipe, *kind, pin).storage {
-            Prec::F32 => quote!(::core::clone::Clone::clone(&#src)),
-            low => {
-                let low = elem(low);
-                quote!(::typed_amp::amp::try_convert::<_, #low, D>(&#src)?)
+        Layer::Single => match pin {
+            None => {
+                let policy = policy_ty(recipe);
+                quote!(::typed_amp::amp::layer::WorkingUnder::<#policy, D>::try_working_from(&#src)?)
             }
+            Some(p) => match plan_layer(recipe, Row::Elementwise, Some(p)).storage {
+                Prec::F32 => quote!(::core::clone::Clone::clone(&#src)),
+                low => {
+                    let low = elem(low);
+                    quote!(::typed_amp::amp::try_convert::<_, #low, D>(&#src)?)
+                }
+            },
         },
         Layer::Tuple(elems) => {
-            let elems = elems.iter().enumerate().map(|(i, (t, l))| {
+            let elems = elems.iter().enumerate().map(|(i, (_, l))| {
                 let i = Index::from(i);
-                working_from(recipe, quote!(#src.#i), t, l, pin)
+                working_from(recipe, quote!(#src.#i), l, pin)
             });
             quote!((#(#elems,)*))
         }
-        Layer::Nested => quote!(<#ty as ::typed_amp::amp::AmpModel<D>>::try_working_from(&#src)?),
     }
 }
 
 /// One step of the forward pass: a layer (tuples are flattened), where it is in the struct, its
-/// type parameter (with tuple indices), and how it computes.
+/// type parameter (with tuple indices), and its plan if pinned.
 struct Step {
     /// The layer's path in the struct (`stem.0`), for layer probes.
     name: String,
@@ -109,7 +137,8 @@ struct Step {
     /// Tuple elements to descend into: each element's tuple type and index.
     path: Vec<(TokenStream, Index)>,
     module_ty: TokenStream,
-    compute: Option<Compute>,
+    /// A pinned layer's plan; `None` runs the layer by its `AmpLayer` row.
+    pinned: Option<LayerPlan>,
 }
 
 impl Step {
@@ -164,19 +193,12 @@ fn steps(recipe: &Recipe, model: &Model) -> (Vec<Step>, Vec<TokenStream>) {
                     walk(recipe, element, field, path, ty, l, pin, out, bounds);
                 }
             }
-            Layer::Known(kind) => out.push(Step {
+            Layer::Single => out.push(Step {
                 name,
                 field: field.clone(),
                 path,
                 module_ty,
-                compute: Some(plan_layer(recipe, *kind, pin).compute),
-            }),
-            Layer::Nested => out.push(Step {
-                name,
-                field: field.clone(),
-                path,
-                module_ty,
-                compute: None,
+                pinned: pin.map(|p| plan_layer(recipe, Row::Elementwise, Some(p))),
             }),
         }
     }
@@ -199,8 +221,10 @@ fn steps(recipe: &Recipe, model: &Model) -> (Vec<Step>, Vec<TokenStream>) {
     (out, bounds)
 }
 
-/// `Module` (or `ModuleMut`) for the layers struct: casts at the entry, at every precision
-/// boundary and (if asked) at the exit, each step's bound on its layer's type parameter.
+/// `Module` (or `ModuleMut`) for the layers struct: casts at the entry and (if asked) at the
+/// exit, each layer run by its row of the policy table (or its pin) and watched. Each
+/// intermediate activation's type is a parameter of the impl, so the bounds grow linearly with
+/// the number of layers.
 fn forward_impl(recipe: &Recipe, model: &Model, layers: &Ident, mutable: bool) -> TokenStream {
     let (steps, tuple_bounds) = steps(recipe, model);
     let params: Vec<Ident> = (0..model.fields.len()).map(layer_param).collect();
@@ -217,18 +241,38 @@ fn forward_impl(recipe: &Recipe, model: &Model, layers: &Ident, mutable: bool) -
             quote!(&self),
         )
     };
+    let (run_layer, run_planned, run, run_planned_fn) = if mutable {
+        (
+            quote!(::typed_amp::amp::layer::RunLayerMut),
+            quote!(::typed_amp::amp::layer::RunPlannedMut),
+            quote!(try_run_mut),
+            quote!(try_run_planned_mut),
+        )
+    } else {
+        (
+            quote!(::typed_amp::amp::layer::RunLayer),
+            quote!(::typed_amp::amp::layer::RunPlanned),
+            quote!(try_run),
+            quote!(try_run_planned),
+        )
+    };
+    let policy = policy_ty(recipe);
     let entry = marker(recipe.entry());
-    // Every step shares the entry cast's error type (the device's).
-    let err = quote!(<X as ::typed_amp::amp::CastTo<#entry>>::Error);
-    let mut current = quote!(X);
+    let err = quote!(AmpErr);
+    let mut activations: Vec<Ident> = Vec::new();
+    let next = |activations: &mut Vec<Ident>| {
+        let y = format_ident!("AmpY{}", activations.len());
+        activations.push(y.clone());
+        y
+    };
     let mut bounds = tuple_bounds;
-    bounds.push(quote!(X: ::typed_amp::amp::CastTo<#entry>));
-    let mut body = vec![quote!(let x = <X as ::typed_amp::amp::CastTo<#entry>>::try_cast_to(x)?;)];
-    current = quote!(<#current as ::typed_amp::amp::CastTo<#entry>>::Output);
-    let mut precision = Some(recipe.entry());
+    bounds.push(quote!(#err: ::core::fmt::Debug));
+    let mut current = next(&mut activations);
+    bounds.push(quote!(AmpX: ::typed_amp::amp::CastTo<#entry, Output = #current, Error = #err>));
+    let mut body = vec![quote!(let x = <AmpX as ::typed_amp::amp::CastTo<#entry>>::try_cast_to(x)?;)];
 
     let watch = |name: &str,
-                 current: &TokenStream,
+                 current: &Ident,
                  bounds: &mut Vec<TokenStream>,
                  body: &mut Vec<TokenStream>| {
         bounds.push(quote!(#current: ::typed_amp::watch::Watch<Error = #err>));
@@ -236,60 +280,40 @@ fn forward_impl(recipe: &Recipe, model: &Model, layers: &Ident, mutable: bool) -
     };
     watch("input", &current, &mut bounds, &mut body);
 
-    let cast = |to: Prec,
-                current: &mut TokenStream,
-                bounds: &mut Vec<TokenStream>,
-                body: &mut Vec<TokenStream>| {
-        let m = marker(to);
-        bounds.push(quote!(#current: ::typed_amp::amp::CastTo<#m, Error = #err>));
-        body.push(quote!(let x = <_ as ::typed_amp::amp::CastTo<#m>>::try_cast_to(x)?;));
-        *current = quote!(<#current as ::typed_amp::amp::CastTo<#m>>::Output);
-    };
-
     for step in &steps {
         let module_ty = &step.module_ty;
-        match step.compute {
-            Some(Compute::Autocast(p)) => {
-                let low = marker(p);
-                bounds.push(
-                    quote!(#current: ::typed_amp::amp::AutocastForward<#module_ty, #low, Error = #err>),
-                );
-                let layer = step.borrow(false);
-                body.push(quote! {
-                    let x = ::typed_amp::amp::AutocastForward::<#module_ty, #low>::try_autocast_forward(x, #layer)?;
-                });
-                current = quote!(<#current as ::typed_amp::amp::AutocastForward<#module_ty, #low>>::Output);
-                precision = Some(p);
-                watch(&step.name, &current, &mut bounds, &mut body);
-                continue;
-            }
-            Some(Compute::In(p)) => {
-                if precision != Some(p) {
-                    cast(p, &mut current, &mut bounds, &mut body);
-                    precision = Some(p);
-                }
-            }
-            Some(Compute::Pass) => {}
-            None => precision = None,
-        }
         let layer = step.borrow(mutable);
-        bounds.push(quote!(#module_ty: #trait_path<#current, Error = #err>));
-        body.push(quote!(let x = #trait_path::#method(#layer, x)?;));
-        current = quote!(<#module_ty as #trait_path<#current>>::Output);
+        let output = next(&mut activations);
+        match step.pinned {
+            None => {
+                bounds.push(quote!(#current: #run_layer<#module_ty, #policy, Output = #output, Error = #err>));
+                body.push(quote!(let x = #run_layer::<#module_ty, #policy>::#run(x, #layer)?;));
+            }
+            Some(plan) => {
+                let plan = plan_ty(plan);
+                bounds.push(quote!(#current: #run_planned<#module_ty, #plan, Output = #output, Error = #err>));
+                body.push(quote!(let x = #run_planned::<#module_ty, #plan>::#run_planned_fn(x, #layer)?;));
+            }
+        }
+        current = output;
         watch(&step.name, &current, &mut bounds, &mut body);
     }
     if let Some(out) = recipe.cast_model_outputs {
-        cast(out, &mut current, &mut bounds, &mut body);
+        let m = marker(out);
+        let output = next(&mut activations);
+        bounds.push(quote!(#current: ::typed_amp::amp::CastTo<#m, Output = #output, Error = #err>));
+        body.push(quote!(let x = <_ as ::typed_amp::amp::CastTo<#m>>::try_cast_to(x)?;));
+        current = output;
     }
     quote! {
-        impl<X, #(#params),*> #trait_path<X> for #layers<#(#params),*>
+        impl<AmpX, #err, #(#activations,)* #(#params),*> #trait_path<AmpX> for #layers<#(#params),*>
         where
             #(#bounds,)*
         {
             type Output = #current;
             type Error = #err;
 
-            fn #method(#receiver, x: X) -> ::core::result::Result<Self::Output, Self::Error> {
+            fn #method(#receiver, x: AmpX) -> ::core::result::Result<Self::Output, Self::Error> {
                 #(#body)*
                 ::core::result::Result::Ok(x)
             }
@@ -445,6 +469,7 @@ pub fn expand(recipe: &Recipe, model: &Model) -> TokenStream {
     };
 
     let field_idents: Vec<&Ident> = model.fields.iter().map(|f| &f.ident).collect();
+    let layer_params: Vec<Ident> = (0..model.fields.len()).map(layer_param).collect();
     let builds = model.fields.iter().map(|f| build_master(&f.ty, &f.layer));
     let working_from_master = if recipe.separate_working() {
         let fields = model.fields.iter().map(|f: &Field| {
@@ -452,7 +477,6 @@ pub fn expand(recipe: &Recipe, model: &Model) -> TokenStream {
             let value = working_from(
                 recipe,
                 quote!(master.#ident),
-                &f.ty,
                 &f.layer,
                 f.pin.map(|p| p.value),
             );
@@ -523,7 +547,8 @@ pub fn expand(recipe: &Recipe, model: &Model) -> TokenStream {
             const CONFIG: ::typed_amp::amp::AmpConfig = #ident::AMP_CONFIG;
 
             fn try_build_master(device: &D) -> ::core::result::Result<#master_name<D>, ::typed_amp::AmpError> {
-                ::core::result::Result::Ok(#layers_name { #(#field_idents: #builds,)* })
+                <#ident as ::typed_amp::dfdx::nn::BuildOnDevice<D, f32>>::try_build_on_device(device)
+                    .map_err(::typed_amp::AmpError::device)
             }
 
             fn try_working_from(master: &#master_name<D>) -> ::core::result::Result<#working_name<D>, ::typed_amp::AmpError> {
@@ -537,6 +562,21 @@ pub fn expand(recipe: &Recipe, model: &Model) -> TokenStream {
 
         #[doc = #weights_doc]
         #vis type #weights_name<D> = #weights_ty;
+
+        // The architecture builds its FP32 master like any dfdx layer, so an `#[amp]` model can
+        // be a field, a tuple element or a `Repeated` block of another.
+        impl<D: ::typed_amp::AmpDevice> ::typed_amp::dfdx::nn::BuildOnDevice<D, f32> for #ident {
+            type Built = #master_name<D>;
+
+            fn try_build_on_device(device: &D) -> ::core::result::Result<#master_name<D>, D::Err> {
+                ::core::result::Result::Ok(#layers_name { #(#field_idents: #builds,)* })
+            }
+        }
+
+        // Inside another `#[amp]` model, these layers run under this model's own policy.
+        impl<#(#layer_params),*> ::typed_amp::amp::AmpLayer for #layers_name<#(#layer_params),*> {
+            type Kind = ::typed_amp::amp::kind::Nested<#ident>;
+        }
 
         impl #ident {
             /// The mixed-precision recipe this model was declared with.

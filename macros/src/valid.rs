@@ -3,11 +3,38 @@
 
 use syn::{Error, Result};
 
-use crate::ast::{Field, Kind, Model};
+use crate::ast::{Field, Model};
 use crate::attr::{AmpArgs, LossScaleSpec, OptLevel, Prec};
 
 /// FP16's largest finite value is 65504; 65520 is the first value that rounds to infinity.
 const FP16_OVERFLOW: f32 = 65520.0;
+
+/// The rows of the policy table: how a layer takes part in mixed precision. Which row a layer
+/// is in is its `typed_amp::amp::AmpLayer::Kind`; the macro only decides what each row does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Row {
+    /// Matrix products (linear, convolution): 16-bit compute under O1, O2 and O3.
+    Matmul,
+    /// Batch norm and layer norm: FP32 under O1, and under O2 unless `keep_batchnorm_fp32 = false`.
+    Norm,
+    /// Softmax, log-softmax, exp and log: FP32 except under O3.
+    Fp32Op,
+    /// Layers with parameters that follow the model's storage precision.
+    Elementwise,
+    /// Parameterless layers that compute in whatever precision they receive.
+    Neutral,
+}
+
+impl Row {
+    /// The rows in the order of `typed_amp::amp::layer::Table`'s parameters.
+    pub const ALL: [Row; 5] = [
+        Row::Matmul,
+        Row::Norm,
+        Row::Fp32Op,
+        Row::Elementwise,
+        Row::Neutral,
+    ];
+}
 
 /// How the loss is scaled.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -252,8 +279,9 @@ fn check_pins(recipe: &Recipe, field: &Field) -> Result<()> {
     }
 }
 
-/// A recognised layer's storage and compute precision.
-pub fn plan_layer(recipe: &Recipe, kind: Kind, pin: Option<Prec>) -> LayerPlan {
+/// The storage and compute precision of a layer in row `kind`, or of a layer pinned to `pin`
+/// (whatever its row).
+pub fn plan_layer(recipe: &Recipe, kind: Row, pin: Option<Prec>) -> LayerPlan {
     use OptLevel::*;
     let level = recipe.opt_level;
     let low = recipe.low;
@@ -261,12 +289,6 @@ pub fn plan_layer(recipe: &Recipe, kind: Kind, pin: Option<Prec>) -> LayerPlan {
         storage: p,
         compute: Compute::In(p),
     };
-    if let Kind::Cast(p) = kind {
-        return LayerPlan {
-            storage: Prec::F32,
-            compute: Compute::In(p),
-        };
-    }
     if let Some(p) = pin {
         return match (level, p) {
             // O1 keeps weights in FP32; a 16-bit pin means 16-bit compute from FP32 weights.
@@ -279,23 +301,23 @@ pub fn plan_layer(recipe: &Recipe, kind: Kind, pin: Option<Prec>) -> LayerPlan {
         };
     }
     match (level, kind) {
-        (O0 | O1, Kind::Neutral) => LayerPlan {
+        (O0 | O1, Row::Neutral) => LayerPlan {
             storage: Prec::F32,
             compute: Compute::Pass,
         },
         (O0, _) => at(Prec::F32),
-        (O1, Kind::Matmul) => LayerPlan {
+        (O1, Row::Matmul) => LayerPlan {
             storage: Prec::F32,
             compute: Compute::Autocast(low),
         },
         (O1, _) => at(Prec::F32),
-        (O2 | O3, Kind::Norm) => at(if recipe.keep_batchnorm_fp32 {
+        (O2 | O3, Row::Norm) => at(if recipe.keep_batchnorm_fp32 {
             Prec::F32
         } else {
             low
         }),
-        (O2, Kind::Fp32Op) => at(Prec::F32),
-        (O2 | O3, Kind::Neutral) => LayerPlan {
+        (O2, Row::Fp32Op) => at(Prec::F32),
+        (O2 | O3, Row::Neutral) => LayerPlan {
             storage: low,
             compute: Compute::Pass,
         },
@@ -344,40 +366,40 @@ mod tests {
     fn layers_get_the_tables_precisions() {
         let o2 = recipe_of(quote::quote!(policy = "O2")).unwrap();
         assert_eq!(
-            plan_layer(&o2, Kind::Matmul, None),
+            plan_layer(&o2, Row::Matmul, None),
             LayerPlan {
                 storage: Prec::F16,
                 compute: Compute::In(Prec::F16)
             }
         );
         assert_eq!(
-            plan_layer(&o2, Kind::Norm, None),
+            plan_layer(&o2, Row::Norm, None),
             LayerPlan {
                 storage: Prec::F32,
                 compute: Compute::In(Prec::F32)
             }
         );
         assert_eq!(
-            plan_layer(&o2, Kind::Fp32Op, None).compute,
+            plan_layer(&o2, Row::Fp32Op, None).compute,
             Compute::In(Prec::F32)
         );
         let o1 = recipe_of(quote::quote!(policy = "O1")).unwrap();
         assert_eq!(
-            plan_layer(&o1, Kind::Matmul, None),
+            plan_layer(&o1, Row::Matmul, None),
             LayerPlan {
                 storage: Prec::F32,
                 compute: Compute::Autocast(Prec::F16)
             }
         );
         assert_eq!(
-            plan_layer(&o1, Kind::Norm, None).compute,
+            plan_layer(&o1, Row::Norm, None).compute,
             Compute::In(Prec::F32)
         );
         let o2_fp16_bn =
             recipe_of(quote::quote!(policy = "O2", keep_batchnorm_fp32 = false)).unwrap();
-        assert_eq!(plan_layer(&o2_fp16_bn, Kind::Norm, None).storage, Prec::F16);
+        assert_eq!(plan_layer(&o2_fp16_bn, Row::Norm, None).storage, Prec::F16);
         assert_eq!(
-            plan_layer(&o2, Kind::Matmul, Some(Prec::F32)).storage,
+            plan_layer(&o2, Row::Matmul, Some(Prec::F32)).storage,
             Prec::F32
         );
     }
@@ -390,11 +412,11 @@ mod tests {
             (Prec::BF16, Prec::BF16, LossScale::None)
         );
         assert_eq!(o2.entry(), Prec::BF16);
-        assert_eq!(plan_layer(&o2, Kind::Matmul, None).storage, Prec::BF16);
-        assert_eq!(plan_layer(&o2, Kind::Norm, None).storage, Prec::F32);
+        assert_eq!(plan_layer(&o2, Row::Matmul, None).storage, Prec::BF16);
+        assert_eq!(plan_layer(&o2, Row::Norm, None).storage, Prec::F32);
         let o1 = recipe_of(quote::quote!(policy = "O1", dtype = "bf16")).unwrap();
         assert_eq!(
-            plan_layer(&o1, Kind::Matmul, None).compute,
+            plan_layer(&o1, Row::Matmul, None).compute,
             Compute::Autocast(Prec::BF16)
         );
         assert_eq!(o1.loss_scale, LossScale::None);

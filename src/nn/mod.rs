@@ -38,3 +38,17 @@ pub mod builders {
     pub use super::flatten::Flatten;
     pub use super::pool::MaxPool2D;
 }
+
+crate::amp::layer::amp_layers! {
+    crate::amp::kind::Matmul =>
+        [
+            const I: usize, const O: usize, const K: usize, const S: usize, const P: usize,
+            E: dfdx::prelude::Dtype, D: dfdx::prelude::Storage<E>
+        ] modules::Conv2D<I, O, K, S, P, E, D>;
+    crate::amp::kind::Neutral =>
+        [const K: usize, const S: usize] modules::MaxPool2D<K, S>,
+        [const N: usize] modules::Flatten<N>;
+    crate::amp::kind::Cast<crate::F16> => [] modules::ToF16;
+    crate::amp::kind::Cast<crate::BF16> => [] modules::ToBf16;
+    crate::amp::kind::Cast<crate::F32> => [] modules::ToF32;
+}

@@ -16,6 +16,10 @@ use crate::params::Parameters;
 use crate::precision::{AmpElem, DType, LowPrecision, Precision};
 use crate::scaler::GradScaler;
 
+pub mod layer;
+
+pub use layer::{kind, AmpLayer};
+
 /// Apex's optimisation levels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OptLevel {
@@ -200,6 +204,20 @@ where
     type Error = D::Err;
     fn try_cast_to(self) -> Result<Self::Output, D::Err> {
         self.try_cast::<P>()
+    }
+}
+
+// Integer tensors (token ids into an embedding) have no precision to cast: they pass as they are.
+impl<P, S, D, T> CastTo<P> for Tensor<S, usize, D, T>
+where
+    P: Precision,
+    S: Shape,
+    D: AmpDevice + dfdx::prelude::Storage<usize>,
+{
+    type Output = Self;
+    type Error = D::Err;
+    fn try_cast_to(self) -> Result<Self, D::Err> {
+        Ok(self)
     }
 }
 

@@ -1,0 +1,714 @@
+//! Layers by trait: which row of the policy table a layer belongs to ([`AmpLayer`]), what a
+//! policy does with each row ([`Policy`], [`plan`]), and how `#[amp]` makes a layer's working
+//! copy ([`WorkingUnder`]) and runs it ([`RunLayer`], [`RunLayerMut`]).
+//!
+//! `#[amp]` reads none of this from a layer's name: a type alias, a tuple, dfdx's
+//! [`Repeated`]/[`Residual`]/[`Embedding`](dfdx::nn::modules::Embedding) and a user's own layer
+//! all work as long as the layer's module type implements [`AmpLayer`].
+//!
+//! A user's layer says which row it is in one line:
+//!
+//! ```rust
+//! # use typed_amp::prelude::*;
+//! use typed_amp::amp::{kind, AmpLayer};
+//! # #[derive(Debug, Clone)] struct Gate<E: Dtype, D: Device<E>> { w: Tensor<Rank1<4>, E, D> }
+//! // A layer with a weight that multiplies: a matrix-product row (16-bit under O1, O2, O3).
+//! impl<E: Dtype, D: Device<E>> AmpLayer for Gate<E, D> {
+//!     type Kind = kind::Matmul;
+//! }
+//! ```
+//!
+//! Composite layers (several layers run in some order) use [`kind::Composite`] and implement
+//! [`CompositeWorking`] and [`CompositeRun`]/[`CompositeRunMut`], as tuples, [`Repeated`] and
+//! [`Residual`] do here.
+
+use std::fmt::Debug;
+use std::marker::PhantomData;
+
+use dfdx::nn::modules::{Module, ModuleMut, Repeated, Residual};
+use dfdx::nn::TensorCollection;
+use dfdx::prelude::{Shape, Storage, Tensor, TryAdd, WithEmptyTape};
+
+use super::{try_convert, AmpModel, AutocastForward, CastTo, Converted};
+use crate::device::{AmpDevice, Kernels};
+use crate::error::AmpError;
+use crate::precision::{AmpElem, LowPrecision, Precision};
+
+/// The rows of the policy table (Apex's op lists, by layer).
+pub mod kind {
+    use std::marker::PhantomData;
+
+    /// Matrix products (linear, convolution): 16-bit under O1 (FP32 weights cast per pass),
+    /// O2 and O3.
+    #[derive(Debug)]
+    pub struct Matmul;
+
+    /// Batch norm and layer norm: FP32 under O1, and under O2 unless
+    /// `keep_batchnorm_fp32 = false`; 16-bit under O3.
+    #[derive(Debug)]
+    pub struct Norm;
+
+    /// Softmax, log-softmax, exp and log: FP32 except under O3.
+    #[derive(Debug)]
+    pub struct Fp32Op;
+
+    /// Layers with parameters that follow the model's storage precision (PReLU, bias,
+    /// embedding): FP32 under O0 and O1, 16-bit under O2 and O3.
+    #[derive(Debug)]
+    pub struct Elementwise;
+
+    /// Parameterless layers that compute in whatever precision they receive (activations,
+    /// pooling, dropout, flatten).
+    #[derive(Debug)]
+    pub struct Neutral;
+
+    /// An explicit cast layer: computes in `P` under every policy.
+    #[derive(Debug)]
+    pub struct Cast<P>(PhantomData<P>);
+
+    /// Several layers, each run by its own kind (tuples, `Repeated`, `Residual`).
+    #[derive(Debug)]
+    pub struct Composite;
+
+    /// The layers of the `#[amp]` model `M`: run under `M`'s own policy, whatever the
+    /// enclosing model's.
+    #[derive(Debug)]
+    pub struct Nested<M>(PhantomData<M>);
+}
+
+/// What a policy does with a row of its table.
+pub mod plan {
+    use std::marker::PhantomData;
+
+    /// Parameters stored in `P`; the input is cast to `P` and the layer computes in it.
+    #[derive(Debug)]
+    pub struct In<P>(PhantomData<P>);
+
+    /// O1's cast-for-compute: FP32 parameters, cast with the input to the 16-bit `P` for each
+    /// pass.
+    #[derive(Debug)]
+    pub struct Autocast<P>(PhantomData<P>);
+
+    /// No cast: the layer computes in whatever precision it receives (its parameters, if any,
+    /// stored in `P`).
+    #[derive(Debug)]
+    pub struct Pass<P>(PhantomData<P>);
+}
+
+/// A plan's storage precision: what a layer's parameters are held in.
+pub trait Plan {
+    /// The precision the layer's parameters are stored in.
+    type Storage: Precision;
+}
+
+impl<P: Precision> Plan for plan::In<P> {
+    type Storage = P;
+}
+
+impl<P: LowPrecision> Plan for plan::Autocast<P> {
+    type Storage = crate::F32;
+}
+
+impl<P: Precision> Plan for plan::Pass<P> {
+    type Storage = P;
+}
+
+/// A policy: the plan for each row of the table. `#[amp]` writes one [`Table`] per model from
+/// its `policy`, `dtype` and `keep_batchnorm_fp32`.
+pub trait Policy {
+    /// The plan for [`kind::Matmul`].
+    type Matmul: Plan;
+    /// The plan for [`kind::Norm`].
+    type Norm: Plan;
+    /// The plan for [`kind::Fp32Op`].
+    type Fp32Op: Plan;
+    /// The plan for [`kind::Elementwise`].
+    type Elementwise: Plan;
+    /// The plan for [`kind::Neutral`].
+    type Neutral: Plan;
+}
+
+/// A policy table, one plan per row.
+#[derive(Debug)]
+pub struct Table<Matmul, Norm, Fp32Op, Elementwise, Neutral>(
+    PhantomData<(Matmul, Norm, Fp32Op, Elementwise, Neutral)>,
+);
+
+impl<Mm: Plan, No: Plan, Fp: Plan, El: Plan, Ne: Plan> Policy for Table<Mm, No, Fp, El, Ne> {
+    type Matmul = Mm;
+    type Norm = No;
+    type Fp32Op = Fp;
+    type Elementwise = El;
+    type Neutral = Ne;
+}
+
+/// How a layer takes part in mixed precision: its row of the policy table.
+///
+/// Implemented on module types (what `dev.build_module::<Arch, E>()` returns), for every
+/// element type, for dfdx's layers, typed-amp's, tuples, [`Repeated`] and [`Residual`];
+/// `#[amp]` implements it for the models it generates.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not say how it runs in mixed precision",
+    label = "not an `AmpLayer`",
+    note = "`#[amp]` runs each layer by its row of the policy table: implement `typed_amp::amp::AmpLayer` for the layer's module type with `type Kind = typed_amp::amp::kind::Matmul;` (or `Norm`, `Fp32Op`, `Elementwise`, `Neutral`), make it an `#[amp]` model, or pin the field to one precision with `#[amp(fp16)]`, `#[amp(bf16)]` or `#[amp(fp32)]`"
+)]
+pub trait AmpLayer {
+    /// The layer's row: one of the types in [`kind`].
+    type Kind;
+}
+
+/// A row with a single plan (every kind but [`kind::Composite`] and [`kind::Nested`]).
+pub trait LeafKind<Pol> {
+    /// The plan `Pol` gives this row.
+    type Plan: Plan;
+}
+
+macro_rules! leaf_kinds {
+    ($($kind:ident => $row:ident;)*) => {$(
+        impl<Pol: Policy> LeafKind<Pol> for kind::$kind {
+            type Plan = Pol::$row;
+        }
+    )*};
+}
+
+leaf_kinds! {
+    Matmul => Matmul;
+    Norm => Norm;
+    Fp32Op => Fp32Op;
+    Elementwise => Elementwise;
+    Neutral => Neutral;
+}
+
+impl<Pol, P: Precision> LeafKind<Pol> for kind::Cast<P> {
+    type Plan = plan::In<P>;
+}
+
+/// The element type a plan stores parameters in.
+type StorageElem<Pl> = <<Pl as Plan>::Storage as Precision>::Elem;
+
+/// An FP32 master layer's working copy under policy `Pol` on device `D`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` has no working copy under this policy",
+    label = "not an `AmpLayer`",
+    note = "`#[amp]` makes each layer's working copy by its row of the policy table: implement `typed_amp::amp::AmpLayer` for the layer's module type, or pin the field with `#[amp(fp16)]`, `#[amp(bf16)]` or `#[amp(fp32)]`"
+)]
+pub trait WorkingUnder<Pol, D: AmpDevice>: Sized {
+    /// The working copy's type.
+    type Working;
+    /// A working copy holding the master's values in the working precisions.
+    fn try_working_from(&self) -> Result<Self::Working, AmpError>;
+}
+
+impl<M: AmpLayer, Pol, D: AmpDevice> WorkingUnder<Pol, D> for M
+where
+    M::Kind: KindWorking<M, Pol, D>,
+{
+    type Working = <M::Kind as KindWorking<M, Pol, D>>::Working;
+    fn try_working_from(&self) -> Result<Self::Working, AmpError> {
+        <M::Kind as KindWorking<M, Pol, D>>::try_working_from(self)
+    }
+}
+
+/// How a kind makes the working copy of master layer `M`.
+pub trait KindWorking<M, Pol, D: AmpDevice> {
+    /// The working copy's type.
+    type Working;
+    /// A working copy of `master`.
+    fn try_working_from(master: &M) -> Result<Self::Working, AmpError>;
+}
+
+macro_rules! leaf_working {
+    ($($kind:ty $(, $param:ident: $bound:path)?;)*) => {$(
+        impl<M, Pol, D $(, $param: $bound)?> KindWorking<M, Pol, D> for $kind
+        where
+            Self: LeafKind<Pol>,
+            M: TensorCollection<f32, D>,
+            D: AmpDevice + Kernels<StorageElem<<Self as LeafKind<Pol>>::Plan>>,
+        {
+            type Working = Converted<M, StorageElem<<Self as LeafKind<Pol>>::Plan>, D>;
+            fn try_working_from(master: &M) -> Result<Self::Working, AmpError> {
+                try_convert::<M, StorageElem<<Self as LeafKind<Pol>>::Plan>, D>(master)
+            }
+        }
+    )*};
+}
+
+leaf_working! {
+    kind::Matmul;
+    kind::Norm;
+    kind::Fp32Op;
+    kind::Elementwise;
+    kind::Neutral;
+    kind::Cast<P>, P: Precision;
+}
+
+impl<M: CompositeWorking<Pol, D>, Pol, D: AmpDevice> KindWorking<M, Pol, D> for kind::Composite {
+    type Working = M::Working;
+    fn try_working_from(master: &M) -> Result<Self::Working, AmpError> {
+        master.try_working_from()
+    }
+}
+
+impl<M, Pol, D: AmpDevice, A: AmpModel<D, Master = M>> KindWorking<M, Pol, D> for kind::Nested<A> {
+    type Working = A::Working;
+    fn try_working_from(master: &M) -> Result<Self::Working, AmpError> {
+        A::try_working_from(master)
+    }
+}
+
+/// The working copy of a [`kind::Composite`] layer: its parts' working copies, each by its
+/// own kind.
+pub trait CompositeWorking<Pol, D: AmpDevice>: Sized {
+    /// The working copy's type.
+    type Working;
+    /// A working copy holding the master's values in the working precisions.
+    fn try_working_from(&self) -> Result<Self::Working, AmpError>;
+}
+
+/// Runs layer `W` on `self` (its input) under policy `Pol`, casting where the policy says.
+#[diagnostic::on_unimplemented(
+    message = "`{W}` cannot run on `{Self}` under this policy",
+    label = "no mixed-precision forward for this input",
+    note = "every layer needs `typed_amp::amp::AmpLayer` (its row of the policy table) and a forward for the precision and shape its row gives it; cast where precisions meet with `.to_f16()`, `.to_bf16()` or `.to_f32()`"
+)]
+pub trait RunLayer<W, Pol>: Sized {
+    /// The layer's output.
+    type Output;
+    /// The error the forward can return.
+    type Error: Debug;
+    /// Runs `layer` on `self`.
+    fn try_run(self, layer: &W) -> Result<Self::Output, Self::Error>;
+}
+
+/// [`RunLayer`] for training: runs the layer's `ModuleMut` forward (batch norm updates its
+/// running statistics, dropout drops).
+#[diagnostic::on_unimplemented(
+    message = "`{W}` cannot run on `{Self}` under this policy",
+    label = "no mixed-precision training forward for this input",
+    note = "every layer needs `typed_amp::amp::AmpLayer` (its row of the policy table) and a forward for the precision and shape its row gives it; cast where precisions meet with `.to_f16()`, `.to_bf16()` or `.to_f32()`"
+)]
+pub trait RunLayerMut<W, Pol>: Sized {
+    /// The layer's output.
+    type Output;
+    /// The error the forward can return.
+    type Error: Debug;
+    /// Runs `layer` on `self`.
+    fn try_run_mut(self, layer: &mut W) -> Result<Self::Output, Self::Error>;
+}
+
+/// Runs layer `M` on `self` by plan `Pl` (a pinned field, or a leaf kind's row).
+pub trait RunPlanned<M, Pl>: Sized {
+    /// The layer's output.
+    type Output;
+    /// The error the forward can return.
+    type Error: Debug;
+    /// Runs `layer` on `self`.
+    fn try_run_planned(self, layer: &M) -> Result<Self::Output, Self::Error>;
+}
+
+/// [`RunPlanned`] for training.
+pub trait RunPlannedMut<M, Pl>: Sized {
+    /// The layer's output.
+    type Output;
+    /// The error the forward can return.
+    type Error: Debug;
+    /// Runs `layer` on `self`.
+    fn try_run_planned_mut(self, layer: &mut M) -> Result<Self::Output, Self::Error>;
+}
+
+/// How a kind runs layer `W` on input `X`.
+pub trait KindRun<W, Pol, X> {
+    /// The layer's output.
+    type Output;
+    /// The error the forward can return.
+    type Error: Debug;
+    /// Runs `layer` on `x`.
+    fn try_run(x: X, layer: &W) -> Result<Self::Output, Self::Error>;
+}
+
+/// [`KindRun`] for training.
+pub trait KindRunMut<W, Pol, X> {
+    /// The layer's output.
+    type Output;
+    /// The error the forward can return.
+    type Error: Debug;
+    /// Runs `layer` on `x`.
+    fn try_run_mut(x: X, layer: &mut W) -> Result<Self::Output, Self::Error>;
+}
+
+/// How a [`kind::Composite`] layer runs its parts on input `X`.
+pub trait CompositeRun<Pol, X> {
+    /// The layer's output.
+    type Output;
+    /// The error the forward can return.
+    type Error: Debug;
+    /// Runs the parts on `x`.
+    fn try_run(&self, x: X) -> Result<Self::Output, Self::Error>;
+}
+
+/// [`CompositeRun`] for training.
+pub trait CompositeRunMut<Pol, X> {
+    /// The layer's output.
+    type Output;
+    /// The error the forward can return.
+    type Error: Debug;
+    /// Runs the parts on `x`.
+    fn try_run_mut(&mut self, x: X) -> Result<Self::Output, Self::Error>;
+}
+
+impl<X, W: AmpLayer, Pol> RunLayer<W, Pol> for X
+where
+    W::Kind: KindRun<W, Pol, X>,
+{
+    type Output = <W::Kind as KindRun<W, Pol, X>>::Output;
+    type Error = <W::Kind as KindRun<W, Pol, X>>::Error;
+    fn try_run(self, layer: &W) -> Result<Self::Output, Self::Error> {
+        <W::Kind as KindRun<W, Pol, X>>::try_run(self, layer)
+    }
+}
+
+impl<X, W: AmpLayer, Pol> RunLayerMut<W, Pol> for X
+where
+    W::Kind: KindRunMut<W, Pol, X>,
+{
+    type Output = <W::Kind as KindRunMut<W, Pol, X>>::Output;
+    type Error = <W::Kind as KindRunMut<W, Pol, X>>::Error;
+    fn try_run_mut(self, layer: &mut W) -> Result<Self::Output, Self::Error> {
+        <W::Kind as KindRunMut<W, Pol, X>>::try_run_mut(self, layer)
+    }
+}
+
+macro_rules! leaf_run {
+    ($($kind:ty $(, $param:ident: $bound:path)?;)*) => {$(
+        impl<W, Pol, X $(, $param: $bound)?> KindRun<W, Pol, X> for $kind
+        where
+            Self: LeafKind<Pol>,
+            X: RunPlanned<W, <Self as LeafKind<Pol>>::Plan>,
+        {
+            type Output = X::Output;
+            type Error = X::Error;
+            fn try_run(x: X, layer: &W) -> Result<X::Output, X::Error> {
+                x.try_run_planned(layer)
+            }
+        }
+
+        impl<W, Pol, X $(, $param: $bound)?> KindRunMut<W, Pol, X> for $kind
+        where
+            Self: LeafKind<Pol>,
+            X: RunPlannedMut<W, <Self as LeafKind<Pol>>::Plan>,
+        {
+            type Output = X::Output;
+            type Error = X::Error;
+            fn try_run_mut(x: X, layer: &mut W) -> Result<X::Output, X::Error> {
+                x.try_run_planned_mut(layer)
+            }
+        }
+    )*};
+}
+
+leaf_run! {
+    kind::Matmul;
+    kind::Norm;
+    kind::Fp32Op;
+    kind::Elementwise;
+    kind::Neutral;
+    kind::Cast<P>, P: Precision;
+}
+
+impl<W: CompositeRun<Pol, X>, Pol, X> KindRun<W, Pol, X> for kind::Composite {
+    type Output = W::Output;
+    type Error = W::Error;
+    fn try_run(x: X, layer: &W) -> Result<W::Output, W::Error> {
+        layer.try_run(x)
+    }
+}
+
+impl<W: CompositeRunMut<Pol, X>, Pol, X> KindRunMut<W, Pol, X> for kind::Composite {
+    type Output = W::Output;
+    type Error = W::Error;
+    fn try_run_mut(x: X, layer: &mut W) -> Result<W::Output, W::Error> {
+        layer.try_run_mut(x)
+    }
+}
+
+// A nested `#[amp]` model runs its own generated forward, under its own policy.
+impl<W: Module<X>, Pol, X, A> KindRun<W, Pol, X> for kind::Nested<A> {
+    type Output = W::Output;
+    type Error = W::Error;
+    fn try_run(x: X, layer: &W) -> Result<W::Output, W::Error> {
+        layer.try_forward(x)
+    }
+}
+
+impl<W: ModuleMut<X>, Pol, X, A> KindRunMut<W, Pol, X> for kind::Nested<A> {
+    type Output = W::Output;
+    type Error = W::Error;
+    fn try_run_mut(x: X, layer: &mut W) -> Result<W::Output, W::Error> {
+        layer.try_forward_mut(x)
+    }
+}
+
+impl<X, M, P> RunPlanned<M, plan::In<P>> for X
+where
+    P: Precision,
+    X: CastTo<P>,
+    M: Module<X::Output, Error = X::Error>,
+{
+    type Output = M::Output;
+    type Error = X::Error;
+    fn try_run_planned(self, layer: &M) -> Result<M::Output, X::Error> {
+        layer.try_forward(self.try_cast_to()?)
+    }
+}
+
+impl<X, M, P> RunPlannedMut<M, plan::In<P>> for X
+where
+    P: Precision,
+    X: CastTo<P>,
+    M: ModuleMut<X::Output, Error = X::Error>,
+{
+    type Output = M::Output;
+    type Error = X::Error;
+    fn try_run_planned_mut(self, layer: &mut M) -> Result<M::Output, X::Error> {
+        layer.try_forward_mut(self.try_cast_to()?)
+    }
+}
+
+impl<X: AutocastForward<M, P>, M, P: LowPrecision> RunPlanned<M, plan::Autocast<P>> for X {
+    type Output = X::Output;
+    type Error = X::Error;
+    fn try_run_planned(self, layer: &M) -> Result<X::Output, X::Error> {
+        self.try_autocast_forward(layer)
+    }
+}
+
+// Autocast makes a fresh 16-bit copy of the layer for the pass, so training and inference run
+// the same forward (O1 keeps batch norm in FP32, outside autocast).
+impl<X: AutocastForward<M, P>, M, P: LowPrecision> RunPlannedMut<M, plan::Autocast<P>> for X {
+    type Output = X::Output;
+    type Error = X::Error;
+    fn try_run_planned_mut(self, layer: &mut M) -> Result<X::Output, X::Error> {
+        self.try_autocast_forward(layer)
+    }
+}
+
+impl<X, M: Module<X>, P> RunPlanned<M, plan::Pass<P>> for X {
+    type Output = M::Output;
+    type Error = M::Error;
+    fn try_run_planned(self, layer: &M) -> Result<M::Output, M::Error> {
+        layer.try_forward(self)
+    }
+}
+
+impl<X, M: ModuleMut<X>, P> RunPlannedMut<M, plan::Pass<P>> for X {
+    type Output = M::Output;
+    type Error = M::Error;
+    fn try_run_planned_mut(self, layer: &mut M) -> Result<M::Output, M::Error> {
+        layer.try_forward_mut(self)
+    }
+}
+
+macro_rules! tuple_layers {
+    ($([$($input:ident => $part:ident $idx:tt => $out:ident),+] -> $last:ident;)*) => {$(
+        impl<$($part),+> AmpLayer for ($($part,)+) {
+            type Kind = kind::Composite;
+        }
+
+        impl<Pol, D: AmpDevice, $($part: WorkingUnder<Pol, D>),+> CompositeWorking<Pol, D> for ($($part,)+) {
+            type Working = ($($part::Working,)+);
+            fn try_working_from(&self) -> Result<Self::Working, AmpError> {
+                Ok(($(self.$idx.try_working_from()?,)+))
+            }
+        }
+
+        // Each part's output feeds the next; the chain's intermediate types are parameters so
+        // that the bounds grow linearly with the number of parts.
+        impl<Pol, X, Err: Debug, $($part, $out),+> CompositeRun<Pol, X> for ($($part,)+)
+        where
+            $($input: RunLayer<$part, Pol, Output = $out, Error = Err>,)+
+        {
+            type Output = $last;
+            type Error = Err;
+            fn try_run(&self, x: X) -> Result<$last, Err> {
+                $(let x = RunLayer::<$part, Pol>::try_run(x, &self.$idx)?;)+
+                Ok(x)
+            }
+        }
+
+        impl<Pol, X, Err: Debug, $($part, $out),+> CompositeRunMut<Pol, X> for ($($part,)+)
+        where
+            $($input: RunLayerMut<$part, Pol, Output = $out, Error = Err>,)+
+        {
+            type Output = $last;
+            type Error = Err;
+            fn try_run_mut(&mut self, x: X) -> Result<$last, Err> {
+                $(let x = RunLayerMut::<$part, Pol>::try_run_mut(x, &mut self.$idx)?;)+
+                Ok(x)
+            }
+        }
+    )*};
+}
+
+tuple_layers! {
+    [X => A 0 => Ya] -> Ya;
+    [X => A 0 => Ya, Ya => B 1 => Yb] -> Yb;
+    [X => A 0 => Ya, Ya => B 1 => Yb, Yb => C 2 => Yc] -> Yc;
+    [X => A 0 => Ya, Ya => B 1 => Yb, Yb => C 2 => Yc, Yc => F 3 => Yf] -> Yf;
+    [X => A 0 => Ya, Ya => B 1 => Yb, Yb => C 2 => Yc, Yc => F 3 => Yf, Yf => G 4 => Yg] -> Yg;
+    [X => A 0 => Ya, Ya => B 1 => Yb, Yb => C 2 => Yc, Yc => F 3 => Yf, Yf => G 4 => Yg, Yg => H 5 => Yh] -> Yh;
+}
+
+impl<T, const N: usize> AmpLayer for Repeated<T, N> {
+    type Kind = kind::Composite;
+}
+
+impl<Pol, D: AmpDevice, T: WorkingUnder<Pol, D>, const N: usize> CompositeWorking<Pol, D>
+    for Repeated<T, N>
+{
+    type Working = Repeated<T::Working, N>;
+    fn try_working_from(&self) -> Result<Self::Working, AmpError> {
+        let modules = self
+            .modules
+            .iter()
+            .map(T::try_working_from)
+            .collect::<Result<_, _>>()?;
+        Ok(Repeated { modules })
+    }
+}
+
+// The first repetition may change the input's precision (a block ending in an FP32 layer
+// turns FP16 input into FP32); every later one must keep it.
+impl<Pol, X, Y, T, const N: usize> CompositeRun<Pol, X> for Repeated<T, N>
+where
+    X: RunLayer<T, Pol, Output = Y>,
+    Y: RunLayer<T, Pol, Output = Y, Error = X::Error>,
+{
+    type Output = Y;
+    type Error = X::Error;
+    fn try_run(&self, x: X) -> Result<Y, X::Error> {
+        const { assert!(N > 0, "`Repeated<_, 0>` has no layer to run") };
+        let mut y = x.try_run(&self.modules[0])?;
+        for module in &self.modules[1..] {
+            y = y.try_run(module)?;
+        }
+        Ok(y)
+    }
+}
+
+impl<Pol, X, Y, T, const N: usize> CompositeRunMut<Pol, X> for Repeated<T, N>
+where
+    X: RunLayerMut<T, Pol, Output = Y>,
+    Y: RunLayerMut<T, Pol, Output = Y, Error = X::Error>,
+{
+    type Output = Y;
+    type Error = X::Error;
+    fn try_run_mut(&mut self, x: X) -> Result<Y, X::Error> {
+        const { assert!(N > 0, "`Repeated<_, 0>` has no layer to run") };
+        let (first, rest) = self.modules.split_at_mut(1);
+        let mut y = x.try_run_mut(&mut first[0])?;
+        for module in rest {
+            y = y.try_run_mut(module)?;
+        }
+        Ok(y)
+    }
+}
+
+impl<F> AmpLayer for Residual<F> {
+    type Kind = kind::Composite;
+}
+
+impl<Pol, D: AmpDevice, F: WorkingUnder<Pol, D>> CompositeWorking<Pol, D> for Residual<F> {
+    type Working = Residual<F::Working>;
+    fn try_working_from(&self) -> Result<Self::Working, AmpError> {
+        Ok(Residual(self.0.try_working_from()?))
+    }
+}
+
+// `x + f(x)`: `f` may compute in another precision than `x` (an FP32 norm inside an FP16
+// block), so its output is cast back to the input's precision before the sum.
+impl<Pol, S, E, D, T, Y, F> CompositeRun<Pol, Tensor<S, E, D, T>> for Residual<F>
+where
+    S: Shape,
+    E: AmpElem,
+    D: AmpDevice + Storage<E>,
+    Tensor<S, E, D, T>: WithEmptyTape,
+    Tensor<S, E, D, T>: RunLayer<F, Pol, Output = Y, Error = D::Err>,
+    Y: CastTo<E::Precision, Output = Tensor<S, E, D, T>, Error = D::Err>,
+    Tensor<S, E, D, T>: TryAdd<Tensor<S, E, D, T>, Err = D::Err>,
+{
+    type Output = Tensor<S, E, D, T>;
+    type Error = D::Err;
+    fn try_run(&self, x: Tensor<S, E, D, T>) -> Result<Self::Output, D::Err> {
+        let y = x.with_empty_tape().try_run(&self.0)?.try_cast_to()?;
+        y.try_add(x)
+    }
+}
+
+impl<Pol, S, E, D, T, Y, F> CompositeRunMut<Pol, Tensor<S, E, D, T>> for Residual<F>
+where
+    S: Shape,
+    E: AmpElem,
+    D: AmpDevice + Storage<E>,
+    Tensor<S, E, D, T>: WithEmptyTape,
+    Tensor<S, E, D, T>: RunLayerMut<F, Pol, Output = Y, Error = D::Err>,
+    Y: CastTo<E::Precision, Output = Tensor<S, E, D, T>, Error = D::Err>,
+    Tensor<S, E, D, T>: TryAdd<Tensor<S, E, D, T>, Err = D::Err>,
+{
+    type Output = Tensor<S, E, D, T>;
+    type Error = D::Err;
+    fn try_run_mut(&mut self, x: Tensor<S, E, D, T>) -> Result<Self::Output, D::Err> {
+        let y = x.with_empty_tape().try_run_mut(&mut self.0)?.try_cast_to()?;
+        y.try_add(x)
+    }
+}
+
+/// Implements [`AmpLayer`] for layer module types.
+macro_rules! amp_layers {
+    ($($kind:ty => $([$($generics:tt)*] $layer:ty),+;)*) => {$($(
+        impl<$($generics)*> $crate::amp::AmpLayer for $layer {
+            type Kind = $kind;
+        }
+    )+)*};
+}
+
+pub(crate) use amp_layers;
+
+use dfdx::nn::modules as dm;
+use dfdx::prelude::{ConstDim, Device, Dtype};
+
+amp_layers! {
+    kind::Matmul =>
+        [const I: usize, const O: usize, E: Dtype, D: Device<E>] dm::Linear<I, O, E, D>,
+        [const I: usize, const O: usize, E: Dtype, D: Device<E>] dm::UnbiasedLinear<I, O, E, D>;
+    kind::Norm =>
+        [const C: usize, E: Dtype, D: Device<E>] dm::BatchNorm1D<C, E, D>,
+        [const C: usize, E: Dtype, D: Device<E>] dm::BatchNorm2D<C, E, D>,
+        [const M: usize, E: Dtype, D: Device<E>] dm::LayerNorm1D<M, E, D>;
+    kind::Fp32Op =>
+        [] dm::Softmax,
+        [] dm::LogSoftmax,
+        [] dm::Exp,
+        [] dm::Ln;
+    kind::Elementwise =>
+        [E: Dtype, D: Device<E>] dfdx::nn::prelu::PReLU<E, D>,
+        [C: ConstDim, E: Dtype, D: Device<E>] dfdx::nn::prelu::PReLU1D<C, E, D>,
+        [const C: usize, E: Dtype, D: Device<E>] dm::Bias2D<C, E, D>,
+        [const V: usize, const M: usize, E: Dtype, D: Device<E>] dm::Embedding<V, M, E, D>;
+    kind::Neutral =>
+        [] dm::ReLU,
+        [] dm::FastGeLU,
+        [] dm::AccurateGeLU,
+        [] dm::Sigmoid,
+        [] dm::Tanh,
+        [] dm::Sin,
+        [] dm::Cos,
+        [] dm::Square,
+        [] dm::Sqrt,
+        [] dm::Abs,
+        [E: Dtype] dm::LeakyReLU<E>,
+        [] dm::Dropout,
+        [const N: usize] dm::DropoutOneIn<N>,
+        [] dm::AvgPoolGlobal,
+        [] dm::MaxPoolGlobal,
+        [] dm::MinPoolGlobal;
+}
