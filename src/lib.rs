@@ -117,10 +117,14 @@
 //! `keep_batchnorm_fp32 = bool`, `master_weights = bool`,
 //! `loss_scale = "dynamic" | <number below 65520>`, `cast_model_outputs = "fp32" | "fp16" | "bf16"`,
 //! `allow_fp16_updates` / `allow_bf16_updates`, and `custom_forward` (generate no forward).
-//! `#[amp(fp16)]`, `#[amp(bf16)]` or `#[amp(fp32)]` on a field pins that layer. Layers are
-//! recognised by name (dfdx's and typed-amp's); tuples of layers run in order; a field of
+//! `#[amp(fp16)]`, `#[amp(bf16)]` or `#[amp(fp32)]` on a field pins that layer. A layer's
+//! row of the table is its [`amp::AmpLayer`] impl, not its name: dfdx's and typed-amp's layers,
+//! type aliases of them, tuples (run in order), `Repeated`, `Residual` (its branch cast back to
+//! the input's precision before the sum), `Embedding` (token ids pass the entry cast as they
+//! are) and a user's own layer with a one-line `AmpLayer` impl all work unpinned; a field of
 //! another `#[amp]` struct runs under that struct's own policy. Conflicting properties, unknown
-//! names and fields that are not layers are compile errors on the offending tokens.
+//! names and fields that are not layers are compile errors on the offending tokens, and a layer
+//! without `AmpLayer` is a compile error naming the trait.
 //!
 //! O0, the FP32 baseline:
 //!

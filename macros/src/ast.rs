@@ -193,7 +193,8 @@ mod tests {
             classify(&syn::parse_quote!(MyBlock)).unwrap(),
             Layer::Single
         ));
-        let Layer::Tuple(elems) = classify(&syn::parse_quote!((Linear<2, 2>, (ReLU, Tanh)))).unwrap()
+        let Layer::Tuple(elems) =
+            classify(&syn::parse_quote!((Linear<2, 2>, (ReLU, Tanh)))).unwrap()
         else {
             panic!("a tuple")
         };

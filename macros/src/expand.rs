@@ -2,7 +2,8 @@
 //! casts at precision boundaries, and the `AmpModel` impl that builds and pairs them.
 
 use proc_macro2::TokenStream;
-use quote::{format_ident, quote, ToTokens};
+use quote::{format_ident, quote, quote_spanned, ToTokens};
+use syn::spanned::Spanned;
 use syn::{Ident, Index, Type};
 
 use crate::ast::{Field, Layer, Model};
@@ -69,8 +70,9 @@ fn working_ty(recipe: &Recipe, ty: &Type, layer: &Layer, pin: Option<Prec>) -> T
             let master = master_ty(ty, layer);
             match pin {
                 None => {
+                    // Spanned on the field's type: a layer without `AmpLayer` is reported there.
                     let policy = policy_ty(recipe);
-                    quote!(<#master as ::typed_amp::amp::layer::WorkingUnder<#policy, D>>::Working)
+                    quote_spanned!(ty.span()=> <#master as ::typed_amp::amp::layer::WorkingUnder<#policy, D>>::Working)
                 }
                 Some(p) => match plan_layer(recipe, Row::Elementwise, Some(p)).storage {
                     Prec::F32 => master,
@@ -102,7 +104,12 @@ fn build_master(ty: &Type, layer: &Layer) -> TokenStream {
 }
 
 /// An expression making a layer's working copy from its master, `src`.
-fn working_from(recipe: &Recipe, src: TokenStream, layer: &Layer, pin: Option<Prec>) -> TokenStream {
+fn working_from(
+    recipe: &Recipe,
+    src: TokenStream,
+    layer: &Layer,
+    pin: Option<Prec>,
+) -> TokenStream {
     match layer {
         Layer::Single => match pin {
             None => {
@@ -269,7 +276,8 @@ fn forward_impl(recipe: &Recipe, model: &Model, layers: &Ident, mutable: bool) -
     bounds.push(quote!(#err: ::core::fmt::Debug));
     let mut current = next(&mut activations);
     bounds.push(quote!(AmpX: ::typed_amp::amp::CastTo<#entry, Output = #current, Error = #err>));
-    let mut body = vec![quote!(let x = <AmpX as ::typed_amp::amp::CastTo<#entry>>::try_cast_to(x)?;)];
+    let mut body =
+        vec![quote!(let x = <AmpX as ::typed_amp::amp::CastTo<#entry>>::try_cast_to(x)?;)];
 
     let watch = |name: &str,
                  current: &Ident,
@@ -292,7 +300,9 @@ fn forward_impl(recipe: &Recipe, model: &Model, layers: &Ident, mutable: bool) -
             Some(plan) => {
                 let plan = plan_ty(plan);
                 bounds.push(quote!(#current: #run_planned<#module_ty, #plan, Output = #output, Error = #err>));
-                body.push(quote!(let x = #run_planned::<#module_ty, #plan>::#run_planned_fn(x, #layer)?;));
+                body.push(
+                    quote!(let x = #run_planned::<#module_ty, #plan>::#run_planned_fn(x, #layer)?;),
+                );
             }
         }
         current = output;

@@ -52,6 +52,21 @@ mod tests {
         amp_impl(args, item).unwrap().to_string()
     }
 
+    /// The policy table `#[amp]` writes for a recipe, as the expansion spells it.
+    fn table(plans: [&str; 5]) -> String {
+        let plans: Vec<String> = plans
+            .iter()
+            .map(|p| {
+                let (plan, prec) = p.split_once(' ').unwrap();
+                format!(":: typed_amp :: amp :: layer :: plan :: {plan} < :: typed_amp :: {prec} >")
+            })
+            .collect();
+        format!(
+            ":: typed_amp :: amp :: layer :: Table < {} >",
+            plans.join(" , ")
+        )
+    }
+
     #[test]
     fn o2_keeps_norms_fp32_and_pairs_master_weights() {
         let out = expand(
@@ -65,14 +80,30 @@ mod tests {
             ),
         );
         assert!(out.contains("pub struct CnnLayers < L0 , L1 , L2 >"));
-        // Conv and linear are converted to FP16 in the working model; batch norm is not.
-        assert!(out.contains(
-            "pub type CnnWorking < D > = CnnLayers < :: typed_amp :: amp :: Converted < :: typed_amp :: amp :: Built < Conv2D < 1 , 4 , 3 > , f32 , D > , < :: typed_amp :: F16 as :: typed_amp :: Precision > :: Elem , D > , :: typed_amp :: amp :: Built < BatchNorm2D < 4 > , f32 , D > , :: typed_amp :: amp :: Converted <"
-        ), "{out}");
+        // Rows: matmul, norm, FP32 ops, elementwise, neutral.
+        let o2 = table(["In F16", "In F32", "In F32", "In F16", "Pass F16"]);
+        // Each layer's working type comes from its `AmpLayer` row under that table.
+        assert!(
+            out.contains(&format!(
+                "pub type CnnWorking < D > = CnnLayers < < :: typed_amp :: amp :: Built < Conv2D < 1 , 4 , 3 > , f32 , D > as :: typed_amp :: amp :: layer :: WorkingUnder < {o2} , D >> :: Working"
+            )),
+            "{out}"
+        );
         assert!(out.contains("type Weights = :: typed_amp :: MasterWeights < CnnMaster < D > , CnnWorking < D > , D , :: typed_amp :: F16 >"));
-        // Input cast to FP16 at entry; batch norm cast to FP32 and back.
-        assert!(out.contains("CastTo < :: typed_amp :: F16 >"));
-        assert!(out.contains("CastTo < :: typed_amp :: F32 >"));
+        // Input cast to FP16 at entry; each layer run by its row.
+        assert!(out.contains(
+            "AmpX : :: typed_amp :: amp :: CastTo < :: typed_amp :: F16 , Output = AmpY0"
+        ));
+        assert!(
+            out.contains(&format!(
+                "AmpY1 : :: typed_amp :: amp :: layer :: RunLayer < L1 , {o2} , Output = AmpY2"
+            )),
+            "{out}"
+        );
+        // Nested in another model, the layers keep this model's policy; the architecture
+        // builds like a dfdx layer.
+        assert!(out.contains("type Kind = :: typed_amp :: amp :: kind :: Nested < Cnn >"));
+        assert!(out.contains("BuildOnDevice < D , f32 > for Cnn"));
     }
 
     #[test]
@@ -87,7 +118,8 @@ mod tests {
             ),
         );
         assert!(out.contains("type MlpWorking < D > = MlpMaster < D >"));
-        assert!(out.contains("AutocastForward"));
+        let o1 = table(["Autocast F16", "In F32", "In F32", "In F32", "Pass F32"]);
+        assert!(out.contains(&o1), "{out}");
         assert!(out.contains("type Weights = :: typed_amp :: Fp32Weights < MlpMaster < D > , D , :: typed_amp :: F16 >"));
     }
 
@@ -102,10 +134,55 @@ mod tests {
             ),
         );
         assert!(out.contains("type Weights = :: typed_amp :: SinglePrecision < MlpWorking < D > , < :: typed_amp :: F16 as :: typed_amp :: Precision > :: Elem , D >"), "{out}");
-        assert!(out.contains("type MlpWorking < D > = MlpLayers <"), "{out}");
+        let o3 = table(["In F16", "In F16", "In F16", "In F16", "Pass F16"]);
+        assert!(out.contains(&o3), "{out}");
+    }
+
+    #[test]
+    fn pinned_fields_take_their_plan_whatever_their_row() {
+        let out = expand(
+            quote!(policy = "O2"),
+            quote!(
+                struct Mlp {
+                    fc: Linear<4, 4>,
+                    #[amp(fp32)]
+                    head: MyHead,
+                }
+            ),
+        );
+        assert!(out.contains(
+            "RunPlanned < L1 , :: typed_amp :: amp :: layer :: plan :: In < :: typed_amp :: F32 > , Output = AmpY2"
+        ), "{out}");
+        // Stored in FP32: the working layer is the master's clone, needing no `AmpLayer`.
         assert!(
-            out.contains("< :: typed_amp :: F16 as :: typed_amp :: Precision > :: Elem , D > >"),
+            !out.contains(
+                "Built < MyHead , f32 , D > as :: typed_amp :: amp :: layer :: WorkingUnder"
+            ),
             "{out}"
+        );
+    }
+
+    #[test]
+    fn forward_bounds_grow_linearly_with_the_number_of_layers() {
+        let forward_len = |layers: usize| {
+            let fields = (0..layers).map(|i| {
+                let name = quote::format_ident!("fc{i}");
+                quote!(#name: Linear<8, 8>,)
+            });
+            let out = expand(
+                quote!(policy = "O2", cast_model_outputs = "fp32"),
+                quote!(struct Deep { #(#fields)* }),
+            );
+            let start = out.find("ModuleMut < AmpX >").unwrap();
+            out[start..].len()
+        };
+        let (ten, forty) = (forward_len(10), forward_len(40));
+        // Four times the layers: about four times the code (a quadratic expansion gives 16).
+        let ratio = forty as f64 / ten as f64;
+        println!("40 layers: {ratio:.2}× the forward code of 10");
+        assert!(
+            ratio < 4.5,
+            "40 layers expand to {ratio:.1}× the code of 10"
         );
     }
 

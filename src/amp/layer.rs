@@ -657,7 +657,10 @@ where
     type Output = Tensor<S, E, D, T>;
     type Error = D::Err;
     fn try_run_mut(&mut self, x: Tensor<S, E, D, T>) -> Result<Self::Output, D::Err> {
-        let y = x.with_empty_tape().try_run_mut(&mut self.0)?.try_cast_to()?;
+        let y = x
+            .with_empty_tape()
+            .try_run_mut(&mut self.0)?
+            .try_cast_to()?;
         y.try_add(x)
     }
 }

@@ -140,9 +140,9 @@ impl std::fmt::Display for AmpConfig {
 /// A model declared with `#[amp(policy = ...)]`: an architecture whose fields are layers, with
 /// a master type, a working type and a training target chosen by its policy.
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a layer `#[amp]` knows, nor an `#[amp]` model",
-    label = "unknown layer",
-    note = "#[amp] recognises dfdx's and typed-amp's layers by name (Linear, Conv2D, BatchNorm2D, LayerNorm1D, ReLU, Softmax, ...) and nested `#[amp]` structs; for any other layer (or a type alias of one), pin its precision with `#[amp(fp16)]` or `#[amp(fp32)]` on the field"
+    message = "`{Self}` is not an `#[amp]` model",
+    label = "not an `#[amp]` model",
+    note = "declare the model with `#[typed_amp::amp(policy = \"O0\" | \"O1\" | \"O2\" | \"O3\")]` on a struct whose fields are layers"
 )]
 pub trait AmpModel<D: AmpDevice>: Sized {
     /// The FP32 master model.
