@@ -212,12 +212,12 @@ fn policy_settings(config: &AmpConfig) -> [(&'static str, String); 7] {
     ]
 }
 
-/// The policy a checkpoint was saved under, as its settings and the recipe's one-line summary:
-/// `None` for a checkpoint saved without one ([`save`], or before checkpoints recorded it).
+/// The policy a checkpoint was saved under: `None` for a checkpoint saved without one
+/// ([`save`], or before checkpoints recorded it).
 fn saved_policy(
     path: &Path,
     meta: &HashMap<String, String>,
-) -> Result<Option<(Vec<(&'static str, String)>, String)>, CheckpointError> {
+) -> Result<Option<AmpConfig>, CheckpointError> {
     if !meta.keys().any(|k| k.starts_with("policy.")) {
         return Ok(None);
     }
@@ -258,10 +258,7 @@ fn saved_policy(
         cast_model_outputs: dtype("cast_model_outputs")?,
         low_precision_updates: flag("low_precision_updates")?,
     };
-    Ok(Some((
-        policy_settings(&config).to_vec(),
-        config.to_string(),
-    )))
+    Ok(Some(config))
 }
 
 /// A tensor ready to serialise.
@@ -893,8 +890,8 @@ where
         }
     }
     let saved = saved_policy(path, &meta)?;
-    if let (Some((settings, recipe)), Some(policy)) = (&saved, policy) {
-        let differences: Vec<String> = settings
+    if let (Some(saved), Some(policy)) = (&saved, policy) {
+        let differences: Vec<String> = policy_settings(saved)
             .iter()
             .zip(policy_settings(policy))
             .filter(|((_, a), (_, b))| *a != *b)
@@ -910,7 +907,7 @@ where
             .collect();
         if !differences.is_empty() {
             return Err(mismatch(format!(
-                "saved under {recipe}, this model is {policy}: {}",
+                "saved under {saved}, this model is {policy}: {}",
                 differences.join("; ")
             )));
         }
@@ -918,7 +915,7 @@ where
     // What the policy decides about storage, checked even when neither side names a policy.
     let saved_under = saved.as_ref().map_or(
         "another policy (opt level, dtype, master weights or keep_batchnorm_fp32)".to_string(),
-        |(_, recipe)| recipe.clone(),
+        AmpConfig::to_string,
     );
     for (key, copy, layout) in [
         ("model.master", "master weights", target.layout().to_vec()),
