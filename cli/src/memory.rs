@@ -7,12 +7,11 @@
 /// limits (`ulimit -v`, `ulimit -d`). `None` where the OS does not say (outside Linux).
 ///
 /// The last two count address space, not memory filled: what is left under them is reduced by
-/// 64 MiB per thread, which glibc reserves for each thread's allocation arena (measured: the
-/// CNN's step at batch 700 fits in 375 MiB of address space and at batch 800 does not, where
-/// 128 MiB for two threads and 340 KiB per example predict 745).
+/// what each worker thread reserves without filling (measured: the CNN's step at batch 730
+/// fits in 375 MiB of address space and at batch 744 does not, where 132 MiB for two threads
+/// and 340 KiB per example predict 732).
 pub fn available() -> Option<(u64, &'static str)> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
-    let usable = |b: u64| b.saturating_sub(threads.saturating_mul(ARENA_BYTES));
+    let usable = |b: u64| b.saturating_sub(worker_threads().saturating_mul(THREAD_RESERVE_BYTES));
     [
         mem_available().map(|b| (b, "available")),
         cgroup_headroom().map(|b| (b, "left under the cgroup's memory limit")),
@@ -30,8 +29,18 @@ pub fn available() -> Option<(u64, &'static str)> {
     .min_by_key(|(bytes, _)| *bytes)
 }
 
-/// Address space glibc's allocator reserves per thread (`HEAP_MAX_SIZE` on 64-bit systems).
-const ARENA_BYTES: u64 = 64 << 20;
+/// Address space a worker thread reserves: glibc's allocation arena (`HEAP_MAX_SIZE`, 64 MiB on
+/// 64-bit systems) and its stack (2 MiB).
+const THREAD_RESERVE_BYTES: u64 = 66 << 20;
+
+/// The threads the CPU kernels run on: rayon's pool, `RAYON_NUM_THREADS` or one per core.
+fn worker_threads() -> u64 {
+    std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|n| n.parse::<u64>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64))
+}
 
 /// The value of `key` (in kB) in a `/proc` file such as `/proc/meminfo`, in bytes.
 fn proc_kib(text: &str, key: &str) -> Option<u64> {

@@ -437,10 +437,15 @@ fn a_batch_too_large_for_memory_is_refused_before_training() {
         eprintln!("skipping: the memory check reads Linux's /proc");
         return;
     }
-    // 260 MiB of address space beyond the 64 MiB per thread glibc's allocator reserves: the
-    // CNN's step at batch 2,000 (about 660 MiB) cannot fit, the MLP's at batch 500 can.
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
-    let kib = (threads * 64 + 260) * 1024;
+    // 260 MiB of address space beyond the 66 MiB each worker thread reserves (allocation arena
+    // and stack): the CNN's step at batch 2,000 (about 660 MiB) cannot fit, the MLP's at batch
+    // 500 can.
+    let threads = std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|n| n.parse::<u64>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64));
+    let kib = (threads * 66 + 260) * 1024;
     let out = typed_amp_limited(
         kib,
         &[
