@@ -279,7 +279,9 @@ fn check_memory(
     // A step takes at most the whole training set.
     let examples = cfg.batch.min(train_examples) as u64;
     // Weights and their gradients, and Adam's two moments per master weight.
-    let fixed = (2 * weights_bytes as u64).saturating_add(2 * master_bytes as u64);
+    let fixed = (weights_bytes as u64)
+        .saturating_add(master_bytes as u64)
+        .saturating_mul(2);
     let needed = fixed.saturating_add(per_example.saturating_mul(examples));
     if needed <= available {
         return Ok(());
