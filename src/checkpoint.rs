@@ -4,8 +4,10 @@
 //! Tensors are named by parameter path: `master.<path>` (every master parameter and buffer, in
 //! its own precision), `optim.<store>.<path>` (e.g. `optim.moment1.fc1.weight`). Everything
 //! else is string metadata: the format, the scaler's state (`scaler.*`), the optimizer's kind
-//! and scalars (`optim.*`), and whatever the caller adds (step, epoch, RNG state, ...). Any
-//! safetensors reader can read the tensors by name.
+//! and scalars (`optim.*`), the precision of every master and working parameter
+//! (`model.master`, `model.working`), the `#[amp]` policy where the caller gives it
+//! ([`save_with_policy`]: `policy.*`), and whatever the caller adds (step, epoch, RNG state,
+//! ...). Any safetensors reader can read the tensors by name.
 //!
 //! The file is written next to its destination and renamed over it, so a crash leaves either
 //! the old checkpoint or the new one, never a torn file.
@@ -15,13 +17,14 @@ use std::path::{Path, PathBuf};
 
 use dfdx::prelude::{HasShape, Shape, Tensor};
 use safetensors::tensor::TensorView;
-use safetensors::{Dtype as StDtype, SafeTensors};
+use safetensors::{Dtype as StDtype, SafeTensorError, SafeTensors};
 
+use crate::amp::{AmpConfig, LossScale, OptLevel};
 use crate::device::{AmpDevice, HostKernel, Kernels};
 use crate::error::AmpError;
 use crate::master::TrainTarget;
 use crate::optim::{OptimizerState, StateMut, StateRef};
-use crate::params::{ParamVisitor, ParamVisitorMut, Parameters};
+use crate::params::{ParamInfo, ParamVisitor, ParamVisitorMut, Parameters};
 use crate::precision::{dtype_of, AmpElem, DType, Precision};
 use crate::scaler::{GradScaler, ScaleMode, ScalerState};
 
@@ -41,14 +44,15 @@ pub enum CheckpointError {
         source: std::io::Error,
     },
     /// The file is not a readable safetensors file.
-    #[error("{path}: not a safetensors checkpoint: {detail}")]
+    #[error("{path} is not a safetensors checkpoint: {detail}")]
     Format {
         /// The file.
         path: PathBuf,
         /// What is wrong.
         detail: String,
     },
-    /// The file is a checkpoint of something else (another format version, model or optimizer).
+    /// The file is a checkpoint of something else (another format version, policy, model or
+    /// optimizer).
     #[error("{path}: {detail}")]
     Mismatch {
         /// The file.
@@ -91,6 +95,171 @@ macro_rules! st_dtypes {
 }
 
 crate::with_precisions!(st_dtypes);
+
+/// A safetensors dtype as a sentence names it (`f32`, `bf16`, `i64`).
+fn st_dtype_name(dtype: StDtype) -> String {
+    format!("{dtype:?}").to_lowercase()
+}
+
+/// Why safetensors refused `bytes`, as the end of a sentence about the file: safetensors' own
+/// messages are its enum's variant names (`MetadataIncompleteBuffer`).
+fn format_detail(err: &SafeTensorError, bytes: &[u8]) -> String {
+    let len = bytes.len();
+    // What the first 8 bytes claim the header's length is.
+    let claimed = bytes
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u64::from_le_bytes);
+    let header_too_long = || {
+        format!(
+            "its header is larger than the file (the header's length field says {claimed} bytes, the file has {len}): it is truncated or not a checkpoint"
+        )
+    };
+    match err {
+        SafeTensorError::HeaderTooSmall => format!(
+            "it is {len} bytes long, too short to hold even the 8 bytes that give a safetensors header's length"
+        ),
+        SafeTensorError::HeaderTooLarge if claimed > len as u64 => header_too_long(),
+        SafeTensorError::HeaderTooLarge => format!(
+            "its header's length field says {claimed} bytes, more than the 100,000,000 safetensors reads"
+        ),
+        SafeTensorError::InvalidHeaderLength => header_too_long(),
+        SafeTensorError::InvalidHeader => "its header is not UTF-8 text".to_string(),
+        SafeTensorError::InvalidHeaderStart => "its header does not start with `{`".to_string(),
+        SafeTensorError::InvalidHeaderDeserialization => {
+            "its header is not the JSON table of tensors a safetensors file starts with".to_string()
+        }
+        SafeTensorError::JsonError(e) => format!("its header is not valid JSON ({e})"),
+        SafeTensorError::MetadataIncompleteBuffer => format!(
+            "the tensors its header lists do not end where the file ends ({len} bytes): it is truncated or has bytes appended"
+        ),
+        SafeTensorError::ValidationOverflow => {
+            "a tensor's shape in its header is too large to be stored".to_string()
+        }
+        SafeTensorError::TensorInvalidInfo => {
+            "a tensor's byte range in its header does not fit its shape and precision".to_string()
+        }
+        SafeTensorError::InvalidOffset(name) => format!(
+            "the byte range of tensor `{name}` in its header overlaps another tensor's or leaves a gap"
+        ),
+        SafeTensorError::TensorNotFound(name) => format!("it has no tensor `{name}`"),
+        SafeTensorError::IoError(e) => format!("it could not be read ({e})"),
+        SafeTensorError::InvalidTensorView(dtype, shape, bytes) => format!(
+            "{bytes} bytes cannot hold a {} tensor of shape {shape:?}",
+            st_dtype_name(*dtype)
+        ),
+    }
+}
+
+/// Each parameter's path and precision, as `model.master` and `model.working` store them:
+/// `path:DTYPE` joined by commas.
+fn layout_metadata(layout: &[ParamInfo]) -> String {
+    layout
+        .iter()
+        .map(|p| format!("{}:{}", p.path, p.dtype.name()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The first parameter both layouts hold in different precisions: its path, the checkpoint's
+/// precision and the model's. Parameters only one side has are left to the tensor checks,
+/// which name them.
+fn layout_difference(saved: &str, model: &[ParamInfo]) -> Option<(String, String, DType)> {
+    let saved: HashMap<&str, &str> = saved
+        .split(',')
+        .filter_map(|entry| entry.rsplit_once(':'))
+        .collect();
+    model.iter().find_map(|p| match saved.get(p.path.as_str()) {
+        Some(dtype) if *dtype != p.dtype.name() => {
+            Some((p.path.clone(), (*dtype).to_string(), p.dtype))
+        }
+        _ => None,
+    })
+}
+
+fn dtype_setting(dtype: Option<DType>) -> &'static str {
+    dtype.map_or("none", DType::name)
+}
+
+fn loss_scale_setting(scale: LossScale) -> String {
+    match scale {
+        LossScale::None => "none".to_string(),
+        LossScale::Dynamic => "dynamic".to_string(),
+        // The bit pattern keeps the FP32 value exact; `static N` says it for people.
+        LossScale::Static(s) => format!("static {s} bits {}", s.to_bits()),
+    }
+}
+
+/// Every setting of a policy, by name, as checkpoints store them (`policy.<name>`).
+fn policy_settings(config: &AmpConfig) -> [(&'static str, String); 7] {
+    [
+        ("opt_level", config.opt_level.to_string()),
+        ("dtype", dtype_setting(config.dtype).to_string()),
+        ("master_weights", config.master_weights.to_string()),
+        (
+            "keep_batchnorm_fp32",
+            config.keep_batchnorm_fp32.to_string(),
+        ),
+        ("loss_scale", loss_scale_setting(config.loss_scale)),
+        (
+            "cast_model_outputs",
+            dtype_setting(config.cast_model_outputs).to_string(),
+        ),
+        (
+            "low_precision_updates",
+            config.low_precision_updates.to_string(),
+        ),
+    ]
+}
+
+/// The policy a checkpoint was saved under: `None` for a checkpoint saved without one
+/// ([`save`], or before checkpoints recorded it).
+fn saved_policy(
+    path: &Path,
+    meta: &HashMap<String, String>,
+) -> Result<Option<AmpConfig>, CheckpointError> {
+    if !meta.keys().any(|k| k.starts_with("policy.")) {
+        return Ok(None);
+    }
+    let bad = |key: &str| CheckpointError::Mismatch {
+        path: path.to_path_buf(),
+        detail: format!("policy setting `{key}` is missing or malformed"),
+    };
+    let get = |key: &str| {
+        meta.get(&format!("policy.{key}"))
+            .cloned()
+            .ok_or_else(|| bad(key))
+    };
+    let dtype = |key: &str| -> Result<Option<DType>, CheckpointError> {
+        match get(key)?.as_str() {
+            "none" => Ok(None),
+            name => DType::from_name(name).map(Some).ok_or_else(|| bad(key)),
+        }
+    };
+    let flag =
+        |key: &str| -> Result<bool, CheckpointError> { get(key)?.parse().map_err(|_| bad(key)) };
+    let loss_scale = match get("loss_scale")?.as_str() {
+        "none" => LossScale::None,
+        "dynamic" => LossScale::Dynamic,
+        text => text
+            .rsplit_once(" bits ")
+            .and_then(|(_, bits)| bits.parse().ok())
+            .map(|bits| LossScale::Static(f32::from_bits(bits)))
+            .ok_or_else(|| bad("loss_scale"))?,
+    };
+    let config = AmpConfig {
+        opt_level: get("opt_level")?
+            .parse::<OptLevel>()
+            .map_err(|_| bad("opt_level"))?,
+        dtype: dtype("dtype")?,
+        master_weights: flag("master_weights")?,
+        keep_batchnorm_fp32: flag("keep_batchnorm_fp32")?,
+        loss_scale,
+        cast_model_outputs: dtype("cast_model_outputs")?,
+        low_precision_updates: flag("low_precision_updates")?,
+    };
+    Ok(Some(config))
+}
 
 /// A tensor ready to serialise.
 struct Entry {
@@ -219,11 +388,49 @@ fn scaler_metadata(state: &ScalerState, meta: &mut HashMap<String, String>) {
 
 /// Saves `target`'s master weights (buffers synced first), `optimizer`'s state, `scaler`'s
 /// state and the caller's `extra` metadata to `path`, atomically. Returns the file's size.
+///
+/// The file records the precision of every master and working parameter, which [`load`]
+/// checks; for an `#[amp]` model, [`save_with_policy`] records its whole policy too.
 pub fn save<D, T, O>(
     path: &Path,
     target: &mut T,
     optimizer: &O,
     scaler: &GradScaler,
+    extra: &BTreeMap<String, String>,
+) -> Result<u64, CheckpointError>
+where
+    D: AmpDevice,
+    T: TrainTarget<D>,
+    O: OptimizerState<D>,
+{
+    save_checkpoint(path, target, optimizer, scaler, None, extra)
+}
+
+/// [`save`] for a model declared with `#[amp]`, recording its `policy` (`Model::AMP_CONFIG`):
+/// opt level, dtype, master weights, FP32 batch norm, loss scale, output cast and low-precision
+/// updates, which [`load_with_policy`] compares with the loading model's.
+pub fn save_with_policy<D, T, O>(
+    path: &Path,
+    target: &mut T,
+    optimizer: &O,
+    scaler: &GradScaler,
+    policy: &AmpConfig,
+    extra: &BTreeMap<String, String>,
+) -> Result<u64, CheckpointError>
+where
+    D: AmpDevice,
+    T: TrainTarget<D>,
+    O: OptimizerState<D>,
+{
+    save_checkpoint(path, target, optimizer, scaler, Some(policy), extra)
+}
+
+fn save_checkpoint<D, T, O>(
+    path: &Path,
+    target: &mut T,
+    optimizer: &O,
+    scaler: &GradScaler,
+    policy: Option<&AmpConfig>,
     extra: &BTreeMap<String, String>,
 ) -> Result<u64, CheckpointError>
 where
@@ -261,6 +468,16 @@ where
         "model.precision".into(),
         <T::Precision as Precision>::DTYPE.name().into(),
     );
+    meta.insert("model.master".into(), layout_metadata(target.layout()));
+    meta.insert(
+        "model.working".into(),
+        layout_metadata(&target.working().param_summary()),
+    );
+    if let Some(policy) = policy {
+        for (key, value) in policy_settings(policy) {
+            meta.insert(format!("policy.{key}"), value);
+        }
+    }
     meta.insert("optim.kind".into(), optimizer.kind().into());
     for (name, value) in optimizer.scalars() {
         meta.insert(format!("optim.scalar.{name}"), value.to_string());
@@ -275,16 +492,12 @@ where
                 .map_err(|err| CheckpointError::Tensor {
                     path: path.to_path_buf(),
                     name: name.clone(),
-                    detail: err.to_string(),
+                    detail: format!("not saved: {}", format_detail(&err, &[])),
                 })
         })
         .collect::<Result<_, _>>()?;
-    let bytes = safetensors::tensor::serialize(views, &Some(meta)).map_err(|err| {
-        CheckpointError::Format {
-            path: path.to_path_buf(),
-            detail: err.to_string(),
-        }
-    })?;
+    let bytes = safetensors::tensor::serialize(views, &Some(meta))
+        .map_err(|err| refuse(format_detail(&err, &[])))?;
     write_atomically(path, &bytes)?;
     Ok(bytes.len() as u64)
 }
@@ -379,7 +592,12 @@ fn tensor_values<S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>>(
                 "stored in {stored}, the model's parameter is {want}"
             )))
         }
-        None => return Err(err(format!("unsupported dtype {:?}", view.dtype()))),
+        None => {
+            return Err(err(format!(
+                "stored in {}, which typed-amp does not train in",
+                st_dtype_name(view.dtype())
+            )))
+        }
     }
     let shape: Vec<usize> = param.shape().concrete().into_iter().collect();
     if view.shape() != shape.as_slice() {
@@ -555,7 +773,7 @@ pub fn read_metadata(path: &Path) -> Result<BTreeMap<String, String>, Checkpoint
     })?;
     let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| CheckpointError::Format {
         path: path.to_path_buf(),
-        detail: e.to_string(),
+        detail: format_detail(&e, &bytes),
     })?;
     Ok(user_metadata(header.metadata().clone().unwrap_or_default()))
 }
@@ -567,14 +785,50 @@ fn user_metadata(meta: HashMap<String, String>) -> BTreeMap<String, String> {
 }
 
 /// Restores a checkpoint written by [`save`] into `target`, `optimizer` and `scaler`, and
-/// returns the caller's metadata. Everything is checked before anything is changed except the
-/// tensors themselves: on a tensor error the model may be partly loaded, so load into a freshly
-/// built model.
+/// returns the caller's metadata. Everything is checked before anything is written: format,
+/// optimizer kind, the model's precision, the precision of every master and working parameter
+/// (a checkpoint of another policy, say O2 into O1 or another `keep_batchnorm_fp32`, is refused
+/// by name), the scaler's mode (and scale, if static), the optimizer's scalars, and every
+/// tensor's precision, shape and finiteness.
 pub fn load<D, T, O>(
     path: &Path,
     target: &mut T,
     optimizer: &mut O,
     scaler: &mut GradScaler,
+) -> Result<BTreeMap<String, String>, CheckpointError>
+where
+    D: AmpDevice,
+    T: TrainTarget<D>,
+    O: OptimizerState<D>,
+{
+    load_checkpoint(path, target, optimizer, scaler, None)
+}
+
+/// [`load`] into a model declared with `#[amp]` under `policy` (`Model::AMP_CONFIG`): a
+/// checkpoint saved with [`save_with_policy`] under another policy is refused, naming each
+/// setting that differs with both values. (One saved without a policy is checked as [`load`]
+/// checks it.)
+pub fn load_with_policy<D, T, O>(
+    path: &Path,
+    target: &mut T,
+    optimizer: &mut O,
+    scaler: &mut GradScaler,
+    policy: &AmpConfig,
+) -> Result<BTreeMap<String, String>, CheckpointError>
+where
+    D: AmpDevice,
+    T: TrainTarget<D>,
+    O: OptimizerState<D>,
+{
+    load_checkpoint(path, target, optimizer, scaler, Some(policy))
+}
+
+fn load_checkpoint<D, T, O>(
+    path: &Path,
+    target: &mut T,
+    optimizer: &mut O,
+    scaler: &mut GradScaler,
+    policy: Option<&AmpConfig>,
 ) -> Result<BTreeMap<String, String>, CheckpointError>
 where
     D: AmpDevice,
@@ -589,8 +843,10 @@ where
         path: path.to_path_buf(),
         detail,
     };
-    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| format_err(e.to_string()))?;
-    let tensors = SafeTensors::deserialize(&bytes).map_err(|e| format_err(e.to_string()))?;
+    let (_, header) =
+        SafeTensors::read_metadata(&bytes).map_err(|e| format_err(format_detail(&e, &bytes)))?;
+    let tensors =
+        SafeTensors::deserialize(&bytes).map_err(|e| format_err(format_detail(&e, &bytes)))?;
     let meta = header.metadata().clone().unwrap_or_default();
     let mismatch = |detail: String| CheckpointError::Mismatch {
         path: path.to_path_buf(),
@@ -633,6 +889,52 @@ where
             ))
         }
     }
+    let saved = saved_policy(path, &meta)?;
+    if let (Some(saved), Some(policy)) = (&saved, policy) {
+        let differences: Vec<String> = policy_settings(saved)
+            .iter()
+            .zip(policy_settings(policy))
+            .filter(|((_, a), (_, b))| *a != *b)
+            .map(|((key, a), (_, b))| {
+                // A static scale's bit pattern is for exactness, not for people.
+                let shown = |v: &str| v.split(" bits ").next().unwrap_or_default().to_string();
+                format!(
+                    "{key} is {} in the checkpoint, {} here",
+                    shown(a),
+                    shown(&b)
+                )
+            })
+            .collect();
+        if !differences.is_empty() {
+            return Err(mismatch(format!(
+                "saved under {saved}, this model is {policy}: {}",
+                differences.join("; ")
+            )));
+        }
+    }
+    // What the policy decides about storage, checked even when neither side names a policy.
+    let saved_under = saved.as_ref().map_or(
+        "another policy (opt level, dtype, master weights or keep_batchnorm_fp32)".to_string(),
+        AmpConfig::to_string,
+    );
+    for (key, copy, layout) in [
+        ("model.master", "master weights", target.layout().to_vec()),
+        (
+            "model.working",
+            "working copy",
+            target.working().param_summary(),
+        ),
+    ] {
+        let Some(stored) = meta.get(key) else {
+            // Written before checkpoints recorded it.
+            continue;
+        };
+        if let Some((param, theirs, ours)) = layout_difference(stored, &layout) {
+            return Err(mismatch(format!(
+                "`{param}` is {theirs} in the checkpoint's {copy}, {ours} in this model's: it was saved under {saved_under}"
+            )));
+        }
+    }
     let scaler_state = parse_scaler(path, &meta)?;
     GradScaler::from_state(scaler_state).map_err(|e| mismatch(e.to_string()))?;
     if scaler_state.mode != scaler.mode() {
@@ -641,6 +943,14 @@ where
             "the checkpoint's loss scaler is {:?}, this run's is {:?}",
             scaler_state.mode,
             scaler.mode()
+        )));
+    }
+    let current = scaler.state();
+    if current.mode == ScaleMode::Static && current.scale != scaler_state.scale {
+        // A static scale is the policy's; loading would replace it.
+        return Err(mismatch(format!(
+            "the checkpoint's static loss scale is {}, this run's is {}",
+            scaler_state.scale, current.scale
         )));
     }
     let mut scalars = Vec::new();

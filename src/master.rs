@@ -100,10 +100,13 @@ pub trait TrainTarget<D: AmpDevice> {
     /// was loaded from a checkpoint.
     fn reload_working(&mut self) -> Result<(), AmpError>;
 
-    /// After a skipped step: sets the working copy's buffers (batch norm running statistics)
-    /// back from the master, which holds them as of the last step taken, so that a batch whose
-    /// gradients were inf or NaN leaves no trace in them either. (PyTorch keeps them.) A model
-    /// that is its own master ([`SinglePrecision`]) has no earlier copy and keeps them.
+    /// After a skipped step: sets the working copy back from the master, which holds it as of
+    /// the last step taken: the buffers (batch norm running statistics), so that a batch whose
+    /// gradients were inf or NaN leaves no trace in them either (PyTorch keeps them), and the
+    /// weights, so that a non-finite value written into a working weight between steps costs
+    /// one skipped step instead of skipping every later one (a skipped step does not refresh
+    /// them otherwise). A model that is its own master ([`SinglePrecision`]) has no earlier
+    /// copy and keeps them.
     #[doc(hidden)]
     fn restore_buffers(&mut self) -> Result<(), AmpError> {
         Ok(())
@@ -798,10 +801,9 @@ where
     }
 
     fn restore_buffers(&mut self) -> Result<(), AmpError> {
-        if self.has_buffers {
-            copy_from_master(&self.master, &mut self.working, CopyWhich::Buffers)?;
-        }
-        Ok(())
+        // Weights too: the master is finite (a skipped step never writes it), the working copy
+        // may not be. Skipped steps are rare, and this costs what a taken step's refresh does.
+        copy_from_master(&self.master, &mut self.working, CopyWhich::All)
     }
 }
 

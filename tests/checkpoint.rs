@@ -19,7 +19,7 @@ pub struct Net {
 }
 
 mod common;
-use common::{optimizer_bytes, param_bytes, TempDir};
+use common::{optimizer_bytes, param_bytes, rewrite, RawMetadata, RawTensors, TempDir};
 
 type Model = <Net as typed_amp::amp::AmpModel<Cpu>>::Weights;
 
@@ -409,46 +409,6 @@ fn a_bf16_checkpoint_is_refused_by_an_fp16_model_without_touching_it() {
     assert_eq!(param_bytes(bf16_model.master()), before);
 }
 
-/// A checkpoint's tensors, as (name, dtype, shape, bytes).
-type RawTensors = Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>;
-/// A checkpoint's metadata.
-type RawMetadata = std::collections::HashMap<String, String>;
-
-/// Rewrites a checkpoint file: `edit` gets its tensors and metadata.
-fn rewrite(path: &std::path::Path, edit: impl FnOnce(&mut RawTensors, &mut RawMetadata)) {
-    let bytes = std::fs::read(path).unwrap();
-    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
-    let mut meta = header.metadata().clone().unwrap_or_default();
-    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<_> = file
-        .tensors()
-        .into_iter()
-        .map(|(name, view)| {
-            (
-                name,
-                view.dtype(),
-                view.shape().to_vec(),
-                view.data().to_vec(),
-            )
-        })
-        .collect();
-    edit(&mut tensors, &mut meta);
-    let views: Vec<_> = tensors
-        .iter()
-        .map(|(name, dtype, shape, data)| {
-            (
-                name.clone(),
-                safetensors::tensor::TensorView::new(*dtype, shape.clone(), data).unwrap(),
-            )
-        })
-        .collect();
-    std::fs::write(
-        path,
-        safetensors::tensor::serialize(views, &Some(meta)).unwrap(),
-    )
-    .unwrap();
-}
-
 #[test]
 fn incomplete_non_finite_or_out_of_range_state_is_refused_before_anything_changes() {
     let dev = Cpu::seed_from_u64(3);
@@ -526,4 +486,242 @@ fn incomplete_non_finite_or_out_of_range_state_is_refused_before_anything_change
     std::fs::write(&path, &saved).unwrap();
     checkpoint::load(&path, &mut fresh, &mut fresh_opt, &mut fresh_scaler).unwrap();
     assert_eq!(master_bits(&fresh), master_bits(&model));
+}
+
+#[test]
+fn damaged_files_are_refused_in_sentences_that_name_the_file() {
+    let dev = Cpu::seed_from_u64(8);
+    let dir = TempDir::new("checkpoint-sentences");
+    let path = dir.join("x.st");
+    let mut model = Net::build(&dev).unwrap();
+    let mut opt: Adam<NetMaster<Cpu>, f32, Cpu> = Adam::new(model.master(), AdamConfig::default());
+    let mut scaler = GradScaler::default();
+    checkpoint::save(&path, &mut model, &opt, &scaler, &BTreeMap::new()).unwrap();
+    let saved = std::fs::read(&path).unwrap();
+    let before = master_bits(&model);
+
+    // A header length no file this size can hold, under and over safetensors' 100 MB limit.
+    let mut small_lie = 1000u64.to_le_bytes().to_vec();
+    small_lie.extend_from_slice(b"{}");
+    let mut huge_lie = (1u64 << 40).to_le_bytes().to_vec();
+    huge_lie.extend_from_slice(b"{}");
+    let mut not_json = 4u64.to_le_bytes().to_vec();
+    not_json.extend_from_slice(b"abcd");
+    let cases: [(&str, Vec<u8>, &str); 7] = [
+        ("truncated", saved[..saved.len() - 8].to_vec(), "truncated"),
+        (
+            "cut in its header",
+            saved[..saved.len() / 2].to_vec(),
+            "larger than the file",
+        ),
+        ("four bytes", saved[..4].to_vec(), "too short"),
+        ("small lie", small_lie, "larger than the file"),
+        ("huge lie", huge_lie, "larger than the file"),
+        ("not json", not_json, "header is not"),
+        (
+            "text",
+            b"not a checkpoint at all".to_vec(),
+            "larger than the file",
+        ),
+    ];
+    for (case, bytes, says) in cases {
+        std::fs::write(&path, &bytes).unwrap();
+        let errors = [
+            checkpoint::load(&path, &mut model, &mut opt, &mut scaler).unwrap_err(),
+            checkpoint::read_metadata(&path).unwrap_err(),
+        ];
+        for err in errors {
+            let message = err.to_string();
+            eprintln!("{case}: {message}");
+            assert!(
+                matches!(err, CheckpointError::Format { .. }),
+                "{case}: {err:?}"
+            );
+            assert!(
+                message.starts_with(&format!(
+                    "{} is not a safetensors checkpoint: ",
+                    path.display()
+                )),
+                "{case}: {message}"
+            );
+            assert!(message.contains(says), "{case}: {message}");
+            assert_eq!(
+                common::camel_case_word(&message),
+                None,
+                "{case}: an enum name in `{message}`"
+            );
+        }
+    }
+    assert_eq!(master_bits(&model), before);
+}
+
+#[typed_amp::amp(policy = "O1", cast_model_outputs = "fp32")]
+pub struct NetO1 {
+    fc1: Linear<6, 8>,
+    bn: BatchNorm1D<8>,
+    act: ReLU,
+    fc2: Linear<8, 3>,
+}
+
+#[typed_amp::amp(policy = "O3", allow_fp16_updates, cast_model_outputs = "fp32")]
+pub struct NetO3 {
+    fc1: Linear<6, 8>,
+    bn: BatchNorm1D<8>,
+    act: ReLU,
+    fc2: Linear<8, 3>,
+}
+
+#[typed_amp::amp(
+    policy = "O2",
+    keep_batchnorm_fp32 = false,
+    cast_model_outputs = "fp32"
+)]
+pub struct NetFp16Norms {
+    fc1: Linear<6, 8>,
+    bn: BatchNorm1D<8>,
+    act: ReLU,
+    fc2: Linear<8, 3>,
+}
+
+#[typed_amp::amp(policy = "O2")]
+pub struct NetFp16Outputs {
+    fc1: Linear<6, 8>,
+    bn: BatchNorm1D<8>,
+    act: ReLU,
+    fc2: Linear<8, 3>,
+}
+
+/// Loads `path` into a fresh `M` with the optimizer `make_opt` builds, with and without its
+/// policy; both loads must be refused without changing the model. Returns the two messages.
+fn refused_into<M, O>(
+    path: &std::path::Path,
+    make_opt: impl Fn(&typed_amp::amp::MasterOf<M, Cpu>) -> O,
+) -> [String; 2]
+where
+    M: typed_amp::amp::AmpModel<Cpu>,
+    O: typed_amp::optim::OptimizerState<Cpu>,
+{
+    let attempt = |policy: Option<&typed_amp::amp::AmpConfig>| {
+        let mut model = M::try_build(&Cpu::seed_from_u64(11)).unwrap();
+        let mut opt = make_opt(model.master());
+        let mut scaler = M::scaler();
+        let (master, working) = (param_bytes(model.master()), param_bytes(model.working()));
+        let scaler_state = scaler.state();
+        let err = match policy {
+            Some(policy) => {
+                checkpoint::load_with_policy(path, &mut model, &mut opt, &mut scaler, policy)
+            }
+            None => checkpoint::load(path, &mut model, &mut opt, &mut scaler),
+        }
+        .expect_err("a checkpoint of another policy loaded");
+        assert!(matches!(err, CheckpointError::Mismatch { .. }), "{err:?}");
+        assert_eq!(param_bytes(model.master()), master);
+        assert_eq!(param_bytes(model.working()), working);
+        assert_eq!(scaler.state(), scaler_state);
+        eprintln!("{}", err);
+        err.to_string()
+    };
+    [attempt(Some(&M::CONFIG)), attempt(None)]
+}
+
+fn adam<M: typed_amp::dfdx::nn::TensorCollection<f32, Cpu>>(master: &M) -> Adam<M, f32, Cpu> {
+    Adam::new(master, AdamConfig::default())
+}
+
+#[test]
+fn a_checkpoint_of_another_policy_is_refused_naming_both_settings() {
+    let dir = TempDir::new("checkpoint-policy");
+    let (with_policy, without) = (dir.join("o2.st"), dir.join("o2-plain.st"));
+    let mut model = Net::build(&Cpu::seed_from_u64(10)).unwrap();
+    let mut opt: Adam<NetMaster<Cpu>, f32, Cpu> = Adam::new(model.master(), AdamConfig::default());
+    let mut scaler = Net::scaler();
+    train_steps(&mut model, &mut opt, &mut scaler, 0..2);
+    let extra = BTreeMap::new();
+    checkpoint::save_with_policy(
+        &with_policy,
+        &mut model,
+        &opt,
+        &scaler,
+        &Net::AMP_CONFIG,
+        &extra,
+    )
+    .unwrap();
+    checkpoint::save(&without, &mut model, &opt, &scaler, &extra).unwrap();
+
+    // O2 into O1: the same FP32 masters, precision and scaler; only the policy differs.
+    let [named, plain] = refused_into::<NetO1, _>(&with_policy, adam);
+    assert!(
+        named.contains("opt_level is O2 in the checkpoint, O1 here"),
+        "{named}"
+    );
+    assert!(
+        named.contains("master_weights is true in the checkpoint, false here"),
+        "{named}"
+    );
+    assert!(
+        plain.contains("F16 in the checkpoint's working copy, F32 in this model's"),
+        "{plain}"
+    );
+    assert!(plain.contains("it was saved under O2-FP16"), "{plain}");
+    // A checkpoint saved without its policy is still told apart by its working copy.
+    let [named, plain] = refused_into::<NetO1, _>(&without, adam);
+    for message in [named, plain] {
+        assert!(
+            message.contains("`fc1.weight` is F16 in the checkpoint's working copy, F32"),
+            "{message}"
+        );
+    }
+
+    // O2 into O3: FP16 weights and no master copy.
+    let [named, plain] = refused_into::<NetO3, _>(&with_policy, |m: &_| {
+        LowPrecisionUpdates(Adam::<_, f16, Cpu>::new(m, AdamConfig::default()))
+    });
+    assert!(
+        named.contains("opt_level is O2 in the checkpoint, O3 here"),
+        "{named}"
+    );
+    assert!(
+        plain.contains("is F32 in the checkpoint's master weights, F16 in this model's"),
+        "{plain}"
+    );
+
+    // keep_batchnorm_fp32 on into off: batch norm in FP32 or in FP16 in the working copy.
+    let [named, plain] = refused_into::<NetFp16Norms, _>(&with_policy, adam);
+    assert!(
+        named.contains("keep_batchnorm_fp32 is true in the checkpoint, false here"),
+        "{named}"
+    );
+    assert!(!named.contains("opt_level"), "{named}");
+    assert!(
+        plain.contains("`bn.scale` is F32 in the checkpoint's working copy, F16 in this model's"),
+        "{plain}"
+    );
+
+    // A setting that changes nothing stored is still the policy's: refused when both name one.
+    let mut other = NetFp16Outputs::build(&Cpu::seed_from_u64(12)).unwrap();
+    let mut other_opt = adam(other.master());
+    let mut other_scaler = NetFp16Outputs::scaler();
+    let err = checkpoint::load_with_policy(
+        &with_policy,
+        &mut other,
+        &mut other_opt,
+        &mut other_scaler,
+        &NetFp16Outputs::AMP_CONFIG,
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("cast_model_outputs is F32 in the checkpoint, none here"),
+        "{err}"
+    );
+    // The same policy loads, with or without naming it.
+    checkpoint::load_with_policy(
+        &with_policy,
+        &mut model,
+        &mut opt,
+        &mut scaler,
+        &Net::AMP_CONFIG,
+    )
+    .unwrap();
+    checkpoint::load(&with_policy, &mut model, &mut opt, &mut scaler).unwrap();
 }

@@ -1,15 +1,16 @@
-//! Fault injection through the public API: seeded inf/NaN/huge values in inputs, targets and
-//! gradients, single and in bursts longer than the 144 overflows that take PyTorch's scale to
-//! 2^-128, with and without a scale floor, on a model with batch norm. After every step:
-//! nothing non-finite is in the master weights, and a skipped step left the master weights
-//! (batch-norm statistics included), the working copy's statistics and Adam's state bit for bit
-//! as they were.
+//! Fault injection through the public API: seeded inf/NaN/huge values in inputs, targets,
+//! gradients, the loss and the working copy's weights, single and in bursts longer than the 144
+//! overflows that take PyTorch's scale to 2^-128, with and without a scale floor, on a model
+//! with batch norm. After every step: nothing non-finite is in the master weights, the working
+//! copy is the master's rounding (a damaged working weight does not outlive its step), and a
+//! skipped step left the master weights (batch-norm statistics included), the working copy's
+//! statistics and Adam's state bit for bit as they were.
 
 use rand::{Rng, SeedableRng};
 use typed_amp::dfdx::nn::builders::{BatchNorm1D, Linear};
 use typed_amp::dfdx::optim::Adam;
 use typed_amp::prelude::*;
-use typed_amp::AmpError;
+use typed_amp::{AmpError, DType};
 
 mod common;
 use common::{inject, optimizer_bytes, param_bytes};
@@ -40,9 +41,13 @@ enum Fault {
     InfGradient,
     HugeGradient,
     NanBnGradient,
+    NanLoss,
+    NanWorkingWeight,
+    InfWorkingWeight,
+    NanWorkingBnScale,
 }
 
-const FAULTS: [Fault; 10] = [
+const FAULTS: [Fault; 14] = [
     Fault::NanInput,
     Fault::InfInput,
     Fault::NegInfInput,
@@ -53,6 +58,10 @@ const FAULTS: [Fault; 10] = [
     Fault::InfGradient,
     Fault::HugeGradient,
     Fault::NanBnGradient,
+    Fault::NanLoss,
+    Fault::NanWorkingWeight,
+    Fault::InfWorkingWeight,
+    Fault::NanWorkingBnScale,
 ];
 
 fn batch(dev: &Cpu, rng: &mut rand::rngs::StdRng, fault: Fault) -> (Input, Target) {
@@ -93,6 +102,41 @@ fn state(model: &Model, opt: &Adam<NetMaster<Cpu>, f32, Cpu>) -> impl PartialEq 
         working_stats,
         optimizer_bytes(opt, model.master()),
     )
+}
+
+/// Writes `value` into element `at` (modulo its size) of a working-copy tensor, in place: the
+/// tensor keeps its identity, so the gradients allocated for it still match.
+fn damage<S: Shape, E: typed_amp::AmpElem>(param: &mut Tensor<S, E, Cpu>, at: usize, value: f32)
+where
+    Cpu: typed_amp::device::Kernels<E>,
+{
+    let mut values = param.as_vec();
+    let at = at % values.len();
+    values[at] = <E as typed_amp::AmpElem>::from_f32(value);
+    param.copy_from(&values);
+}
+
+/// Whether every working parameter and buffer is its master's value rounded to the working
+/// precision, bit for bit: what the working copy holds after any step, taken or skipped.
+fn working_is_the_masters_rounding(model: &Model) -> bool {
+    let master = param_bytes(model.master());
+    let working = param_bytes(model.working());
+    master.len() == working.len()
+        && master
+            .iter()
+            .zip(&working)
+            .all(|((path, _, m), (other, dtype, w))| {
+                let rounded: Vec<u8> = m
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .flat_map(|v| match dtype {
+                        DType::F16 => half::f16::from_f32(v).to_le_bytes().to_vec(),
+                        DType::BF16 => half::bf16::from_f32(v).to_le_bytes().to_vec(),
+                        _ => v.to_le_bytes().to_vec(),
+                    })
+                    .collect();
+                path == other && rounded == *w
+            })
 }
 
 fn masters_are_finite(model: &Model) -> bool {
@@ -149,8 +193,20 @@ fn campaign(seed: u64, steps: usize, rate: f64, burst_rate: f64, floor: bool, co
         };
         let before = state(&model, &opt);
         let (x, y) = batch(&dev, &mut rng, fault);
+        // Between steps, as a bit flip or a stray write would.
+        let at = rng.gen_range(0..128);
+        let w = model.working_mut();
+        match fault {
+            Fault::NanWorkingWeight => damage(&mut w.fc1.weight, at, f32::NAN),
+            Fault::InfWorkingWeight => damage(&mut w.fc2.weight, at, f32::INFINITY),
+            Fault::NanWorkingBnScale => damage(&mut w.bn.scale, at, f32::NAN),
+            _ => {}
+        }
         let logits = model.working_mut().forward_mut(x.traced_mixed(grads));
-        let loss = cross_entropy_with_logits_loss(logits, y);
+        let mut loss = cross_entropy_with_logits_loss(logits, y);
+        if fault == Fault::NanLoss {
+            loss = loss * f32::NAN;
+        }
         let mut scaled = scaler.scale(loss).backward().unwrap();
         let m = model.working();
         match fault {
@@ -183,6 +239,11 @@ fn campaign(seed: u64, steps: usize, rate: f64, burst_rate: f64, floor: bool, co
             masters_are_finite(&model),
             "seed {seed}: non-finite master after {fault:?}"
         );
+        assert!(
+            working_is_the_masters_rounding(&model),
+            "seed {seed}: after a {} {fault:?} step the working copy is not the master's rounding",
+            if skipped { "skipped" } else { "taken" }
+        );
         grads = match scaler.update(outcome) {
             Ok(grads) => grads,
             Err(AmpError::ScaleFloor { .. }) => {
@@ -204,7 +265,7 @@ fn ten_thousand_injected_faults_never_reach_the_masters_and_skipped_steps_change
         // Bursts longer than the 144 overflows in a row that underflow PyTorch's scale.
         campaign(100 + seed, 1200, 0.05, 0.01, seed % 2 == 1, &mut counts);
     }
-    eprintln!("fault injection: {counts:?}");
+    eprintln!("fault injection: {} kinds, {counts:?}", FAULTS.len());
     assert!(counts.injections >= 10_000, "{counts:?}");
     assert!(
         counts.skipped >= counts.injections - counts.injections / 4,

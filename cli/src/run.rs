@@ -2,14 +2,14 @@
 //! with checkpoints, progress and the figures the comparison table needs.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use typed_amp::amp::{AmpModel, MasterOf, OptLevel, WorkingOf};
+use typed_amp::amp::{AmpConfig, AmpModel, MasterOf, OptLevel, WorkingOf};
 use typed_amp::checkpoint::{self, CheckpointError};
 use typed_amp::data::{DataError, FashionMnist, Split, CLASSES, IMAGE_SIZE};
 use typed_amp::dfdx::optim::Adam;
@@ -18,6 +18,7 @@ use typed_amp::optim::{cosine_lr, LearningRate, MasterOptimizer, OptimizerState}
 use typed_amp::prelude::*;
 use typed_amp::{AmpDevice, AmpError, LowPrecisionUpdates, Parameters, TrainTarget};
 
+use crate::memory;
 use crate::models::*;
 
 /// Fashion-MNIST's pixel mean and standard deviation (of `pixel / 255`) over the training set.
@@ -262,6 +263,46 @@ fn meta_get<T: std::str::FromStr>(
     })
 }
 
+/// Refuses a batch whose training step would not fit in the memory left to the process
+/// ([`memory::available`]), naming the batch that would: the alternative is an abort or the
+/// OOM killer in the middle of the first step.
+fn check_memory(
+    cfg: &RunConfig,
+    train_examples: usize,
+    weights_bytes: usize,
+    master_bytes: usize,
+) -> Result<(), RunError> {
+    let Some((available, limit)) = memory::available() else {
+        return Ok(());
+    };
+    let per_example = cfg.arch.step_bytes_per_example(cfg.policy);
+    // A step takes at most the whole training set.
+    let examples = cfg.batch.min(train_examples) as u64;
+    // Weights and their gradients, and Adam's two moments per master weight.
+    let fixed = (weights_bytes as u64)
+        .saturating_add(master_bytes as u64)
+        .saturating_mul(2);
+    let needed = fixed.saturating_add(per_example.saturating_mul(examples));
+    if needed <= available {
+        return Ok(());
+    }
+    let fits = available.saturating_sub(fixed) / per_example;
+    // A tenth spare: the estimate is within a few per cent, not exact.
+    let advice = match fits - fits / 10 {
+        0 => "not even one example fits".to_string(),
+        suggested => format!("use a smaller --batch, such as {suggested}"),
+    };
+    Err(RunError::Usage(format!(
+        "--batch {} needs about {} per step (the {}'s activations: {} per example for {examples} examples, and {} of weights, gradients and optimizer state), more than the {} {limit}; {advice}",
+        cfg.batch,
+        memory::human(needed),
+        cfg.arch.upper(),
+        memory::human(per_example),
+        memory::human(fixed),
+        memory::human(available),
+    )))
+}
+
 /// Trains one model under one policy.
 fn run_model<M, I, O, D>(
     cfg: &RunConfig,
@@ -285,6 +326,25 @@ where
     }
     reset_peak_rss();
     let mut model = M::try_build(&dev)?;
+    // The layout is the master's parameter summary.
+    let master_bytes: usize = model.layout().iter().map(|p| p.size_in_bytes()).sum();
+    let weights_bytes = if M::CONFIG.master_weights {
+        let working = model.working().param_summary();
+        master_bytes + working.iter().map(|p| p.size_in_bytes()).sum::<usize>()
+    } else {
+        master_bytes
+    };
+    let train = &data.train;
+    check_memory(cfg, train.len(), weights_bytes, master_bytes)?;
+    let steps_per_epoch = train.len().div_ceil(cfg.batch);
+    let total_steps = (steps_per_epoch as u64)
+        .checked_mul(cfg.epochs as u64)
+        .ok_or_else(|| {
+            RunError::Usage(format!(
+                "--epochs {} of {steps_per_epoch} steps each is more steps than can be counted",
+                cfg.epochs
+            ))
+        })?;
     let mut opt = make_optimizer(model.master());
     let mut scaler = M::scaler();
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
@@ -310,20 +370,42 @@ where
         expect("seed", cfg.seed.to_string())?;
         expect("epochs", cfg.epochs.to_string())?;
         expect("lr", cfg.lr.to_string())?;
-        checkpoint::load(path, &mut model, &mut opt, &mut scaler)?;
-        first_epoch = meta_get(&meta, "epoch")?;
-        steps = meta_get(&meta, "step")?;
+        let done: usize = meta_get(&meta, "epoch")?;
+        if done >= cfg.epochs {
+            // Resuming would train nothing and exit as if it had.
+            return Err(RunError::Usage(format!(
+                "{} has already finished {done} epochs of a run of {} epochs: there is nothing left to train{}",
+                path.display(),
+                cfg.epochs,
+                if done > cfg.epochs {
+                    " (no run finishes more epochs than it has: the checkpoint is damaged)"
+                } else {
+                    ""
+                }
+            )));
+        }
+        // Checkpoints are written at the end of an epoch: a step count that is not a whole
+        // number of this run's epochs belongs to other data or another batch size.
+        let step: u64 = meta_get(&meta, "step")?;
+        if (steps_per_epoch as u64).checked_mul(done as u64) != Some(step) {
+            return Err(RunError::Usage(format!(
+                "{} records {step} steps after {done} epochs, but this run takes {steps_per_epoch} steps per epoch ({} training examples, batch {}): it was trained on other data, or is damaged",
+                path.display(),
+                train.len(),
+                cfg.batch
+            )));
+        }
+        checkpoint::load_with_policy(path, &mut model, &mut opt, &mut scaler, &M::CONFIG)?;
+        (first_epoch, steps) = (done, step);
         rng.set_word_pos(meta_get::<u128>(&meta, "rng_word_pos")?);
     }
 
-    let train = &data.train;
-    let steps_per_epoch = train.len().div_ceil(cfg.batch);
-    let total_steps = (steps_per_epoch * cfg.epochs) as u64;
     let mut grads = model.alloc_grads()?;
     let mut epochs = Vec::new();
-    let last_epoch = cfg
-        .stop_after
-        .map_or(cfg.epochs, |n| (first_epoch + n).min(cfg.epochs));
+    // Saturating: `--stop-after 18446744073709551615` means "to the end", not a wrapped sum.
+    let last_epoch = cfg.stop_after.map_or(cfg.epochs, |n| {
+        first_epoch.saturating_add(n).min(cfg.epochs)
+    });
     for epoch in first_epoch..last_epoch {
         let mut order: Vec<usize> = (0..train.len()).collect();
         order.shuffle(&mut rng);
@@ -379,7 +461,7 @@ where
         });
         if let Some(path) = &cfg.save {
             let meta = run_metadata(cfg, epoch + 1, steps, rng.get_word_pos());
-            checkpoint::save(path, &mut model, &opt, &scaler, &meta)?;
+            checkpoint::save_with_policy(path, &mut model, &opt, &scaler, &M::CONFIG, &meta)?;
         }
     }
 
@@ -390,15 +472,7 @@ where
     let peak_rss_bytes = peak_rss();
     let checkpoint_bytes = match &cfg.save {
         Some(path) => std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
-        None => measure_checkpoint(&mut model, &opt, &scaler)?,
-    };
-    // The layout is the master's parameter summary.
-    let master_bytes: usize = model.layout().iter().map(|p| p.size_in_bytes()).sum();
-    let weights_bytes = if M::CONFIG.master_weights {
-        let working = model.working().param_summary();
-        master_bytes + working.iter().map(|p| p.size_in_bytes()).sum::<usize>()
-    } else {
-        master_bytes
+        None => measure_checkpoint(&mut model, &opt, &scaler, &M::CONFIG)?,
     };
     Ok(RunReport {
         config: cfg.clone(),
@@ -441,10 +515,11 @@ fn measure_checkpoint<D: AmpDevice, T: TrainTarget<D>, O: OptimizerState<D>>(
     model: &mut T,
     opt: &O,
     scaler: &GradScaler,
+    policy: &AmpConfig,
 ) -> Result<u64, RunError> {
     let path =
         std::env::temp_dir().join(format!("typed-amp-size-{}.safetensors", std::process::id()));
-    let size = checkpoint::save(&path, model, opt, scaler, &BTreeMap::new())?;
+    let size = checkpoint::save_with_policy(&path, model, opt, scaler, policy, &BTreeMap::new())?;
     let _ = std::fs::remove_file(&path);
     Ok(size)
 }
@@ -482,8 +557,114 @@ impl std::fmt::Display for DeviceChoice {
     }
 }
 
-/// Trains `cfg.arch` under `cfg.policy` with Adam, on `cfg.device`.
+/// Holds `--save PATH` for one run: a lock on `.NAME.lock` beside it, released when the
+/// process ends, however it ends.
+#[derive(Debug)]
+pub struct SaveClaim {
+    _lock: Option<std::fs::File>,
+}
+
+/// Claims `save` for this run. Refused (a usage error) while another process holds it: two
+/// runs saving to one file would overwrite each other's epochs, each run's checkpoint a mix.
+/// Returns the claim and warnings for stderr: the file exists and is not the checkpoint being
+/// resumed (the first epoch will overwrite it), or a running process is writing it without
+/// holding the lock (an older `typed-amp`).
+pub fn claim_save_path(
+    save: &Path,
+    resume: Option<&Path>,
+) -> Result<(SaveClaim, Vec<String>), RunError> {
+    use std::io::{Read, Seek, Write};
+    let dir = save
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = save
+        .file_name()
+        .ok_or_else(|| RunError::Usage(format!("--save {}: not a file name", save.display())))?
+        .to_string_lossy()
+        .into_owned();
+    let mut warnings = Vec::new();
+    let lock_path = dir.join(format!(".{name}.lock"));
+    let lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .ok();
+    let lock = match lock {
+        Some(mut file) => match file.try_lock() {
+            Ok(()) => {
+                // The holder's pid, for the message another run gets.
+                let _ = file.set_len(0);
+                let _ = write!(file, "{}", std::process::id());
+                Some(file)
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                let _ = file
+                    .rewind()
+                    .and_then(|()| file.read_to_string(&mut holder));
+                let holder = holder.trim();
+                return Err(RunError::Usage(format!(
+                    "--save {}: another run{} is saving to this file; two runs saving to one file overwrite each other's epochs: choose another --save",
+                    save.display(),
+                    if holder.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (process {holder})")
+                    }
+                )));
+            }
+            // A file system without locks: the other checks still run.
+            Err(std::fs::TryLockError::Error(_)) => None,
+        },
+        None => None,
+    };
+    let prefix = format!(".{name}.tmp-");
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let file_name = entry.file_name();
+        let Some(pid) = file_name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && Path::new("/proc").join(pid.to_string()).exists() {
+            warnings.push(format!(
+                "{} belongs to process {pid}, which is running: another program may be writing {}",
+                entry.path().display(),
+                save.display()
+            ));
+        }
+    }
+    let same_file = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    };
+    if save.exists() && !resume.is_some_and(|r| same_file(save, r)) {
+        warnings.push(format!(
+            "--save {} already exists and is not the checkpoint being resumed: the first epoch will overwrite it",
+            save.display()
+        ));
+    }
+    Ok((SaveClaim { _lock: lock }, warnings))
+}
+
+/// Trains `cfg.arch` under `cfg.policy` with Adam, on `cfg.device`. With `cfg.save`, claims it
+/// first ([`claim_save_path`]), printing its warnings on stderr.
 pub fn run(cfg: &RunConfig, data: &FashionMnist) -> Result<RunReport, RunError> {
+    let _claim = match &cfg.save {
+        Some(save) => {
+            let (claim, warnings) = claim_save_path(save, cfg.resume.as_deref())?;
+            for warning in warnings {
+                eprintln!("warning: {warning}");
+            }
+            Some(claim)
+        }
+        None => None,
+    };
     match cfg.device {
         DeviceChoice::Cpu => run_on(cfg, data, Cpu::seed_from_u64(cfg.seed)),
         #[cfg(feature = "cuda")]

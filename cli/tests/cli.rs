@@ -418,3 +418,277 @@ fn compare_prints_the_table_and_json() {
     assert_eq!(runs.len(), 2);
     assert_eq!(runs[1]["label"], "O2-BF16");
 }
+
+/// `typed-amp` run by `sh` under an address-space limit (`ulimit -v`) of `kib`.
+fn typed_amp_limited(kib: u64, args: &[&str]) -> Output {
+    let command = format!("ulimit -v {kib} && exec \"$0\" \"$@\"");
+    Command::new("sh")
+        .arg("-c")
+        .arg(command)
+        .arg(env!("CARGO_BIN_EXE_typed-amp"))
+        .args(args)
+        .output()
+        .expect("sh runs")
+}
+
+#[test]
+fn a_batch_too_large_for_memory_is_refused_before_training() {
+    if !cfg!(target_os = "linux") {
+        eprintln!("skipping: the memory check reads Linux's /proc");
+        return;
+    }
+    // 260 MiB of address space beyond the 66 MiB each worker thread reserves (allocation arena
+    // and stack): the CNN's step at batch 2,000 (about 660 MiB) cannot fit, the MLP's at batch
+    // 500 can.
+    let threads = std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|n| n.parse::<u64>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64));
+    let kib = (threads * 66 + 260) * 1024;
+    let out = typed_amp_limited(
+        kib,
+        &[
+            "train",
+            "--model",
+            "cnn",
+            "--batch",
+            "2000",
+            "--epochs",
+            "1",
+            "--quiet",
+            "--data-dir",
+            SUBSET,
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("error: --batch 2000 needs about "),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("the CNN's activations")
+            && stderr.contains(
+                "usable under the address-space limit (ulimit -v); use a smaller --batch, such as "
+            ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("memory allocation"), "{stderr}");
+    // The batch it suggests trains.
+    let suggested = stderr
+        .trim_end()
+        .rsplit(' ')
+        .next()
+        .expect("a suggested batch");
+    suggested.parse::<usize>().expect("a number");
+    ok(&typed_amp_limited(
+        kib,
+        &[
+            "train",
+            "--model",
+            "cnn",
+            "--batch",
+            suggested,
+            "--epochs",
+            "1",
+            "--quiet",
+            "--data-dir",
+            SUBSET,
+        ],
+    ));
+    ok(&typed_amp_limited(
+        kib,
+        &[
+            "train",
+            "--model",
+            "mlp",
+            "--batch",
+            "500",
+            "--epochs",
+            "1",
+            "--quiet",
+            "--data-dir",
+            SUBSET,
+        ],
+    ));
+}
+
+/// The caller's metadata (`user.*`) of a checkpoint.
+fn user_meta(path: &Path, key: &str) -> String {
+    let bytes = std::fs::read(path).unwrap();
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    header.metadata().as_ref().unwrap()[&format!("user.{key}")].clone()
+}
+
+const TWO_EPOCHS: [&str; 10] = [
+    "train",
+    "--epochs",
+    "2",
+    "--batch",
+    "500",
+    "--quiet",
+    "--data-dir",
+    SUBSET,
+    "--seed",
+    "4",
+];
+
+#[test]
+fn stop_after_beyond_any_count_trains_to_the_end_of_the_run() {
+    let dir = TempDir::new("cli-stop-after-max");
+    let (part, resumed) = (dir.join("part.st"), dir.join("resumed.st"));
+    let part_arg = part.to_str().unwrap();
+    ok(&typed_amp(
+        &[&TWO_EPOCHS[..], &["--stop-after", "1", "--save", part_arg]].concat(),
+    ));
+    assert_eq!(user_meta(&part, "epoch"), "1");
+    // 1 + 18446744073709551615 overflows: the run must still end at epoch 2, not wrap to 0.
+    let out = ok(&typed_amp(
+        &[
+            &TWO_EPOCHS[..],
+            &[
+                "--resume",
+                part_arg,
+                "--stop-after",
+                "18446744073709551615",
+                "--save",
+                resumed.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+    ));
+    assert!(out.contains("epoch   2"), "{out}");
+    assert_eq!(user_meta(&resumed, "epoch"), "2");
+    assert_eq!(user_meta(&resumed, "step"), "8");
+}
+
+#[test]
+fn resuming_a_finished_or_inconsistent_checkpoint_is_a_usage_error() {
+    let dir = TempDir::new("cli-resume-finished");
+    let (done, edited) = (dir.join("done.st"), dir.join("edited.st"));
+    ok(&typed_amp(
+        &[&TWO_EPOCHS[..], &["--save", done.to_str().unwrap()]].concat(),
+    ));
+    let resume =
+        |path: &Path| typed_amp(&[&TWO_EPOCHS[..], &["--resume", path.to_str().unwrap()]].concat());
+
+    let out = resume(&done);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(
+            "has already finished 2 epochs of a run of 2 epochs: there is nothing left to train"
+        ),
+        "{stderr}"
+    );
+
+    // A checkpoint claiming more epochs than its run has.
+    std::fs::copy(&done, &edited).unwrap();
+    common::rewrite(&edited, |_, meta| {
+        meta.insert("user.epoch".into(), "99".into());
+    });
+    let out = resume(&edited);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("has already finished 99 epochs of a run of 2 epochs")
+            && stderr.contains("damaged"),
+        "{stderr}"
+    );
+
+    // A step count that is no whole number of this run's epochs (and would overflow).
+    common::rewrite(&edited, |_, meta| {
+        meta.insert("user.epoch".into(), "1".into());
+        meta.insert("user.step".into(), u64::MAX.to_string());
+    });
+    let out = resume(&edited);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("records 18446744073709551615 steps after 1 epochs, but this run takes 4 steps per epoch"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn saving_over_another_file_warns_and_a_running_writer_is_refused() {
+    let dir = TempDir::new("cli-save-claims");
+    let path = dir.join("run.st");
+    let arg = path.to_str().unwrap();
+    let first = &[&TWO_EPOCHS[..], &["--stop-after", "1", "--save", arg]].concat();
+    let out = typed_amp(first);
+    ok(&out);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("warning"));
+
+    // Another run saving over it.
+    let out = typed_amp(first);
+    ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "warning: --save {arg} already exists and is not the checkpoint being resumed"
+        )),
+        "{stderr}"
+    );
+    // Resuming it into itself is what --save is for.
+    let out = typed_amp(&[&TWO_EPOCHS[..], &["--resume", arg, "--save", arg]].concat());
+    ok(&out);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("warning"));
+
+    // A temporary file of a running process: another program writing the same checkpoint.
+    let tmp = dir.join(format!(".run.st.tmp-{}", std::process::id()));
+    std::fs::write(&tmp, b"partial").unwrap();
+    let out = typed_amp(&[&TWO_EPOCHS[..], &["--save", arg]].concat());
+    ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "warning: {} belongs to process {}, which is running",
+            tmp.display(),
+            std::process::id()
+        )),
+        "{stderr}"
+    );
+    std::fs::remove_file(&tmp).unwrap();
+
+    // A run that is still training into the file.
+    let busy = dir.join("busy.st");
+    let busy_arg = busy.to_str().unwrap();
+    let long_run = [
+        "train",
+        "--epochs",
+        "100000",
+        "--batch",
+        "500",
+        "--quiet",
+        "--data-dir",
+        SUBSET,
+        "--save",
+        busy_arg,
+    ];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_typed-amp"))
+        .args(long_run)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !busy.exists() && started.elapsed() < std::time::Duration::from_secs(120) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = typed_amp(&long_run);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(busy.exists(), "the first run never saved");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "error: --save {busy_arg}: another run (process {}) is saving to this file",
+            child.id()
+        )),
+        "{stderr}"
+    );
+}

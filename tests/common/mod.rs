@@ -140,3 +140,54 @@ pub fn inject<E: AmpElem>(
     values[0] = <E as AmpElem>::from_f32(value);
     HostKernel::<E>::try_write(dev, buf, &values).unwrap();
 }
+
+/// A checkpoint's tensors, as (name, dtype, shape, bytes).
+pub type RawTensors = Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>;
+/// A checkpoint's metadata.
+pub type RawMetadata = std::collections::HashMap<String, String>;
+
+/// Rewrites a checkpoint file: `edit` gets its tensors and metadata.
+pub fn rewrite(path: &std::path::Path, edit: impl FnOnce(&mut RawTensors, &mut RawMetadata)) {
+    let bytes = std::fs::read(path).unwrap();
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let mut meta = header.metadata().clone().unwrap_or_default();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<_> = file
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            (
+                name,
+                view.dtype(),
+                view.shape().to_vec(),
+                view.data().to_vec(),
+            )
+        })
+        .collect();
+    edit(&mut tensors, &mut meta);
+    let views: Vec<_> = tensors
+        .iter()
+        .map(|(name, dtype, shape, data)| {
+            (
+                name.clone(),
+                safetensors::tensor::TensorView::new(*dtype, shape.clone(), data).unwrap(),
+            )
+        })
+        .collect();
+    std::fs::write(
+        path,
+        safetensors::tensor::serialize(views, &Some(meta)).unwrap(),
+    )
+    .unwrap();
+}
+
+/// The first CamelCase word of `text` (`HeaderTooLarge`: a lower-case letter followed by an
+/// upper-case one), as a `Debug`-printed enum variant shows up in a message meant for people.
+pub fn camel_case_word(text: &str) -> Option<&str> {
+    text.split(|c: char| !c.is_ascii_alphanumeric())
+        .find(|word| {
+            word.as_bytes()
+                .windows(2)
+                .any(|pair| pair[0].is_ascii_lowercase() && pair[1].is_ascii_uppercase())
+        })
+}
