@@ -491,18 +491,44 @@ impl<C: Collective> DataParallel<C> {
         &self,
         target: &mut T,
     ) -> Result<(), AmpError> {
+        self.broadcast_params(target, Params::All)
+    }
+
+    /// Copies rank 0's buffers (batch norm running statistics: what no optimizer updates) to
+    /// every rank, as PyTorch's `DistributedDataParallel` does. Each rank's training forwards
+    /// update its buffers from its own shard, so they part between calls (the weights do not);
+    /// call it before evaluating or saving. Collective.
+    pub fn sync_buffers<D: AmpDevice, T: TrainTarget<D>>(
+        &self,
+        target: &mut T,
+    ) -> Result<(), AmpError> {
+        if !target.layout().iter().any(|p| !p.trainable) {
+            return Ok(());
+        }
+        target.sync_buffers_to_master()?;
+        self.broadcast_params(target, Params::Buffers)
+    }
+
+    fn broadcast_params<D: AmpDevice, T: TrainTarget<D>>(
+        &self,
+        target: &mut T,
+        params: Params,
+    ) -> Result<(), AmpError> {
         if self.comm.size() == 1 {
             return Ok(());
         }
         let mut bytes = Vec::new();
         if self.is_root() {
-            target.master().visit_params(&mut ReadBytes(&mut bytes))?;
+            target
+                .master()
+                .visit_params(&mut ReadBytes(&mut bytes, params))?;
         }
         self.comm.broadcast_bytes(0, &mut bytes)?;
         if !self.is_root() {
             let mut write = WriteBytes {
                 bytes: &bytes,
                 at: 0,
+                params,
             };
             target.master_mut().visit_params_mut(&mut write)?;
             if write.at != bytes.len() {
@@ -564,7 +590,9 @@ impl<C: Collective> DataParallel<C> {
 /// A 64-bit digest (FNV-1a) of a model's master weights and buffers, bit for bit.
 pub fn master_digest<D: AmpDevice, T: TrainTarget<D>>(target: &T) -> Result<u64, AmpError> {
     let mut bytes = Vec::new();
-    target.master().visit_params(&mut ReadBytes(&mut bytes))?;
+    target
+        .master()
+        .visit_params(&mut ReadBytes(&mut bytes, Params::All))?;
     Ok(fnv1a(&bytes))
 }
 
@@ -633,8 +661,16 @@ where
     Ok(())
 }
 
-/// Every parameter's bits, in visiting order.
-struct ReadBytes<'b>(&'b mut Vec<u8>);
+/// Every parameter's bits (or only the buffers', the parameters no optimizer updates), in
+/// visiting order.
+struct ReadBytes<'b>(&'b mut Vec<u8>, Params);
+
+/// Which parameters a copy covers.
+#[derive(Clone, Copy, PartialEq)]
+enum Params {
+    All,
+    Buffers,
+}
 
 impl<D: AmpDevice> ParamVisitor<D> for ReadBytes<'_> {
     type Error = AmpError;
@@ -642,11 +678,14 @@ impl<D: AmpDevice> ParamVisitor<D> for ReadBytes<'_> {
         &mut self,
         _path: &str,
         param: &Tensor<S, E, D>,
-        _trainable: bool,
+        trainable: bool,
     ) -> Result<(), AmpError>
     where
         D: Kernels<E>,
     {
+        if trainable && self.1 == Params::Buffers {
+            return Ok(());
+        }
         let values =
             HostKernel::<E>::try_read(param.device(), param.storage()).map_err(AmpError::device)?;
         self.0
@@ -659,6 +698,7 @@ impl<D: AmpDevice> ParamVisitor<D> for ReadBytes<'_> {
 struct WriteBytes<'b> {
     bytes: &'b [u8],
     at: usize,
+    params: Params,
 }
 
 impl<D: AmpDevice> ParamVisitorMut<D> for WriteBytes<'_> {
@@ -667,11 +707,14 @@ impl<D: AmpDevice> ParamVisitorMut<D> for WriteBytes<'_> {
         &mut self,
         path: &str,
         param: &mut Tensor<S, E, D>,
-        _trainable: bool,
+        trainable: bool,
     ) -> Result<(), AmpError>
     where
         D: Kernels<E>,
     {
+        if trainable && self.params == Params::Buffers {
+            return Ok(());
+        }
         let size = std::mem::size_of::<E>();
         let len = Storage::<E>::len(param.device(), param.storage());
         let end = self.at + len * size;
