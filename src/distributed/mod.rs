@@ -3,8 +3,8 @@
 //!
 //! | backend | devices | feature | what it is |
 //! | --- | --- | --- | --- |
-//! | [`MpiCollective`](mpi::MpiCollective) | CPU (any device, through host copies) | `mpi` | MPI (rsmpi over OpenMPI or another MPI), launched with `mpirun` |
-//! | [`NcclCollective`](nccl::NcclCollective) | CUDA | `nccl` (type-checked with `cuda` + `ci-check`) | NVIDIA's NCCL through cudarc, on dfdx's stream |
+//! | `mpi::MpiCollective` | CPU (any device, through host copies) | `mpi` | MPI (rsmpi over OpenMPI or another MPI), launched with `mpirun` |
+//! | `nccl::NcclCollective` | CUDA | `nccl` (type-checked with `cuda` + `ci-check`) | NVIDIA's NCCL through cudarc, on dfdx's stream |
 //! | [`SingleProcess`] | any | always | one rank: the data-parallel stages without communication, for tests and for code that runs either way |
 //!
 //! The typed step gains one stage, between unscaling and the step, and the type of every value
@@ -35,7 +35,7 @@
 //! FP32 for the sum and rounded once back. The sum is divided by the number of ranks (an exact
 //! scaling when that is a power of two).
 //!
-//! Every rank receives the same bits: [`MpiCollective`](mpi::MpiCollective) reduces to rank 0
+//! Every rank receives the same bits: `mpi::MpiCollective` reduces to rank 0
 //! and broadcasts the result (an MPI all-reduce may round differently on different ranks for
 //! more than two), and NCCL's ring all-reduce gives every rank the same result. So master
 //! weights, optimizer state and the loss scale stay identical across ranks for a whole run

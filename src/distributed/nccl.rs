@@ -3,7 +3,7 @@
 //!
 //! One process per GPU. The ranks need a common NCCL id before they can talk: rank 0 makes one
 //! and sends it to the others over another collective ([`NcclCollective::bootstrap`], e.g. over
-//! [`MpiCollective`](super::mpi::MpiCollective) under `mpirun`), or the caller carries it
+//! `MpiCollective` (feature `mpi`) under `mpirun`), or the caller carries it
 //! ([`NcclCollective::unique_id`], [`NcclCollective::from_id`]).
 
 use std::sync::Arc;
@@ -73,7 +73,7 @@ impl NcclCollective {
     }
 
     /// Joins a communicator with the same ranks as `via` (e.g. an
-    /// [`MpiCollective`](super::mpi::MpiCollective)), rank 0 sending the NCCL id over it.
+    /// `MpiCollective` (feature `mpi`)), rank 0 sending the NCCL id over it.
     pub fn bootstrap(dev: &Cuda, via: &impl Collective) -> Result<Self, AmpError> {
         let mut id = if via.is_root() {
             Self::unique_id()?.to_vec()
