@@ -126,7 +126,7 @@ fn an_overflow_on_one_rank_makes_every_rank_skip_and_back_off() {
     for (a, b) in rank0.iter().zip(&rank1) {
         let step = a.0;
         // Only rank 1 saw the inf...
-        assert_eq!(a.1, false, "step {step}: rank 0 had no inf");
+        assert!(!a.1, "step {step}: rank 0 had no inf");
         assert_eq!(b.1, step == at, "step {step}: rank 1's inf");
         // ...and both skipped the step, and only that one, leaving the masters as they were.
         assert_eq!((a.2, b.2), (step == at, step == at), "step {step}: skipped");

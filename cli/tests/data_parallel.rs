@@ -151,7 +151,7 @@ fn two_ranks_train_print_once_save_and_resume_bit_for_bit() {
     // So is resuming it in one process without --data-parallel.
     let plain = Command::new(env!("CARGO_BIN_EXE_typed-amp"))
         .arg("train")
-        .args(&COMMON)
+        .args(COMMON)
         .args(["--resume", part.to_str().unwrap()])
         .output()
         .unwrap();
