@@ -69,6 +69,27 @@ pub enum AmpError {
     /// The optimizer failed to update the master weights.
     #[error("optimizer update failed: {0}")]
     Optimizer(String),
+
+    /// A collective operation of data-parallel training failed.
+    #[error("data-parallel collective: {0}")]
+    Collective(String),
+
+    /// Ranks of a data-parallel run no longer hold the same master weights or loss scale.
+    #[error("data-parallel ranks diverged: {0}")]
+    RanksDiverged(String),
+
+    /// A data-parallel checkpoint was resumed with another number of ranks.
+    #[error(
+        "the checkpoint was written by a run of {saved} rank(s) and this run has {current}: \
+         resume with the same number of ranks (`mpirun -n {saved} ...`), since the number of \
+         ranks sets the global batch and each rank's shard"
+    )]
+    WorldSize {
+        /// Ranks of the run that wrote the checkpoint.
+        saved: usize,
+        /// Ranks of this run.
+        current: usize,
+    },
 }
 
 impl From<dfdx::prelude::CpuError> for AmpError {

@@ -205,6 +205,7 @@ pub mod amp;
 pub mod checkpoint;
 pub mod data;
 pub mod device;
+pub mod distributed;
 pub mod error;
 pub mod loss;
 pub mod master;

@@ -62,14 +62,45 @@ pub struct FromScaler;
 #[derive(Debug)]
 pub struct ScaleFree;
 
+/// Gradients of a data-parallel run unscaled by one rank, from its shard of the batch alone
+/// ([`DataParallel::unscale`](crate::distributed::DataParallel::unscale)): unscaled, but neither
+/// clipping (rule [`ReadyForStep`]) nor a step (rule
+/// [`ReducedAcrossRanks`](crate::distributed::ReducedAcrossRanks)) takes them until
+/// [`DataParallel::all_reduce`](crate::distributed::DataParallel::all_reduce) has averaged them
+/// across ranks.
+#[derive(Debug)]
+pub struct Unreduced;
+
+/// Gradients of a data-parallel run averaged across ranks, with the overflow flag reduced across
+/// ranks ([`DataParallel::all_reduce`](crate::distributed::DataParallel::all_reduce)): the step's
+/// outcome goes to [`DataParallel::update`](crate::distributed::DataParallel::update).
+#[derive(Debug)]
+pub struct AllReduced;
+
 mod sealed {
     pub trait Sealed {}
     impl Sealed for super::FromScaler {}
     impl Sealed for super::ScaleFree {}
+    impl Sealed for super::Unreduced {}
+    impl Sealed for super::AllReduced {}
 }
 
 impl StepKind for FromScaler {}
 impl StepKind for ScaleFree {}
+impl StepKind for Unreduced {}
+impl StepKind for AllReduced {}
+
+/// Gradients of these kinds may be clipped and stepped: all but [`Unreduced`], a data-parallel
+/// rank's gradients before they are averaged across ranks.
+#[diagnostic::on_unimplemented(
+    message = "gradients of kind `{Self}` are one rank's alone: in a data-parallel run, gradients are all-reduced across ranks before they are clipped or stepped",
+    label = "not all-reduced across ranks",
+    note = "pass what `dist.unscale(..)` returned to `dist.all_reduce(..)?`, then clip or `dist.step(..)` the averaged gradients it returns"
+)]
+pub trait ReadyForStep: StepKind {}
+impl ReadyForStep for FromScaler {}
+impl ReadyForStep for ScaleFree {}
+impl ReadyForStep for AllReduced {}
 
 /// A loss multiplied, for backward, by the scale current when it was made.
 #[must_use = "a scaled loss does nothing until `backward()` is called"]
@@ -484,7 +515,7 @@ impl<'t, T: TrainTarget<D>, D: AmpDevice, K: StepKind> UnscaledGrads<'t, T, D, K
     /// gradient was inf or NaN, in which case master weights and optimizer state are left
     /// exactly as they were, and the working copy's buffers (batch norm running statistics) are
     /// put back as they were after the last step taken ([`TrainTarget::restore_buffers`]).
-    fn take_step<O>(self, optimizer: &mut O) -> Result<StepOutcome<D, K>, AmpError>
+    pub(crate) fn take_step<O>(self, optimizer: &mut O) -> Result<StepOutcome<D, K>, AmpError>
     where
         O: MasterOptimizer<T::Master, D>,
     {
@@ -724,7 +755,10 @@ impl<'t, T: TrainTarget<D>, D: AmpDevice, K: StepKind> Unscaled<'t, D>
 pub fn clip_grad_norm<'t, D: AmpDevice, G: Unscaled<'t, D>>(
     grads: &mut G,
     max_norm: f32,
-) -> Result<f32, AmpError> {
+) -> Result<f32, AmpError>
+where
+    G::Kind: ReadyForStep,
+{
     grads.as_unscaled_mut().clip_norm(max_norm)
 }
 
@@ -733,7 +767,10 @@ pub fn clip_grad_norm<'t, D: AmpDevice, G: Unscaled<'t, D>>(
 pub fn clip_grad_value<'t, D: AmpDevice, G: Unscaled<'t, D>>(
     grads: &mut G,
     clip_value: f32,
-) -> Result<(), AmpError> {
+) -> Result<(), AmpError>
+where
+    G::Kind: ReadyForStep,
+{
     grads.as_unscaled_mut().clip_value(clip_value)
 }
 
@@ -1019,5 +1056,100 @@ impl<D: AmpDevice> Loss<D> {
     /// (BF16, FP32), which [`RawGrads::check`] requires.
     pub fn backward(self) -> Result<RawGrads<D>, AmpError> {
         Ok(RawGrads::new(backward_seeded(self, 1.0)?))
+    }
+}
+
+/// What [`crate::distributed`] needs of the step's values: it builds the data-parallel stages
+/// out of the same gradients and outcomes.
+impl<'t, T: TrainTarget<D>, D: AmpDevice, K: StepKind> UnscaledGrads<'t, T, D, K> {
+    /// The model and the master gradients, for a reduction across ranks.
+    pub(crate) fn target_and_master(&mut self) -> (&T, &mut MixedGradients<D>) {
+        (&*self.target, &mut self.master)
+    }
+
+    /// The scalers these gradients hold losses of.
+    pub(crate) fn scaler_ids(&self) -> impl Iterator<Item = ScalerId> + '_ {
+        self.scalers.iter().map(|(id, _)| *id)
+    }
+
+    /// The same gradients as kind `K2`, with `found_inf` as the overflow flag of the step (and of
+    /// every loss they hold).
+    pub(crate) fn into_kind<K2: StepKind>(self, found_inf: bool) -> UnscaledGrads<'t, T, D, K2> {
+        let UnscaledGrads {
+            target,
+            master,
+            working,
+            non_finite,
+            layers,
+            scalers,
+            ..
+        } = self;
+        UnscaledGrads {
+            target,
+            master,
+            working,
+            found_inf,
+            non_finite,
+            layers,
+            scalers: scalers.into_iter().map(|(id, _)| (id, found_inf)).collect(),
+            kind: PhantomData,
+        }
+    }
+}
+
+impl<D: AmpDevice, K: StepKind> StepOutcome<D, K> {
+    /// The same outcome as kind `K2`.
+    pub(crate) fn into_kind<K2: StepKind>(self) -> StepOutcome<D, K2> {
+        let StepOutcome {
+            found_inf,
+            non_finite_params,
+            layers,
+            overflow,
+            scalers,
+            grads,
+            ..
+        } = self;
+        StepOutcome {
+            found_inf,
+            non_finite_params,
+            layers,
+            overflow,
+            scalers,
+            grads,
+            kind: PhantomData,
+        }
+    }
+
+    /// The scalers of the step, with their overflow flags.
+    pub(crate) fn scaler_flags(&self) -> &[(ScalerId, bool)] {
+        &self.scalers
+    }
+
+    /// The zeroed gradients for the next iteration.
+    pub(crate) fn into_next_grads(self) -> MixedGradients<D> {
+        self.grads
+    }
+}
+
+impl GradScaler {
+    /// [`GradScaler::unscale`], giving gradients of kind `K`.
+    pub(crate) fn unscale_as<'t, D, T, G, K>(
+        &self,
+        target: &'t mut T,
+        grads: G,
+    ) -> Result<UnscaledGrads<'t, T, D, K>, AmpError>
+    where
+        D: AmpDevice,
+        T: TrainTarget<D>,
+        G: Scaled<D>,
+        K: StepKind,
+    {
+        let ScaledGrads {
+            grads,
+            scale,
+            scaler,
+        } = grads.into_scaled();
+        self.check_tag(scaler)?;
+        into_master(target, grads, inverse(scale), vec![(scaler, false)])
     }
 }

@@ -3,6 +3,7 @@
 //! The `typed-amp` binary parses arguments and prints; this library holds the models, the
 //! training run and the report, so that tests can drive them directly.
 
+pub mod data_parallel;
 pub mod memory;
 pub mod models;
 pub mod report;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use typed_amp::amp::OptLevel;
 use typed_amp::data::FashionMnist;
+use typed_amp_cli::data_parallel::Ranks;
 use typed_amp_cli::models::{Arch, LowDtype};
 use typed_amp_cli::report::{comparison_table, run_json};
 use typed_amp_cli::run::{run, DeviceChoice, RunConfig, RunError};
@@ -31,6 +32,8 @@ OPTIONS:
     --save PATH            (train) write a checkpoint after every epoch
     --stop-after N         (train) stop after N epochs of this invocation (resume later)
     --resume PATH          (train) continue from a checkpoint
+    --data-parallel        (train) one rank of a data-parallel run started by `mpirun -n N`
+                           (needs `--features mpi`): --batch is per rank, rank 0 prints and saves
     --quiet                no progress bar
     --json                 print results as JSON
     -h, --help             this help
@@ -44,6 +47,8 @@ struct Args {
     chosen_mixed: bool,
     data_dir: Option<PathBuf>,
     json: bool,
+    /// One rank of a data-parallel run (`--data-parallel`).
+    data_parallel: bool,
 }
 
 #[derive(Debug, PartialEq)]
@@ -86,6 +91,7 @@ fn parse_args() -> Result<Option<Args>, String> {
         device: DeviceChoice::Cpu,
     };
     let (mut data_dir, mut json, mut chosen_mixed) = (None, false, false);
+    let mut data_parallel = false;
     let err = |e: lexopt::Error| e.to_string();
     while let Some(arg) = parser.next().map_err(err)? {
         match arg {
@@ -145,6 +151,7 @@ fn parse_args() -> Result<Option<Args>, String> {
             }
             Long("quiet") => config.progress = false,
             Long("json") => json = true,
+            Long("data-parallel") => data_parallel = true,
             Short('h') | Long("help") => return Ok(None),
             other => return Err(other.unexpected().to_string()),
         }
@@ -154,6 +161,9 @@ fn parse_args() -> Result<Option<Args>, String> {
         && (config.save.is_some() || config.resume.is_some() || config.stop_after.is_some())
     {
         return Err("--save, --resume and --stop-after belong to `typed-amp train`".to_string());
+    }
+    if command == Command::Compare && data_parallel {
+        return Err("--data-parallel belongs to `typed-amp train`".to_string());
     }
     if config.batch == 0 {
         return Err("--batch must be at least 1".to_string());
@@ -189,6 +199,7 @@ fn parse_args() -> Result<Option<Args>, String> {
         chosen_mixed,
         data_dir,
         json,
+        data_parallel,
     }))
 }
 
@@ -232,13 +243,29 @@ fn diverged(report: &typed_amp_cli::run::RunReport) -> Option<String> {
 }
 
 fn main_result(args: Args) -> Result<Option<String>, RunError> {
+    // A data-parallel rank joins its run first: only rank 0 prints.
+    let ranks = if args.data_parallel {
+        Some(Ranks::join()?)
+    } else {
+        None
+    };
+    let quiet = ranks.as_ref().is_some_and(|r| !r.is_root());
     let data = FashionMnist::load(args.data_dir.as_deref())?;
-    if !args.json {
+    if !args.json && !quiet {
         println!("{}\n", describe(&args, &data));
+        if let Some(ranks) = &ranks {
+            println!("{}\n", ranks.describe(&args.config));
+        }
     }
     match args.command {
         Command::Train => {
-            let report = run(&args.config, &data)?;
+            let report = match &ranks {
+                Some(ranks) => ranks.run(&args.config, &data)?,
+                None => run(&args.config, &data)?,
+            };
+            if quiet {
+                return Ok(None);
+            }
             let verdict = diverged(&report);
             if args.json {
                 println!(

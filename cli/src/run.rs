@@ -171,17 +171,21 @@ impl Input for Image {
     }
 }
 
-type Logits<D, T = NoneTape> = Tensor<(usize, Const<CLASSES>), f32, D, T>;
+pub(crate) type Logits<D, T = NoneTape> = Tensor<(usize, Const<CLASSES>), f32, D, T>;
 
 /// A batch: normalised pixels, one-hot labels, and the labels themselves.
-type Batch<I, D> = (
+pub(crate) type Batch<I, D> = (
     Tensor<<I as Input>::Shape, f32, D>,
     Tensor<(usize, Const<CLASSES>), f32, D>,
     Vec<u8>,
 );
 
 /// The examples `indices` of `split`.
-fn batch<I: Input, D: AmpDevice>(dev: &D, split: &Split, indices: &[usize]) -> Batch<I, D> {
+pub(crate) fn batch<I: Input, D: AmpDevice>(
+    dev: &D,
+    split: &Split,
+    indices: &[usize],
+) -> Batch<I, D> {
     let mut x = Vec::with_capacity(indices.len() * IMAGE_SIZE);
     let mut y = vec![0.0f32; indices.len() * CLASSES];
     let mut labels = Vec::with_capacity(indices.len());
@@ -204,7 +208,7 @@ fn batch<I: Input, D: AmpDevice>(dev: &D, split: &Split, indices: &[usize]) -> B
 }
 
 /// How many rows of `logits` predict `labels`.
-fn correct(logits: &[f32], labels: &[u8]) -> usize {
+pub(crate) fn correct(logits: &[f32], labels: &[u8]) -> usize {
     logits
         .chunks(CLASSES)
         .zip(labels)
@@ -225,7 +229,11 @@ fn correct(logits: &[f32], labels: &[u8]) -> usize {
         .count()
 }
 
-fn evaluate<I: Input, W, D: AmpDevice>(dev: &D, model: &W, test: &Split) -> Result<f32, RunError>
+pub(crate) fn evaluate<I: Input, W, D: AmpDevice>(
+    dev: &D,
+    model: &W,
+    test: &Split,
+) -> Result<f32, RunError>
 where
     W: Module<Tensor<I::Shape, f32, D>, Output = Logits<D>, Error = D::Err>,
 {
@@ -240,7 +248,7 @@ where
 }
 
 /// Peak resident memory since the last reset, from `/proc/self/status` (Linux).
-fn peak_rss() -> Option<u64> {
+pub(crate) fn peak_rss() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -248,11 +256,11 @@ fn peak_rss() -> Option<u64> {
 }
 
 /// Starts a new peak-memory measurement (Linux's `clear_refs`; ignored elsewhere).
-fn reset_peak_rss() {
+pub(crate) fn reset_peak_rss() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
-fn meta_get<T: std::str::FromStr>(
+pub(crate) fn meta_get<T: std::str::FromStr>(
     meta: &BTreeMap<String, String>,
     key: &str,
 ) -> Result<T, RunError> {
@@ -370,6 +378,9 @@ where
         expect("seed", cfg.seed.to_string())?;
         expect("epochs", cfg.epochs.to_string())?;
         expect("lr", cfg.lr.to_string())?;
+        // A data-parallel run's checkpoint resumes only with `--data-parallel` on as many ranks.
+        typed_amp::distributed::check_world_size(&meta, 1)
+            .map_err(|e| RunError::Usage(format!("{}: {e}", path.display())))?;
         let done: usize = meta_get(&meta, "epoch")?;
         if done >= cfg.epochs {
             // Resuming would train nothing and exit as if it had.
@@ -489,7 +500,7 @@ where
     })
 }
 
-fn run_metadata(
+pub(crate) fn run_metadata(
     cfg: &RunConfig,
     epoch: usize,
     step: u64,
@@ -511,7 +522,7 @@ fn run_metadata(
 }
 
 /// Size of the run's checkpoint, written to a temporary file and removed.
-fn measure_checkpoint<D: AmpDevice, T: TrainTarget<D>, O: OptimizerState<D>>(
+pub(crate) fn measure_checkpoint<D: AmpDevice, T: TrainTarget<D>, O: OptimizerState<D>>(
     model: &mut T,
     opt: &O,
     scaler: &GradScaler,

@@ -1,0 +1,23 @@
+use typed_amp::dfdx::optim::Sgd;
+use typed_amp::distributed::{DataParallel, SingleProcess};
+use typed_amp::prelude::*;
+
+type Mlp = (Linear<4, 8>, ReLU, Linear<8, 2>);
+
+fn main() -> Result<(), AmpError> {
+    let dev = Cpu::default();
+    let mut model = MasterWeights::build::<Mlp>(&dev)?;
+    let mut opt = Sgd::new(model.master(), SgdConfig::default());
+    let mut dist = DataParallel::new(GradScaler::default(), SingleProcess)?;
+    let scaler = GradScaler::default();
+    let x: Tensor<Rank2<3, 4>, f16, _> = dev.zeros();
+    let logits = model.working().forward(x.traced_mixed(model.alloc_grads()?));
+    let loss = cross_entropy_with_logits_loss(logits.to_f32(), dev.zeros());
+    let grads = scaler.scale(loss).backward()?;
+    let grads = scaler.unscale(&mut model, grads)?;
+    let outcome = scaler.step(&mut opt, grads)?;
+    // Wrong: this outcome's overflow flag is this rank's alone: if another rank overflowed, the
+    // ranks' scales would part.
+    let _ = dist.update(outcome)?;
+    Ok(())
+}
