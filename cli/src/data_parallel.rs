@@ -77,9 +77,9 @@ mod enabled {
 
     use crate::models::*;
     use crate::run::{
-        batch, correct, evaluate, measure_checkpoint, meta_get, peak_rss, reset_peak_rss,
-        run_metadata, DeviceChoice, EpochReport, Flat, Image, Input, Logits, RunConfig, RunError,
-        RunReport,
+        batch, check_memory, claim_save_path, correct, evaluate, measure_checkpoint, meta_get,
+        peak_rss, reset_peak_rss, resume_point, run_metadata, DeviceChoice, EpochReport, Flat,
+        Image, Input, Logits, RunConfig, RunError, RunReport,
     };
 
     /// The processes of a data-parallel run, over MPI.
@@ -122,6 +122,17 @@ mod enabled {
 
         /// Trains `cfg.arch` under `cfg.policy` with Adam on this rank's shards.
         pub fn run(&self, cfg: &RunConfig, data: &FashionMnist) -> Result<RunReport, RunError> {
+            // Rank 0 alone writes the checkpoint, so it alone claims the path.
+            let _claim = match (&cfg.save, self.mpi.is_root()) {
+                (Some(save), true) => {
+                    let (claim, warnings) = claim_save_path(save, cfg.resume.as_deref())?;
+                    for warning in warnings {
+                        eprintln!("warning: {warning}");
+                    }
+                    Some(claim)
+                }
+                _ => None,
+            };
             match cfg.device {
                 DeviceChoice::Cpu => {
                     run_on(cfg, data, Cpu::seed_from_u64(cfg.seed), &self.mpi)
@@ -179,50 +190,47 @@ mod enabled {
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
         let (mut first_epoch, mut steps) = (0usize, 0u64);
 
+        let train = &data.train;
+        let shard_len = train.len().div_ceil(comm.size());
+        let steps_per_epoch = shard_len.div_ceil(cfg.batch);
+        let master_bytes: usize = model.layout().iter().map(|p| p.size_in_bytes()).sum();
+        let weights_bytes = if M::CONFIG.master_weights {
+            let working = model.working().param_summary();
+            master_bytes + working.iter().map(|p| p.size_in_bytes()).sum::<usize>()
+        } else {
+            master_bytes
+        };
+        check_memory(cfg, shard_len, weights_bytes, master_bytes)?;
+        let total_steps = (steps_per_epoch as u64)
+            .checked_mul(cfg.epochs as u64)
+            .ok_or_else(|| {
+                RunError::Usage(format!(
+                    "--epochs {} of {steps_per_epoch} steps each is more steps than can be counted",
+                    cfg.epochs
+                ))
+            })?;
+
         if let Some(path) = &cfg.resume {
             let meta = checkpoint::read_metadata(path)?;
             // The number of ranks first: it decides the shards, and the error says what to do.
             check_world_size(&meta, comm.size())
                 .map_err(|e| RunError::Usage(format!("{}: {e}", path.display())))?;
-            for (key, value) in [
-                ("model", cfg.arch.name().to_string()),
-                ("policy", cfg.policy.to_string()),
-                ("dtype", cfg.compute_dtype().to_string()),
-                ("batch", cfg.batch.to_string()),
-                ("seed", cfg.seed.to_string()),
-                ("epochs", cfg.epochs.to_string()),
-                ("lr", cfg.lr.to_string()),
-            ] {
-                match meta.get(key) {
-                    Some(saved) if *saved == value => {}
-                    saved => {
-                        return Err(RunError::Usage(format!(
-                            "{} was saved with {key} = {}, this run has {value}",
-                            path.display(),
-                            saved.map_or("nothing", String::as_str)
-                        )))
-                    }
-                }
-            }
+            let (done, step) = resume_point(cfg, path, &meta, steps_per_epoch, shard_len)?;
             let mut scaler = M::scaler();
-            checkpoint::load(path, &mut model, &mut opt, &mut scaler)?;
+            checkpoint::load_with_policy(path, &mut model, &mut opt, &mut scaler, &M::CONFIG)?;
             dist.load_state(scaler.state())?;
-            first_epoch = meta_get(&meta, "epoch")?;
-            steps = meta_get(&meta, "step")?;
+            (first_epoch, steps) = (done, step);
             rng.set_word_pos(meta_get::<u128>(&meta, "rng_word_pos")?);
         }
         // The same model everywhere (the same seed builds it; a broadcast makes sure).
         dist.broadcast_master(&mut model)?;
 
-        let train = &data.train;
-        let shard_len = train.len().div_ceil(comm.size());
-        let steps_per_epoch = shard_len.div_ceil(cfg.batch);
-        let total_steps = (steps_per_epoch * cfg.epochs) as u64;
         let mut grads = model.alloc_grads()?;
         let mut epochs = Vec::new();
-        let last_epoch = cfg
-            .stop_after
-            .map_or(cfg.epochs, |n| (first_epoch + n).min(cfg.epochs));
+        // Saturating: `--stop-after 18446744073709551615` means "to the end", not a wrapped sum.
+        let last_epoch = cfg.stop_after.map_or(cfg.epochs, |n| {
+            first_epoch.saturating_add(n).min(cfg.epochs)
+        });
         for epoch in first_epoch..last_epoch {
             let mut order: Vec<usize> = (0..train.len()).collect();
             order.shuffle(&mut rng);
@@ -294,7 +302,7 @@ mod enabled {
                 let mut meta = run_metadata(cfg, epoch + 1, steps, rng.get_word_pos());
                 record_world_size(&mut meta, comm.size());
                 let scaler = GradScaler::from_state(dist.state())?;
-                checkpoint::save(path, &mut model, &opt, &scaler, &meta)?;
+                checkpoint::save_with_policy(path, &mut model, &opt, &scaler, &M::CONFIG, &meta)?;
             }
         }
         // Every rank ends with the same weights and scale (checked, bit for bit).
@@ -311,14 +319,7 @@ mod enabled {
         let peak_rss_bytes = peak_rss();
         let checkpoint_bytes = match &cfg.save {
             Some(path) => std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
-            None => measure_checkpoint(&mut model, &opt, &scaler)?,
-        };
-        let master_bytes: usize = model.layout().iter().map(|p| p.size_in_bytes()).sum();
-        let weights_bytes = if M::CONFIG.master_weights {
-            let working = model.working().param_summary();
-            master_bytes + working.iter().map(|p| p.size_in_bytes()).sum::<usize>()
-        } else {
-            master_bytes
+            None => measure_checkpoint(&mut model, &opt, &scaler, &M::CONFIG)?,
         };
         Ok(RunReport {
             config: cfg.clone(),

@@ -274,7 +274,7 @@ pub(crate) fn meta_get<T: std::str::FromStr>(
 /// Refuses a batch whose training step would not fit in the memory left to the process
 /// ([`memory::available`]), naming the batch that would: the alternative is an abort or the
 /// OOM killer in the middle of the first step.
-fn check_memory(
+pub(crate) fn check_memory(
     cfg: &RunConfig,
     train_examples: usize,
     weights_bytes: usize,
@@ -309,6 +309,61 @@ fn check_memory(
         memory::human(fixed),
         memory::human(available),
     )))
+}
+
+/// Where a run resumes from the checkpoint at `path` (its metadata `meta`): the epochs and
+/// steps it has done. A checkpoint of other settings, of a finished run, or whose step count is
+/// no whole number of this run's epochs is a usage error.
+pub(crate) fn resume_point(
+    cfg: &RunConfig,
+    path: &std::path::Path,
+    meta: &BTreeMap<String, String>,
+    steps_per_epoch: usize,
+    train_len: usize,
+) -> Result<(usize, u64), RunError> {
+    let expect = |key: &str, value: String| -> Result<(), RunError> {
+        match meta.get(key) {
+            Some(saved) if *saved == value => Ok(()),
+            saved => Err(RunError::Usage(format!(
+                "{} was saved with {key} = {}, this run has {value}",
+                path.display(),
+                saved.map_or("nothing", String::as_str)
+            ))),
+        }
+    };
+    expect("model", cfg.arch.name().to_string())?;
+    expect("policy", cfg.policy.to_string())?;
+    expect("dtype", cfg.compute_dtype().to_string())?;
+    expect("batch", cfg.batch.to_string())?;
+    expect("seed", cfg.seed.to_string())?;
+    expect("epochs", cfg.epochs.to_string())?;
+    expect("lr", cfg.lr.to_string())?;
+    let done: usize = meta_get(meta, "epoch")?;
+    if done >= cfg.epochs {
+        // Resuming would train nothing and exit as if it had.
+        return Err(RunError::Usage(format!(
+            "{} has already finished {done} epochs of a run of {} epochs: there is nothing left to train{}",
+            path.display(),
+            cfg.epochs,
+            if done > cfg.epochs {
+                " (no run finishes more epochs than it has: the checkpoint is damaged)"
+            } else {
+                ""
+            }
+        )));
+    }
+    // Checkpoints are written at the end of an epoch: a step count that is not a whole
+    // number of this run's epochs belongs to other data or another batch size.
+    let step: u64 = meta_get(meta, "step")?;
+    if (steps_per_epoch as u64).checked_mul(done as u64) != Some(step) {
+        return Err(RunError::Usage(format!(
+            "{} records {step} steps after {done} epochs, but this run takes {steps_per_epoch} steps per epoch ({} training examples, batch {}): it was trained on other data, or is damaged",
+            path.display(),
+            train_len,
+            cfg.batch
+        )));
+    }
+    Ok((done, step))
 }
 
 /// Trains one model under one policy.
@@ -361,51 +416,10 @@ where
     if let Some(path) = &cfg.resume {
         // The run's settings are checked first: a checkpoint of another policy is a usage error.
         let meta = checkpoint::read_metadata(path)?;
-        let expect = |key: &str, value: String| -> Result<(), RunError> {
-            match meta.get(key) {
-                Some(saved) if *saved == value => Ok(()),
-                saved => Err(RunError::Usage(format!(
-                    "{} was saved with {key} = {}, this run has {value}",
-                    path.display(),
-                    saved.map_or("nothing", String::as_str)
-                ))),
-            }
-        };
-        expect("model", cfg.arch.name().to_string())?;
-        expect("policy", cfg.policy.to_string())?;
-        expect("dtype", cfg.compute_dtype().to_string())?;
-        expect("batch", cfg.batch.to_string())?;
-        expect("seed", cfg.seed.to_string())?;
-        expect("epochs", cfg.epochs.to_string())?;
-        expect("lr", cfg.lr.to_string())?;
         // A data-parallel run's checkpoint resumes only with `--data-parallel` on as many ranks.
         typed_amp::distributed::check_world_size(&meta, 1)
             .map_err(|e| RunError::Usage(format!("{}: {e}", path.display())))?;
-        let done: usize = meta_get(&meta, "epoch")?;
-        if done >= cfg.epochs {
-            // Resuming would train nothing and exit as if it had.
-            return Err(RunError::Usage(format!(
-                "{} has already finished {done} epochs of a run of {} epochs: there is nothing left to train{}",
-                path.display(),
-                cfg.epochs,
-                if done > cfg.epochs {
-                    " (no run finishes more epochs than it has: the checkpoint is damaged)"
-                } else {
-                    ""
-                }
-            )));
-        }
-        // Checkpoints are written at the end of an epoch: a step count that is not a whole
-        // number of this run's epochs belongs to other data or another batch size.
-        let step: u64 = meta_get(&meta, "step")?;
-        if (steps_per_epoch as u64).checked_mul(done as u64) != Some(step) {
-            return Err(RunError::Usage(format!(
-                "{} records {step} steps after {done} epochs, but this run takes {steps_per_epoch} steps per epoch ({} training examples, batch {}): it was trained on other data, or is damaged",
-                path.display(),
-                train.len(),
-                cfg.batch
-            )));
-        }
+        let (done, step) = resume_point(cfg, path, &meta, steps_per_epoch, train.len())?;
         checkpoint::load_with_policy(path, &mut model, &mut opt, &mut scaler, &M::CONFIG)?;
         (first_epoch, steps) = (done, step);
         rng.set_word_pos(meta_get::<u128>(&meta, "rng_word_pos")?);
