@@ -58,7 +58,6 @@ mod disabled {
 mod enabled {
     use std::time::Instant;
 
-    use indicatif::{ProgressBar, ProgressStyle};
     use rand::seq::SliceRandom;
     use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
@@ -70,16 +69,15 @@ mod enabled {
     use typed_amp::distributed::{
         check_world_size, record_world_size, shard, AllReduce, Collective, DataParallel,
     };
-    use typed_amp::loss::try_cross_entropy_with_logits_loss;
     use typed_amp::optim::{cosine_lr, LearningRate, MasterOptimizer, OptimizerState};
     use typed_amp::prelude::*;
-    use typed_amp::{AmpDevice, AmpError, LowPrecisionUpdates, Parameters, TrainTarget};
+    use typed_amp::{AmpDevice, LowPrecisionUpdates, Parameters, TrainTarget};
 
     use crate::models::*;
     use crate::run::{
-        batch, check_memory, claim_save_path, correct, evaluate, measure_checkpoint, meta_get,
-        peak_rss, reset_peak_rss, resume_point, run_metadata, DeviceChoice, EpochReport, Flat,
-        Image, Input, Logits, RunConfig, RunError, RunReport,
+        check_memory, claim_save_path, epoch_bar, evaluate, forward_loss, measure_checkpoint,
+        meta_get, peak_rss, reset_peak_rss, resume_point, run_metadata, DeviceChoice, EpochReport,
+        Flat, Image, Input, Logits, RunConfig, RunError, RunReport, Tally,
     };
 
     /// The processes of a data-parallel run, over MPI.
@@ -235,32 +233,19 @@ mod enabled {
             let mut order: Vec<usize> = (0..train.len()).collect();
             order.shuffle(&mut rng);
             let mine = shard(&order, comm.rank(), comm.size());
-            let bar = if cfg.progress && root {
-                let bar = ProgressBar::new(steps_per_epoch as u64);
-                bar.set_style(
-                    ProgressStyle::with_template("{prefix:>14} [{bar:28}] {pos}/{len} {msg}")
-                        .expect("a valid template")
-                        .progress_chars("=> "),
-                );
-                bar.set_prefix(format!("{} epoch {}", cfg.policy, epoch + 1));
-                bar
-            } else {
-                ProgressBar::hidden()
-            };
-            let (mut loss_sum, mut right, mut seen) = (0.0f64, 0usize, 0usize);
+            let bar = epoch_bar(cfg, epoch, steps_per_epoch, cfg.progress && root);
+            let mut tally = Tally::default();
             let started = Instant::now();
             for chunk in mine.chunks(cfg.batch) {
                 opt.set_learning_rate(cosine_lr(cfg.lr, steps, total_steps));
-                let (x, y, labels) = batch::<I, D>(&dev, train, chunk);
-                let logits = model
-                    .working_mut()
-                    .try_forward_mut(x.traced_mixed(grads))
-                    .map_err(AmpError::device)?;
-                right += correct(&logits.as_vec(), &labels);
-                seen += chunk.len();
-                let loss =
-                    try_cross_entropy_with_logits_loss(logits, y).map_err(AmpError::device)?;
-                loss_sum += f64::from(loss.value()) * chunk.len() as f64;
+                let loss = forward_loss::<I, _, D>(
+                    &dev,
+                    model.working_mut(),
+                    train,
+                    chunk,
+                    grads,
+                    &mut tally,
+                )?;
                 let scaled = dist.scale(loss).backward()?;
                 let local = dist.unscale(&mut model, scaled)?;
                 let averaged = dist.all_reduce(local)?;
@@ -269,20 +254,20 @@ mod enabled {
                 steps += 1;
                 bar.inc(1);
                 if cfg.progress && root {
-                    bar.set_message(format!(
-                        "loss {:.4}  acc {:.2}% (rank 0)  scale {}",
-                        loss_sum / seen as f64,
-                        100.0 * right as f64 / seen as f64,
-                        dist.get_scale()
-                    ));
+                    bar.set_message(format!("{tally} (rank 0)  scale {}", dist.get_scale()));
                 }
             }
             let seconds = started.elapsed().as_secs_f64();
             bar.finish_and_clear();
             // The epoch's figures over every rank's shard.
-            let mut totals = [loss_sum, right as f64, seen as f64];
+            let mut totals = [tally.loss_sum, tally.right as f64, tally.seen as f64];
             comm.sum_f64(&mut totals)?;
             let [loss_sum, right, seen] = totals;
+            let tally = Tally {
+                loss_sum,
+                right: right as usize,
+                seen: seen as usize,
+            };
             // Batch norm statistics follow each rank's shard: rank 0's go to every rank before
             // evaluating and saving (the weights are the same everywhere already).
             dist.sync_buffers(&mut model)?;
@@ -294,8 +279,8 @@ mod enabled {
             epochs.push(EpochReport {
                 epoch: epoch + 1,
                 seconds,
-                train_loss: (loss_sum / seen.max(1.0)) as f32,
-                train_accuracy: (right / seen.max(1.0)) as f32,
+                train_loss: tally.loss(),
+                train_accuracy: tally.accuracy(),
                 test_accuracy,
             });
             if let (Some(path), true) = (&cfg.save, root) {

@@ -311,6 +311,86 @@ pub(crate) fn check_memory(
     )))
 }
 
+/// An epoch's progress bar (hidden unless `show`).
+pub(crate) fn epoch_bar(
+    cfg: &RunConfig,
+    epoch: usize,
+    steps_per_epoch: usize,
+    show: bool,
+) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(steps_per_epoch as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:>14} [{bar:28}] {pos}/{len} {msg}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(format!("{} epoch {}", cfg.policy, epoch + 1));
+    bar
+}
+
+/// The training loss and accuracy of an epoch so far.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Tally {
+    /// The sum of the batches' mean losses, each weighted by its examples.
+    pub(crate) loss_sum: f64,
+    pub(crate) right: usize,
+    pub(crate) seen: usize,
+}
+
+impl Tally {
+    pub(crate) fn loss(&self) -> f32 {
+        (self.loss_sum / self.seen.max(1) as f64) as f32
+    }
+
+    pub(crate) fn accuracy(&self) -> f32 {
+        self.right as f32 / self.seen.max(1) as f32
+    }
+}
+
+impl std::fmt::Display for Tally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "loss {:.4}  acc {:.2}%",
+            self.loss(),
+            100.0 * self.accuracy()
+        )
+    }
+}
+
+/// The training forward of one batch (the examples `chunk` of `train`) traced into `grads`:
+/// its FP32 loss, counted into `tally`.
+pub(crate) fn forward_loss<I, W, D>(
+    dev: &D,
+    working: &mut W,
+    train: &Split,
+    chunk: &[usize],
+    grads: MixedGradients<D>,
+    tally: &mut Tally,
+) -> Result<Loss<D>, RunError>
+where
+    I: Input,
+    D: AmpDevice,
+    W: ModuleMut<
+        Tensor<I::Shape, f32, D, MixedTape<D>>,
+        Output = Logits<D, MixedTape<D>>,
+        Error = D::Err,
+    >,
+{
+    let (x, y, labels) = batch::<I, D>(dev, train, chunk);
+    let logits = working
+        .try_forward_mut(x.traced_mixed(grads))
+        .map_err(AmpError::device)?;
+    tally.right += correct(&logits.as_vec(), &labels);
+    tally.seen += chunk.len();
+    let loss = try_cross_entropy_with_logits_loss(logits, y).map_err(AmpError::device)?;
+    tally.loss_sum += f64::from(loss.value()) * chunk.len() as f64;
+    Ok(loss)
+}
+
 /// Where a run resumes from the checkpoint at `path` (its metadata `meta`): the epochs and
 /// steps it has done. A checkpoint of other settings, of a finished run, or whose step count is
 /// no whole number of this run's epochs is a usage error.
@@ -434,31 +514,19 @@ where
     for epoch in first_epoch..last_epoch {
         let mut order: Vec<usize> = (0..train.len()).collect();
         order.shuffle(&mut rng);
-        let bar = if cfg.progress {
-            let bar = ProgressBar::new(steps_per_epoch as u64);
-            bar.set_style(
-                ProgressStyle::with_template("{prefix:>14} [{bar:28}] {pos}/{len} {msg}")
-                    .expect("a valid template")
-                    .progress_chars("=> "),
-            );
-            bar.set_prefix(format!("{} epoch {}", cfg.policy, epoch + 1));
-            bar
-        } else {
-            ProgressBar::hidden()
-        };
-        let (mut loss_sum, mut right, mut seen) = (0.0f64, 0usize, 0usize);
+        let bar = epoch_bar(cfg, epoch, steps_per_epoch, cfg.progress);
+        let mut tally = Tally::default();
         let started = Instant::now();
         for chunk in order.chunks(cfg.batch) {
             opt.set_learning_rate(cosine_lr(cfg.lr, steps, total_steps));
-            let (x, y, labels) = batch::<I, D>(&dev, train, chunk);
-            let logits = model
-                .working_mut()
-                .try_forward_mut(x.traced_mixed(grads))
-                .map_err(AmpError::device)?;
-            right += correct(&logits.as_vec(), &labels);
-            seen += chunk.len();
-            let loss = try_cross_entropy_with_logits_loss(logits, y).map_err(AmpError::device)?;
-            loss_sum += f64::from(loss.value()) * chunk.len() as f64;
+            let loss = forward_loss::<I, _, D>(
+                &dev,
+                model.working_mut(),
+                train,
+                chunk,
+                grads,
+                &mut tally,
+            )?;
             let scaled = scaler.scale(loss).backward()?;
             let unscaled = scaler.unscale(&mut model, scaled)?;
             let outcome = scaler.step(&mut opt, unscaled)?;
@@ -466,12 +534,7 @@ where
             steps += 1;
             bar.inc(1);
             if cfg.progress {
-                bar.set_message(format!(
-                    "loss {:.4}  acc {:.2}%  scale {}",
-                    loss_sum / seen as f64,
-                    100.0 * right as f64 / seen as f64,
-                    scaler.get_scale()
-                ));
+                bar.set_message(format!("{tally}  scale {}", scaler.get_scale()));
             }
         }
         let seconds = started.elapsed().as_secs_f64();
@@ -480,8 +543,8 @@ where
         epochs.push(EpochReport {
             epoch: epoch + 1,
             seconds,
-            train_loss: (loss_sum / seen.max(1) as f64) as f32,
-            train_accuracy: right as f32 / seen.max(1) as f32,
+            train_loss: tally.loss(),
+            train_accuracy: tally.accuracy(),
             test_accuracy,
         });
         if let Some(path) = &cfg.save {
