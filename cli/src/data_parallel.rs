@@ -61,7 +61,7 @@ mod enabled {
     use rand::seq::SliceRandom;
     use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
-    use typed_amp::amp::{AmpModel, MasterOf, OptLevel, WorkingOf};
+    use typed_amp::amp::{AmpModel, MasterOf, WorkingOf};
     use typed_amp::checkpoint;
     use typed_amp::data::FashionMnist;
     use typed_amp::dfdx::optim::Adam;
@@ -73,11 +73,10 @@ mod enabled {
     use typed_amp::prelude::*;
     use typed_amp::{AmpDevice, LowPrecisionUpdates, Parameters, TrainTarget};
 
-    use crate::models::*;
     use crate::run::{
-        check_memory, claim_save_path, epoch_bar, evaluate, forward_loss, measure_checkpoint,
-        meta_get, peak_rss, reset_peak_rss, resume_point, run_metadata, DeviceChoice, EpochReport,
-        Flat, Image, Input, Logits, RunConfig, RunError, RunReport, Tally,
+        check_memory, claim_save_path, epoch_bar, evaluate, for_each_model, forward_loss,
+        measure_checkpoint, meta_get, peak_rss, reset_peak_rss, resume_point, run_metadata,
+        DeviceChoice, EpochReport, Input, Logits, RunConfig, RunError, RunReport, Tally,
     };
 
     /// The processes of a data-parallel run, over MPI.
@@ -344,23 +343,6 @@ mod enabled {
                 })
             };
         }
-        use typed_amp::half::bf16;
-        use LowDtype::{Bf16, Fp16};
-        match (cfg.arch, cfg.policy, cfg.dtype) {
-            (Arch::Mlp, OptLevel::O0, _) => train!(MlpO0, Flat, f32),
-            (Arch::Mlp, OptLevel::O1, Fp16) => train!(MlpO1, Flat, f32),
-            (Arch::Mlp, OptLevel::O2, Fp16) => train!(MlpO2, Flat, f32),
-            (Arch::Mlp, OptLevel::O3, Fp16) => train!(MlpO3, Flat, f16),
-            (Arch::Mlp, OptLevel::O1, Bf16) => train!(MlpO1Bf16, Flat, f32),
-            (Arch::Mlp, OptLevel::O2, Bf16) => train!(MlpO2Bf16, Flat, f32),
-            (Arch::Mlp, OptLevel::O3, Bf16) => train!(MlpO3Bf16, Flat, bf16),
-            (Arch::Cnn, OptLevel::O0, _) => train!(CnnO0, Image, f32),
-            (Arch::Cnn, OptLevel::O1, Fp16) => train!(CnnO1, Image, f32),
-            (Arch::Cnn, OptLevel::O2, Fp16) => train!(CnnO2, Image, f32),
-            (Arch::Cnn, OptLevel::O3, Fp16) => train!(CnnO3, Image, f16),
-            (Arch::Cnn, OptLevel::O1, Bf16) => train!(CnnO1Bf16, Image, f32),
-            (Arch::Cnn, OptLevel::O2, Bf16) => train!(CnnO2Bf16, Image, f32),
-            (Arch::Cnn, OptLevel::O3, Bf16) => train!(CnnO3Bf16, Image, bf16),
-        }
+        for_each_model!(cfg, train)
     }
 }

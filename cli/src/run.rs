@@ -391,6 +391,38 @@ where
     Ok(loss)
 }
 
+/// Every model, policy and dtype the CLI trains, each as `$train!(Model, Input, optimizer
+/// dtype)` with the caller's `train!`: FP32 Adam on the master weights, or (O3) 16-bit Adam on
+/// the 16-bit weights, opted into.
+macro_rules! for_each_model {
+    ($cfg:expr, $train:ident) => {{
+        use typed_amp::amp::OptLevel;
+        use typed_amp::half::{bf16, f16};
+        use $crate::models::LowDtype::{Bf16, Fp16};
+        use $crate::models::*;
+        use $crate::run::{Flat, Image};
+        match ($cfg.arch, $cfg.policy, $cfg.dtype) {
+            (Arch::Mlp, OptLevel::O0, _) => $train!(MlpO0, Flat, f32),
+            (Arch::Mlp, OptLevel::O1, Fp16) => $train!(MlpO1, Flat, f32),
+            (Arch::Mlp, OptLevel::O2, Fp16) => $train!(MlpO2, Flat, f32),
+            (Arch::Mlp, OptLevel::O3, Fp16) => $train!(MlpO3, Flat, f16),
+            (Arch::Mlp, OptLevel::O1, Bf16) => $train!(MlpO1Bf16, Flat, f32),
+            (Arch::Mlp, OptLevel::O2, Bf16) => $train!(MlpO2Bf16, Flat, f32),
+            (Arch::Mlp, OptLevel::O3, Bf16) => $train!(MlpO3Bf16, Flat, bf16),
+            (Arch::Cnn, OptLevel::O0, _) => $train!(CnnO0, Image, f32),
+            (Arch::Cnn, OptLevel::O1, Fp16) => $train!(CnnO1, Image, f32),
+            (Arch::Cnn, OptLevel::O2, Fp16) => $train!(CnnO2, Image, f32),
+            (Arch::Cnn, OptLevel::O3, Fp16) => $train!(CnnO3, Image, f16),
+            (Arch::Cnn, OptLevel::O1, Bf16) => $train!(CnnO1Bf16, Image, f32),
+            (Arch::Cnn, OptLevel::O2, Bf16) => $train!(CnnO2Bf16, Image, f32),
+            (Arch::Cnn, OptLevel::O3, Bf16) => $train!(CnnO3Bf16, Image, bf16),
+        }
+    }};
+}
+
+#[cfg(feature = "mpi")] // for `data_parallel`
+pub(crate) use for_each_model;
+
 /// Where a run resumes from the checkpoint at `path` (its metadata `meta`): the epochs and
 /// steps it has done. A checkpoint of other settings, of a finished run, or whose step count is
 /// no whole number of this run's epochs is a usage error.
@@ -789,22 +821,5 @@ fn run_on<D: AmpDevice>(
             })
         };
     }
-    use typed_amp::half::bf16;
-    use LowDtype::{Bf16, Fp16};
-    match (cfg.arch, cfg.policy, cfg.dtype) {
-        (Arch::Mlp, OptLevel::O0, _) => train!(MlpO0, Flat, f32),
-        (Arch::Mlp, OptLevel::O1, Fp16) => train!(MlpO1, Flat, f32),
-        (Arch::Mlp, OptLevel::O2, Fp16) => train!(MlpO2, Flat, f32),
-        (Arch::Mlp, OptLevel::O3, Fp16) => train!(MlpO3, Flat, f16),
-        (Arch::Mlp, OptLevel::O1, Bf16) => train!(MlpO1Bf16, Flat, f32),
-        (Arch::Mlp, OptLevel::O2, Bf16) => train!(MlpO2Bf16, Flat, f32),
-        (Arch::Mlp, OptLevel::O3, Bf16) => train!(MlpO3Bf16, Flat, bf16),
-        (Arch::Cnn, OptLevel::O0, _) => train!(CnnO0, Image, f32),
-        (Arch::Cnn, OptLevel::O1, Fp16) => train!(CnnO1, Image, f32),
-        (Arch::Cnn, OptLevel::O2, Fp16) => train!(CnnO2, Image, f32),
-        (Arch::Cnn, OptLevel::O3, Fp16) => train!(CnnO3, Image, f16),
-        (Arch::Cnn, OptLevel::O1, Bf16) => train!(CnnO1Bf16, Image, f32),
-        (Arch::Cnn, OptLevel::O2, Bf16) => train!(CnnO2Bf16, Image, f32),
-        (Arch::Cnn, OptLevel::O3, Bf16) => train!(CnnO3Bf16, Image, bf16),
-    }
+    for_each_model!(cfg, train)
 }
