@@ -96,21 +96,13 @@ pub trait TrainTarget<D: AmpDevice> {
     /// forwards) into the master, so that the master is complete, e.g. before a checkpoint.
     fn sync_buffers_to_master(&mut self) -> Result<(), AmpError>;
 
-    /// Sets the whole working copy, buffers included, from the master, e.g. after the master
-    /// was loaded from a checkpoint.
+    /// Sets the whole working copy, buffers included, from the master: after the master was
+    /// loaded from a checkpoint, and after a skipped step, when the master still holds the
+    /// working copy as of the last step taken. So a batch whose gradients were inf or NaN leaves
+    /// no trace in batch norm's running statistics (PyTorch keeps it), and a non-finite value
+    /// written into a working weight between steps costs one skipped step instead of every
+    /// later one. A model that is its own master ([`SinglePrecision`]) has no earlier copy.
     fn reload_working(&mut self) -> Result<(), AmpError>;
-
-    /// After a skipped step: sets the working copy back from the master, which holds it as of
-    /// the last step taken: the buffers (batch norm running statistics), so that a batch whose
-    /// gradients were inf or NaN leaves no trace in them either (PyTorch keeps them), and the
-    /// weights, so that a non-finite value written into a working weight between steps costs
-    /// one skipped step instead of skipping every later one (a skipped step does not refresh
-    /// them otherwise). A model that is its own master ([`SinglePrecision`]) has no earlier
-    /// copy and keeps them.
-    #[doc(hidden)]
-    fn restore_buffers(&mut self) -> Result<(), AmpError> {
-        Ok(())
-    }
 }
 
 /// Views a buffer of element type `E` as one of `F`, mutably: `Some` exactly when they are the
@@ -797,12 +789,6 @@ where
     }
 
     fn reload_working(&mut self) -> Result<(), AmpError> {
-        copy_from_master(&self.master, &mut self.working, CopyWhich::All)
-    }
-
-    fn restore_buffers(&mut self) -> Result<(), AmpError> {
-        // Weights too: the master is finite (a skipped step never writes it), the working copy
-        // may not be. Skipped steps are rare, and this costs what a taken step's refresh does.
         copy_from_master(&self.master, &mut self.working, CopyWhich::All)
     }
 }

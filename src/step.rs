@@ -514,7 +514,7 @@ impl<'t, T: TrainTarget<D>, D: AmpDevice, K: StepKind> UnscaledGrads<'t, T, D, K
     /// Updates the master weights with `optimizer` and refreshes the working copy, unless a
     /// gradient was inf or NaN, in which case master weights and optimizer state are left
     /// exactly as they were, and the working copy's buffers (batch norm running statistics) are
-    /// put back as they were after the last step taken ([`TrainTarget::restore_buffers`]).
+    /// put back as they were after the last step taken ([`TrainTarget::reload_working`]).
     pub(crate) fn take_step<O>(self, optimizer: &mut O) -> Result<StepOutcome<D, K>, AmpError>
     where
         O: MasterOptimizer<T::Master, D>,
@@ -532,7 +532,7 @@ impl<'t, T: TrainTarget<D>, D: AmpDevice, K: StepKind> UnscaledGrads<'t, T, D, K
         if found_inf {
             // The forward that produced these gradients also moved the working copy's batch
             // norm statistics (by a NaN batch, perhaps); the master still holds the last good ones.
-            target.restore_buffers()?;
+            target.reload_working()?;
         } else {
             optimizer.try_update(target.master_mut(), &master)?;
             target.refresh()?;
@@ -640,7 +640,7 @@ impl<'t, T: TrainTarget<D>, D: AmpDevice> UnscaledGrads<'t, T, D, ScaleFree> {
     /// Updates the master weights with `optimizer` and refreshes the working copy, unless a
     /// gradient was inf or NaN, in which case master weights and optimizer state are left
     /// exactly as they were, and the working copy's buffers (batch norm running statistics) are
-    /// put back as they were after the last step taken ([`TrainTarget::restore_buffers`]). There is no scaler to update: the outcome gives the next
+    /// put back as they were after the last step taken ([`TrainTarget::reload_working`]). There is no scaler to update: the outcome gives the next
     /// iteration's gradients ([`StepOutcome::into_grads`]).
     pub fn step<O>(self, optimizer: &mut O) -> Result<StepOutcome<D, ScaleFree>, AmpError>
     where
@@ -845,61 +845,67 @@ pub trait StepOutcomes<D: AmpDevice> {
     fn into_grads(self) -> Self::Grads;
 }
 
-impl<D: AmpDevice> StepOutcomes<D> for StepOutcome<D, FromScaler> {
-    type Grads = MixedGradients<D>;
-    fn for_each_flag(&self, f: &mut dyn FnMut(ScalerId, bool)) {
-        for (id, found) in &self.scalers {
-            f(*id, *found);
+/// Implements an outcomes trait ([`StepOutcomes`], or the data-parallel `ReducedOutcomes`)
+/// for one [`StepOutcome`] of step kind `$kind`, and for tuples, arrays and `Vec`s of outcomes.
+/// The traits stay apart so that each names its own rule when an outcome does not fit.
+macro_rules! outcome_impls {
+    ($outcomes:ident, $kind:ty) => {
+        impl<D: $crate::AmpDevice> $outcomes<D> for $crate::StepOutcome<D, $kind> {
+            type Grads = $crate::MixedGradients<D>;
+            fn for_each_flag(&self, f: &mut dyn FnMut($crate::scaler::ScalerId, bool)) {
+                for (id, found) in self.scaler_flags() {
+                    f(*id, *found);
+                }
+            }
+            fn into_grads(self) -> $crate::MixedGradients<D> {
+                self.into_next_grads()
+            }
         }
-    }
-    fn into_grads(self) -> MixedGradients<D> {
-        self.grads
-    }
-}
 
-macro_rules! tuple_outcomes {
-    ($([$($name:ident $idx:tt),+])*) => {$(
-        impl<D: AmpDevice, $($name: StepOutcomes<D>),+> StepOutcomes<D> for ($($name,)+) {
+        $crate::step::outcome_impls!(@tuple $outcomes [A 0, B 1]);
+        $crate::step::outcome_impls!(@tuple $outcomes [A 0, B 1, C 2]);
+        $crate::step::outcome_impls!(@tuple $outcomes [A 0, B 1, C 2, F 3]);
+
+        impl<D: $crate::AmpDevice, O: $outcomes<D>, const N: usize> $outcomes<D> for [O; N] {
+            type Grads = [O::Grads; N];
+            fn for_each_flag(&self, f: &mut dyn FnMut($crate::scaler::ScalerId, bool)) {
+                for o in self {
+                    o.for_each_flag(f);
+                }
+            }
+            fn into_grads(self) -> Self::Grads {
+                self.map($outcomes::into_grads)
+            }
+        }
+
+        impl<D: $crate::AmpDevice, O: $outcomes<D>> $outcomes<D> for Vec<O> {
+            type Grads = Vec<O::Grads>;
+            fn for_each_flag(&self, f: &mut dyn FnMut($crate::scaler::ScalerId, bool)) {
+                for o in self {
+                    o.for_each_flag(f);
+                }
+            }
+            fn into_grads(self) -> Self::Grads {
+                self.into_iter().map($outcomes::into_grads).collect()
+            }
+        }
+    };
+    (@tuple $outcomes:ident [$($name:ident $idx:tt),+]) => {
+        impl<D: $crate::AmpDevice, $($name: $outcomes<D>),+> $outcomes<D> for ($($name,)+) {
             type Grads = ($($name::Grads,)+);
-            fn for_each_flag(&self, f: &mut dyn FnMut(ScalerId, bool)) {
+            fn for_each_flag(&self, f: &mut dyn FnMut($crate::scaler::ScalerId, bool)) {
                 $(self.$idx.for_each_flag(f);)+
             }
             fn into_grads(self) -> Self::Grads {
                 ($(self.$idx.into_grads(),)+)
             }
         }
-    )*};
+    };
 }
 
-tuple_outcomes! {
-    [A 0, B 1]
-    [A 0, B 1, C 2]
-    [A 0, B 1, C 2, F 3]
-}
+pub(crate) use outcome_impls;
 
-impl<D: AmpDevice, O: StepOutcomes<D>, const N: usize> StepOutcomes<D> for [O; N] {
-    type Grads = [O::Grads; N];
-    fn for_each_flag(&self, f: &mut dyn FnMut(ScalerId, bool)) {
-        for o in self {
-            o.for_each_flag(f);
-        }
-    }
-    fn into_grads(self) -> Self::Grads {
-        self.map(StepOutcomes::into_grads)
-    }
-}
-
-impl<D: AmpDevice, O: StepOutcomes<D>> StepOutcomes<D> for Vec<O> {
-    type Grads = Vec<O::Grads>;
-    fn for_each_flag(&self, f: &mut dyn FnMut(ScalerId, bool)) {
-        for o in self {
-            o.for_each_flag(f);
-        }
-    }
-    fn into_grads(self) -> Self::Grads {
-        self.into_iter().map(StepOutcomes::into_grads).collect()
-    }
-}
+outcome_impls!(StepOutcomes, FromScaler);
 
 /// PyTorch computes the reciprocal of the scale in double precision, then rounds to float.
 pub(crate) fn inverse(scale: f32) -> f32 {
@@ -958,7 +964,7 @@ impl GradScaler {
     /// Updates the master weights with `optimizer` and refreshes the working copy, unless a
     /// gradient was inf or NaN, in which case master weights and optimizer state are left
     /// exactly as they were, and the working copy's buffers (batch norm running statistics) are
-    /// put back as they were after the last step taken ([`TrainTarget::restore_buffers`]). Pass the outcome to [`GradScaler::update`].
+    /// put back as they were after the last step taken ([`TrainTarget::reload_working`]). Pass the outcome to [`GradScaler::update`].
     pub fn step<'t, D, O, G>(
         &self,
         optimizer: &mut O,

@@ -140,20 +140,14 @@ fn working_is_the_masters_rounding(model: &Model) -> bool {
 }
 
 fn masters_are_finite(model: &Model) -> bool {
-    let m = model.master();
-    [
-        m.fc1.weight.as_vec(),
-        m.fc1.bias.as_vec(),
-        m.bn.scale.as_vec(),
-        m.bn.bias.as_vec(),
-        m.bn.running_mean.as_vec(),
-        m.bn.running_var.as_vec(),
-        m.fc2.weight.as_vec(),
-        m.fc2.bias.as_vec(),
-    ]
-    .iter()
-    .flatten()
-    .all(|v| v.is_finite())
+    param_bytes(model.master())
+        .iter()
+        .all(|(path, dtype, bytes)| {
+            assert_eq!(*dtype, DType::F32, "master {path}");
+            bytes
+                .chunks_exact(4)
+                .all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite())
+        })
 }
 
 #[derive(Default, Debug)]

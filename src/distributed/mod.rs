@@ -243,61 +243,7 @@ pub trait ReducedOutcomes<D: AmpDevice> {
     fn into_grads(self) -> Self::Grads;
 }
 
-impl<D: AmpDevice> ReducedOutcomes<D> for StepOutcome<D, AllReduced> {
-    type Grads = MixedGradients<D>;
-    fn for_each_flag(&self, f: &mut dyn FnMut(crate::scaler::ScalerId, bool)) {
-        for (id, found) in self.scaler_flags() {
-            f(*id, *found);
-        }
-    }
-    fn into_grads(self) -> MixedGradients<D> {
-        self.into_next_grads()
-    }
-}
-
-macro_rules! tuple_reduced_outcomes {
-    ($([$($name:ident $idx:tt),+])*) => {$(
-        impl<D: AmpDevice, $($name: ReducedOutcomes<D>),+> ReducedOutcomes<D> for ($($name,)+) {
-            type Grads = ($($name::Grads,)+);
-            fn for_each_flag(&self, f: &mut dyn FnMut(crate::scaler::ScalerId, bool)) {
-                $(self.$idx.for_each_flag(f);)+
-            }
-            fn into_grads(self) -> Self::Grads {
-                ($(self.$idx.into_grads(),)+)
-            }
-        }
-    )*};
-}
-
-tuple_reduced_outcomes! {
-    [A 0, B 1]
-    [A 0, B 1, C 2]
-    [A 0, B 1, C 2, F 3]
-}
-
-impl<D: AmpDevice, O: ReducedOutcomes<D>, const N: usize> ReducedOutcomes<D> for [O; N] {
-    type Grads = [O::Grads; N];
-    fn for_each_flag(&self, f: &mut dyn FnMut(crate::scaler::ScalerId, bool)) {
-        for o in self {
-            o.for_each_flag(f);
-        }
-    }
-    fn into_grads(self) -> Self::Grads {
-        self.map(ReducedOutcomes::into_grads)
-    }
-}
-
-impl<D: AmpDevice, O: ReducedOutcomes<D>> ReducedOutcomes<D> for Vec<O> {
-    type Grads = Vec<O::Grads>;
-    fn for_each_flag(&self, f: &mut dyn FnMut(crate::scaler::ScalerId, bool)) {
-        for o in self {
-            o.for_each_flag(f);
-        }
-    }
-    fn into_grads(self) -> Self::Grads {
-        self.into_iter().map(ReducedOutcomes::into_grads).collect()
-    }
-}
+crate::step::outcome_impls!(ReducedOutcomes, AllReduced);
 
 /// A loss scaler for data-parallel training over the collective `C`: the typed step of a
 /// [`GradScaler`] with the reduction across ranks in it (see the [module](self) documentation).
