@@ -296,6 +296,8 @@ struct Options {
     /// (`typed_amp::device::keep_freed_memory`; off with `--default-malloc`).
     keep_freed_memory: bool,
     only: Option<String>,
+    /// Run only the configurations of this name (`O0`, `O2-BF16`, ...).
+    config: Option<String>,
     steps: usize,
     warmup: usize,
     min_time: f64,
@@ -308,6 +310,7 @@ impl Options {
             json: false,
             keep_freed_memory: true,
             only: None,
+            config: None,
             steps: 30,
             warmup: 5,
             min_time: 2.0,
@@ -329,6 +332,7 @@ impl Options {
                     }
                     o.only = Some(v);
                 }
+                "--config" => o.config = Some(value("--config")),
                 "--steps" => o.steps = number(&value("--steps"), "--steps"),
                 "--warmup" => o.warmup = number(&value("--warmup"), "--warmup"),
                 "--max-steps" => o.max_steps = number(&value("--max-steps"), "--max-steps"),
@@ -515,6 +519,9 @@ impl Row {
 }
 
 fn run_models(model: &'static str, mut configs: Vec<Config>, opts: &Options, out: &mut Vec<Row>) {
+    if let Some(only) = &opts.config {
+        configs.retain(|c| c.name == only);
+    }
     let samples = time_interleaved(&mut configs, opts, |config| {
         let t = Instant::now();
         let info = (config.step)();
@@ -582,6 +589,7 @@ fn run_matmul(dev: &Cpu, opts: &Options, out: &mut Vec<Row>) {
         json: opts.json,
         keep_freed_memory: opts.keep_freed_memory,
         only: None,
+        config: None,
         steps: opts.steps.max(30),
         warmup: opts.warmup.max(3),
         min_time: opts.min_time.min(1.0),
