@@ -26,9 +26,16 @@
 //! median milliseconds per step (GFLOP/s of the median product time for matmul).
 //!
 //! ```text
-//! cargo bench --bench cpu_step [-- [--json] [--only mlp|cnn|matmul] [--steps N] [--warmup W]
-//!                                   [--min-time SECONDS] [--max-steps N] [--default-malloc]]
+//! cargo bench --bench cpu_step [-- [--json] [--breakdown] [--only mlp|cnn|matmul] [--config NAME]
+//!                                   [--steps N] [--warmup W] [--min-time SECONDS] [--max-steps N]
+//!                                   [--default-malloc]]
 //! ```
+//!
+//! `--breakdown` runs each configuration for `--steps` steps in a row (no interleaving) and
+//! splits each step's wall time by phase with `typed_amp_kernels::timing`: forward products,
+//! backward products (matrix products and convolutions), casts, unscale + check, optimizer +
+//! refresh, and norms/elementwise (everything else: activations, norms, pooling, the loss,
+//! allocation). `--config NAME` runs only the configurations of that name.
 //!
 //! Like the main job, the bench first makes glibc keep freed memory for reuse
 //! ([`typed_amp::device::keep_freed_memory`]); `--default-malloc` leaves the allocator as it is.
@@ -46,6 +53,7 @@ use typed_amp::dfdx::optim::Adam;
 use typed_amp::nn::builders::{Conv2D, Flatten, MaxPool2D};
 use typed_amp::prelude::*;
 use typed_amp::{AmpError, MasterOptimizer, TrainTarget};
+use typed_amp_kernels::timing::{self, Phase};
 
 const CLASSES: usize = 10;
 const MLP_BATCH: usize = 256;
@@ -188,7 +196,10 @@ where
             let loss =
                 typed_amp::dfdx::losses::cross_entropy_with_logits_loss(logits, data.y.clone());
             let value = loss.array();
+            // dfdx's own tape does not mark its backward pass for the breakdown: this does.
+            let was_backward = timing::set_backward(true);
             let mut g = loss.backward();
+            timing::set_backward(was_backward);
             opt.update(&mut model, &g)
                 .expect("every parameter has a gradient");
             model.zero_grads(&mut g);
@@ -298,6 +309,8 @@ struct Options {
     only: Option<String>,
     /// Run only the configurations of this name (`O0`, `O2-BF16`, ...).
     config: Option<String>,
+    /// Report where each step's time goes instead of timing steps.
+    breakdown: bool,
     steps: usize,
     warmup: usize,
     min_time: f64,
@@ -311,6 +324,7 @@ impl Options {
             keep_freed_memory: true,
             only: None,
             config: None,
+            breakdown: false,
             steps: 30,
             warmup: 5,
             min_time: 2.0,
@@ -324,6 +338,7 @@ impl Options {
             };
             match arg.as_str() {
                 "--json" => o.json = true,
+                "--breakdown" => o.breakdown = true,
                 "--default-malloc" => o.keep_freed_memory = false,
                 "--only" => {
                     let v = value("--only");
@@ -367,8 +382,8 @@ fn usage(problem: &str) -> ! {
         eprintln!("error: {problem}");
     }
     eprintln!(
-        "usage: cargo bench --bench cpu_step -- [--json] [--only mlp|cnn|matmul] [--steps N] \
-         [--warmup W] [--min-time SECONDS] [--max-steps N]"
+        "usage: cargo bench --bench cpu_step -- [--json] [--breakdown] [--only mlp|cnn|matmul] \
+         [--config NAME] [--steps N] [--warmup W] [--min-time SECONDS] [--max-steps N]"
     );
     std::process::exit(if problem.is_empty() { 0 } else { 2 });
 }
@@ -488,6 +503,8 @@ struct Row {
     gflops: Option<f64>,
     loss: Option<f32>,
     skipped: Option<u64>,
+    /// Milliseconds per step by phase (`--breakdown`).
+    phases: Vec<(Phase, f64)>,
 }
 
 impl Row {
@@ -513,6 +530,14 @@ impl Row {
         if let Some(k) = self.skipped {
             s += &format!(", \"skipped_steps\": {k}");
         }
+        if !self.phases.is_empty() {
+            let phases: Vec<String> = self
+                .phases
+                .iter()
+                .map(|(p, ms)| format!("\"{}\": {ms:.4}", p.name()))
+                .collect();
+            s += &format!(", \"breakdown_ms\": {{{}}}", phases.join(", "));
+        }
         s += &format!(", \"threads\": {}, \"impl\": \"typed-amp\"}}", threads());
         s
     }
@@ -521,6 +546,9 @@ impl Row {
 fn run_models(model: &'static str, mut configs: Vec<Config>, opts: &Options, out: &mut Vec<Row>) {
     if let Some(only) = &opts.config {
         configs.retain(|c| c.name == only);
+    }
+    if opts.breakdown {
+        return breakdown(model, configs, opts, out);
     }
     let samples = time_interleaved(&mut configs, opts, |config| {
         let t = Instant::now();
@@ -541,6 +569,48 @@ fn run_models(model: &'static str, mut configs: Vec<Config>, opts: &Options, out
             gflops: None,
             loss: Some(config.last_loss),
             skipped: Some((config.skipped)()),
+            phases: Vec::new(),
+        });
+    }
+}
+
+/// `--breakdown`: each configuration in turn, `opts.steps` steps after the warm-up, with the
+/// time of every step split by phase (`typed_amp_kernels::timing`): what the kernels claim as
+/// products, casts, unscaling and the optimizer, and the rest of the step.
+fn breakdown(model: &'static str, mut configs: Vec<Config>, opts: &Options, out: &mut Vec<Row>) {
+    for config in &mut configs {
+        for _ in 0..opts.warmup {
+            config.last_loss = (config.step)().loss;
+        }
+        let mut times = Vec::with_capacity(opts.steps);
+        timing::start();
+        for _ in 0..opts.steps {
+            let t = Instant::now();
+            {
+                let _step = timing::scope(timing::Kind::Other);
+                config.last_loss = (config.step)().loss;
+            }
+            times.push(t.elapsed());
+        }
+        let phases = timing::stop();
+        let mut s = Samples::new();
+        s.cpu = None;
+        for t in times {
+            s.push(t);
+        }
+        let per_step = |d: Duration| d.as_secs_f64() * 1e3 / opts.steps as f64;
+        out.push(Row {
+            model,
+            config: config.name.to_string(),
+            ms: s.total.as_secs_f64() * 1e3 / opts.steps as f64,
+            p10: s.ms(0.1),
+            p90: s.ms(0.9),
+            steps: opts.steps,
+            cpu_ms: None,
+            gflops: None,
+            loss: Some(config.last_loss),
+            skipped: Some((config.skipped)()),
+            phases: phases.iter().map(|&(p, d)| (p, per_step(d))).collect(),
         });
     }
 }
@@ -590,6 +660,7 @@ fn run_matmul(dev: &Cpu, opts: &Options, out: &mut Vec<Row>) {
         keep_freed_memory: opts.keep_freed_memory,
         only: None,
         config: None,
+        breakdown: false,
         steps: opts.steps.max(30),
         warmup: opts.warmup.max(3),
         min_time: opts.min_time.min(1.0),
@@ -610,6 +681,7 @@ fn run_matmul(dev: &Cpu, opts: &Options, out: &mut Vec<Row>) {
             gflops: Some(flops / (ms * 1e-3) / 1e9),
             loss: None,
             skipped: None,
+            phases: Vec::new(),
         });
     }
 }
@@ -658,6 +730,10 @@ fn print_table(rows: &[Row], opts: &Options) {
             }
         }
         let spread = format!("{:.2}-{:.2}", row.p10, row.p90);
+        if !row.phases.is_empty() {
+            print_breakdown(row);
+            continue;
+        }
         match row.gflops {
             Some(g) => println!(
                 "  {:<10} {:>10.3} {:>19} {:>9.1} {:>7}",
@@ -673,6 +749,32 @@ fn print_table(rows: &[Row], opts: &Options) {
                 row.skipped.unwrap_or(0)
             ),
         }
+    }
+}
+
+/// One configuration's breakdown: ms per step by phase, and the products' share.
+fn print_breakdown(row: &Row) {
+    let products: f64 = row
+        .phases
+        .iter()
+        .filter(|(p, _)| matches!(p, Phase::ForwardProducts | Phase::BackwardProducts))
+        .map(|(_, ms)| ms)
+        .sum();
+    println!(
+        "  {:<10} {:>7.2} ms/step (mean of {}), products {:.2}, outside products {:.2}",
+        row.config,
+        row.ms,
+        row.steps,
+        products,
+        row.ms - products
+    );
+    for (phase, ms) in &row.phases {
+        println!(
+            "      {:<22} {:>7.3} ms {:>5.1}%",
+            phase.name(),
+            ms,
+            100.0 * ms / row.ms
+        );
     }
 }
 

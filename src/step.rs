@@ -199,7 +199,9 @@ where
     K: StepKind,
 {
     check_owner(target, &grads)?;
+    let timing = typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::UnscaleCheck);
     let (master, flags) = target.unscale_into_master(&mut grads, inv_scale)?;
+    drop(timing);
     let non_finite: Vec<String> = target
         .layout()
         .iter()
@@ -529,6 +531,8 @@ impl<'t, T: TrainTarget<D>, D: AmpDevice, K: StepKind> UnscaledGrads<'t, T, D, K
             scalers,
             ..
         } = self;
+        let _timing =
+            typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::OptimizerRefresh);
         if found_inf {
             // The forward that produced these gradients also moved the working copy's batch
             // norm statistics (by a NaN batch, perhaps); the master still holds the last good ones.

@@ -403,9 +403,14 @@ impl<D: AmpDevice> MixedTape<D> {
         grads.mark_unwanted(&self.unwanted);
         seed(&mut grads).map_err(AmpError::device)?;
         self.ops.sort_unstable_by_key(|(order, _)| *order);
-        for (_, op) in self.ops.into_iter().rev() {
-            op(&mut grads).map_err(AmpError::device)?;
-        }
+        let was_backward = typed_amp_kernels::timing::set_backward(true);
+        let ran = self
+            .ops
+            .into_iter()
+            .rev()
+            .try_for_each(|(_, op)| op(&mut grads));
+        typed_amp_kernels::timing::set_backward(was_backward);
+        ran.map_err(AmpError::device)?;
         grads.drop_non_leafs();
         grads.unwanted.clear();
         for store in grads.stores.iter_mut().flatten() {

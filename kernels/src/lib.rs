@@ -16,6 +16,7 @@
 pub mod convert;
 mod gemm;
 mod level;
+pub mod timing;
 
 pub use gemm::{gemm, gemm_slices, GemmElem, MatRef};
 pub use level::{detected_level, force_level, level, Level};

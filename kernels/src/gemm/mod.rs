@@ -173,6 +173,7 @@ pub unsafe fn gemm<T: GemmElem>(
     if m == 0 || n == 0 {
         return;
     }
+    let _timing = crate::timing::scope(crate::timing::Kind::Products);
     if k == 0 {
         if !accumulate {
             for i in 0..m {

@@ -142,6 +142,7 @@ where
             .downcast::<Tensor<S, Dst, D, T>>()
             .unwrap_or_else(|_| unreachable!("equal indices name equal element types")));
     }
+    let _timing = typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::Casts);
     let (inp, mut tape) = t.split_tape();
     let inp_ghost = inp.ghost();
     // dfdx's `to_dtype` kernel keeps the input's strides (a broadcast input stays one).
@@ -156,6 +157,7 @@ where
             // The cast's output did not reach the loss: nothing flows back.
             return Ok(());
         };
+        let _timing = typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::Casts);
         let grad_inp = inp_grads.get_or_alloc_mut(&inp_ghost)?;
         CastKernel::<Dst, Src>::try_add_cast(&dev, grad_out, grad_inp)
     });

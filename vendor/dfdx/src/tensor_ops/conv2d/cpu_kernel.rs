@@ -487,6 +487,8 @@ impl Cpu {
     ) where
         Self: MatMulImpl<E>,
     {
+        // typed-amp patch: the step breakdown counts convolutions as products.
+        let _timing = typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::Products);
         // The op checked that `lhs` and `rhs` are contiguous; `out` was just allocated.
         let img_len = op.chan_in * op.h_in * op.w_in;
         let out_len = op.chan_out * op.h_out * op.w_out;
@@ -521,6 +523,8 @@ impl Cpu {
     ) where
         Self: MatMulImpl<E>,
     {
+        // typed-amp patch: the step breakdown counts convolutions as products.
+        let _timing = typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::Products);
         let img_len = op.chan_in * op.h_in * op.w_in;
         let ohw = op.h_out * op.w_out;
         let out_len = op.chan_out * ohw;
