@@ -4,10 +4,11 @@
 
 use dfdx::nn::TensorCollection;
 use dfdx::optim::{Adam, Optimizer, OptimizerUpdateError, RMSprop, Sgd};
-use dfdx::prelude::{AdamConfig, Gradients, WeightDecay};
+use dfdx::prelude::{AdamConfig, Gradients, SgdConfig, Shape, Tensor, WeightDecay};
 
-use crate::device::{AmpDevice, Kernels};
+use crate::device::{AmpDevice, CastKernel, Kernels, UpdateKernel};
 use crate::error::AmpError;
+use crate::master::{PairVisitor, Paired};
 use crate::precision::{AmpElem, LowPrecision, UpdatablePrecision};
 use crate::tape::MixedGradients;
 
@@ -20,6 +21,23 @@ use crate::tape::MixedGradients;
 pub trait MasterOptimizer<M, D: AmpDevice> {
     /// Applies one update to `master` from its unscaled gradients.
     fn try_update(&mut self, master: &mut M, grads: &MixedGradients<D>) -> Result<(), AmpError>;
+
+    /// Applies one update to `master` and refreshes its working copy `working`: weights master
+    /// → working, buffers (batch norm statistics) working → master. Adam and SGD do it in one
+    /// pass per parameter where the device has fused kernels ([`UpdateKernel`]); any other
+    /// optimizer updates, then refreshes.
+    fn try_update_paired<W>(
+        &mut self,
+        master: &mut M,
+        working: &mut W,
+        grads: &MixedGradients<D>,
+    ) -> Result<(), AmpError>
+    where
+        M: Paired<W, D>,
+    {
+        self.try_update(master, grads)?;
+        crate::master::refresh_pair(master, working)
+    }
 }
 
 /// The gradients of precision `E` in `grads`, or an empty store if no parameter of that
@@ -46,7 +64,7 @@ fn map_update_error<Err: std::fmt::Display>(err: OptimizerUpdateError<Err>) -> A
 }
 
 macro_rules! master_optimizer {
-    ($($opt:ident),*) => {$(
+    ($($opt:ident => $fused:expr),*) => {$(
         impl<M, E, D> MasterOptimizer<M, D> for $opt<M, E, D>
         where
             M: TensorCollection<E, D>,
@@ -57,11 +75,211 @@ macro_rules! master_optimizer {
             fn try_update(&mut self, master: &mut M, grads: &MixedGradients<D>) -> Result<(), AmpError> {
                 Optimizer::update(self, master, &store_of::<E, D>(grads)).map_err(map_update_error)
             }
+
+            fn try_update_paired<W>(
+                &mut self,
+                master: &mut M,
+                working: &mut W,
+                grads: &MixedGradients<D>,
+            ) -> Result<(), AmpError>
+            where
+                M: Paired<W, D>,
+            {
+                #[allow(clippy::redundant_closure_call)]
+                ($fused)(self, master, working, grads)
+            }
         }
     )*};
 }
 
-master_optimizer!(Sgd, Adam, RMSprop);
+master_optimizer!(
+    Sgd => fused_sgd,
+    Adam => fused_adam,
+    RMSprop => |opt: &mut RMSprop<M, E, D>, master: &mut M, working: &mut W, grads: &MixedGradients<D>| {
+        opt.try_update(master, grads)?;
+        crate::master::refresh_pair(master, working)
+    }
+);
+
+/// The state store of an optimizer over FP32 masters, as the FP32 store it is (rule
+/// [`UpdatablePrecision`] admits `E = f32` only).
+fn fp32_state<E: AmpElem, D: AmpDevice>(store: &mut Gradients<E, D>) -> &mut Gradients<f32, D>
+where
+    D: Kernels<E>,
+{
+    (store as &mut dyn std::any::Any)
+        .downcast_mut()
+        .expect("optimizers over master weights hold FP32 state (rule UpdatablePrecision)")
+}
+
+/// Counts the parameters without a gradient, as dfdx's optimizers do.
+fn unused_error(unused: usize) -> Result<(), AmpError> {
+    if unused == 0 {
+        Ok(())
+    } else {
+        Err(AmpError::Optimizer(format!(
+            "{unused} parameters had no gradient: was the optimizer built for this model?"
+        )))
+    }
+}
+
+/// Adam's update fused with the refresh, pair by pair.
+fn fused_adam<M, W, E, D>(
+    opt: &mut Adam<M, E, D>,
+    master: &mut M,
+    working: &mut W,
+    grads: &MixedGradients<D>,
+) -> Result<(), AmpError>
+where
+    M: Paired<W, D>,
+    E: AmpElem,
+    D: AmpDevice + Kernels<E>,
+{
+    struct Visit<'a, D: AmpDevice> {
+        t: i32,
+        cfg: AdamConfig,
+        moments: (&'a mut Gradients<f32, D>, &'a mut Gradients<f32, D>),
+        grads: &'a Gradients<f32, D>,
+        unused: usize,
+    }
+    impl<D: AmpDevice> PairVisitor<D> for Visit<'_, D> {
+        type Error = AmpError;
+        fn visit_pair<Sm: Shape, Sw: Shape, W: AmpElem>(
+            &mut self,
+            path: &str,
+            master: &mut Tensor<Sm, f32, D>,
+            working: &mut Tensor<Sw, W, D>,
+            trainable: bool,
+        ) -> Result<(), AmpError>
+        where
+            D: Kernels<W>,
+        {
+            let Some(grad) = self.grads.get_ref_checked(master).filter(|_| trainable) else {
+                self.unused += usize::from(trainable);
+                return refresh_one(path, master, working, trainable);
+            };
+            let dev = master.device().clone();
+            let m1 = self
+                .moments
+                .0
+                .get_or_alloc_mut(master)
+                .map_err(AmpError::device)?;
+            let m2 = self
+                .moments
+                .1
+                .get_or_alloc_mut(master)
+                .map_err(AmpError::device)?;
+            UpdateKernel::<W>::try_adam_refresh(
+                &dev,
+                self.t,
+                &self.cfg,
+                master,
+                m1,
+                m2,
+                grad,
+                working.storage_mut(),
+            )
+            .map_err(AmpError::device)
+        }
+    }
+    // dfdx counts the step before updating, and keeps the count if a parameter had no gradient.
+    let t = opt
+        .step_count()
+        .checked_add(1)
+        .ok_or_else(|| AmpError::Optimizer("Adam's step count overflowed".to_string()))?;
+    opt.set_step_count(t);
+    let cfg = opt.cfg.clone();
+    let (m1, m2) = opt.moments_mut();
+    let empty = Gradients::leaky();
+    let mut visit = Visit {
+        t,
+        cfg,
+        moments: (fp32_state(m1), fp32_state(m2)),
+        grads: grads.store::<f32>().unwrap_or(&empty),
+        unused: 0,
+    };
+    master.visit_pairs(working, &mut visit)?;
+    unused_error(visit.unused)
+}
+
+/// SGD's update fused with the refresh, pair by pair.
+fn fused_sgd<M, W, E, D>(
+    opt: &mut Sgd<M, E, D>,
+    master: &mut M,
+    working: &mut W,
+    grads: &MixedGradients<D>,
+) -> Result<(), AmpError>
+where
+    M: Paired<W, D>,
+    E: AmpElem,
+    D: AmpDevice + Kernels<E>,
+{
+    struct Visit<'a, D: AmpDevice> {
+        cfg: SgdConfig,
+        velocity: &'a mut Gradients<f32, D>,
+        grads: &'a Gradients<f32, D>,
+        unused: usize,
+    }
+    impl<D: AmpDevice> PairVisitor<D> for Visit<'_, D> {
+        type Error = AmpError;
+        fn visit_pair<Sm: Shape, Sw: Shape, W: AmpElem>(
+            &mut self,
+            path: &str,
+            master: &mut Tensor<Sm, f32, D>,
+            working: &mut Tensor<Sw, W, D>,
+            trainable: bool,
+        ) -> Result<(), AmpError>
+        where
+            D: Kernels<W>,
+        {
+            let Some(grad) = self.grads.get_ref_checked(master).filter(|_| trainable) else {
+                self.unused += usize::from(trainable);
+                return refresh_one(path, master, working, trainable);
+            };
+            let dev = master.device().clone();
+            let v = self
+                .velocity
+                .get_or_alloc_mut(master)
+                .map_err(AmpError::device)?;
+            UpdateKernel::<W>::try_sgd_refresh(
+                &dev,
+                &self.cfg,
+                master,
+                v,
+                grad,
+                working.storage_mut(),
+            )
+            .map_err(AmpError::device)
+        }
+    }
+    let cfg = opt.cfg.clone();
+    let empty = Gradients::leaky();
+    let mut visit = Visit {
+        cfg,
+        velocity: fp32_state(opt.velocity_mut()),
+        grads: grads.store::<f32>().unwrap_or(&empty),
+        unused: 0,
+    };
+    master.visit_pairs(working, &mut visit)?;
+    unused_error(visit.unused)
+}
+
+/// The refresh of one pair that the optimizer did not update: a buffer (working → master), or
+/// a weight without a gradient (master → working).
+fn refresh_one<Sm: Shape, Sw: Shape, W: AmpElem, D: AmpDevice + Kernels<W>>(
+    _path: &str,
+    master: &mut Tensor<Sm, f32, D>,
+    working: &mut Tensor<Sw, W, D>,
+    trainable: bool,
+) -> Result<(), AmpError> {
+    let dev = master.device().clone();
+    if trainable {
+        CastKernel::<f32, W>::try_copy_cast(&dev, master.storage(), working.storage_mut())
+    } else {
+        CastKernel::<W, f32>::try_copy_cast(&dev, working.storage(), master.storage_mut())
+    }
+    .map_err(AmpError::device)
+}
 
 /// The explicit opt-in for updating 16-bit weights directly (Apex's O3, [`Fp16Weights`]
 /// models): wraps a dfdx optimizer over an FP16 or BF16 module.

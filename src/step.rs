@@ -538,8 +538,7 @@ impl<'t, T: TrainTarget<D>, D: AmpDevice, K: StepKind> UnscaledGrads<'t, T, D, K
             // norm statistics (by a NaN batch, perhaps); the master still holds the last good ones.
             target.reload_working()?;
         } else {
-            optimizer.try_update(target.master_mut(), &master)?;
-            target.refresh()?;
+            target.update_with(optimizer, &master)?;
         }
         let grads = target.recycle(master, working)?;
         Ok(StepOutcome {

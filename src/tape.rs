@@ -11,9 +11,12 @@
 //! [`with_precisions!`](crate::with_precisions), so nothing here names a precision.
 
 use std::any::Any;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use dfdx::prelude::{Device, Gradients, Merge, NoneTape, PutTape, Shape, Tape, Tensor};
+use dfdx::prelude::{
+    Device, Gradients, HasShape, Merge, NoneTape, PutTape, Shape, Storage, Tape, Tensor, TryAdd,
+};
 use dfdx::tensor::{TrainingTape, UniqueId};
 
 use crate::device::AmpDevice;
@@ -87,6 +90,15 @@ pub struct MixedGradients<D: AmpDevice> {
     pub(crate) probe_grads: Vec<(u64, f32)>,
     /// The last backward's per-layer report (empty unless watching).
     pub(crate) layer_report: Vec<crate::watch::LayerReport>,
+    /// FP32 gradients of parameters, written by typed-amp's fused ops (a matrix product
+    /// accumulates in FP32, so a 16-bit weight's gradient is never rounded to 16 bits), keyed
+    /// by the parameter's id whatever the parameter's own precision. A parameter's gradient is
+    /// the sum of its entry here and its entry in the store of its precision (where dfdx's own
+    /// ops put it), either of which may be absent.
+    param_grads: BTreeMap<UniqueId, <D as Storage<f32>>::Vec>,
+    /// Buffers of earlier passes' parameter gradients, kept for reuse: a fused op overwrites
+    /// one instead of adding into a zeroed buffer.
+    spare_param_grads: BTreeMap<UniqueId, <D as Storage<f32>>::Vec>,
     device: std::marker::PhantomData<D>,
 }
 
@@ -100,6 +112,8 @@ impl<D: AmpDevice> Clone for MixedGradients<D> {
             watch_layers: self.watch_layers,
             probe_grads: self.probe_grads.clone(),
             layer_report: self.layer_report.clone(),
+            param_grads: self.param_grads.clone(),
+            spare_param_grads: BTreeMap::new(),
             device: std::marker::PhantomData,
         }
     }
@@ -131,6 +145,8 @@ impl<D: AmpDevice> MixedGradients<D> {
             watch_layers: false,
             probe_grads: Vec::new(),
             layer_report: Vec::new(),
+            param_grads: BTreeMap::new(),
+            spare_param_grads: BTreeMap::new(),
             device: std::marker::PhantomData,
         }
     }
@@ -266,14 +282,84 @@ impl<D: AmpDevice> MixedGradients<D> {
         std::mem::replace(self.store_mut::<E>(), empty)
     }
 
-    /// A copy of `t`'s gradient as a tensor, if it has one.
+    /// A copy of `t`'s gradient as a tensor, if it has one: for a parameter whose fused op kept
+    /// its gradient in FP32 ([`MixedGradients::param_grad`]), that gradient rounded once to
+    /// `t`'s precision; for a parameter these gradients keep that no backward has reached yet
+    /// (after [`MixedGradients::for_params`], or as a step returns them), zeros.
     pub fn get<S: Shape, E: AmpElem, T>(&self, t: &Tensor<S, E, D, T>) -> Option<Tensor<S, E, D>>
     where
         D: Device<E>,
     {
-        let grads = self.store::<E>()?;
-        grads.get_ref_checked(t)?;
-        Some(grads.get(&t.retaped::<NoneTape>()))
+        let stored = self
+            .store::<E>()
+            .filter(|g| g.get_ref_checked(t).is_some())
+            .map(|g| g.get(&t.retaped::<NoneTape>()));
+        let Some(fp32) = self.param_grads.get(&t.id()) else {
+            // A kept parameter that no backward has reached yet has a zero gradient; its buffer
+            // is made when an op writes it.
+            let kept = self
+                .retained
+                .as_ref()
+                .is_some_and(|ids| ids.contains(&t.id()));
+            if stored.is_none() && kept {
+                return t.device().try_zeros_like(t.shape()).ok();
+            }
+            return stored;
+        };
+        let mut sum: Tensor<S, f32, D> = t.device().try_zeros_like(t.shape()).ok()?;
+        *sum.storage_mut() = fp32.clone();
+        if let Some(stored) = stored {
+            sum = sum.try_add(stored.try_to_dtype::<f32>().ok()?).ok()?;
+        }
+        sum.try_to_dtype::<E>().ok()
+    }
+
+    /// The FP32 gradient a fused op keeps for parameter `id`, if any (see
+    /// [`MixedGradients::get`] for the whole gradient).
+    pub fn param_grad(&self, id: UniqueId) -> Option<&<D as Storage<f32>>::Vec> {
+        self.param_grads.get(&id)
+    }
+
+    /// The FP32 gradient buffer of parameter `id` (`len` elements) for a fused op's backward to
+    /// write, and whether it is fresh: a fresh buffer holds no gradient (its contents are left
+    /// from an earlier pass), so the op overwrites it; otherwise the op adds to it. `None` if
+    /// nobody reads `id`'s gradient (it is not a kept parameter).
+    pub(crate) fn param_grad_mut(
+        &mut self,
+        id: UniqueId,
+        len: usize,
+        dev: &D,
+    ) -> Result<Option<(&mut <D as Storage<f32>>::Vec, bool)>, D::Err> {
+        if !self.keeps(id) || self.unwanted.contains(&id) {
+            return Ok(None);
+        }
+        let fresh = !self.param_grads.contains_key(&id);
+        if fresh {
+            let buf = match self.spare_param_grads.remove(&id) {
+                Some(buf) if Storage::<f32>::len(dev, &buf) == len => buf,
+                _ => Storage::<f32>::try_alloc_len(dev, len)?,
+            };
+            self.param_grads.insert(id, buf);
+        }
+        let buf = self.param_grads.get_mut(&id).expect("inserted above");
+        Ok(Some((buf, fresh)))
+    }
+
+    /// Takes parameter `id`'s FP32 gradient out (to unscale it into its master's gradient).
+    pub(crate) fn take_param_grad(&mut self, id: UniqueId) -> Option<<D as Storage<f32>>::Vec> {
+        self.param_grads.remove(&id)
+    }
+
+    /// Keeps `buf` for reuse as parameter `id`'s FP32 gradient in a later pass.
+    pub(crate) fn keep_spare(&mut self, id: UniqueId, buf: <D as Storage<f32>>::Vec) {
+        self.spare_param_grads.insert(id, buf);
+    }
+
+    /// Moves every FP32 parameter gradient to the spares (the gradients of the next pass start
+    /// from nothing).
+    pub(crate) fn clear_param_grads(&mut self) {
+        let live = std::mem::take(&mut self.param_grads);
+        self.spare_param_grads.extend(live);
     }
 
     /// Whether the gradient of tensor `id` survives backward (is a parameter's, or every
@@ -324,6 +410,9 @@ pub struct MixedTape<D: AmpDevice> {
     /// Set when two tapes that each carried gradients were merged: their stores cannot be joined,
     /// so backward reports it instead of silently dropping one.
     conflicting_grads: bool,
+    /// The last op recorded, if it offered to fuse an activation of its output: the output's
+    /// id and the op's record of the fusion.
+    fusion: Option<(UniqueId, std::rc::Rc<dyn Any>)>,
 }
 
 impl<D: AmpDevice> Default for MixedTape<D> {
@@ -334,6 +423,7 @@ impl<D: AmpDevice> Default for MixedTape<D> {
             activations: Vec::new(),
             unwanted: Vec::new(),
             conflicting_grads: false,
+            fusion: None,
         }
     }
 }
@@ -361,7 +451,22 @@ impl<D: AmpDevice> MixedTape<D> {
     where
         F: 'static + FnOnce(&mut MixedGradients<D>) -> Result<(), D::Err>,
     {
+        // Another op came between: an offered fusion would skip it.
+        self.fusion = None;
         self.ops.push((next_op_order(), Box::new(op)));
+    }
+
+    /// See [`AmpTape::offer_activation`](crate::ops::cast::AmpTape::offer_activation).
+    pub(crate) fn offer_activation(&mut self, output: UniqueId, slot: std::rc::Rc<dyn Any>) {
+        self.fusion = Some((output, slot));
+    }
+
+    /// See [`AmpTape::take_activation`](crate::ops::cast::AmpTape::take_activation).
+    pub(crate) fn take_activation(&mut self, output: UniqueId) -> Option<std::rc::Rc<dyn Any>> {
+        match self.fusion.take() {
+            Some((id, slot)) if id == output => Some(slot),
+            _ => None,
+        }
     }
 
     /// Whether layer probes should record (see [`MixedGradients::watch_layers`]).
@@ -443,6 +548,8 @@ impl<D: AmpDevice> Merge<NoneTape> for MixedTape<D> {
 
 impl<D: AmpDevice> Merge<MixedTape<D>> for MixedTape<D> {
     fn merge(mut self, mut other: Self) -> Self {
+        // Ops of two tapes now interleave: no op is the last one any more.
+        self.fusion = None;
         self.conflicting_grads |= other.conflicting_grads;
         self.activations.append(&mut other.activations);
         self.unwanted.append(&mut other.unwanted);

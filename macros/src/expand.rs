@@ -339,6 +339,9 @@ fn layers_struct(model: &Model, name: &Ident) -> TokenStream {
     let idents: Vec<&Ident> = model.fields.iter().map(|f| &f.ident).collect();
     let names: Vec<String> = idents.iter().map(|i| i.to_string()).collect();
     let params: Vec<Ident> = (0..model.fields.len()).map(layer_param).collect();
+    let working_params: Vec<Ident> = (0..model.fields.len())
+        .map(|i| format_ident!("AmpW{}", i))
+        .collect();
     let field_defs = model.fields.iter().zip(&params).map(|(f, param)| {
         let (fvis, ident) = (&f.vis, &f.ident);
         let docs = f.attrs.iter().filter(|a| a.path().is_ident("doc"));
@@ -381,6 +384,22 @@ fn layers_struct(model: &Model, name: &Ident) -> TokenStream {
                 visitor: &mut V,
             ) -> ::core::result::Result<(), V::Error> {
                 #(path.within(#names, |path| ::typed_amp::Parameters::<D>::visit_params_mut_at(&mut self.#idents, path, visitor))?;)*
+                ::core::result::Result::Ok(())
+            }
+        }
+
+        impl<D: ::typed_amp::AmpDevice, #(#params,)* #(#working_params),*>
+            ::typed_amp::master::CompositePaired<#name<#(#working_params),*>, D> for #name<#(#params),*>
+        where
+            #(#params: ::typed_amp::master::Paired<#working_params, D>,)*
+        {
+            fn visit_pairs_at<V: ::typed_amp::master::PairVisitor<D>>(
+                &mut self,
+                working: &mut #name<#(#working_params),*>,
+                path: &mut ::typed_amp::params::ParamPath,
+                visitor: &mut V,
+            ) -> ::core::result::Result<(), V::Error> {
+                #(path.within(#names, |path| ::typed_amp::master::Paired::<#working_params, D>::visit_pairs_at(&mut self.#idents, &mut working.#idents, path, visitor))?;)*
                 ::core::result::Result::Ok(())
             }
         }

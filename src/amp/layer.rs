@@ -32,6 +32,7 @@ use dfdx::prelude::{Shape, Storage, Tensor, TryAdd, WithEmptyTape};
 use super::{try_convert, AmpModel, AutocastForward, CastTo, Converted};
 use crate::device::{AmpDevice, Kernels};
 use crate::error::AmpError;
+use crate::ops::linear::LinearInput;
 use crate::precision::{AmpElem, LowPrecision, Precision};
 
 /// The rows of the policy table (Apex's op lists, by layer).
@@ -42,6 +43,16 @@ pub mod kind {
     /// O2 and O3.
     #[derive(Debug)]
     pub struct Matmul;
+
+    /// dfdx's `Linear`: the [`Matmul`] row, run as typed-amp's fused linear op
+    /// ([`crate::ops::linear`]).
+    #[derive(Debug)]
+    pub struct Linear;
+
+    /// ReLU: the [`Neutral`] row, fused into a fused linear op just before it
+    /// ([`crate::ops::relu`]).
+    #[derive(Debug)]
+    pub struct Activation;
 
     /// Batch norm and layer norm: FP32 under O1, and under O2 unless
     /// `keep_batchnorm_fp32 = false`; 16-bit under O3.
@@ -173,6 +184,8 @@ macro_rules! leaf_kinds {
 
 leaf_kinds! {
     Matmul => Matmul;
+    Linear => Matmul;
+    Activation => Neutral;
     Norm => Norm;
     Fp32Op => Fp32Op;
     Elementwise => Elementwise;
@@ -235,6 +248,8 @@ macro_rules! leaf_working {
 
 leaf_working! {
     kind::Matmul;
+    kind::Linear;
+    kind::Activation;
     kind::Norm;
     kind::Fp32Op;
     kind::Elementwise;
@@ -413,6 +428,132 @@ leaf_run! {
     kind::Elementwise;
     kind::Neutral;
     kind::Cast<P>, P: Precision;
+}
+
+impl<W, Pol, X> KindRun<W, Pol, X> for kind::Linear
+where
+    Self: LeafKind<Pol>,
+    X: RunLinear<W, <Self as LeafKind<Pol>>::Plan>,
+{
+    type Output = X::Output;
+    type Error = X::Error;
+    fn try_run(x: X, layer: &W) -> Result<X::Output, X::Error> {
+        x.try_run_linear(layer)
+    }
+}
+
+// A linear layer has no state a training forward updates.
+impl<W, Pol, X> KindRunMut<W, Pol, X> for kind::Linear
+where
+    Self: LeafKind<Pol>,
+    X: RunLinear<W, <Self as LeafKind<Pol>>::Plan>,
+{
+    type Output = X::Output;
+    type Error = X::Error;
+    fn try_run_mut(x: X, layer: &mut W) -> Result<X::Output, X::Error> {
+        x.try_run_linear(layer)
+    }
+}
+
+/// Runs a linear layer `M` on `self` by plan `Pl`: typed-amp's fused op for the plans that keep
+/// the layer's own precision, O1's per-pass cast for [`plan::Autocast`].
+pub trait RunLinear<M, Pl>: Sized {
+    /// The layer's output.
+    type Output;
+    /// The error the forward can return.
+    type Error: Debug;
+    /// Runs `layer` on `self`.
+    fn try_run_linear(self, layer: &M) -> Result<Self::Output, Self::Error>;
+}
+
+impl<X, S, const I: usize, const O: usize, E, D, T, P>
+    RunLinear<dfdx::nn::modules::Linear<I, O, E, D>, plan::In<P>> for X
+where
+    P: Precision<Elem = E>,
+    X: CastTo<P, Output = Tensor<S, E, D, T>, Error = D::Err>,
+    S: LinearInput<I, O>,
+    E: AmpElem,
+    D: AmpDevice + Kernels<E>,
+    T: crate::ops::cast::AmpTape<D>,
+    dfdx::nn::modules::Linear<I, O, E, D>:
+        Module<Tensor<S, E, D, T>, Output = Tensor<S::Output, E, D, T>, Error = D::Err>,
+{
+    type Output = Tensor<S::Output, E, D, T>;
+    type Error = D::Err;
+    fn try_run_linear(
+        self,
+        layer: &dfdx::nn::modules::Linear<I, O, E, D>,
+    ) -> Result<Self::Output, D::Err> {
+        crate::ops::linear::try_linear(layer, self.try_cast_to()?)
+    }
+}
+
+impl<S, const I: usize, const O: usize, E, D, T, P>
+    RunLinear<dfdx::nn::modules::Linear<I, O, E, D>, plan::Pass<P>> for Tensor<S, E, D, T>
+where
+    S: LinearInput<I, O>,
+    E: AmpElem,
+    D: AmpDevice + Kernels<E>,
+    T: crate::ops::cast::AmpTape<D>,
+    dfdx::nn::modules::Linear<I, O, E, D>:
+        Module<Tensor<S, E, D, T>, Output = Tensor<S::Output, E, D, T>, Error = D::Err>,
+{
+    type Output = Tensor<S::Output, E, D, T>;
+    type Error = D::Err;
+    fn try_run_linear(
+        self,
+        layer: &dfdx::nn::modules::Linear<I, O, E, D>,
+    ) -> Result<Self::Output, D::Err> {
+        crate::ops::linear::try_linear(layer, self)
+    }
+}
+
+impl<X: AutocastForward<M, P>, M, P: LowPrecision> RunLinear<M, plan::Autocast<P>> for X {
+    type Output = X::Output;
+    type Error = X::Error;
+    fn try_run_linear(self, layer: &M) -> Result<X::Output, X::Error> {
+        self.try_autocast_forward(layer)
+    }
+}
+
+impl<W, Pol, X: RunActivation<W>> KindRun<W, Pol, X> for kind::Activation {
+    type Output = X::Output;
+    type Error = X::Error;
+    fn try_run(x: X, layer: &W) -> Result<X::Output, X::Error> {
+        x.try_activate(layer)
+    }
+}
+
+impl<W, Pol, X: RunActivation<W>> KindRunMut<W, Pol, X> for kind::Activation {
+    type Output = X::Output;
+    type Error = X::Error;
+    fn try_run_mut(x: X, layer: &mut W) -> Result<X::Output, X::Error> {
+        x.try_activate(layer)
+    }
+}
+
+/// Runs the activation layer `W` on `self` with typed-amp's op (fused where it can be).
+pub trait RunActivation<W>: Sized {
+    /// The activation's output.
+    type Output;
+    /// The error the forward can return.
+    type Error: Debug;
+    /// Runs `layer` on `self`.
+    fn try_activate(self, layer: &W) -> Result<Self::Output, Self::Error>;
+}
+
+impl<S, E, D, T> RunActivation<dfdx::nn::modules::ReLU> for Tensor<S, E, D, T>
+where
+    S: Shape,
+    E: AmpElem,
+    D: AmpDevice + Kernels<E>,
+    T: crate::ops::cast::AmpTape<D> + dfdx::prelude::Tape<E, D>,
+{
+    type Output = Tensor<S, E, D, T>;
+    type Error = D::Err;
+    fn try_activate(self, _layer: &dfdx::nn::modules::ReLU) -> Result<Self, D::Err> {
+        crate::ops::relu::try_relu(self)
+    }
 }
 
 impl<W: CompositeRun<Pol, X>, Pol, X> KindRun<W, Pol, X> for kind::Composite {
@@ -680,9 +821,12 @@ use dfdx::nn::modules as dm;
 use dfdx::prelude::{ConstDim, Device, Dtype};
 
 amp_layers! {
+    kind::Linear =>
+        [const I: usize, const O: usize, E: Dtype, D: Device<E>] dm::Linear<I, O, E, D>;
     kind::Matmul =>
-        [const I: usize, const O: usize, E: Dtype, D: Device<E>] dm::Linear<I, O, E, D>,
         [const I: usize, const O: usize, E: Dtype, D: Device<E>] dm::UnbiasedLinear<I, O, E, D>;
+    kind::Activation =>
+        [] dm::ReLU;
     kind::Norm =>
         [const C: usize, E: Dtype, D: Device<E>] dm::BatchNorm1D<C, E, D>,
         [const C: usize, E: Dtype, D: Device<E>] dm::BatchNorm2D<C, E, D>,
@@ -698,7 +842,6 @@ amp_layers! {
         [const C: usize, E: Dtype, D: Device<E>] dm::Bias2D<C, E, D>,
         [const V: usize, const M: usize, E: Dtype, D: Device<E>] dm::Embedding<V, M, E, D>;
     kind::Neutral =>
-        [] dm::ReLU,
         [] dm::FastGeLU,
         [] dm::AccurateGeLU,
         [] dm::Sigmoid,

@@ -11,6 +11,8 @@
 //! | [`ReduceKernel`] | Σx² and max\|x\| (clipping, layer probes) | [`crate::ops::reduce`] |
 //! | [`FillKernel`] | fill, scale, clamp in place | [`crate::ops::fill`] |
 //! | [`HostKernel`] | exact copies to and from the host (checkpoints) | [`crate::ops::host`] |
+//! | [`LinearKernel`] | the linear layer fused (bias, ReLU, FP32 weight gradient) | [`crate::ops::linear`] |
+//! | [`UpdateKernel`] | the optimizer's update fused with the working copy's refresh | [`crate::ops::update`] |
 //!
 //! [`Kernels<E>`] bundles them, with dfdx's `Device<E>` and `ConvDevice<E>`, for one element type,
 //! and [`AmpDevice`] is `Kernels<E>` for every precision of
@@ -23,8 +25,10 @@ pub use allocator::keep_freed_memory;
 pub use crate::ops::cast::CastKernel;
 pub use crate::ops::fill::FillKernel;
 pub use crate::ops::host::HostKernel;
+pub use crate::ops::linear::LinearKernel;
 pub use crate::ops::reduce::ReduceKernel;
 pub use crate::ops::unscale::UnscaleKernel;
+pub use crate::ops::update::UpdateKernel;
 
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
@@ -60,6 +64,8 @@ macro_rules! define_capabilities {
             + UnscaleKernel<E>
             + HostKernel<E>
             + CastKernel<E, E>
+            + UpdateKernel<E>
+            + LinearKernel<E>
             $(
                 + CastKernel<E, $elem>
                 + CastKernel<$elem, E>
@@ -80,6 +86,8 @@ macro_rules! define_capabilities {
                 + UnscaleKernel<E>
                 + HostKernel<E>
                 + CastKernel<E, E>
+                + UpdateKernel<E>
+                + LinearKernel<E>
                 $(
                     + CastKernel<E, $elem>
                     + CastKernel<$elem, E>

@@ -8,12 +8,20 @@
 //! - [`reduce`]: Σx² and max|x| per tensor, for clipping and layer probes
 //!   ([`reduce::ReduceKernel`]);
 //! - [`fill`]: fill, scale and clamp in place ([`fill::FillKernel`]);
-//! - [`host`]: exact copies between device buffers and the host ([`host::HostKernel`]).
+//! - [`host`]: exact copies between device buffers and the host ([`host::HostKernel`]);
+//! - [`linear`]: the linear layer as one op, with its bias (and a following ReLU) in the
+//!   product's store and its weight gradient straight into FP32 ([`linear::LinearKernel`]);
+//! - [`relu`]: ReLU, fused into the linear op before it where it can be;
+//! - [`update`]: the optimizer's update fused with the refresh of the working copy
+//!   ([`update::UpdateKernel`]).
 //!
 //! The kernels' traits are the device capabilities [`crate::device::Kernels`] bundles.
 
 pub mod cast;
 pub mod fill;
 pub mod host;
+pub mod linear;
 pub mod reduce;
+pub mod relu;
 pub mod unscale;
+pub mod update;

@@ -65,6 +65,14 @@ macro_rules! define_amp_tape {
 
             /// Records a layer's activation magnitude.
             fn record_activation(&mut self, record: crate::watch::ActivationRecord);
+
+            /// Offers the op just recorded for fusion with an activation applied to its output
+            /// `output` next (see [`crate::ops::relu`]); `slot` is the op's own record of it.
+            /// Recording any other op withdraws the offer.
+            fn offer_activation(&mut self, output: UniqueId, slot: std::rc::Rc<dyn std::any::Any>);
+
+            /// Takes the offer of the op whose output is `output`, if it is the last op recorded.
+            fn take_activation(&mut self, output: UniqueId) -> Option<std::rc::Rc<dyn std::any::Any>>;
         }
     };
 }
@@ -87,6 +95,12 @@ impl<D: AmpDevice> AmpTape<D> for NoneTape {
     fn inherit_unwanted(&mut self, _from: UniqueId, _to: UniqueId) {}
 
     fn record_activation(&mut self, _record: crate::watch::ActivationRecord) {}
+
+    fn offer_activation(&mut self, _output: UniqueId, _slot: std::rc::Rc<dyn std::any::Any>) {}
+
+    fn take_activation(&mut self, _output: UniqueId) -> Option<std::rc::Rc<dyn std::any::Any>> {
+        None
+    }
 }
 
 impl<D: AmpDevice> AmpTape<D> for MixedTape<D> {
@@ -109,6 +123,14 @@ impl<D: AmpDevice> AmpTape<D> for MixedTape<D> {
 
     fn record_activation(&mut self, record: crate::watch::ActivationRecord) {
         MixedTape::record_activation(self, record);
+    }
+
+    fn offer_activation(&mut self, output: UniqueId, slot: std::rc::Rc<dyn std::any::Any>) {
+        MixedTape::offer_activation(self, output, slot);
+    }
+
+    fn take_activation(&mut self, output: UniqueId) -> Option<std::rc::Rc<dyn std::any::Any>> {
+        MixedTape::take_activation(self, output)
     }
 }
 

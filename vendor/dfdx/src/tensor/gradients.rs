@@ -99,6 +99,18 @@ impl<E, D: Storage<E>> Gradients<E, D> {
         !self.unwanted.contains(&t.id())
     }
 
+    /// typed-amp patch: takes `id`'s gradient out, if it has one. typed-amp moves a parameter's
+    /// gradient into its optimizer's store after backward rather than copying and zeroing it.
+    pub fn remove(&mut self, id: UniqueId) -> Option<D::Vec> {
+        self.gradient_by_id.remove(&id)
+    }
+
+    /// typed-amp patch: sets `id`'s gradient to `grad` (which must have the tensor's length),
+    /// returning the one it replaces.
+    pub fn insert(&mut self, id: UniqueId, grad: D::Vec) -> Option<D::Vec> {
+        self.gradient_by_id.insert(id, grad)
+    }
+
     /// Returns a reference to the underlying gradient if found.
     ///
     /// typed-amp patch: public, and taking any tensor-like (a ghost tensor too), so that code

@@ -141,6 +141,21 @@ impl<S: Shape, E, D: Storage<E>, T> Tensor<S, E, D, T> {
     pub fn storage_mut(&mut self) -> &mut D::Vec {
         std::sync::Arc::make_mut(&mut self.data)
     }
+
+    /// The tensor's physical data buffer, for writing in place, if no other tensor shares it.
+    ///
+    /// typed-amp patch: an activation fused into the op that produced its input overwrites
+    /// that output only when nothing else can still read the values it overwrites.
+    pub fn storage_mut_if_unique(&mut self) -> Option<&mut D::Vec> {
+        std::sync::Arc::get_mut(&mut self.data)
+    }
+
+    /// The tensor's strides, in elements.
+    ///
+    /// typed-amp patch: typed-amp's fused kernels read strided views, as dfdx's own do.
+    pub fn strides(&self) -> S::Concrete {
+        self.strides
+    }
 }
 
 /// Put a tape of type `T` into the tensor

@@ -1,0 +1,285 @@
+use dfdx::prelude::{Cpu, CpuError, Storage};
+use typed_amp_kernels::{gemm_slices, GemmElem, MatRef};
+
+use super::{LinearDims, LinearKernel};
+use crate::device::cpu::{as_f32, as_f32_mut, CHUNK};
+use crate::precision::{AmpElem, Indexed};
+
+/// `typed_amp_kernels`' element type for `E` (the same layout).
+fn gemm_view<E: AmpElem, K: GemmElem>(buf: &[E]) -> &[K] {
+    debug_assert_eq!(std::mem::size_of::<E>(), std::mem::size_of::<K>());
+    // SAFETY: callers pass `K` of `E`'s layout (see `with_gemm_elem`): `f32` for `f32`,
+    // `half::f16` and `half::bf16` for themselves.
+    unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<K>(), buf.len()) }
+}
+
+fn gemm_view_mut<E: AmpElem, K: GemmElem>(buf: &mut [E]) -> &mut [K] {
+    debug_assert_eq!(std::mem::size_of::<E>(), std::mem::size_of::<K>());
+    // SAFETY: as in `gemm_view`; the unique borrow is carried over.
+    unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<K>(), buf.len()) }
+}
+
+/// `C = A·B` (or `C += A·B`) for buffers of `E`, on `typed_amp_kernels::gemm_slices`.
+#[allow(clippy::too_many_arguments)]
+fn gemm<E: AmpElem>(
+    (m, k, n): (usize, usize, usize),
+    a: (&[E], usize, usize),
+    b: (&[E], usize, usize),
+    c: (&mut [E], usize, usize),
+    accumulate: bool,
+) {
+    fn run<E: AmpElem, K: GemmElem>(
+        (m, k, n): (usize, usize, usize),
+        a: (&[E], usize, usize),
+        b: (&[E], usize, usize),
+        c: (&mut [E], usize, usize),
+        accumulate: bool,
+    ) {
+        fn view<E: AmpElem, K: GemmElem>(
+            (data, rs, cs): (&[E], usize, usize),
+            rows: usize,
+            cols: usize,
+        ) -> MatRef<'_, K> {
+            MatRef {
+                data: gemm_view::<E, K>(data),
+                rows,
+                cols,
+                rs,
+                cs,
+            }
+        }
+        let (cdata, c_rs, c_cs) = c;
+        gemm_slices::<K>(
+            view::<E, K>(a, m, k),
+            view::<E, K>(b, k, n),
+            gemm_view_mut::<E, K>(cdata),
+            c_rs,
+            c_cs,
+            accumulate,
+            rayon::current_num_threads(),
+        );
+    }
+    // The element type by its place in the list of precisions (`with_precisions!`).
+    match E::INDEX {
+        i if i == <half::f16 as Indexed>::INDEX => {
+            run::<E, half::f16>((m, k, n), a, b, c, accumulate)
+        }
+        i if i == <half::bf16 as Indexed>::INDEX => {
+            run::<E, half::bf16>((m, k, n), a, b, c, accumulate)
+        }
+        _ => run::<E, f32>((m, k, n), a, b, c, accumulate),
+    }
+}
+
+fn check(ok: bool) -> Result<(), CpuError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(CpuError::WrongNumElements)
+    }
+}
+
+/// Whether `rows` rows of `cols` elements, `rs` apart, fit a buffer of `len`.
+fn fits(len: usize, rows: usize, cols: usize, rs: usize) -> bool {
+    rows == 0
+        || cols == 0
+        || (rows - 1)
+            .checked_mul(rs)
+            .and_then(|x| x.checked_add(cols))
+            .is_some_and(|end| end <= len)
+}
+
+impl<E: AmpElem> LinearKernel<E> for Cpu {
+    const FUSED: bool = true;
+
+    fn try_linear_forward(
+        &self,
+        d: LinearDims,
+        x: &<Self as Storage<E>>::Vec,
+        x_rs: usize,
+        w: &<Self as Storage<E>>::Vec,
+        b: Option<&<Self as Storage<E>>::Vec>,
+        y: &mut <Self as Storage<E>>::Vec,
+    ) -> Result<(), CpuError> {
+        check(
+            fits(x.len(), d.rows, d.inputs, x_rs)
+                && w.len() == d.outputs * d.inputs
+                && b.is_none_or(|b| b.len() == d.outputs)
+                && y.len() == d.rows * d.outputs,
+        )?;
+        gemm::<E>(
+            (d.rows, d.inputs, d.outputs),
+            (x, x_rs, 1),
+            (w, 1, d.inputs),
+            (y, d.outputs, 1),
+            false,
+        );
+        let Some(b) = b else { return Ok(()) };
+        // The bias in FP32, added to each row and rounded once (as dfdx's broadcast add).
+        let mut bias = vec![0f32; d.outputs];
+        E::slice_to_f32(b, &mut bias);
+        if let Some(y) = as_f32_mut::<E>(y) {
+            for row in y.chunks_mut(d.outputs) {
+                row.iter_mut().zip(&bias).for_each(|(y, b)| *y += b);
+            }
+            return Ok(());
+        }
+        let mut tmp = vec![0f32; d.outputs];
+        for row in y.chunks_mut(d.outputs) {
+            E::slice_to_f32(row, &mut tmp);
+            tmp.iter_mut().zip(&bias).for_each(|(y, b)| *y += b);
+            E::slice_from_f32(&tmp, row);
+        }
+        Ok(())
+    }
+
+    fn try_relu_in_place(&self, y: &mut <Self as Storage<E>>::Vec) -> Result<(), CpuError> {
+        let relu = |v: &mut [f32]| {
+            // Not `max`: NaN becomes 0 as with dfdx's `x.max(0)`, and so does -0.
+            v.iter_mut()
+                .for_each(|x| *x = if *x > 0.0 { *x } else { 0.0 });
+        };
+        if let Some(y) = as_f32_mut::<E>(y) {
+            relu(y);
+            return Ok(());
+        }
+        let mut tmp = [0f32; CHUNK];
+        for chunk in y.chunks_mut(CHUNK) {
+            let tmp = &mut tmp[..chunk.len()];
+            E::slice_to_f32(chunk, tmp);
+            relu(tmp);
+            E::slice_from_f32(tmp, chunk);
+        }
+        Ok(())
+    }
+
+    fn try_linear_backward_bias(
+        &self,
+        d: LinearDims,
+        relu_out: Option<&<Self as Storage<E>>::Vec>,
+        dy: &mut <Self as Storage<E>>::Vec,
+        db: Option<(&mut <Self as Storage<f32>>::Vec, bool)>,
+    ) -> Result<(), CpuError> {
+        let n = d.outputs;
+        check(
+            dy.len() == d.rows * n
+                && relu_out.is_none_or(|y| y.len() == dy.len())
+                && db.as_ref().is_none_or(|(db, _)| db.len() == n),
+        )?;
+        if relu_out.is_none() && db.is_none() {
+            return Ok(());
+        }
+        let mut sums = vec![0f32; n];
+        let mut mask = vec![0f32; n];
+        // One row at a time, in FP32: mask it by the ReLU's output, add it to the column sums.
+        let mut pass = |g: &mut [f32], r: usize| {
+            if let Some(y) = relu_out {
+                let y = &y[r * n..(r + 1) * n];
+                let y: &[f32] = match as_f32::<E>(y) {
+                    Some(y) => y,
+                    None => {
+                        E::slice_to_f32(y, &mut mask);
+                        &mask
+                    }
+                };
+                // The ReLU's derivative, by its output: positive where its input was.
+                g.iter_mut()
+                    .zip(y)
+                    .for_each(|(g, y)| *g = if *y > 0.0 { *g } else { 0.0 });
+            }
+            sums.iter_mut().zip(g.iter()).for_each(|(s, g)| *s += g);
+        };
+        if let Some(dy) = as_f32_mut::<E>(dy) {
+            for (r, row) in dy.chunks_mut(n).enumerate() {
+                pass(row, r);
+            }
+        } else {
+            let mut g = vec![0f32; n];
+            for (r, row) in dy.chunks_mut(n).enumerate() {
+                E::slice_to_f32(row, &mut g);
+                pass(&mut g, r);
+                if relu_out.is_some() {
+                    E::slice_from_f32(&g, row);
+                }
+            }
+        }
+        if let Some((db, fresh)) = db {
+            if fresh {
+                db.copy_from_slice(&sums);
+            } else {
+                db.iter_mut().zip(&sums).for_each(|(d, s)| *d += s);
+            }
+        }
+        Ok(())
+    }
+
+    fn try_linear_backward_weight(
+        &self,
+        d: LinearDims,
+        dz: &<Self as Storage<E>>::Vec,
+        x: &<Self as Storage<E>>::Vec,
+        x_rs: usize,
+        (dw, fresh): (&mut <Self as Storage<f32>>::Vec, bool),
+    ) -> Result<(), CpuError> {
+        check(
+            dz.len() == d.rows * d.outputs
+                && fits(x.len(), d.rows, d.inputs, x_rs)
+                && dw.len() == d.outputs * d.inputs,
+        )?;
+        let dims = (d.outputs, d.rows, d.inputs);
+        let dw: &mut [f32] = dw;
+        if let (Some(dz), Some(x)) = (as_f32::<E>(dz), as_f32::<E>(x)) {
+            gemm::<f32>(
+                dims,
+                (dz, 1, d.outputs),
+                (x, x_rs, 1),
+                (dw, d.inputs, 1),
+                !fresh,
+            );
+            return Ok(());
+        }
+        // 16-bit operands: the product is rounded to 16 bits once, then widened.
+        let mut tmp = vec![<E as AmpElem>::from_f32(0.0); d.outputs * d.inputs];
+        gemm::<E>(
+            dims,
+            (dz, 1, d.outputs),
+            (x, x_rs, 1),
+            (&mut tmp, d.inputs, 1),
+            false,
+        );
+        let mut wide = [0f32; CHUNK];
+        for (dst, src) in dw.chunks_mut(CHUNK).zip(tmp.chunks(CHUNK)) {
+            let wide = &mut wide[..src.len()];
+            E::slice_to_f32(src, wide);
+            if fresh {
+                dst.copy_from_slice(wide);
+            } else {
+                dst.iter_mut().zip(wide.iter()).for_each(|(d, s)| *d += s);
+            }
+        }
+        Ok(())
+    }
+
+    fn try_linear_backward_input(
+        &self,
+        d: LinearDims,
+        dz: &<Self as Storage<E>>::Vec,
+        w: &<Self as Storage<E>>::Vec,
+        dx: &mut <Self as Storage<E>>::Vec,
+        dx_rs: usize,
+    ) -> Result<(), CpuError> {
+        check(
+            dz.len() == d.rows * d.outputs
+                && w.len() == d.outputs * d.inputs
+                && fits(dx.len(), d.rows, d.inputs, dx_rs),
+        )?;
+        gemm::<E>(
+            (d.rows, d.outputs, d.inputs),
+            (dz, d.outputs, 1),
+            (w, d.inputs, 1),
+            (dx, dx_rs, 1),
+            true,
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,231 @@
+//! The linear layer as one op: `y = act(x · Wᵀ + b)`, with the bias (and a ReLU that follows,
+//! see [`crate::ops::relu`]) applied as the product's output is stored, and a backward that
+//!
+//! - masks the output gradient by the ReLU and sums the bias gradient in one pass over it;
+//! - writes the weight gradient straight into an FP32 buffer ([`MixedGradients::param_grad`]):
+//!   the product accumulates in FP32 anyway, so a 16-bit weight's gradient is never rounded to
+//!   16 bits and widened again, and its buffer, reused from the last pass, is overwritten
+//!   rather than zeroed and added to;
+//! - skips the input's gradient where nobody reads it (a model's input).
+//!
+//! `#[amp]` runs dfdx's `Linear` layers through it ([`crate::amp::layer::kind::Linear`]) on
+//! devices with fused kernels ([`LinearKernel::FUSED`]: the CPU); elsewhere, and for inputs
+//! that are not contiguous rows, the layer's own forward runs (dfdx's matmul and broadcast
+//! add).
+
+mod cpu_kernel;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use dfdx::nn::modules::{Linear, Module};
+use dfdx::prelude::{Const, Dim, HasErr, HasShape, PutTape, Shape, SplitTape, Storage, Tensor};
+use dfdx::tensor::CpuError;
+
+use crate::device::{AmpDevice, Kernels};
+use crate::ops::cast::AmpTape;
+use crate::precision::AmpElem;
+
+/// The activation a fused op applies before its output is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// None: the output as computed.
+    Identity,
+    /// `max(x, 0)` (0 for NaN, as dfdx's ReLU).
+    Relu,
+}
+
+/// The fused linear layer's kernels for element type `E`: rows of `x` (`rows × i`, row-major
+/// with rows `x_rs` apart), a weight `o × i` and a bias of `o`, all contiguous.
+pub trait LinearKernel<E: AmpElem>:
+    Storage<E> + Storage<f32> + HasErr<Err: From<CpuError>>
+{
+    /// Whether the device has these kernels; without them the layer's own forward runs and no
+    /// method here is called.
+    const FUSED: bool = false;
+
+    /// `y = x · Wᵀ + b`, `y` contiguous `rows × o`.
+    #[allow(clippy::too_many_arguments)]
+    fn try_linear_forward(
+        &self,
+        dims: LinearDims,
+        x: &<Self as Storage<E>>::Vec,
+        x_rs: usize,
+        w: &<Self as Storage<E>>::Vec,
+        b: Option<&<Self as Storage<E>>::Vec>,
+        y: &mut <Self as Storage<E>>::Vec,
+    ) -> Result<(), Self::Err> {
+        let _ = (dims, x, x_rs, w, b, y);
+        Err(CpuError::WrongNumElements.into())
+    }
+
+    /// `y = max(y, 0)` in place.
+    fn try_relu_in_place(&self, y: &mut <Self as Storage<E>>::Vec) -> Result<(), Self::Err> {
+        let _ = y;
+        Err(CpuError::WrongNumElements.into())
+    }
+
+    /// The output gradient `dy` (`rows × o`) masked in place by the ReLU (where `relu_out`, the
+    /// layer's output, is not positive), and in the same pass, if `db` is given, the bias
+    /// gradient: column sums in FP32, written if `fresh`, else added.
+    fn try_linear_backward_bias(
+        &self,
+        dims: LinearDims,
+        relu_out: Option<&<Self as Storage<E>>::Vec>,
+        dy: &mut <Self as Storage<E>>::Vec,
+        db: Option<(&mut <Self as Storage<f32>>::Vec, bool)>,
+    ) -> Result<(), Self::Err> {
+        let _ = (dims, relu_out, dy, db);
+        Err(CpuError::WrongNumElements.into())
+    }
+
+    /// The weight gradient `dzᵀ · x` (`o × i`) into FP32 `dw`: written if `fresh`, else added.
+    fn try_linear_backward_weight(
+        &self,
+        dims: LinearDims,
+        dz: &<Self as Storage<E>>::Vec,
+        x: &<Self as Storage<E>>::Vec,
+        x_rs: usize,
+        dw: (&mut <Self as Storage<f32>>::Vec, bool),
+    ) -> Result<(), Self::Err> {
+        let _ = (dims, dz, x, x_rs, dw);
+        Err(CpuError::WrongNumElements.into())
+    }
+
+    /// The input gradient `dx += dz · W` (`rows × i`, rows `dx_rs` apart, as the input's).
+    fn try_linear_backward_input(
+        &self,
+        dims: LinearDims,
+        dz: &<Self as Storage<E>>::Vec,
+        w: &<Self as Storage<E>>::Vec,
+        dx: &mut <Self as Storage<E>>::Vec,
+        dx_rs: usize,
+    ) -> Result<(), Self::Err> {
+        let _ = (dims, dz, w, dx, dx_rs);
+        Err(CpuError::WrongNumElements.into())
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl<E: AmpElem> LinearKernel<E> for dfdx::prelude::Cuda where dfdx::prelude::Cuda: Storage<E> {}
+
+/// The sizes of a fused linear op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinearDims {
+    /// Rows of the input (the batch, or batch × sequence).
+    pub rows: usize,
+    /// Input features.
+    pub inputs: usize,
+    /// Output features.
+    pub outputs: usize,
+}
+
+/// An input shape a linear layer of `I` inputs and `O` outputs maps row by row: `(B, I)` and
+/// `(B, S, I)`.
+pub trait LinearInput<const I: usize, const O: usize>: Shape {
+    /// The output shape.
+    type Output: Shape;
+    /// The output shape for this input.
+    fn output(&self) -> Self::Output;
+    /// The row stride of a view whose rows are each contiguous and evenly spaced, if it is one.
+    fn row_stride(&self, strides: Self::Concrete) -> Option<usize>;
+}
+
+impl<B: Dim, const I: usize, const O: usize> LinearInput<I, O> for (B, Const<I>) {
+    type Output = (B, Const<O>);
+    fn output(&self) -> Self::Output {
+        (self.0, Const)
+    }
+    fn row_stride(&self, strides: [usize; 2]) -> Option<usize> {
+        (strides[1] == 1 && (strides[0] >= I || self.0.size() <= 1)).then_some(strides[0].max(I))
+    }
+}
+
+impl<B: Dim, S: Dim, const I: usize, const O: usize> LinearInput<I, O> for (B, S, Const<I>) {
+    type Output = (B, S, Const<O>);
+    fn output(&self) -> Self::Output {
+        (self.0, self.1, Const)
+    }
+    fn row_stride(&self, strides: [usize; 3]) -> Option<usize> {
+        // Rows of the flattened (B·S) × I view are evenly spaced only when contiguous.
+        (strides == [self.1.size() * I, I, 1]).then_some(I)
+    }
+}
+
+/// What the backward needs of the activation fused after the op: the op's output once an
+/// activation overwrote it (see [`crate::ops::relu`]).
+pub(crate) type FusedActivation<S, E, D> = Rc<RefCell<Option<Tensor<S, E, D>>>>;
+
+/// Runs `layer` on `x` as one fused op where the device and the input's layout allow, else with
+/// the layer's own forward.
+pub fn try_linear<S, const I: usize, const O: usize, E, D, T>(
+    layer: &Linear<I, O, E, D>,
+    x: Tensor<S, E, D, T>,
+) -> Result<Tensor<S::Output, E, D, T>, D::Err>
+where
+    S: LinearInput<I, O>,
+    E: AmpElem,
+    D: AmpDevice + Kernels<E> + LinearKernel<E>,
+    T: AmpTape<D>,
+    Linear<I, O, E, D>:
+        Module<Tensor<S, E, D, T>, Output = Tensor<S::Output, E, D, T>, Error = D::Err>,
+{
+    let shape = *x.shape();
+    let row_stride = shape.row_stride(x.strides());
+    let Some(x_rs) = row_stride.filter(|_| <D as LinearKernel<E>>::FUSED) else {
+        return layer.try_forward(x);
+    };
+    let _timing = typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::Products);
+    let dims = LinearDims {
+        rows: shape.num_elements() / I.max(1),
+        inputs: I,
+        outputs: O,
+    };
+    let (x, mut tape) = x.split_tape();
+    let dev = x.device().clone();
+    let mut y: Tensor<S::Output, E, D> = dev.try_zeros_like(&shape.output())?;
+    LinearKernel::<E>::try_linear_forward(
+        &dev,
+        dims,
+        x.storage(),
+        x_rs,
+        layer.weight.storage(),
+        Some(layer.bias.storage()),
+        y.storage_mut(),
+    )?;
+    let (weight, bias) = (layer.weight.clone(), layer.bias.clone());
+    let y_id = y.id();
+    let fused: FusedActivation<S::Output, E, D> = Rc::new(RefCell::new(None));
+    let activation = fused.clone();
+    tape.record_mixed(move |grads| {
+        let _timing = typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::Products);
+        // This op is the only reader of its output's gradient: it takes it and works in place.
+        let Some(mut dy) = grads.store_mut::<E>().remove(y_id) else {
+            return Ok(());
+        };
+        let relu_out = activation.borrow_mut().take();
+        let relu_out = relu_out.as_ref().map(|t| t.storage());
+        {
+            let db = grads.param_grad_mut(bias.id(), O, &dev)?;
+            LinearKernel::<E>::try_linear_backward_bias(&dev, dims, relu_out, &mut dy, db)?;
+        }
+        if let Some(dw) = grads.param_grad_mut(weight.id(), O * I, &dev)? {
+            LinearKernel::<E>::try_linear_backward_weight(&dev, dims, &dy, x.storage(), x_rs, dw)?;
+        }
+        let store = grads.store_mut::<E>();
+        if store.wants_grad(&x) {
+            let dx = store.get_or_alloc_mut(&x)?;
+            LinearKernel::<E>::try_linear_backward_input(
+                &dev,
+                dims,
+                &dy,
+                weight.storage(),
+                dx,
+                x_rs,
+            )?;
+        }
+        Ok(())
+    });
+    tape.offer_activation(y.id(), fused);
+    Ok(y.put_tape(tape))
+}

@@ -1,0 +1,45 @@
+//! ReLU, fused into the op that produced its input where it can be: when the input is the
+//! output of a fused linear op ([`crate::ops::linear`]) recorded just before, and nothing else
+//! holds that output, the ReLU overwrites it in place and the linear op's backward applies the
+//! ReLU's derivative (by the ReLU's output: positive where its input was) in the pass that sums
+//! the bias gradient. The output keeps the input's id, so its gradient is the one the linear op
+//! reads. Otherwise dfdx's ReLU runs.
+//!
+//! The fused derivative zeroes the gradient where the input was not positive, as PyTorch's
+//! `threshold_backward` does; dfdx's multiplies it by zero, which turns an infinite gradient
+//! there into NaN. Either way the product reaching the weights is the same for finite values.
+
+use std::cell::RefCell;
+
+use dfdx::prelude::{PutTape, Shape, SplitTape, Tape, Tensor};
+
+use crate::device::{AmpDevice, Kernels};
+use crate::ops::cast::AmpTape;
+use crate::ops::linear::LinearKernel;
+use crate::precision::AmpElem;
+
+/// `max(x, 0)`, differentiable on a [`MixedTape`](crate::MixedTape), fused into the linear op
+/// before it where possible (see the module documentation).
+pub fn try_relu<S, E, D, T>(x: Tensor<S, E, D, T>) -> Result<Tensor<S, E, D, T>, D::Err>
+where
+    S: Shape,
+    E: AmpElem,
+    D: AmpDevice + Kernels<E>,
+    T: AmpTape<D> + Tape<E, D>,
+{
+    let (mut x, mut tape) = x.split_tape();
+    if <D as LinearKernel<E>>::FUSED {
+        let offer = tape
+            .take_activation(x.id())
+            .and_then(|slot| slot.downcast::<RefCell<Option<Tensor<S, E, D>>>>().ok());
+        if let Some(slot) = offer {
+            let dev = x.device().clone();
+            if let Some(buf) = x.storage_mut_if_unique() {
+                LinearKernel::<E>::try_relu_in_place(&dev, buf)?;
+                *slot.borrow_mut() = Some(x.clone());
+                return Ok(x.put_tape(tape));
+            }
+        }
+    }
+    x.put_tape(tape).try_relu()
+}
