@@ -1,0 +1,335 @@
+//! The fused kernels against the unfused path they replace.
+//!
+//! - The fused linear op ([`typed_amp::ops::linear`], with a ReLU fused through the tape,
+//!   [`typed_amp::ops::relu`]) against dfdx's `Linear` forward followed by dfdx's ReLU, in
+//!   FP32, FP16 and BF16, on odd sizes: the output and the input gradient bit for bit (the same
+//!   products on the same operands, rounded at the same places), the weight and bias gradients
+//!   against an f64 reference within the bound of their FP32 accumulation (the fused op keeps
+//!   them in FP32; dfdx rounds them to the layer's precision), and non-finite values found.
+//! - The fused optimizer + refresh ([`typed_amp::ops::update`]) against dfdx's Adam and SGD
+//!   followed by the separate refresh: master weights, optimizer state and the working copy bit
+//!   for bit, on tensors large enough to take the parallel path.
+
+use typed_amp::device::HostKernel;
+use typed_amp::dfdx::nn::modules::Linear as LinearModule;
+use typed_amp::ops::linear::try_linear;
+use typed_amp::ops::relu::try_relu;
+use typed_amp::prelude::*;
+use typed_amp::{AmpElem, MasterOptimizer, TrainTarget};
+
+/// Values of precision `E`, returned as FP32.
+fn sample<E: AmpElem>(dev: &Cpu, n: usize, scale: f32) -> Vec<f32> {
+    let t: Tensor<(usize,), f32, Cpu> = dev.sample_normal_like(&(n,));
+    t.as_vec()
+        .into_iter()
+        .map(|v| <E as AmpElem>::from_f32(v * scale).to_f32())
+        .collect()
+}
+
+fn tensor<S: Shape, E: AmpElem>(dev: &Cpu, values: &[f32], shape: S) -> Tensor<S, E, Cpu>
+where
+    Cpu: typed_amp::device::Kernels<E>,
+{
+    dev.tensor_from_vec(
+        values
+            .iter()
+            .map(|v| <E as AmpElem>::from_f32(*v))
+            .collect(),
+        shape,
+    )
+}
+
+fn f32s<S: Shape, E: AmpElem>(t: &Tensor<S, E, Cpu>) -> Vec<f32> {
+    t.as_vec().into_iter().map(AmpElem::to_f32).collect()
+}
+
+/// Unit roundoff of `E`.
+fn unit<E: AmpElem>() -> f64 {
+    f64::from(typed_amp::precision::dtype_of::<E>().unit_roundoff())
+}
+
+/// γ(n) = n·u/(1 − n·u) for FP32 sums of `n` terms (Higham, Accuracy and Stability, §3.1).
+fn gamma(n: usize) -> f64 {
+    let nu = n as f64 * 2f64.powi(-24);
+    nu / (1.0 - nu)
+}
+
+/// One fused-linear case: `rows × inputs` through `Linear<I, O>` in precision `E`.
+fn linear_case<const I: usize, const O: usize, E: AmpElem>(rows: usize, relu: bool, seed: u64)
+where
+    Cpu: typed_amp::device::Kernels<E>,
+{
+    let dev = Cpu::seed_from_u64(seed);
+    let xv = sample::<E>(&dev, rows * I, 1.0);
+    let wv = sample::<E>(&dev, O * I, 0.5);
+    let bv = sample::<E>(&dev, O, 0.5);
+    // The loss is Σ y·r, so the output's gradient is r.
+    let rv = sample::<E>(&dev, rows * O, 1.0);
+    let layer = LinearModule::<I, O, E, Cpu> {
+        weight: tensor(&dev, &wv, (Const::<O>, Const::<I>)),
+        bias: tensor(&dev, &bv, (Const::<O>,)),
+    };
+    let x: Tensor<(usize, Const<I>), E, Cpu> = tensor(&dev, &xv, (rows, Const::<I>));
+    let r: Tensor<(usize, Const<O>), E, Cpu> = tensor(&dev, &rv, (rows, Const::<O>));
+
+    let run = |fused: bool| {
+        let grads = MixedGradients::leaky();
+        let xt = x.clone().traced_mixed(grads);
+        let y = if fused {
+            let y = try_linear(&layer, xt).unwrap();
+            if relu {
+                try_relu(y).unwrap()
+            } else {
+                y
+            }
+        } else {
+            let y = layer.forward(xt);
+            if relu {
+                y.relu()
+            } else {
+                y
+            }
+        };
+        let y_values = f32s(&y.retaped::<NoneTape>());
+        let loss = (y * r.clone()).to_f32().sum();
+        let grads = Loss::new(loss).backward().unwrap().grads().clone();
+        // The fused op keeps the parameters' gradients in FP32 (`get` would round them to the
+        // layer's precision); dfdx's are in the layer's precision.
+        let fp32 = |id| grads.param_grad(id).map(|g| g.to_vec());
+        let dw =
+            fp32(layer.weight.id()).unwrap_or_else(|| f32s(&grads.get(&layer.weight).unwrap()));
+        let db = fp32(layer.bias.id()).unwrap_or_else(|| f32s(&grads.get(&layer.bias).unwrap()));
+        (
+            y_values,
+            f32s(&grads.get(&x).expect("x's gradient")),
+            dw,
+            db,
+        )
+    };
+    let (y, dx, dw, db) = run(true);
+    let (y_ref, dx_ref, _, _) = run(false);
+    let what = format!(
+        "{} rows {rows}, {I}→{O}, relu {relu}",
+        std::any::type_name::<E>()
+    );
+    // Same products, same roundings: equal values (ReLU may give -0 where the fused op gives 0).
+    assert_eq!(y, y_ref, "output, {what}");
+    assert_eq!(dx, dx_ref, "input gradient, {what}");
+
+    // The weight and bias gradients against f64, with the mask the forward produced.
+    let dz: Vec<f64> = (0..rows * O)
+        .map(|i| {
+            if relu && y[i] <= 0.0 {
+                0.0
+            } else {
+                f64::from(rv[i])
+            }
+        })
+        .collect();
+    let u = unit::<E>();
+    for o in 0..O {
+        let (mut exact, mut size) = (0f64, 0f64);
+        for row in 0..rows {
+            exact += dz[row * O + o];
+            size += dz[row * O + o].abs();
+        }
+        // FP32 column sums; the fused op keeps them in FP32, unrounded.
+        let bound = gamma(rows) * size + 1e-30;
+        let err = (f64::from(db[o]) - exact).abs();
+        assert!(
+            err <= bound,
+            "db[{o}] {} vs {exact}: {err} > {bound}, {what}",
+            db[o]
+        );
+        for i in 0..I {
+            let (mut exact, mut size) = (0f64, 0f64);
+            for row in 0..rows {
+                let p = dz[row * O + o] * f64::from(xv[row * I + i]);
+                exact += p;
+                size += p.abs();
+            }
+            // FP32 accumulation, and (16-bit layers, until the weight gradient is written in
+            // FP32 from the product itself) one rounding to the layer's precision.
+            let bound = gamma(rows) * size + u * exact.abs() + 1e-30;
+            let got = f64::from(dw[o * I + i]);
+            assert!(
+                (got - exact).abs() <= bound,
+                "dw[{o},{i}] {got} vs {exact} (bound {bound}), {what}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_fused_linear_op_matches_dfdx_linear_and_relu() {
+    for relu in [false, true] {
+        linear_case::<1, 1, f32>(1, relu, 1);
+        linear_case::<7, 5, f32>(3, relu, 2);
+        linear_case::<33, 130, f32>(17, relu, 3);
+        linear_case::<129, 10, f32>(65, relu, 4);
+        linear_case::<7, 5, f16>(3, relu, 5);
+        linear_case::<33, 130, f16>(17, relu, 6);
+        linear_case::<129, 10, f16>(65, relu, 7);
+        linear_case::<7, 5, bf16>(3, relu, 8);
+        linear_case::<33, 130, bf16>(17, relu, 9);
+        linear_case::<129, 10, bf16>(65, relu, 10);
+    }
+}
+
+#[test]
+fn a_relu_after_a_shared_linear_output_is_not_fused() {
+    // Another reader of the linear op's output (a clone kept for a second branch) must see the
+    // values before the ReLU, so the ReLU runs unfused and the output keeps its values.
+    let dev = Cpu::seed_from_u64(11);
+    let layer = dev.build_module::<Linear<4, 3>, f32>();
+    let x: Tensor<Rank2<5, 4>, f32, Cpu> = dev.sample_normal();
+    let y = try_linear(&layer, x.clone().leaky_traced_mixed()).unwrap();
+    let kept = y.retaped::<NoneTape>();
+    let before = kept.as_vec();
+    let z = try_relu(y).unwrap();
+    assert_eq!(kept.as_vec(), before, "the shared output was overwritten");
+    let expected: Vec<f32> = before.iter().map(|v| v.max(0.0)).collect();
+    assert_eq!(z.retaped::<NoneTape>().as_vec(), expected);
+}
+
+#[test]
+fn a_nan_in_a_fused_layers_input_reaches_its_gradients() {
+    for relu in [false, true] {
+        let dev = Cpu::seed_from_u64(12);
+        let layer = dev.build_module::<Linear<4, 3>, bf16>();
+        let mut xv = vec![0.5f32; 20];
+        xv[5] = f32::NAN;
+        let x: Tensor<(usize, Const<4>), bf16, Cpu> = tensor(&dev, &xv, (5, Const::<4>));
+        let y = try_linear(&layer, x.leaky_traced_mixed()).unwrap();
+        let y = if relu { try_relu(y).unwrap() } else { y };
+        let grads = Loss::new(y.to_f32().sum())
+            .backward()
+            .unwrap()
+            .grads()
+            .clone();
+        let dw = f32s(&grads.get(&layer.weight).unwrap());
+        // The NaN row feeds every output of its sample; ReLU passes NaN on as 0 (as dfdx's
+        // `max(x, 0)`), so with it only the weight gradient, through the input, sees the NaN.
+        assert!(dw.iter().any(|v| v.is_nan()), "relu {relu}: {dw:?}");
+    }
+}
+
+/// An MLP big enough that its first layer takes the parallel update (over 32,768 weights).
+type Mlp = (Linear<300, 128>, ReLU, Linear<128, 10>);
+
+#[test]
+fn fused_adam_and_sgd_match_the_unfused_update_and_refresh_bit_for_bit() {
+    use common::{optimizer_bytes, param_bytes};
+    use typed_amp::dfdx::optim::{Adam, Sgd};
+    use typed_amp::dfdx::prelude::{Momentum, WeightDecay};
+
+    let dev = Cpu::seed_from_u64(13);
+    let master = dev.build_module::<Mlp, f32>();
+    let working = master.to_dtype::<bf16>();
+
+    // One seeded stream of gradients, FP32 master gradients as the step would pass them.
+    let grad_stream = |step: u64| {
+        let d = Cpu::seed_from_u64(100 + step);
+        let mut grads = MixedGradients::<Cpu>::for_params(&master).unwrap();
+        struct Fill<'a>(&'a Cpu, &'a mut MixedGradients<Cpu>);
+        impl typed_amp::params::ParamVisitor<Cpu> for Fill<'_> {
+            type Error = std::convert::Infallible;
+            fn visit<S: Shape, E: AmpElem>(
+                &mut self,
+                _path: &str,
+                param: &Tensor<S, E, Cpu>,
+                trainable: bool,
+            ) -> Result<(), Self::Error>
+            where
+                Cpu: typed_amp::device::Kernels<E>,
+            {
+                if trainable {
+                    let values: Tensor<S, f32, Cpu> =
+                        SampleTensor::<f32>::sample_normal_like(self.0, param.shape());
+                    let values = values.to_dtype::<E>();
+                    let buf = self.1.store_mut::<E>().get_or_alloc_mut(param).unwrap();
+                    HostKernel::<E>::try_write(self.0, buf, &values.as_vec()).unwrap();
+                }
+                Ok(())
+            }
+        }
+        let Ok(()) = master.visit_params(&mut Fill(&d, &mut grads));
+        grads
+    };
+
+    macro_rules! compare {
+        ($name:literal, $make:expr) => {{
+            let mut fused_model = MasterWeights::<_, _, _, typed_amp::BF16>::pair(
+                master.clone(),
+                working.clone(),
+                &dev,
+            )
+            .unwrap();
+            let mut plain_model = MasterWeights::<_, _, _, typed_amp::BF16>::pair(
+                master.clone(),
+                working.clone(),
+                &dev,
+            )
+            .unwrap();
+            let mut fused_opt = $make(fused_model.master());
+            let mut plain_opt = $make(plain_model.master());
+            for step in 0..3 {
+                // The copies' masters are clones of one model: their tensors keep its ids, so
+                // one set of gradients serves both.
+                let grads = grad_stream(step);
+                fused_model.update_with(&mut fused_opt, &grads).unwrap();
+                MasterOptimizer::try_update(&mut plain_opt, plain_model.master_mut(), &grads)
+                    .unwrap();
+                plain_model.refresh().unwrap();
+                assert_eq!(
+                    param_bytes(fused_model.master()),
+                    param_bytes(plain_model.master()),
+                    "{}: master after step {step}",
+                    $name
+                );
+                assert_eq!(
+                    param_bytes(fused_model.working()),
+                    param_bytes(plain_model.working()),
+                    "{}: working copy after step {step}",
+                    $name
+                );
+                assert_eq!(
+                    optimizer_bytes(&fused_opt, fused_model.master()),
+                    optimizer_bytes(&plain_opt, plain_model.master()),
+                    "{}: optimizer state after step {step}",
+                    $name
+                );
+            }
+        }};
+    }
+
+    compare!("Adam", |m| Adam::<_, f32, Cpu>::new(
+        m,
+        AdamConfig::default()
+    ));
+    compare!("AdamW", |m| typed_amp::optim::adamw(m, 3e-3, 0.01));
+    compare!("Adam L2", |m| Adam::<_, f32, Cpu>::new(
+        m,
+        AdamConfig {
+            lr: 2e-3,
+            weight_decay: Some(WeightDecay::L2(1e-2)),
+            ..Default::default()
+        }
+    ));
+    for momentum in [
+        None,
+        Some(Momentum::Classic(0.9)),
+        Some(Momentum::Nesterov(0.8)),
+    ] {
+        compare!("SGD", |m| Sgd::<_, f32, Cpu>::new(
+            m,
+            SgdConfig {
+                lr: 0.05,
+                momentum,
+                weight_decay: Some(WeightDecay::Decoupled(1e-3)),
+            }
+        ));
+    }
+}
+
+mod common;
