@@ -293,6 +293,9 @@ pub use pool2d::{Pool2DKind, TryPool2D};
 // typed-amp patch: batch norm as fused ops (CPU kernels; other devices compose generic ops).
 mod batchnorm;
 pub(crate) use batchnorm::BatchNormKernel;
+// typed-amp patch: the fused CPU batch norm's passes (see `batchnorm::parts`).
+#[cfg(feature = "cpu")]
+pub use batchnorm::parts as batchnorm_parts;
 
 /// A device that runs 2-D convolution and pooling in dtype `E`: the bound generic code needs to
 /// call [TryConv2D::try_conv2d] and [TryPool2D::try_pool2d].

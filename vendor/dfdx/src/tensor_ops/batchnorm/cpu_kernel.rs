@@ -474,3 +474,84 @@ fn infer_fused<const C: usize, S: Shape, E: Dtype>(
     );
     Ok(out)
 }
+
+/// typed-amp patch: the passes of the fused kernels above, each over an `outer × chan × inner`
+/// contiguous buffer of any dtype with per-channel values in `f32`, for a batch norm whose
+/// activations and parameters differ in precision (typed-amp's).
+pub mod parts {
+    use super::*;
+
+    pub use super::super::BatchNormLayout;
+
+    /// The batch statistics: per channel, the mean and the (biased) variance, in `f64` from
+    /// `f32` run sums, as the fused training forward computes them.
+    pub fn batch_stats<E: Dtype>(lay: &BatchNormLayout, x: &[E]) -> (Vec<f64>, Vec<f64>) {
+        let n = lay.per_chan() as f64;
+        let sums = per_chan_sums(lay, x, |_, run| [sum(run)]);
+        let mean64: Vec<f64> = sums.iter().map(|s| s[0] / n).collect();
+        let mean32: Vec<f32> = mean64.iter().map(|m| *m as f32).collect();
+        let sq = per_chan_sums(lay, x, |c, run| [sum_sq_dev(run, mean32[c])]);
+        let var64 = sq.iter().map(|s| s[0] / n).collect();
+        (mean64, var64)
+    }
+
+    /// `std = √(var + ε)` and `a = scale / std`, per channel, in `f32`.
+    pub fn std_and_scale(var: &[f32], scale: &[f32], epsilon: f64) -> (Vec<f32>, Vec<f32>) {
+        super::std_and_scale(var, scale, epsilon)
+    }
+
+    /// `y = (x − mean[c]) · a[c] + b[c]`, rounded once into `y`'s dtype, in parallel.
+    pub fn normalize<E: Dtype>(
+        lay: &BatchNormLayout,
+        x: &[E],
+        y: &mut [E],
+        mean: &[f32],
+        a: &[f32],
+        b: &[f32],
+    ) {
+        affine(lay, x, y, mean, a, b)
+    }
+
+    /// Per channel, `Σ dy` and `Σ dy·(x − mean[c])`, in `f64` from `f32` run sums.
+    pub fn grad_sums<E: Dtype>(
+        lay: &BatchNormLayout,
+        x: &[E],
+        dy: &[E],
+        mean: &[f32],
+    ) -> Vec<[f64; 2]> {
+        let row_len = lay.chan * lay.inner;
+        let n_pieces = pieces(lay.outer);
+        let per_piece = lay.outer.div_ceil(n_pieces);
+        let mut partials = std::vec![[0.0f64; 2]; n_pieces * lay.chan];
+        par_chunks_mut(&mut partials, lay.chan, |i, part| {
+            let r0 = (i * per_piece).min(lay.outer);
+            let r1 = ((i + 1) * per_piece).min(lay.outer);
+            let xs = &x[r0 * row_len..r1 * row_len];
+            let ds = &dy[r0 * row_len..r1 * row_len];
+            dy_dev_sums(lay, xs, ds, mean, part);
+        });
+        let mut total = std::vec![[0.0f64; 2]; lay.chan];
+        for part in partials.chunks_exact(lay.chan) {
+            for (t, p) in total.iter_mut().zip(part) {
+                t[0] += p[0];
+                t[1] += p[1];
+            }
+        }
+        total
+    }
+
+    /// `gx += k1[c] · (dy − mdy[c] − (x − mean[c]) · k2[c])`, in parallel.
+    #[allow(clippy::too_many_arguments)]
+    pub fn input_grad<E: Dtype>(
+        lay: &BatchNormLayout,
+        x: &[E],
+        dy: &[E],
+        gx: &mut [E],
+        mean: &[f32],
+        k1: &[f32],
+        mdy: &[f32],
+        k2: &[f32],
+    ) {
+        super::input_grad(lay, x, dy, gx, mean, k1, mdy, k2)
+    }
+}

@@ -11,6 +11,11 @@
 
 mod cpu_kernel;
 
+/// typed-amp patch: the fused CPU kernels' passes, for typed-amp's batch norm whose activations
+/// are 16-bit and whose parameters and statistics are FP32 (Apex's `keep_batchnorm_fp32`).
+#[cfg(feature = "cpu")]
+pub use cpu_kernel::parts;
+
 #[cfg(feature = "cuda")]
 mod cuda_kernel;
 
@@ -60,14 +65,15 @@ pub trait BatchNormKernel<E: Dtype>: Storage<E> {
 /// The channel layout of a batch-norm input: `outer × chan × inner`, the channel axis being the
 /// one axis not in `Ax`.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct BatchNormLayout {
+pub struct BatchNormLayout {
     pub outer: usize,
     pub chan: usize,
     pub inner: usize,
 }
 
 impl BatchNormLayout {
-    pub(crate) fn of<S: Shape, Ax: Axes>(shape: &S) -> Self {
+    /// The layout of `shape` reduced over `Ax`.
+    pub fn of<S: Shape, Ax: Axes>(shape: &S) -> Self {
         let reduced: std::vec::Vec<isize> = Ax::as_array().into_iter().collect();
         let dims = shape.concrete();
         let dims = dims.as_ref();
@@ -82,7 +88,7 @@ impl BatchNormLayout {
     }
 
     /// Elements per channel.
-    pub(crate) fn per_chan(&self) -> usize {
+    pub fn per_chan(&self) -> usize {
         self.outer * self.inner
     }
 }
