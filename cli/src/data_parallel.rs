@@ -21,7 +21,7 @@ pub use disabled::*;
 
 #[cfg(not(feature = "mpi"))]
 mod disabled {
-    use typed_amp::data::FashionMnist;
+    use typed_amp_data::FashionMnist;
 
     use crate::run::{RunConfig, RunError, RunReport};
 
@@ -63,7 +63,6 @@ mod enabled {
     use rand_chacha::ChaCha8Rng;
     use typed_amp::amp::{AmpModel, MasterOf, WorkingOf};
     use typed_amp::checkpoint;
-    use typed_amp::data::FashionMnist;
     use typed_amp::dfdx::optim::Adam;
     use typed_amp::distributed::mpi::MpiCollective;
     use typed_amp::distributed::{
@@ -72,6 +71,7 @@ mod enabled {
     use typed_amp::optim::{cosine_lr, LearningRate, MasterOptimizer, OptimizerState};
     use typed_amp::prelude::*;
     use typed_amp::{AmpDevice, LowPrecisionUpdates, Parameters, TrainTarget};
+    use typed_amp_data::FashionMnist;
 
     use crate::run::{
         check_memory, claim_save_path, epoch_bar, evaluate, for_each_model, forward_loss,

@@ -4,11 +4,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use typed_amp::amp::OptLevel;
-use typed_amp::data::FashionMnist;
 use typed_amp_cli::data_parallel::Ranks;
 use typed_amp_cli::models::{Arch, LowDtype};
 use typed_amp_cli::report::{comparison_table, run_json};
 use typed_amp_cli::run::{run, DeviceChoice, RunConfig, RunError};
+use typed_amp_data::FashionMnist;
 
 const USAGE: &str = "\
 typed-amp: train Fashion-MNIST in FP32 and mixed precision

@@ -11,12 +11,12 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use typed_amp::amp::{AmpConfig, AmpModel, MasterOf, OptLevel, WorkingOf};
 use typed_amp::checkpoint::{self, CheckpointError};
-use typed_amp::data::{DataError, FashionMnist, Split, CLASSES, IMAGE_SIZE};
 use typed_amp::dfdx::optim::Adam;
 use typed_amp::loss::try_cross_entropy_with_logits_loss;
 use typed_amp::optim::{cosine_lr, LearningRate, MasterOptimizer, OptimizerState};
 use typed_amp::prelude::*;
 use typed_amp::{AmpDevice, AmpError, LowPrecisionUpdates, Parameters, TrainTarget};
+use typed_amp_data::{DataError, FashionMnist, Split, CLASSES, IMAGE_SIZE};
 
 use crate::memory;
 use crate::models::*;

@@ -1,4 +1,6 @@
-//! Data sets for examples and the main job: the Fashion-MNIST loader.
+//! Fashion-MNIST for typed-amp's examples, notebooks and main job (`typed-amp`): the loader
+//! and a subset compiled in. It is a crate of its own so that the library, `typed-amp`, does not
+//! link 1.28 MB of images into every program that uses it.
 //!
 //! [`FashionMnist::load`] picks its source in this order:
 //!
@@ -6,7 +8,7 @@
 //!    so a typo in a path is an error rather than a silent switch to other data);
 //! 2. [`SYSTEM_DIR`], where Debian's `dataset-fashion-mnist` package installs the full
 //!    set, when all four files are there;
-//! 3. a subset compiled into the library (the first 2000 training and the first 1000
+//! 3. a subset compiled into this crate (the first 2000 training and the first 1000
 //!    test examples), so examples and tests run without any download.
 //!
 //! The loaded [`FashionMnist::origin`] records which one was used.
@@ -17,15 +19,16 @@
 //! the file; no file content can make the loader panic.
 //!
 //! ```
-//! use typed_amp::data::{FashionMnist, CLASS_NAMES};
+//! use typed_amp_data::{FashionMnist, CLASS_NAMES};
 //!
 //! let data = FashionMnist::embedded()?;
 //! assert_eq!(data.train.len(), 2000);
 //! let first = data.train.image(0); // 784 pixels, row-major, 0 = background
 //! assert_eq!(first.len(), 28 * 28);
 //! println!("{}: first label is {}", data.describe(), CLASS_NAMES[data.train.label(0) as usize]);
-//! # Ok::<(), typed_amp::data::DataError>(())
+//! # Ok::<(), typed_amp_data::DataError>(())
 //! ```
+#![warn(missing_docs)]
 
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
@@ -73,13 +76,13 @@ pub const LABELS_MAGIC: u32 = 0x0000_0801;
 const EMBEDDED_DIR: &str = "<embedded fashion-mnist-subset>";
 
 const EMBEDDED_TRAIN_IMAGES: &[u8] =
-    include_bytes!("../../data/fashion-mnist-subset/train-images-idx3-ubyte.gz");
+    include_bytes!("../fashion-mnist-subset/train-images-idx3-ubyte.gz");
 const EMBEDDED_TRAIN_LABELS: &[u8] =
-    include_bytes!("../../data/fashion-mnist-subset/train-labels-idx1-ubyte.gz");
+    include_bytes!("../fashion-mnist-subset/train-labels-idx1-ubyte.gz");
 const EMBEDDED_TEST_IMAGES: &[u8] =
-    include_bytes!("../../data/fashion-mnist-subset/t10k-images-idx3-ubyte.gz");
+    include_bytes!("../fashion-mnist-subset/t10k-images-idx3-ubyte.gz");
 const EMBEDDED_TEST_LABELS: &[u8] =
-    include_bytes!("../../data/fashion-mnist-subset/t10k-labels-idx1-ubyte.gz");
+    include_bytes!("../fashion-mnist-subset/t10k-labels-idx1-ubyte.gz");
 
 /// Why a Fashion-MNIST file could not be loaded. Every variant names the file.
 #[derive(Debug, thiserror::Error)]
@@ -258,7 +261,7 @@ impl Split {
 pub enum DataOrigin {
     /// The four files in this directory.
     Directory(PathBuf),
-    /// The subset compiled into the library.
+    /// The subset compiled into this crate.
     Embedded,
 }
 
@@ -322,7 +325,7 @@ impl FashionMnist {
         })
     }
 
-    /// The subset compiled into the library: the first 2000 training and the first 1000
+    /// The subset compiled into this crate: the first 2000 training and the first 1000
     /// test examples, in the original order (see `data/fashion-mnist-subset/README.md`).
     pub fn embedded() -> Result<Self, DataError> {
         let embedded = |name: &str| Path::new(EMBEDDED_DIR).join(name);

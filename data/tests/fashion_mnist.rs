@@ -5,12 +5,13 @@ use std::io::Write;
 use std::path::Path;
 
 use flate2::{write::GzEncoder, Compression};
-use typed_amp::data::{
+use typed_amp_data::{
     DataError, DataOrigin, FashionMnist, CLASSES, IMAGES_MAGIC, IMAGE_SIZE, LABELS_MAGIC,
     SYSTEM_DIR, TEST_IMAGES_FILE, TEST_LABELS_FILE, TRAIN_IMAGES_FILE, TRAIN_LABELS_FILE,
 };
 
 /// A fresh directory under the system temp dir, removed again when dropped.
+#[path = "../../tests/common/mod.rs"]
 mod common;
 use common::TempDir;
 
