@@ -28,7 +28,14 @@
 //! println!("{}: first label is {}", data.describe(), CLASS_NAMES[data.train.label(0) as usize]);
 //! # Ok::<(), typed_amp_data::DataError>(())
 //! ```
+//!
+//! [`Split::batch`] puts examples on a device as a [`Batch`], its images in the precision the
+//! model computes in (FP32, FP16 or BF16: see [`batch`]).
 #![warn(missing_docs)]
+
+pub mod batch;
+
+pub use batch::{Batch, BatchError, Flat, Image, Layout, Normalize};
 
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
