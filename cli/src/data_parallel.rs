@@ -226,6 +226,7 @@ mod enabled {
 
         let mut grads = model.alloc_grads()?;
         let mut epochs = Vec::new();
+        crate::heap::reset_peak();
         // Saturating: `--stop-after 18446744073709551615` means "to the end", not a wrapped sum.
         let last_epoch = cfg.stop_after.map_or(cfg.epochs, |n| {
             first_epoch.saturating_add(n).min(cfg.epochs)
@@ -304,6 +305,7 @@ mod enabled {
             }
             None => f32::NAN,
         };
+        let peak_heap_bytes = crate::heap::peak();
         let peak_rss_bytes = peak_rss();
         let checkpoint_bytes = match &cfg.save {
             Some(path) => std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
@@ -321,6 +323,8 @@ mod enabled {
             weights_bytes,
             checkpoint_bytes,
             peak_rss_bytes,
+            peak_heap_bytes,
+            pid: std::process::id(),
         })
     }
 

@@ -22,8 +22,8 @@ use typed_amp::{
 use typed_amp_data::{BatchError, DataError, FashionMnist, Normalize, Split, CLASSES};
 pub use typed_amp_data::{Flat, Image, Layout};
 
-use crate::memory;
 use crate::models::*;
+use crate::{heap, memory};
 
 /// Pixels are normalised by Fashion-MNIST's mean and standard deviation.
 const NORMALIZE: Normalize = Normalize::FASHION_MNIST;
@@ -48,6 +48,19 @@ pub enum RunError {
     /// The arguments do not describe a run.
     #[error("{0}")]
     Usage(String),
+    /// A run of `compare`, trained in a process of its own, failed with exit code `code` (1 or
+    /// 2) after printing its error.
+    #[error("the {label} run failed with exit code {code}")]
+    ChildFailed {
+        /// The run (`O2-FP16`).
+        label: String,
+        /// Its process's exit code.
+        code: u8,
+    },
+    /// A run of `compare` could not be started in a process of its own, ended abnormally, or
+    /// printed no readable result.
+    #[error("{0}")]
+    Child(String),
 }
 
 /// What to train, and how.
@@ -120,6 +133,12 @@ pub struct RunReport {
     pub checkpoint_bytes: u64,
     /// Peak resident memory of the process during the run, where the OS reports it.
     pub peak_rss_bytes: Option<u64>,
+    /// The most heap bytes held at once from the first training step to the end of training
+    /// (evaluations and checkpoints included, loading the data and building the model not),
+    /// where the process counts them ([`crate::heap::CountingAllocator`]).
+    pub peak_heap_bytes: Option<u64>,
+    /// The process that trained.
+    pub pid: u32,
 }
 
 impl RunConfig {
@@ -497,6 +516,7 @@ where
     let last_epoch = cfg.stop_after.map_or(cfg.epochs, |n| {
         first_epoch.saturating_add(n).min(cfg.epochs)
     });
+    heap::reset_peak();
     for epoch in first_epoch..last_epoch {
         let mut order: Vec<usize> = (0..train.len()).collect();
         order.shuffle(&mut rng);
@@ -544,6 +564,7 @@ where
         Some(e) => e.test_accuracy,
         None => evaluate::<I, InputElem<M, D>, _, D>(&dev, model.working(), &data.test)?,
     };
+    let peak_heap_bytes = heap::peak();
     let peak_rss_bytes = peak_rss();
     let checkpoint_bytes = match &cfg.save {
         Some(path) => std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
@@ -561,6 +582,8 @@ where
         weights_bytes,
         checkpoint_bytes,
         peak_rss_bytes,
+        peak_heap_bytes,
+        pid: std::process::id(),
     })
 }
 
