@@ -287,6 +287,110 @@ fn damaged_data_gives_a_clear_error_and_a_nonzero_exit_code() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("train-images-idx3-ubyte.gz"));
 }
 
+/// Gzip-compressed IDX images (all black) and labels files holding `count` examples.
+fn idx_files(count: u32) -> (Vec<u8>, Vec<u8>) {
+    use std::io::Write;
+    let gzip = |bytes: &[u8]| {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(bytes).unwrap();
+        encoder.finish().unwrap()
+    };
+    let mut images = Vec::new();
+    for field in [0x0803, count, 28, 28] {
+        images.extend_from_slice(&u32::to_be_bytes(field));
+    }
+    images.resize(images.len() + count as usize * 784, 0);
+    let mut labels = Vec::new();
+    for field in [0x0801, count] {
+        labels.extend_from_slice(&u32::to_be_bytes(field));
+    }
+    labels.resize(labels.len() + count as usize, 0);
+    (gzip(&images), gzip(&labels))
+}
+
+#[test]
+fn data_files_without_examples_are_an_error_naming_them() {
+    for (images, labels, split) in [
+        (
+            "train-images-idx3-ubyte.gz",
+            "train-labels-idx1-ubyte.gz",
+            "training",
+        ),
+        (
+            "t10k-images-idx3-ubyte.gz",
+            "t10k-labels-idx1-ubyte.gz",
+            "test",
+        ),
+    ] {
+        let dir = TempDir::new(&format!("cli-empty-{split}"));
+        for name in [
+            "train-images-idx3-ubyte.gz",
+            "train-labels-idx1-ubyte.gz",
+            "t10k-images-idx3-ubyte.gz",
+            "t10k-labels-idx1-ubyte.gz",
+        ] {
+            std::fs::copy(Path::new(SUBSET).join(name), dir.join(name)).unwrap();
+        }
+        // Valid files with a count of 0: training used to take 0 steps and exit 0, testing
+        // to report "test accuracy 0.00%".
+        let (empty_images, empty_labels) = idx_files(0);
+        dir.write(images, &empty_images);
+        dir.write(labels, &empty_labels);
+        for command in ["train", "compare"] {
+            let out = typed_amp(&[
+                command,
+                "--epochs",
+                "1",
+                "--quiet",
+                "--data-dir",
+                dir.to_str().unwrap(),
+            ]);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{command} {split}: {stderr}");
+            assert_eq!(
+                stderr.trim_end(),
+                format!(
+                    "error: {} and {} hold no examples: the {split} split needs at least one",
+                    dir.join(images).display(),
+                    dir.join(labels).display()
+                )
+            );
+            assert!(
+                !String::from_utf8_lossy(&out.stdout).contains("accuracy"),
+                "{command} {split}"
+            );
+        }
+    }
+}
+
+#[test]
+fn resuming_a_checkpoint_stripped_of_its_optimizer_state_is_an_error_that_leaves_it_alone() {
+    let dir = TempDir::new("cli-stripped-state");
+    let ckpt = dir.join("run.st");
+    let arg = ckpt.to_str().unwrap();
+    ok(&typed_amp(
+        &[&TWO_EPOCHS[..], &["--stop-after", "1", "--save", arg]].concat(),
+    ));
+    common::rewrite(&ckpt, |tensors, _| {
+        tensors.retain(|(name, ..)| !name.starts_with("optim."))
+    });
+    let stripped = std::fs::read(&ckpt).unwrap();
+    // It used to resume from a fresh Adam with exit code 0 and overwrite the file.
+    let out = typed_amp(&[&TWO_EPOCHS[..], &["--resume", arg, "--save", arg]].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("error: {arg}: tensor `optim.moment1."))
+            && stderr.contains("missing from the checkpoint")
+            && stderr.contains("`adam` optimizer's `moment1` state"),
+        "{stderr}"
+    );
+    assert!(
+        std::fs::read(&ckpt).unwrap() == stripped,
+        "the file changed"
+    );
+}
+
 #[test]
 fn bad_arguments_are_usage_errors() {
     for args in [

@@ -192,6 +192,21 @@ pub enum DataError {
         cols: u32,
     },
 
+    /// A split's files hold no examples (valid, but nothing to train on or to test with).
+    #[error(
+        "{} and {} hold no examples: the {split} split needs at least one",
+        .images_path.display(),
+        .labels_path.display()
+    )]
+    Empty {
+        /// The images file.
+        images_path: PathBuf,
+        /// The labels file.
+        labels_path: PathBuf,
+        /// Which split: `training` or `test`.
+        split: &'static str,
+    },
+
     /// A label is not a class index (`0..10`).
     #[error(
         "{}: label {label} at index {index} is out of range (expected 0..{CLASSES})",
@@ -297,7 +312,9 @@ impl FashionMnist {
         }
     }
 
-    /// Loads the four standard files from `dir`.
+    /// Loads the four standard files from `dir`. Both splits must hold at least one example:
+    /// an empty one is a [`DataError::Empty`] naming its files (training on it would take no
+    /// step, testing on it would report an accuracy of nothing).
     pub fn load_dir(dir: &Path) -> Result<Self, DataError> {
         let read = |name: &str| -> Result<(PathBuf, Vec<u8>), DataError> {
             let path = dir.join(name);
@@ -315,19 +332,21 @@ impl FashionMnist {
         let train_labels = read(TRAIN_LABELS_FILE)?;
         let test_images = read(TEST_IMAGES_FILE)?;
         let test_labels = read(TEST_LABELS_FILE)?;
+        type File = (PathBuf, Vec<u8>);
+        let split = |(images_path, images): File, (labels_path, labels): File, name| {
+            let split = parse_split(&images_path, &images, &labels_path, &labels)?;
+            if split.is_empty() {
+                return Err(DataError::Empty {
+                    images_path,
+                    labels_path,
+                    split: name,
+                });
+            }
+            Ok(split)
+        };
         Ok(Self {
-            train: parse_split(
-                &train_images.0,
-                &train_images.1,
-                &train_labels.0,
-                &train_labels.1,
-            )?,
-            test: parse_split(
-                &test_images.0,
-                &test_images.1,
-                &test_labels.0,
-                &test_labels.1,
-            )?,
+            train: split(train_images, train_labels, "training")?,
+            test: split(test_images, test_labels, "test")?,
             origin: DataOrigin::Directory(dir.to_path_buf()),
         })
     }
