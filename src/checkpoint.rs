@@ -479,6 +479,13 @@ where
         }
     }
     meta.insert("optim.kind".into(), optimizer.kind().into());
+    // How many parameters each store holds state for (0 before the optimizer's first update):
+    // `load` then tells state that was never there from state that was removed.
+    for (store, _) in &stores {
+        let prefix = format!("optim.{store}.");
+        let count = entries.keys().filter(|k| k.starts_with(&prefix)).count();
+        meta.insert(format!("optim.entries.{store}"), count.to_string());
+    }
     for (name, value) in optimizer.scalars() {
         meta.insert(format!("optim.scalar.{name}"), value.to_string());
     }
@@ -624,14 +631,15 @@ fn tensor_values<S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>>(
 }
 
 /// Checks, before anything is written, that the checkpoint holds every master tensor and a
-/// complete optimizer state (for each store, every trainable parameter's entry or none: none
-/// means saved before the optimizer's first update), each in the right precision and shape,
-/// and finite.
+/// complete optimizer state (for each store, every trainable parameter's entry, or none where
+/// it was saved before the optimizer's first update: its `optim.entries.<store>` says 0), each
+/// in the right precision and shape, and finite.
 struct CheckTensors<'a> {
     file: &'a Path,
     tensors: &'a SafeTensors<'a>,
-    /// Per optimizer store: its name, and the first trainable path with and without an entry.
-    stores: Vec<(&'static str, Option<String>, Option<String>)>,
+    /// Per optimizer store: its name, the first trainable path with and without an entry, and
+    /// how many have one.
+    stores: Vec<(&'static str, Option<String>, Option<String>, usize)>,
 }
 
 impl<D: AmpDevice> ParamVisitor<D> for CheckTensors<'_> {
@@ -649,11 +657,12 @@ impl<D: AmpDevice> ParamVisitor<D> for CheckTensors<'_> {
         if !trainable {
             return Ok(());
         }
-        for (store, with, without) in &mut self.stores {
+        for (store, with, without, present) in &mut self.stores {
             let name = format!("optim.{store}.{path}");
             if self.tensors.tensor(&name).is_ok() {
                 tensor_values(self.file, self.tensors, &name, param)?;
                 with.get_or_insert_with(|| name.clone());
+                *present += 1;
             } else {
                 without.get_or_insert(name);
             }
@@ -788,8 +797,9 @@ fn user_metadata(meta: HashMap<String, String>) -> BTreeMap<String, String> {
 /// returns the caller's metadata. Everything is checked before anything is written: format,
 /// optimizer kind, the model's precision, the precision of every master and working parameter
 /// (a checkpoint of another policy, say O2 into O1 or another `keep_batchnorm_fp32`, is refused
-/// by name), the scaler's mode (and scale, if static), the optimizer's scalars, and every
-/// tensor's precision, shape and finiteness.
+/// by name), the scaler's mode (and scale, if static), the optimizer's scalars, that its state
+/// is complete (every trainable parameter's, or none where the file records that the optimizer
+/// had none yet), and every tensor's precision, shape and finiteness.
 pub fn load<D, T, O>(
     path: &Path,
     target: &mut T,
@@ -973,18 +983,42 @@ where
         stores: optimizer
             .stores()
             .into_iter()
-            .map(|(name, _)| (name, None, None))
+            .map(|(name, _)| (name, None, None, 0))
             .collect(),
     };
     target.master().visit_params(&mut check)?;
-    for (_, with, without) in check.stores {
-        if let (Some(present), Some(missing)) = (with, without) {
+    for (store, with, without, present) in check.stores {
+        if let (Some(other), Some(missing)) = (&with, &without) {
             return Err(CheckpointError::Tensor {
                 path: path.to_path_buf(),
-                name: missing,
+                name: missing.clone(),
                 detail: format!(
-                    "missing from the checkpoint, which has the optimizer's state for other parameters (`{present}`)"
+                    "missing from the checkpoint, which has the optimizer's state for other parameters (`{other}`)"
                 ),
+            });
+        }
+        // How many entries `save` wrote (absent in files written before it said): state that
+        // is all missing was removed, not saved before the optimizer's first update.
+        let key = format!("optim.entries.{store}");
+        let Some(recorded) = meta.get(&key) else {
+            continue;
+        };
+        let recorded: usize = recorded
+            .parse()
+            .map_err(|_| mismatch(format!("optimizer state `{key}` is malformed")))?;
+        if recorded != present {
+            let kind = optimizer.kind();
+            return Err(match without {
+                Some(missing) if present < recorded => CheckpointError::Tensor {
+                    path: path.to_path_buf(),
+                    name: missing,
+                    detail: format!(
+                        "missing from the checkpoint, whose metadata records the `{kind}` optimizer's `{store}` state for {recorded} parameters (it holds {present})"
+                    ),
+                },
+                _ => mismatch(format!(
+                    "the checkpoint holds the `{kind}` optimizer's `{store}` state for {present} parameters, its metadata records {recorded}"
+                )),
             });
         }
     }

@@ -203,7 +203,6 @@ pub use half;
 
 pub mod amp;
 pub mod checkpoint;
-pub mod data;
 pub mod device;
 pub mod distributed;
 pub mod error;

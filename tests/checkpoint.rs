@@ -489,6 +489,68 @@ fn incomplete_non_finite_or_out_of_range_state_is_refused_before_anything_change
 }
 
 #[test]
+fn a_checkpoint_stripped_of_all_optimizer_state_is_refused_but_one_saved_before_any_step_loads() {
+    use typed_amp::optim::OptimizerState;
+    let dev = Cpu::seed_from_u64(5);
+    let dir = TempDir::new("checkpoint-no-state");
+    let path = dir.join("run.safetensors");
+    let mut model = Net::build(&dev).unwrap();
+    let mut opt: Adam<NetMaster<Cpu>, f32, Cpu> = Adam::new(model.master(), AdamConfig::default());
+    let mut scaler = GradScaler::default();
+    let mut fresh = Net::build(&Cpu::seed_from_u64(6)).unwrap();
+    let mut fresh_opt: Adam<NetMaster<Cpu>, f32, Cpu> =
+        Adam::new(fresh.master(), AdamConfig::default());
+    let mut fresh_scaler = GradScaler::default();
+    let optim_tensors = |path: &std::path::Path| {
+        let bytes = std::fs::read(path).unwrap();
+        let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        file.names()
+            .into_iter()
+            .filter(|n| n.starts_with("optim."))
+            .count()
+    };
+
+    // Saved before the optimizer's first update: it has no state yet, and none loads.
+    checkpoint::save(&path, &mut model, &opt, &scaler, &BTreeMap::new()).unwrap();
+    assert_eq!(optim_tensors(&path), 0);
+    checkpoint::load(&path, &mut fresh, &mut fresh_opt, &mut fresh_scaler).unwrap();
+    assert_eq!(master_bits(&fresh), master_bits(&model));
+
+    // After three steps it has: a file with all of it removed is refused, naming the file and
+    // a missing tensor, before anything changes (it used to load with a fresh Adam).
+    train_steps(&mut model, &mut opt, &mut scaler, 0..3);
+    checkpoint::save(&path, &mut model, &opt, &scaler, &BTreeMap::new()).unwrap();
+    assert!(optim_tensors(&path) > 0);
+    rewrite(&path, |tensors, _| {
+        tensors.retain(|(name, ..)| !name.starts_with("optim."))
+    });
+    let mut fresh = Net::build(&Cpu::seed_from_u64(6)).unwrap();
+    let mut fresh_opt: Adam<NetMaster<Cpu>, f32, Cpu> =
+        Adam::new(fresh.master(), AdamConfig::default());
+    let before = master_bits(&fresh);
+    let err = checkpoint::load(&path, &mut fresh, &mut fresh_opt, &mut fresh_scaler)
+        .expect_err("a checkpoint without its optimizer state loaded");
+    let message = err.to_string();
+    assert!(
+        matches!(&err, CheckpointError::Tensor { name, .. } if name.starts_with("optim.moment1.")),
+        "{err:?}"
+    );
+    assert!(
+        message.starts_with(&path.display().to_string())
+            && message.contains("missing")
+            && message.contains("adam"),
+        "{message}"
+    );
+    assert_eq!(
+        master_bits(&fresh),
+        before,
+        "a refused load changed the model"
+    );
+    assert_eq!(fresh_opt.scalars(), [("step_count", 0)]);
+    assert_eq!(fresh_scaler.get_scale(), 65536.0);
+}
+
+#[test]
 fn damaged_files_are_refused_in_sentences_that_name_the_file() {
     let dev = Cpu::seed_from_u64(8);
     let dir = TempDir::new("checkpoint-sentences");

@@ -21,7 +21,7 @@ pub use disabled::*;
 
 #[cfg(not(feature = "mpi"))]
 mod disabled {
-    use typed_amp::data::FashionMnist;
+    use typed_amp_data::FashionMnist;
 
     use crate::run::{RunConfig, RunError, RunReport};
 
@@ -63,7 +63,7 @@ mod enabled {
     use rand_chacha::ChaCha8Rng;
     use typed_amp::amp::{AmpModel, MasterOf, WorkingOf};
     use typed_amp::checkpoint;
-    use typed_amp::data::FashionMnist;
+    use typed_amp::device::Kernels;
     use typed_amp::dfdx::optim::Adam;
     use typed_amp::distributed::mpi::MpiCollective;
     use typed_amp::distributed::{
@@ -72,11 +72,13 @@ mod enabled {
     use typed_amp::optim::{cosine_lr, LearningRate, MasterOptimizer, OptimizerState};
     use typed_amp::prelude::*;
     use typed_amp::{AmpDevice, LowPrecisionUpdates, Parameters, TrainTarget};
+    use typed_amp_data::FashionMnist;
 
     use crate::run::{
         check_memory, claim_save_path, epoch_bar, evaluate, for_each_model, forward_loss,
         measure_checkpoint, meta_get, peak_rss, reset_peak_rss, resume_point, run_metadata,
-        DeviceChoice, EpochReport, Input, Logits, RunConfig, RunError, RunReport, Tally,
+        DeviceChoice, EpochReport, InputElem, Layout, Logits, RunConfig, RunError, RunReport,
+        Tally,
     };
 
     /// The processes of a data-parallel run, over MPI.
@@ -165,15 +167,15 @@ mod enabled {
         make_optimizer: impl FnOnce(&MasterOf<M, D>) -> O,
     ) -> Result<RunReport, RunError>
     where
-        D: AmpDevice,
+        D: AmpDevice + Kernels<InputElem<M, D>>,
         C: AllReduce<D>,
         M: AmpModel<D>,
-        I: Input,
+        I: Layout,
         WorkingOf<M, D>: ModuleMut<
-                Tensor<I::Shape, f32, D, MixedTape<D>>,
+                Tensor<I::Shape, InputElem<M, D>, D, MixedTape<D>>,
                 Output = Logits<D, MixedTape<D>>,
                 Error = D::Err,
-            > + Module<Tensor<I::Shape, f32, D>, Output = Logits<D>, Error = D::Err>,
+            > + Module<Tensor<I::Shape, InputElem<M, D>, D>, Output = Logits<D>, Error = D::Err>,
         O: MasterOptimizer<MasterOf<M, D>, D> + OptimizerState<D> + LearningRate,
     {
         if cfg.batch == 0 {
@@ -224,6 +226,7 @@ mod enabled {
 
         let mut grads = model.alloc_grads()?;
         let mut epochs = Vec::new();
+        crate::heap::reset_peak();
         // Saturating: `--stop-after 18446744073709551615` means "to the end", not a wrapped sum.
         let last_epoch = cfg.stop_after.map_or(cfg.epochs, |n| {
             first_epoch.saturating_add(n).min(cfg.epochs)
@@ -237,7 +240,7 @@ mod enabled {
             let started = Instant::now();
             for chunk in mine.chunks(cfg.batch) {
                 opt.set_learning_rate(cosine_lr(cfg.lr, steps, total_steps));
-                let loss = forward_loss::<I, _, D>(
+                let loss = forward_loss::<I, InputElem<M, D>, _, D>(
                     &dev,
                     model.working_mut(),
                     train,
@@ -271,7 +274,7 @@ mod enabled {
             // evaluating and saving (the weights are the same everywhere already).
             dist.sync_buffers(&mut model)?;
             let test_accuracy = if root {
-                evaluate::<I, _, D>(&dev, model.working(), &data.test)?
+                evaluate::<I, InputElem<M, D>, _, D>(&dev, model.working(), &data.test)?
             } else {
                 f32::NAN
             };
@@ -297,9 +300,12 @@ mod enabled {
         let scaler = GradScaler::from_state(dist.state())?;
         let test_accuracy = match epochs.last() {
             Some(e) => e.test_accuracy,
-            None if root => evaluate::<I, _, D>(&dev, model.working(), &data.test)?,
+            None if root => {
+                evaluate::<I, InputElem<M, D>, _, D>(&dev, model.working(), &data.test)?
+            }
             None => f32::NAN,
         };
+        let peak_heap_bytes = crate::heap::peak();
         let peak_rss_bytes = peak_rss();
         let checkpoint_bytes = match &cfg.save {
             Some(path) => std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
@@ -317,6 +323,8 @@ mod enabled {
             weights_bytes,
             checkpoint_bytes,
             peak_rss_bytes,
+            peak_heap_bytes,
+            pid: std::process::id(),
         })
     }
 

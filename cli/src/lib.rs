@@ -4,6 +4,7 @@
 //! training run and the report, so that tests can drive them directly.
 
 pub mod data_parallel;
+pub mod heap;
 pub mod memory;
 pub mod models;
 pub mod report;

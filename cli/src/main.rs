@@ -1,20 +1,27 @@
 //! `typed-amp`: train Fashion-MNIST in FP32 and mixed precision, and compare.
 
-use std::path::PathBuf;
-use std::process::ExitCode;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
 
 use typed_amp::amp::OptLevel;
-use typed_amp::data::FashionMnist;
 use typed_amp_cli::data_parallel::Ranks;
+use typed_amp_cli::heap::CountingAllocator;
 use typed_amp_cli::models::{Arch, LowDtype};
-use typed_amp_cli::report::{comparison_table, run_json};
-use typed_amp_cli::run::{run, DeviceChoice, RunConfig, RunError};
+use typed_amp_cli::report::{comparison_table, run_from_json, run_json};
+use typed_amp_cli::run::{run, DeviceChoice, RunConfig, RunError, RunReport};
+use typed_amp_data::{DataOrigin, FashionMnist};
+
+/// Counts the heap bytes the program holds, for each run's `peak heap (training)`.
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 const USAGE: &str = "\
 typed-amp: train Fashion-MNIST in FP32 and mixed precision
 
 USAGE:
-    typed-amp [compare] [OPTIONS]     train FP32 (O0), O2-FP16 and O2-BF16 alike, print the table
+    typed-amp [compare] [OPTIONS]     train FP32 (O0), O2-FP16 and O2-BF16 alike, each in its own
+                                      process, print the table
                                       (with --policy or --dtype: FP32 and that one mixed run)
     typed-amp train [OPTIONS]         train one model under one policy
 
@@ -242,7 +249,125 @@ fn diverged(report: &typed_amp_cli::run::RunReport) -> Option<String> {
     }
 }
 
-fn main_result(args: Args) -> Result<Option<String>, RunError> {
+/// How a command ended, when it did not fail.
+enum Outcome {
+    /// Trained, and the result is usable.
+    Done,
+    /// Finished, but trained nothing useful: why (printed, exit code 3).
+    Diverged(String),
+    /// Finished, but a run trained nothing useful and its process said so (exit code 3).
+    DivergedReported,
+}
+
+/// The arguments of a `typed-amp train --json` process that trains `cfg` on the data in
+/// `data_dir` (the default data where `None`).
+fn train_args(cfg: &RunConfig, data_dir: Option<&Path>) -> Vec<OsString> {
+    let mut args: Vec<OsString> = [
+        "train".to_string(),
+        "--model".to_string(),
+        cfg.arch.name().to_string(),
+        "--policy".to_string(),
+        cfg.policy.to_string(),
+        "--dtype".to_string(),
+        cfg.dtype.name().to_string(),
+        "--epochs".to_string(),
+        cfg.epochs.to_string(),
+        "--batch".to_string(),
+        cfg.batch.to_string(),
+        "--seed".to_string(),
+        cfg.seed.to_string(),
+        // `Display` of an f64 reads back as the same f64.
+        "--lr".to_string(),
+        cfg.lr.to_string(),
+        "--device".to_string(),
+        cfg.device.to_string(),
+        "--json".to_string(),
+    ]
+    .into_iter()
+    .map(OsString::from)
+    .collect();
+    if !cfg.progress {
+        args.push("--quiet".into());
+    }
+    if let Some(dir) = data_dir {
+        args.push("--data-dir".into());
+        args.push(dir.as_os_str().to_owned());
+    }
+    args
+}
+
+/// What one configuration of `compare` gave, trained by its own process.
+struct ChildRun {
+    report: RunReport,
+    /// Its JSON, as the process printed it.
+    json: serde_json::Value,
+    /// Whether it finished having trained nothing useful (exit code 3; it said why).
+    diverged: bool,
+}
+
+/// Trains `cfg` in a `typed-amp train --json` process of its own, so that its memory figures
+/// are its own: this process's allocator keeps what an earlier run freed. Its progress bar,
+/// warnings and errors go to this process's stderr as they come; its JSON result is read from
+/// its stdout. A run that fails ends `compare` with its exit code (its error already printed).
+fn run_in_child(cfg: &RunConfig, data_dir: Option<&Path>) -> Result<ChildRun, RunError> {
+    let label = cfg.label();
+    let program = std::env::current_exe().map_err(|e| {
+        RunError::Child(format!(
+            "cannot find this program to run {label} in a process of its own: {e}"
+        ))
+    })?;
+    let child = std::process::Command::new(&program)
+        .args(train_args(cfg, data_dir))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| {
+            RunError::Child(format!(
+                "cannot start {} to train {label}: {e}",
+                program.display()
+            ))
+        })?;
+    let pid = child.id();
+    let output = child.wait_with_output().map_err(|e| {
+        RunError::Child(format!(
+            "the {label} run (process {pid}) could not be waited for: {e}"
+        ))
+    })?;
+    let diverged = match output.status.code() {
+        Some(0) => false,
+        Some(code) if code == i32::from(EXIT_DIVERGED) => true,
+        Some(code @ (1 | 2)) => {
+            return Err(RunError::ChildFailed {
+                label,
+                code: code as u8,
+            })
+        }
+        _ => {
+            return Err(RunError::Child(format!(
+                "the {label} run (process {pid}) ended abnormally ({})",
+                output.status
+            )))
+        }
+    };
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).map_err(|e| {
+        RunError::Child(format!(
+            "the {label} run (process {pid}) printed no JSON result: {e}"
+        ))
+    })?;
+    let report = run_from_json(cfg, &json).map_err(|e| {
+        RunError::Child(format!(
+            "the {label} run (process {pid}) printed a result that cannot be read: {e}"
+        ))
+    })?;
+    Ok(ChildRun {
+        report,
+        json,
+        diverged,
+    })
+}
+
+fn main_result(args: Args) -> Result<Outcome, RunError> {
     // A data-parallel rank joins its run first: only rank 0 prints.
     let ranks = if args.data_parallel {
         Some(Ranks::join()?)
@@ -264,7 +389,7 @@ fn main_result(args: Args) -> Result<Option<String>, RunError> {
                 None => run(&args.config, &data)?,
             };
             if quiet {
-                return Ok(None);
+                return Ok(Outcome::Done);
             }
             let verdict = diverged(&report);
             if args.json {
@@ -293,7 +418,7 @@ fn main_result(args: Args) -> Result<Option<String>, RunError> {
                     report.final_scale
                 );
             }
-            Ok(verdict)
+            Ok(verdict.map_or(Outcome::Done, Outcome::Diverged))
         }
         Command::Compare => {
             let fp32 = RunConfig {
@@ -311,24 +436,35 @@ fn main_result(args: Args) -> Result<Option<String>, RunError> {
                     });
                 }
             }
+            // Each configuration trains in a process of its own, on the data loaded here.
+            let data_dir = match &data.origin {
+                DataOrigin::Directory(dir) => Some(dir.clone()),
+                DataOrigin::Embedded => None,
+            };
+            let description = data.describe();
+            drop(data);
             let runs = configs
                 .iter()
-                .map(|config| run(config, &data))
+                .map(|config| run_in_child(config, data_dir.as_deref()))
                 .collect::<Result<Vec<_>, _>>()?;
             if args.json {
                 let value = serde_json::json!({
-                    "data": data.describe(),
-                    "runs": runs.iter().map(run_json).collect::<Vec<_>>(),
+                    "data": description,
+                    "runs": runs.iter().map(|r| r.json.clone()).collect::<Vec<_>>(),
                 });
                 println!(
                     "{}",
                     serde_json::to_string_pretty(&value).expect("JSON values serialise")
                 );
             } else {
-                print!("{}", comparison_table(&runs));
+                let reports: Vec<RunReport> = runs.iter().map(|r| r.report.clone()).collect();
+                print!("{}", comparison_table(&reports));
             }
-            let verdicts: Vec<String> = runs.iter().filter_map(diverged).collect();
-            Ok((!verdicts.is_empty()).then(|| verdicts.join("\n")))
+            Ok(if runs.iter().any(|r| r.diverged) {
+                Outcome::DivergedReported
+            } else {
+                Outcome::Done
+            })
         }
     }
 }
@@ -349,11 +485,14 @@ fn main() -> ExitCode {
         }
     };
     match main_result(args) {
-        Ok(None) => ExitCode::SUCCESS,
-        Ok(Some(verdict)) => {
+        Ok(Outcome::Done) => ExitCode::SUCCESS,
+        Ok(Outcome::Diverged(verdict)) => {
             eprintln!("error: {verdict}");
             ExitCode::from(EXIT_DIVERGED)
         }
+        Ok(Outcome::DivergedReported) => ExitCode::from(EXIT_DIVERGED),
+        // The run's own process printed its error.
+        Err(RunError::ChildFailed { code, .. }) => ExitCode::from(code),
         Err(RunError::Usage(message)) => {
             eprintln!("error: {message}");
             ExitCode::from(2)

@@ -2,7 +2,7 @@
 
 use serde_json::{json, Value};
 
-use crate::run::RunReport;
+use crate::run::{EpochReport, RunConfig, RunReport};
 
 fn mib(bytes: u64) -> String {
     format!("{:.2} MiB", bytes as f64 / (1024.0 * 1024.0))
@@ -16,6 +16,7 @@ pub fn run_json(report: &RunReport) -> Value {
         "dtype": report.config.compute_dtype(),
         "label": report.config.label(),
         "recipe": report.recipe,
+        "master_weights": report.master_weights,
         "epochs": report.epochs.iter().map(|e| json!({
             "epoch": e.epoch,
             "seconds": e.seconds,
@@ -31,6 +32,8 @@ pub fn run_json(report: &RunReport) -> Value {
         "weights_bytes": report.weights_bytes,
         "checkpoint_bytes": report.checkpoint_bytes,
         "peak_rss_bytes": report.peak_rss_bytes,
+        "peak_heap_bytes": report.peak_heap_bytes,
+        "pid": report.pid,
         "batch": report.config.batch,
         "seed": report.config.seed,
     })
@@ -46,7 +49,7 @@ pub fn comparison_table(runs: &[RunReport]) -> String {
         }
     };
     type Row = (&'static str, fn(&RunReport) -> String);
-    let rows: [Row; 7] = [
+    let rows: [Row; 8] = [
         ("time / epoch", |r| {
             format!("{:.2} s", r.seconds_per_epoch())
         }),
@@ -54,6 +57,9 @@ pub fn comparison_table(runs: &[RunReport]) -> String {
         ("checkpoint on disk", |r| mib(r.checkpoint_bytes)),
         ("peak memory (RSS)", |r| {
             r.peak_rss_bytes.map_or("n/a".into(), mib)
+        }),
+        ("peak heap (training)", |r| {
+            r.peak_heap_bytes.map_or("n/a".into(), mib)
         }),
         ("test accuracy", |r| {
             format!("{:.2}%", 100.0 * r.test_accuracy)
@@ -95,4 +101,152 @@ pub fn comparison_table(runs: &[RunReport]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// A run's report read back from its JSON ([`run_json`]), as a `typed-amp train --json` child
+/// process printed it, for the run of `config`. Errors name the field that is missing or of
+/// the wrong type.
+pub fn run_from_json(config: &RunConfig, value: &Value) -> Result<RunReport, String> {
+    let field = |v: &Value, key: &str| -> Result<Value, String> {
+        v.get(key)
+            .cloned()
+            .ok_or_else(|| format!("no field `{key}`"))
+    };
+    let u64_of = |v: &Value, key: &str| -> Result<u64, String> {
+        field(v, key)?
+            .as_u64()
+            .ok_or_else(|| format!("`{key}` is not a whole number"))
+    };
+    let optional_u64 = |v: &Value, key: &str| -> Result<Option<u64>, String> {
+        match field(v, key)? {
+            Value::Null => Ok(None),
+            n => n
+                .as_u64()
+                .map(Some)
+                .ok_or_else(|| format!("`{key}` is not a whole number")),
+        }
+    };
+    // Non-finite values are written as `null` (JSON has no NaN).
+    let f32_of = |v: &Value, key: &str| -> Result<f32, String> {
+        match field(v, key)? {
+            Value::Null => Ok(f32::NAN),
+            n => n
+                .as_f64()
+                .map(|x| x as f32)
+                .ok_or_else(|| format!("`{key}` is not a number")),
+        }
+    };
+    let epochs = field(value, "epochs")?
+        .as_array()
+        .ok_or("`epochs` is not a list")?
+        .iter()
+        .map(|e| {
+            Ok(EpochReport {
+                epoch: u64_of(e, "epoch")? as usize,
+                seconds: field(e, "seconds")?
+                    .as_f64()
+                    .ok_or("`seconds` is not a number")?,
+                train_loss: f32_of(e, "train_loss")?,
+                train_accuracy: f32_of(e, "train_accuracy")?,
+                test_accuracy: f32_of(e, "test_accuracy")?,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(RunReport {
+        config: config.clone(),
+        recipe: field(value, "recipe")?
+            .as_str()
+            .ok_or("`recipe` is not text")?
+            .to_string(),
+        master_weights: field(value, "master_weights")?
+            .as_bool()
+            .ok_or("`master_weights` is not true or false")?,
+        epochs,
+        test_accuracy: f32_of(value, "test_accuracy")?,
+        steps: u64_of(value, "steps")?,
+        skipped_steps: u64_of(value, "skipped_steps")?,
+        final_scale: f32_of(value, "final_loss_scale")?,
+        weights_bytes: u64_of(value, "weights_bytes")? as usize,
+        checkpoint_bytes: u64_of(value, "checkpoint_bytes")?,
+        peak_rss_bytes: optional_u64(value, "peak_rss_bytes")?,
+        peak_heap_bytes: optional_u64(value, "peak_heap_bytes")?,
+        pid: u32::try_from(u64_of(value, "pid")?).map_err(|_| "`pid` is out of range")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::{Arch, LowDtype};
+    use crate::run::DeviceChoice;
+    use typed_amp::amp::OptLevel;
+
+    fn config() -> RunConfig {
+        RunConfig {
+            arch: Arch::Mlp,
+            policy: OptLevel::O2,
+            dtype: LowDtype::Bf16,
+            epochs: 2,
+            stop_after: None,
+            batch: 128,
+            seed: 0,
+            lr: 1e-3,
+            save: None,
+            resume: None,
+            progress: false,
+            device: DeviceChoice::Cpu,
+        }
+    }
+
+    #[test]
+    fn a_report_read_back_from_its_json_prints_the_same_json() {
+        let report = RunReport {
+            config: config(),
+            recipe: "O2 (bf16)".to_string(),
+            master_weights: true,
+            epochs: vec![
+                EpochReport {
+                    epoch: 1,
+                    seconds: 0.123456789,
+                    train_loss: 0.7,
+                    train_accuracy: 0.75,
+                    test_accuracy: 0.8,
+                },
+                EpochReport {
+                    epoch: 2,
+                    seconds: 0.1,
+                    train_loss: f32::NAN,
+                    train_accuracy: 0.1,
+                    test_accuracy: 0.1,
+                },
+            ],
+            test_accuracy: 0.1,
+            steps: 32,
+            skipped_steps: 3,
+            final_scale: 1.0,
+            weights_bytes: 3 << 20,
+            checkpoint_bytes: 6 << 20,
+            peak_rss_bytes: None,
+            peak_heap_bytes: Some(12345678),
+            pid: 4242,
+        };
+        let json = run_json(&report);
+        let back = run_from_json(&config(), &json).expect("its own JSON reads back");
+        assert_eq!(run_json(&back), json);
+        assert!(back.epochs[1].train_loss.is_nan(), "NaN is written as null");
+        assert_eq!(back.pid, 4242);
+
+        let mut broken = json.clone();
+        broken["steps"] = Value::from("many");
+        assert_eq!(
+            run_from_json(&config(), &broken).err().as_deref(),
+            Some("`steps` is not a whole number")
+        );
+        broken.as_object_mut().unwrap().remove("pid");
+        broken["steps"] = Value::from(3);
+        assert_eq!(
+            run_from_json(&config(), &broken).err().as_deref(),
+            Some("no field `pid`")
+        );
+    }
 }

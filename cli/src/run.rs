@@ -11,19 +11,22 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use typed_amp::amp::{AmpConfig, AmpModel, MasterOf, OptLevel, WorkingOf};
 use typed_amp::checkpoint::{self, CheckpointError};
-use typed_amp::data::{DataError, FashionMnist, Split, CLASSES, IMAGE_SIZE};
+use typed_amp::device::Kernels;
 use typed_amp::dfdx::optim::Adam;
 use typed_amp::loss::try_cross_entropy_with_logits_loss;
 use typed_amp::optim::{cosine_lr, LearningRate, MasterOptimizer, OptimizerState};
 use typed_amp::prelude::*;
-use typed_amp::{AmpDevice, AmpError, LowPrecisionUpdates, Parameters, TrainTarget};
+use typed_amp::{
+    AmpDevice, AmpElem, AmpError, LowPrecisionUpdates, Parameters, Precision, TrainTarget,
+};
+use typed_amp_data::{BatchError, DataError, FashionMnist, Normalize, Split, CLASSES};
+pub use typed_amp_data::{Flat, Image, Layout};
 
-use crate::memory;
 use crate::models::*;
+use crate::{heap, memory};
 
-/// Fashion-MNIST's pixel mean and standard deviation (of `pixel / 255`) over the training set.
-const PIXEL_MEAN: f32 = 0.2860;
-const PIXEL_STD: f32 = 0.3530;
+/// Pixels are normalised by Fashion-MNIST's mean and standard deviation.
+const NORMALIZE: Normalize = Normalize::FASHION_MNIST;
 /// Test images evaluated per forward pass.
 const EVAL_BATCH: usize = 500;
 
@@ -33,6 +36,9 @@ pub enum RunError {
     /// The data set could not be loaded.
     #[error(transparent)]
     Data(#[from] DataError),
+    /// A batch could not be built.
+    #[error(transparent)]
+    Batch(#[from] BatchError),
     /// Training failed on the device.
     #[error(transparent)]
     Amp(#[from] AmpError),
@@ -42,6 +48,19 @@ pub enum RunError {
     /// The arguments do not describe a run.
     #[error("{0}")]
     Usage(String),
+    /// A run of `compare`, trained in a process of its own, failed with exit code `code` (1 or
+    /// 2) after printing its error.
+    #[error("the {label} run failed with exit code {code}")]
+    ChildFailed {
+        /// The run (`O2-FP16`).
+        label: String,
+        /// Its process's exit code.
+        code: u8,
+    },
+    /// A run of `compare` could not be started in a process of its own, ended abnormally, or
+    /// printed no readable result.
+    #[error("{0}")]
+    Child(String),
 }
 
 /// What to train, and how.
@@ -114,6 +133,12 @@ pub struct RunReport {
     pub checkpoint_bytes: u64,
     /// Peak resident memory of the process during the run, where the OS reports it.
     pub peak_rss_bytes: Option<u64>,
+    /// The most heap bytes held at once from the first training step to the end of training
+    /// (evaluations and checkpoints included, loading the data and building the model not),
+    /// where the process counts them ([`crate::heap::CountingAllocator`]).
+    pub peak_heap_bytes: Option<u64>,
+    /// The process that trained.
+    pub pid: u32,
 }
 
 impl RunConfig {
@@ -145,67 +170,11 @@ impl RunReport {
     }
 }
 
-/// The input layout an architecture takes.
-pub trait Input {
-    /// A batch's shape.
-    type Shape: Shape;
-    /// The shape of `batch` images.
-    fn shape(batch: usize) -> Self::Shape;
-}
-
-/// Flattened images, `(batch, 784)`, for the MLP.
-pub struct Flat;
-impl Input for Flat {
-    type Shape = (usize, Const<IMAGE_SIZE>);
-    fn shape(batch: usize) -> Self::Shape {
-        (batch, Const)
-    }
-}
-
-/// Images, `(batch, 1, 28, 28)`, for the CNN.
-pub struct Image;
-impl Input for Image {
-    type Shape = (usize, Const<1>, Const<28>, Const<28>);
-    fn shape(batch: usize) -> Self::Shape {
-        (batch, Const, Const, Const)
-    }
-}
+/// The element type of `M`'s input: the precision its entry casts to (FP32 under O0 and O1,
+/// the 16-bit precision under O2 and O3), in which its batches are built.
+pub type InputElem<M, D> = <<M as AmpModel<D>>::Input as Precision>::Elem;
 
 pub(crate) type Logits<D, T = NoneTape> = Tensor<(usize, Const<CLASSES>), f32, D, T>;
-
-/// A batch: normalised pixels, one-hot labels, and the labels themselves.
-pub(crate) type Batch<I, D> = (
-    Tensor<<I as Input>::Shape, f32, D>,
-    Tensor<(usize, Const<CLASSES>), f32, D>,
-    Vec<u8>,
-);
-
-/// The examples `indices` of `split`.
-pub(crate) fn batch<I: Input, D: AmpDevice>(
-    dev: &D,
-    split: &Split,
-    indices: &[usize],
-) -> Batch<I, D> {
-    let mut x = Vec::with_capacity(indices.len() * IMAGE_SIZE);
-    let mut y = vec![0.0f32; indices.len() * CLASSES];
-    let mut labels = Vec::with_capacity(indices.len());
-    for (row, &i) in indices.iter().enumerate() {
-        x.extend(
-            split
-                .image(i)
-                .iter()
-                .map(|&p| (f32::from(p) / 255.0 - PIXEL_MEAN) / PIXEL_STD),
-        );
-        let label = split.label(i);
-        y[row * CLASSES + usize::from(label)] = 1.0;
-        labels.push(label);
-    }
-    (
-        dev.tensor_from_vec(x, I::shape(indices.len())),
-        dev.tensor_from_vec(y, (indices.len(), Const)),
-        labels,
-    )
-}
 
 /// How many rows of `logits` predict `labels`.
 pub(crate) fn correct(logits: &[f32], labels: &[u8]) -> usize {
@@ -229,20 +198,21 @@ pub(crate) fn correct(logits: &[f32], labels: &[u8]) -> usize {
         .count()
 }
 
-pub(crate) fn evaluate<I: Input, W, D: AmpDevice>(
+/// The share of `test` that `model` classifies right, from batches in precision `E`.
+pub(crate) fn evaluate<I: Layout, E: AmpElem, W, D: AmpDevice + Kernels<E>>(
     dev: &D,
     model: &W,
     test: &Split,
 ) -> Result<f32, RunError>
 where
-    W: Module<Tensor<I::Shape, f32, D>, Output = Logits<D>, Error = D::Err>,
+    W: Module<Tensor<I::Shape, E, D>, Output = Logits<D>, Error = D::Err>,
 {
     let indices: Vec<usize> = (0..test.len()).collect();
     let mut right = 0;
     for chunk in indices.chunks(EVAL_BATCH) {
-        let (x, _, labels) = batch::<I, D>(dev, test, chunk);
-        let logits = model.try_forward(x).map_err(AmpError::device)?;
-        right += correct(&logits.as_vec(), &labels);
+        let batch = test.batch::<I, E, D>(dev, chunk, NORMALIZE)?;
+        let logits = model.try_forward(batch.images).map_err(AmpError::device)?;
+        right += correct(&logits.as_vec(), &batch.labels);
     }
     Ok(right as f32 / test.len().max(1) as f32)
 }
@@ -361,9 +331,9 @@ impl std::fmt::Display for Tally {
     }
 }
 
-/// The training forward of one batch (the examples `chunk` of `train`) traced into `grads`:
-/// its FP32 loss, counted into `tally`.
-pub(crate) fn forward_loss<I, W, D>(
+/// The training forward of one batch (the examples `chunk` of `train`, in precision `E`)
+/// traced into `grads`: its FP32 loss, counted into `tally`.
+pub(crate) fn forward_loss<I, E, W, D>(
     dev: &D,
     working: &mut W,
     train: &Split,
@@ -372,26 +342,28 @@ pub(crate) fn forward_loss<I, W, D>(
     tally: &mut Tally,
 ) -> Result<Loss<D>, RunError>
 where
-    I: Input,
-    D: AmpDevice,
+    I: Layout,
+    E: AmpElem,
+    D: AmpDevice + Kernels<E>,
     W: ModuleMut<
-        Tensor<I::Shape, f32, D, MixedTape<D>>,
+        Tensor<I::Shape, E, D, MixedTape<D>>,
         Output = Logits<D, MixedTape<D>>,
         Error = D::Err,
     >,
 {
-    let (x, y, labels) = batch::<I, D>(dev, train, chunk);
+    let batch = train.batch::<I, E, D>(dev, chunk, NORMALIZE)?;
     let logits = working
-        .try_forward_mut(x.traced_mixed(grads))
+        .try_forward_mut(batch.images.traced_mixed(grads))
         .map_err(AmpError::device)?;
-    tally.right += correct(&logits.as_vec(), &labels);
+    tally.right += correct(&logits.as_vec(), &batch.labels);
     tally.seen += chunk.len();
-    let loss = try_cross_entropy_with_logits_loss(logits, y).map_err(AmpError::device)?;
+    let loss =
+        try_cross_entropy_with_logits_loss(logits, batch.targets).map_err(AmpError::device)?;
     tally.loss_sum += f64::from(loss.value()) * chunk.len() as f64;
     Ok(loss)
 }
 
-/// Every model, policy and dtype the CLI trains, each as `$train!(Model, Input, optimizer
+/// Every model, policy and dtype the CLI trains, each as `$train!(Model, Layout, optimizer
 /// dtype)` with the caller's `train!`: FP32 Adam on the master weights, or (O3) 16-bit Adam on
 /// the 16-bit weights, opted into.
 macro_rules! for_each_model {
@@ -486,14 +458,15 @@ fn run_model<M, I, O, D>(
     make_optimizer: impl FnOnce(&MasterOf<M, D>) -> O,
 ) -> Result<RunReport, RunError>
 where
-    D: AmpDevice,
+    D: AmpDevice + Kernels<InputElem<M, D>>,
     M: AmpModel<D>,
-    I: Input,
+    I: Layout,
+    // Batches come in the model's entry precision: its entry cast has nothing to do.
     WorkingOf<M, D>: ModuleMut<
-            Tensor<I::Shape, f32, D, MixedTape<D>>,
+            Tensor<I::Shape, InputElem<M, D>, D, MixedTape<D>>,
             Output = Logits<D, MixedTape<D>>,
             Error = D::Err,
-        > + Module<Tensor<I::Shape, f32, D>, Output = Logits<D>, Error = D::Err>,
+        > + Module<Tensor<I::Shape, InputElem<M, D>, D>, Output = Logits<D>, Error = D::Err>,
     O: MasterOptimizer<MasterOf<M, D>, D> + OptimizerState<D> + LearningRate,
 {
     if cfg.batch == 0 {
@@ -543,6 +516,7 @@ where
     let last_epoch = cfg.stop_after.map_or(cfg.epochs, |n| {
         first_epoch.saturating_add(n).min(cfg.epochs)
     });
+    heap::reset_peak();
     for epoch in first_epoch..last_epoch {
         let mut order: Vec<usize> = (0..train.len()).collect();
         order.shuffle(&mut rng);
@@ -551,7 +525,7 @@ where
         let started = Instant::now();
         for chunk in order.chunks(cfg.batch) {
             opt.set_learning_rate(cosine_lr(cfg.lr, steps, total_steps));
-            let loss = forward_loss::<I, _, D>(
+            let loss = forward_loss::<I, InputElem<M, D>, _, D>(
                 &dev,
                 model.working_mut(),
                 train,
@@ -571,7 +545,8 @@ where
         }
         let seconds = started.elapsed().as_secs_f64();
         bar.finish_and_clear();
-        let test_accuracy = evaluate::<I, _, D>(&dev, model.working(), &data.test)?;
+        let test_accuracy =
+            evaluate::<I, InputElem<M, D>, _, D>(&dev, model.working(), &data.test)?;
         epochs.push(EpochReport {
             epoch: epoch + 1,
             seconds,
@@ -587,8 +562,9 @@ where
 
     let test_accuracy = match epochs.last() {
         Some(e) => e.test_accuracy,
-        None => evaluate::<I, _, D>(&dev, model.working(), &data.test)?,
+        None => evaluate::<I, InputElem<M, D>, _, D>(&dev, model.working(), &data.test)?,
     };
+    let peak_heap_bytes = heap::peak();
     let peak_rss_bytes = peak_rss();
     let checkpoint_bytes = match &cfg.save {
         Some(path) => std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
@@ -606,6 +582,8 @@ where
         weights_bytes,
         checkpoint_bytes,
         peak_rss_bytes,
+        peak_heap_bytes,
+        pid: std::process::id(),
     })
 }
 
@@ -822,4 +800,25 @@ fn run_on<D: AmpDevice>(
         };
     }
     for_each_model!(cfg, train)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use typed_amp::precision::dtype_of;
+    use typed_amp::DType;
+
+    /// Batches are built in each model's entry precision: FP32 under O0 and O1 (O1 casts
+    /// per layer), the 16-bit precision under O2 and O3, which their entry cast then keeps.
+    #[test]
+    fn each_model_takes_its_batches_in_its_entry_precision() {
+        assert_eq!(dtype_of::<InputElem<MlpO0, Cpu>>(), DType::F32);
+        assert_eq!(dtype_of::<InputElem<MlpO1, Cpu>>(), DType::F32);
+        assert_eq!(dtype_of::<InputElem<MlpO2, Cpu>>(), DType::F16);
+        assert_eq!(dtype_of::<InputElem<MlpO3, Cpu>>(), DType::F16);
+        assert_eq!(dtype_of::<InputElem<MlpO2Bf16, Cpu>>(), DType::BF16);
+        assert_eq!(dtype_of::<InputElem<CnnO0, Cpu>>(), DType::F32);
+        assert_eq!(dtype_of::<InputElem<CnnO2, Cpu>>(), DType::F16);
+        assert_eq!(dtype_of::<InputElem<CnnO3Bf16, Cpu>>(), DType::BF16);
+    }
 }

@@ -287,6 +287,110 @@ fn damaged_data_gives_a_clear_error_and_a_nonzero_exit_code() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("train-images-idx3-ubyte.gz"));
 }
 
+/// Gzip-compressed IDX images (all black) and labels files holding `count` examples.
+fn idx_files(count: u32) -> (Vec<u8>, Vec<u8>) {
+    use std::io::Write;
+    let gzip = |bytes: &[u8]| {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(bytes).unwrap();
+        encoder.finish().unwrap()
+    };
+    let mut images = Vec::new();
+    for field in [0x0803, count, 28, 28] {
+        images.extend_from_slice(&u32::to_be_bytes(field));
+    }
+    images.resize(images.len() + count as usize * 784, 0);
+    let mut labels = Vec::new();
+    for field in [0x0801, count] {
+        labels.extend_from_slice(&u32::to_be_bytes(field));
+    }
+    labels.resize(labels.len() + count as usize, 0);
+    (gzip(&images), gzip(&labels))
+}
+
+#[test]
+fn data_files_without_examples_are_an_error_naming_them() {
+    for (images, labels, split) in [
+        (
+            "train-images-idx3-ubyte.gz",
+            "train-labels-idx1-ubyte.gz",
+            "training",
+        ),
+        (
+            "t10k-images-idx3-ubyte.gz",
+            "t10k-labels-idx1-ubyte.gz",
+            "test",
+        ),
+    ] {
+        let dir = TempDir::new(&format!("cli-empty-{split}"));
+        for name in [
+            "train-images-idx3-ubyte.gz",
+            "train-labels-idx1-ubyte.gz",
+            "t10k-images-idx3-ubyte.gz",
+            "t10k-labels-idx1-ubyte.gz",
+        ] {
+            std::fs::copy(Path::new(SUBSET).join(name), dir.join(name)).unwrap();
+        }
+        // Valid files with a count of 0: training used to take 0 steps and exit 0, testing
+        // to report "test accuracy 0.00%".
+        let (empty_images, empty_labels) = idx_files(0);
+        dir.write(images, &empty_images);
+        dir.write(labels, &empty_labels);
+        for command in ["train", "compare"] {
+            let out = typed_amp(&[
+                command,
+                "--epochs",
+                "1",
+                "--quiet",
+                "--data-dir",
+                dir.to_str().unwrap(),
+            ]);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{command} {split}: {stderr}");
+            assert_eq!(
+                stderr.trim_end(),
+                format!(
+                    "error: {} and {} hold no examples: the {split} split needs at least one",
+                    dir.join(images).display(),
+                    dir.join(labels).display()
+                )
+            );
+            assert!(
+                !String::from_utf8_lossy(&out.stdout).contains("accuracy"),
+                "{command} {split}"
+            );
+        }
+    }
+}
+
+#[test]
+fn resuming_a_checkpoint_stripped_of_its_optimizer_state_is_an_error_that_leaves_it_alone() {
+    let dir = TempDir::new("cli-stripped-state");
+    let ckpt = dir.join("run.st");
+    let arg = ckpt.to_str().unwrap();
+    ok(&typed_amp(
+        &[&TWO_EPOCHS[..], &["--stop-after", "1", "--save", arg]].concat(),
+    ));
+    common::rewrite(&ckpt, |tensors, _| {
+        tensors.retain(|(name, ..)| !name.starts_with("optim."))
+    });
+    let stripped = std::fs::read(&ckpt).unwrap();
+    // It used to resume from a fresh Adam with exit code 0 and overwrite the file.
+    let out = typed_amp(&[&TWO_EPOCHS[..], &["--resume", arg, "--save", arg]].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("error: {arg}: tensor `optim.moment1."))
+            && stderr.contains("missing from the checkpoint")
+            && stderr.contains("`adam` optimizer's `moment1` state"),
+        "{stderr}"
+    );
+    assert!(
+        std::fs::read(&ckpt).unwrap() == stripped,
+        "the file changed"
+    );
+}
+
 #[test]
 fn bad_arguments_are_usage_errors() {
     for args in [
@@ -349,6 +453,7 @@ fn compare_prints_the_table_and_json() {
         "weights in memory",
         "checkpoint on disk",
         "peak memory (RSS)",
+        "peak heap (training)",
         "test accuracy",
         "skipped steps",
         "final loss scale",
@@ -417,6 +522,147 @@ fn compare_prints_the_table_and_json() {
     let runs = value["runs"].as_array().expect("one object per column");
     assert_eq!(runs.len(), 2);
     assert_eq!(runs[1]["label"], "O2-BF16");
+}
+
+/// `typed-amp` with `args` on one worker thread (`RAYON_NUM_THREADS=1`: allocation is then
+/// deterministic), its JSON and its process id.
+fn json_on_one_thread(args: &[&str]) -> (serde_json::Value, u32) {
+    let child = Command::new(env!("CARGO_BIN_EXE_typed-amp"))
+        .args(args)
+        .env("RAYON_NUM_THREADS", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the typed-amp binary runs");
+    let pid = child.id();
+    let out = ok(&child.wait_with_output().unwrap());
+    (serde_json::from_str(&out).expect("--json prints JSON"), pid)
+}
+
+#[test]
+fn compare_trains_each_configuration_in_a_process_of_its_own() {
+    let settings = ["--epochs", "1", "--batch", "250", "--seed", "2"];
+    let data = ["--quiet", "--json", "--data-dir", SUBSET];
+    let (compared, compare_pid) =
+        json_on_one_thread(&[&["compare"][..], &settings, &data].concat());
+    let runs = compared["runs"].as_array().expect("one object per column");
+    assert_eq!(runs.len(), 3);
+    let pids: Vec<u64> = runs.iter().map(|r| r["pid"].as_u64().unwrap()).collect();
+    assert!(
+        pids.iter().all(|&pid| pid != u64::from(compare_pid)),
+        "{pids:?} against compare's {compare_pid}"
+    );
+    assert!(
+        pids[0] != pids[1] && pids[1] != pids[2] && pids[0] != pids[2],
+        "{pids:?}"
+    );
+
+    // Each figure is what a `train` process of its own reports.
+    let peak = |run: &serde_json::Value| {
+        let bytes = run["peak_heap_bytes"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no peak heap for {}", run["label"]));
+        assert!(bytes > 0, "{}", run["label"]);
+        bytes
+    };
+    let mut alone = Vec::new();
+    for (policy, dtype) in [("O0", "fp16"), ("O2", "fp16"), ("O2", "bf16")] {
+        let (run, _) = json_on_one_thread(
+            &[
+                &["train", "--policy", policy, "--dtype", dtype][..],
+                &settings,
+                &data,
+            ]
+            .concat(),
+        );
+        alone.push(run);
+    }
+    let compared_peaks: Vec<u64> = runs.iter().map(peak).collect();
+    let alone_peaks: Vec<u64> = alone.iter().map(peak).collect();
+    for (i, run) in runs.iter().enumerate() {
+        assert_eq!(run["label"], alone[i]["label"]);
+        assert_eq!(run["test_accuracy"], alone[i]["test_accuracy"]);
+        // Equal on one thread (measured); within 1% leaves room for allocator details.
+        let (a, b) = (compared_peaks[i] as f64, alone_peaks[i] as f64);
+        assert!(
+            (a - b).abs() <= 0.01 * b,
+            "{}: {a} bytes in compare, {b} alone",
+            run["label"]
+        );
+    }
+    // The row orders the runs as separate processes do.
+    let order = |peaks: &[u64]| {
+        let mut labels: Vec<usize> = (0..peaks.len()).collect();
+        labels.sort_by_key(|&i| peaks[i]);
+        labels
+    };
+    assert_eq!(
+        order(&compared_peaks),
+        order(&alone_peaks),
+        "compare {compared_peaks:?}, alone {alone_peaks:?}"
+    );
+}
+
+#[test]
+fn a_failing_or_diverging_run_of_compare_ends_it_with_that_runs_exit_code() {
+    // Every run diverges: each says so once, the table is still printed, exit code 3.
+    let out = typed_amp(&[
+        "compare",
+        "--lr",
+        "1e10",
+        "--epochs",
+        "1",
+        "--batch",
+        "500",
+        "--quiet",
+        "--data-dir",
+        SUBSET,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    for recipe in ["O0 (", "O2-FP16 (", "O2-BF16 ("] {
+        let said = stderr
+            .lines()
+            .filter(|l| l.starts_with(&format!("error: {recipe}")) && l.ends_with("lower --lr"))
+            .count();
+        assert_eq!(said, 1, "{recipe}: {stderr}");
+    }
+    assert_eq!(stderr.lines().count(), 3, "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("peak heap (training)"));
+
+    // A usage error found by a run's own process (its batch does not fit in memory): exit 2,
+    // its message once, no table.
+    if cfg!(target_os = "linux") {
+        let threads = std::env::var("RAYON_NUM_THREADS")
+            .ok()
+            .and_then(|n| n.parse::<u64>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64));
+        let out = typed_amp_limited(
+            (threads * 66 + 260) * 1024,
+            &[
+                "compare",
+                "--model",
+                "cnn",
+                "--batch",
+                "2000",
+                "--epochs",
+                "1",
+                "--quiet",
+                "--data-dir",
+                SUBSET,
+            ],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.starts_with("error: --batch 2000 needs about "),
+            "{stderr}"
+        );
+        assert_eq!(stderr.matches("error:").count(), 1, "{stderr}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(!stdout.contains("test accuracy"), "{stdout}");
+    }
 }
 
 /// `typed-amp` run by `sh` under an address-space limit (`ulimit -v`) of `kib`.

@@ -1,4 +1,6 @@
-//! Data sets for examples and the main job: the Fashion-MNIST loader.
+//! Fashion-MNIST for typed-amp's examples, notebooks and main job (`typed-amp`): the loader
+//! and a subset compiled in. It is a crate of its own so that the library, `typed-amp`, does not
+//! link 1.28 MB of images into every program that uses it.
 //!
 //! [`FashionMnist::load`] picks its source in this order:
 //!
@@ -6,7 +8,7 @@
 //!    so a typo in a path is an error rather than a silent switch to other data);
 //! 2. [`SYSTEM_DIR`], where Debian's `dataset-fashion-mnist` package installs the full
 //!    set, when all four files are there;
-//! 3. a subset compiled into the library (the first 2000 training and the first 1000
+//! 3. a subset compiled into this crate (the first 2000 training and the first 1000
 //!    test examples), so examples and tests run without any download.
 //!
 //! The loaded [`FashionMnist::origin`] records which one was used.
@@ -17,15 +19,23 @@
 //! the file; no file content can make the loader panic.
 //!
 //! ```
-//! use typed_amp::data::{FashionMnist, CLASS_NAMES};
+//! use typed_amp_data::{FashionMnist, CLASS_NAMES};
 //!
 //! let data = FashionMnist::embedded()?;
 //! assert_eq!(data.train.len(), 2000);
 //! let first = data.train.image(0); // 784 pixels, row-major, 0 = background
 //! assert_eq!(first.len(), 28 * 28);
 //! println!("{}: first label is {}", data.describe(), CLASS_NAMES[data.train.label(0) as usize]);
-//! # Ok::<(), typed_amp::data::DataError>(())
+//! # Ok::<(), typed_amp_data::DataError>(())
 //! ```
+//!
+//! [`Split::batch`] puts examples on a device as a [`Batch`], its images in the precision the
+//! model computes in (FP32, FP16 or BF16: see [`batch`]).
+#![warn(missing_docs)]
+
+pub mod batch;
+
+pub use batch::{Batch, BatchError, Flat, Image, Layout, Normalize};
 
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
@@ -73,13 +83,13 @@ pub const LABELS_MAGIC: u32 = 0x0000_0801;
 const EMBEDDED_DIR: &str = "<embedded fashion-mnist-subset>";
 
 const EMBEDDED_TRAIN_IMAGES: &[u8] =
-    include_bytes!("../../data/fashion-mnist-subset/train-images-idx3-ubyte.gz");
+    include_bytes!("../fashion-mnist-subset/train-images-idx3-ubyte.gz");
 const EMBEDDED_TRAIN_LABELS: &[u8] =
-    include_bytes!("../../data/fashion-mnist-subset/train-labels-idx1-ubyte.gz");
+    include_bytes!("../fashion-mnist-subset/train-labels-idx1-ubyte.gz");
 const EMBEDDED_TEST_IMAGES: &[u8] =
-    include_bytes!("../../data/fashion-mnist-subset/t10k-images-idx3-ubyte.gz");
+    include_bytes!("../fashion-mnist-subset/t10k-images-idx3-ubyte.gz");
 const EMBEDDED_TEST_LABELS: &[u8] =
-    include_bytes!("../../data/fashion-mnist-subset/t10k-labels-idx1-ubyte.gz");
+    include_bytes!("../fashion-mnist-subset/t10k-labels-idx1-ubyte.gz");
 
 /// Why a Fashion-MNIST file could not be loaded. Every variant names the file.
 #[derive(Debug, thiserror::Error)]
@@ -182,6 +192,21 @@ pub enum DataError {
         cols: u32,
     },
 
+    /// A split's files hold no examples (valid, but nothing to train on or to test with).
+    #[error(
+        "{} and {} hold no examples: the {split} split needs at least one",
+        .images_path.display(),
+        .labels_path.display()
+    )]
+    Empty {
+        /// The images file.
+        images_path: PathBuf,
+        /// The labels file.
+        labels_path: PathBuf,
+        /// Which split: `training` or `test`.
+        split: &'static str,
+    },
+
     /// A label is not a class index (`0..10`).
     #[error(
         "{}: label {label} at index {index} is out of range (expected 0..{CLASSES})",
@@ -258,7 +283,7 @@ impl Split {
 pub enum DataOrigin {
     /// The four files in this directory.
     Directory(PathBuf),
-    /// The subset compiled into the library.
+    /// The subset compiled into this crate.
     Embedded,
 }
 
@@ -287,7 +312,9 @@ impl FashionMnist {
         }
     }
 
-    /// Loads the four standard files from `dir`.
+    /// Loads the four standard files from `dir`. Both splits must hold at least one example:
+    /// an empty one is a [`DataError::Empty`] naming its files (training on it would take no
+    /// step, testing on it would report an accuracy of nothing).
     pub fn load_dir(dir: &Path) -> Result<Self, DataError> {
         let read = |name: &str| -> Result<(PathBuf, Vec<u8>), DataError> {
             let path = dir.join(name);
@@ -305,24 +332,26 @@ impl FashionMnist {
         let train_labels = read(TRAIN_LABELS_FILE)?;
         let test_images = read(TEST_IMAGES_FILE)?;
         let test_labels = read(TEST_LABELS_FILE)?;
+        type File = (PathBuf, Vec<u8>);
+        let split = |(images_path, images): File, (labels_path, labels): File, name| {
+            let split = parse_split(&images_path, &images, &labels_path, &labels)?;
+            if split.is_empty() {
+                return Err(DataError::Empty {
+                    images_path,
+                    labels_path,
+                    split: name,
+                });
+            }
+            Ok(split)
+        };
         Ok(Self {
-            train: parse_split(
-                &train_images.0,
-                &train_images.1,
-                &train_labels.0,
-                &train_labels.1,
-            )?,
-            test: parse_split(
-                &test_images.0,
-                &test_images.1,
-                &test_labels.0,
-                &test_labels.1,
-            )?,
+            train: split(train_images, train_labels, "training")?,
+            test: split(test_images, test_labels, "test")?,
             origin: DataOrigin::Directory(dir.to_path_buf()),
         })
     }
 
-    /// The subset compiled into the library: the first 2000 training and the first 1000
+    /// The subset compiled into this crate: the first 2000 training and the first 1000
     /// test examples, in the original order (see `data/fashion-mnist-subset/README.md`).
     pub fn embedded() -> Result<Self, DataError> {
         let embedded = |name: &str| Path::new(EMBEDDED_DIR).join(name);

@@ -5,12 +5,13 @@ use std::io::Write;
 use std::path::Path;
 
 use flate2::{write::GzEncoder, Compression};
-use typed_amp::data::{
+use typed_amp_data::{
     DataError, DataOrigin, FashionMnist, CLASSES, IMAGES_MAGIC, IMAGE_SIZE, LABELS_MAGIC,
     SYSTEM_DIR, TEST_IMAGES_FILE, TEST_LABELS_FILE, TRAIN_IMAGES_FILE, TRAIN_LABELS_FILE,
 };
 
 /// A fresh directory under the system temp dir, removed again when dropped.
+#[path = "../../tests/common/mod.rs"]
 mod common;
 use common::TempDir;
 
@@ -306,4 +307,31 @@ fn wrong_image_dimensions() {
         "{err:?}"
     );
     assert!(err.to_string().contains("32x32"), "{err}");
+}
+
+#[test]
+fn a_split_without_examples_is_an_error_naming_its_files() {
+    for (images, labels, split) in [
+        (TRAIN_IMAGES_FILE, TRAIN_LABELS_FILE, "training"),
+        (TEST_IMAGES_FILE, TEST_LABELS_FILE, "test"),
+    ] {
+        let dir = valid_dir(&format!("empty-{split}"));
+        // Valid IDX files with a count of 0.
+        dir.write(images, &gzip(&valid_images(0)));
+        dir.write(labels, &gzip(&valid_labels(0)));
+        let err = load_error(&dir, images);
+        assert!(
+            matches!(&err, DataError::Empty { split: s, labels_path, .. }
+                if *s == split && *labels_path == dir.join(labels)),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{} and {} hold no examples: the {split} split needs at least one",
+                dir.join(images).display(),
+                dir.join(labels).display()
+            )
+        );
+    }
 }
