@@ -40,6 +40,10 @@ fn plan_ty(plan: LayerPlan) -> TokenStream {
             let p = marker(plan.storage);
             quote!(::typed_amp::amp::layer::plan::Pass<#p>)
         }
+        Compute::KeepFp32(p) => {
+            let p = marker(p);
+            quote!(::typed_amp::amp::layer::plan::KeepFp32<#p>)
+        }
     }
 }
 

@@ -81,7 +81,7 @@ mod tests {
         );
         assert!(out.contains("pub struct CnnLayers < L0 , L1 , L2 >"));
         // Rows: matmul, norm, FP32 ops, elementwise, neutral.
-        let o2 = table(["In F16", "In F32", "In F32", "In F16", "Pass F16"]);
+        let o2 = table(["In F16", "KeepFp32 F16", "In F32", "In F16", "Pass F16"]);
         // Each layer's working type comes from its `AmpLayer` row under that table.
         assert!(
             out.contains(&format!(

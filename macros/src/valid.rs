@@ -99,6 +99,9 @@ pub enum Compute {
     In(Prec),
     /// In this 16-bit precision from FP32 parameters cast for the pass (O1).
     Autocast(Prec),
+    /// Activations in this 16-bit precision, parameters and arithmetic in FP32 (a norm under
+    /// `keep_batchnorm_fp32`).
+    KeepFp32(Prec),
 }
 
 /// A layer's storage and compute precision under the recipe.
@@ -311,11 +314,11 @@ pub fn plan_layer(recipe: &Recipe, kind: Row, pin: Option<Prec>) -> LayerPlan {
             compute: Compute::Autocast(low),
         },
         (O1, _) => at(Prec::F32),
-        (O2 | O3, Row::Norm) => at(if recipe.keep_batchnorm_fp32 {
-            Prec::F32
-        } else {
-            low
-        }),
+        (O2 | O3, Row::Norm) if recipe.keep_batchnorm_fp32 => LayerPlan {
+            storage: Prec::F32,
+            compute: Compute::KeepFp32(low),
+        },
+        (O2 | O3, Row::Norm) => at(low),
         (O2, Row::Fp32Op) => at(Prec::F32),
         (O2 | O3, Row::Neutral) => LayerPlan {
             storage: low,
@@ -376,7 +379,7 @@ mod tests {
             plan_layer(&o2, Row::Norm, None),
             LayerPlan {
                 storage: Prec::F32,
-                compute: Compute::In(Prec::F32)
+                compute: Compute::KeepFp32(Prec::F16)
             }
         );
         assert_eq!(

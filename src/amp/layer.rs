@@ -29,6 +29,7 @@ use dfdx::nn::modules::{Module, ModuleMut, Repeated, Residual};
 use dfdx::nn::TensorCollection;
 use dfdx::prelude::{Shape, Storage, Tensor, TryAdd, WithEmptyTape};
 
+use super::norm::{MixedNorm, MixedNormMut};
 use super::{try_convert, AmpModel, AutocastForward, CastTo, Converted};
 use crate::device::{AmpDevice, Kernels};
 use crate::error::AmpError;
@@ -104,6 +105,12 @@ pub mod plan {
     /// stored in `P`).
     #[derive(Debug)]
     pub struct Pass<P>(PhantomData<P>);
+
+    /// Apex's `keep_batchnorm_fp32` (O2's norms): parameters and statistics stored and computed
+    /// in FP32; the input is cast to the 16-bit `P` and the output is in `P`
+    /// ([`crate::amp::norm`]).
+    #[derive(Debug)]
+    pub struct KeepFp32<P>(PhantomData<P>);
 }
 
 /// A plan's storage precision: what a layer's parameters are held in.
@@ -122,6 +129,10 @@ impl<P: LowPrecision> Plan for plan::Autocast<P> {
 
 impl<P: Precision> Plan for plan::Pass<P> {
     type Storage = P;
+}
+
+impl<P: LowPrecision> Plan for plan::KeepFp32<P> {
+    type Storage = crate::F32;
 }
 
 /// A policy: the plan for each row of the table. `#[amp]` writes one [`Table`] per model from
@@ -630,6 +641,32 @@ impl<X: AutocastForward<M, P>, M, P: LowPrecision> RunPlannedMut<M, plan::Autoca
     type Error = X::Error;
     fn try_run_planned_mut(self, layer: &mut M) -> Result<X::Output, X::Error> {
         self.try_autocast_forward(layer)
+    }
+}
+
+impl<X, M, P> RunPlanned<M, plan::KeepFp32<P>> for X
+where
+    P: LowPrecision,
+    X: CastTo<P>,
+    M: MixedNorm<X::Output, Error = X::Error>,
+{
+    type Output = M::Output;
+    type Error = X::Error;
+    fn try_run_planned(self, layer: &M) -> Result<M::Output, X::Error> {
+        layer.try_forward_mixed(self.try_cast_to()?)
+    }
+}
+
+impl<X, M, P> RunPlannedMut<M, plan::KeepFp32<P>> for X
+where
+    P: LowPrecision,
+    X: CastTo<P>,
+    M: MixedNormMut<X::Output, Error = X::Error>,
+{
+    type Output = M::Output;
+    type Error = X::Error;
+    fn try_run_planned_mut(self, layer: &mut M) -> Result<M::Output, X::Error> {
+        layer.try_forward_mixed_mut(self.try_cast_to()?)
     }
 }
 

@@ -17,6 +17,7 @@ use crate::precision::{AmpElem, DType, LowPrecision, Precision};
 use crate::scaler::GradScaler;
 
 pub mod layer;
+pub mod norm;
 
 pub use layer::{kind, AmpLayer};
 

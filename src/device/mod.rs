@@ -12,6 +12,8 @@
 //! | [`FillKernel`] | fill, scale, clamp in place | [`crate::ops::fill`] |
 //! | [`HostKernel`] | exact copies to and from the host (checkpoints) | [`crate::ops::host`] |
 //! | [`LinearKernel`] | the linear layer fused (bias, ReLU, FP32 weight gradient) | [`crate::ops::linear`] |
+//! | [`MixedBatchNormKernel`] | batch norm over 16-bit activations with FP32 statistics | [`crate::ops::batchnorm`] |
+//! | [`ReluKernel`] | ReLU in place and its mask, for fusing it into the op before it | [`crate::ops::relu`] |
 //! | [`UpdateKernel`] | the optimizer's update fused with the working copy's refresh | [`crate::ops::update`] |
 //!
 //! [`Kernels<E>`] bundles them, with dfdx's `Device<E>` and `ConvDevice<E>`, for one element type,
@@ -22,11 +24,13 @@
 mod allocator;
 pub use allocator::keep_freed_memory;
 
+pub use crate::ops::batchnorm::MixedBatchNormKernel;
 pub use crate::ops::cast::CastKernel;
 pub use crate::ops::fill::FillKernel;
 pub use crate::ops::host::HostKernel;
 pub use crate::ops::linear::LinearKernel;
 pub use crate::ops::reduce::ReduceKernel;
+pub use crate::ops::relu::ReluKernel;
 pub use crate::ops::unscale::UnscaleKernel;
 pub use crate::ops::update::UpdateKernel;
 
@@ -66,6 +70,8 @@ macro_rules! define_capabilities {
             + CastKernel<E, E>
             + UpdateKernel<E>
             + LinearKernel<E>
+            + ReluKernel<E>
+            + MixedBatchNormKernel<E>
             $(
                 + CastKernel<E, $elem>
                 + CastKernel<$elem, E>
@@ -88,6 +94,8 @@ macro_rules! define_capabilities {
                 + CastKernel<E, E>
                 + UpdateKernel<E>
                 + LinearKernel<E>
+                + ReluKernel<E>
+                + MixedBatchNormKernel<E>
                 $(
                     + CastKernel<E, $elem>
                     + CastKernel<$elem, E>

@@ -1,6 +1,8 @@
 //! The ops mixed precision adds to dfdx, one per folder, each with its CPU kernel and its CUDA
 //! kernel side by side (dfdx's `tensor_ops/<op>/` layout):
 //!
+//! - [`batchnorm`]: batch norm with 16-bit activations and FP32 parameters and statistics
+//!   ([`batchnorm::MixedBatchNormKernel`]);
 //! - [`cast`]: differentiable precision casts ([`cast::to_f16`], [`cast::to_f32`], ...), and the
 //!   buffer casts they and the master weights run on ([`cast::CastKernel`]);
 //! - [`unscale`]: dividing gradients by the loss scale fused with the inf/NaN check
@@ -17,6 +19,7 @@
 //!
 //! The kernels' traits are the device capabilities [`crate::device::Kernels`] bundles.
 
+pub mod batchnorm;
 pub mod cast;
 pub mod fill;
 pub mod host;

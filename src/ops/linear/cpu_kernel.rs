@@ -133,26 +133,6 @@ impl<E: AmpElem> LinearKernel<E> for Cpu {
         Ok(())
     }
 
-    fn try_relu_in_place(&self, y: &mut <Self as Storage<E>>::Vec) -> Result<(), CpuError> {
-        let relu = |v: &mut [f32]| {
-            // Not `max`: NaN becomes 0 as with dfdx's `x.max(0)`, and so does -0.
-            v.iter_mut()
-                .for_each(|x| *x = if *x > 0.0 { *x } else { 0.0 });
-        };
-        if let Some(y) = as_f32_mut::<E>(y) {
-            relu(y);
-            return Ok(());
-        }
-        let mut tmp = [0f32; CHUNK];
-        for chunk in y.chunks_mut(CHUNK) {
-            let tmp = &mut tmp[..chunk.len()];
-            E::slice_to_f32(chunk, tmp);
-            relu(tmp);
-            E::slice_from_f32(tmp, chunk);
-        }
-        Ok(())
-    }
-
     fn try_linear_backward_bias(
         &self,
         d: LinearDims,

@@ -24,6 +24,7 @@ use dfdx::tensor::CpuError;
 
 use crate::device::{AmpDevice, Kernels};
 use crate::ops::cast::AmpTape;
+use crate::ops::relu::FusedRelu;
 use crate::precision::AmpElem;
 
 /// The activation a fused op applies before its output is stored.
@@ -56,12 +57,6 @@ pub trait LinearKernel<E: AmpElem>:
         y: &mut <Self as Storage<E>>::Vec,
     ) -> Result<(), Self::Err> {
         let _ = (dims, x, x_rs, w, b, y);
-        Err(CpuError::WrongNumElements.into())
-    }
-
-    /// `y = max(y, 0)` in place.
-    fn try_relu_in_place(&self, y: &mut <Self as Storage<E>>::Vec) -> Result<(), Self::Err> {
-        let _ = y;
         Err(CpuError::WrongNumElements.into())
     }
 
@@ -152,10 +147,6 @@ impl<B: Dim, S: Dim, const I: usize, const O: usize> LinearInput<I, O> for (B, S
     }
 }
 
-/// What the backward needs of the activation fused after the op: the op's output once an
-/// activation overwrote it (see [`crate::ops::relu`]).
-pub(crate) type FusedActivation<S, E, D> = Rc<RefCell<Option<Tensor<S, E, D>>>>;
-
 /// Runs `layer` on `x` as one fused op where the device and the input's layout allow, else with
 /// the layer's own forward.
 pub fn try_linear<S, const I: usize, const O: usize, E, D, T>(
@@ -195,7 +186,7 @@ where
     )?;
     let (weight, bias) = (layer.weight.clone(), layer.bias.clone());
     let y_id = y.id();
-    let fused: FusedActivation<S::Output, E, D> = Rc::new(RefCell::new(None));
+    let fused: FusedRelu<S::Output, E, D> = Rc::new(RefCell::new(None));
     let activation = fused.clone();
     tape.record_mixed(move |grads| {
         let _timing = typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::Products);

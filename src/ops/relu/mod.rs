@@ -1,22 +1,54 @@
 //! ReLU, fused into the op that produced its input where it can be: when the input is the
-//! output of a fused linear op ([`crate::ops::linear`]) recorded just before, and nothing else
-//! holds that output, the ReLU overwrites it in place and the linear op's backward applies the
-//! ReLU's derivative (by the ReLU's output: positive where its input was) in the pass that sums
-//! the bias gradient. The output keeps the input's id, so its gradient is the one the linear op
-//! reads. Otherwise dfdx's ReLU runs.
+//! output of an op that offered the fusion (the fused linear op, [`crate::ops::linear`], and
+//! batch norm, [`crate::ops::batchnorm`]) recorded just before, and nothing else holds that
+//! output, the ReLU overwrites it in place and that op's backward applies the ReLU's derivative
+//! (by the ReLU's output: positive where its input was) to its output gradient before using it
+//! (the linear op in the pass that sums its bias gradient). The output keeps the input's id, so
+//! its gradient is the one the op reads. Otherwise dfdx's ReLU runs.
 //!
 //! The fused derivative zeroes the gradient where the input was not positive, as PyTorch's
 //! `threshold_backward` does; dfdx's multiplies it by zero, which turns an infinite gradient
 //! there into NaN. Either way the product reaching the weights is the same for finite values.
 
+mod cpu_kernel;
+
 use std::cell::RefCell;
 
-use dfdx::prelude::{PutTape, Shape, SplitTape, Tape, Tensor};
+use dfdx::prelude::{HasErr, PutTape, Shape, SplitTape, Storage, Tape, Tensor};
+use dfdx::tensor::CpuError;
 
 use crate::device::{AmpDevice, Kernels};
 use crate::ops::cast::AmpTape;
-use crate::ops::linear::LinearKernel;
 use crate::precision::AmpElem;
+
+/// ReLU's kernels, for fusing it into the op before it.
+pub trait ReluKernel<E: AmpElem>: Storage<E> + HasErr<Err: From<CpuError>> {
+    /// Whether the device has these kernels (else ReLU always runs as dfdx's op).
+    const FUSED: bool = false;
+
+    /// `y = max(y, 0)` in place.
+    fn try_relu_in_place(&self, y: &mut <Self as Storage<E>>::Vec) -> Result<(), Self::Err> {
+        let _ = y;
+        Err(CpuError::WrongNumElements.into())
+    }
+
+    /// ReLU's backward in place, by its output `out`: `grad = 0` where `out` is not positive.
+    fn try_relu_mask(
+        &self,
+        out: &<Self as Storage<E>>::Vec,
+        grad: &mut <Self as Storage<E>>::Vec,
+    ) -> Result<(), Self::Err> {
+        let _ = (out, grad);
+        Err(CpuError::WrongNumElements.into())
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl<E: AmpElem> ReluKernel<E> for dfdx::prelude::Cuda where dfdx::prelude::Cuda: Storage<E> {}
+
+/// What an op that offers to fuse a ReLU keeps for its backward: its output once the ReLU
+/// overwrote it (empty if no ReLU came).
+pub(crate) type FusedRelu<S, E, D> = std::rc::Rc<RefCell<Option<Tensor<S, E, D>>>>;
 
 /// `max(x, 0)`, differentiable on a [`MixedTape`](crate::MixedTape), fused into the linear op
 /// before it where possible (see the module documentation).
@@ -28,14 +60,14 @@ where
     T: AmpTape<D> + Tape<E, D>,
 {
     let (mut x, mut tape) = x.split_tape();
-    if <D as LinearKernel<E>>::FUSED {
+    if <D as ReluKernel<E>>::FUSED {
         let offer = tape
             .take_activation(x.id())
             .and_then(|slot| slot.downcast::<RefCell<Option<Tensor<S, E, D>>>>().ok());
         if let Some(slot) = offer {
             let dev = x.device().clone();
             if let Some(buf) = x.storage_mut_if_unique() {
-                LinearKernel::<E>::try_relu_in_place(&dev, buf)?;
+                ReluKernel::<E>::try_relu_in_place(&dev, buf)?;
                 *slot.borrow_mut() = Some(x.clone());
                 return Ok(x.put_tape(tape));
             }

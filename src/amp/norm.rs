@@ -1,0 +1,148 @@
+//! How a norm layer with FP32 parameters runs on 16-bit activations: the
+//! [`plan::KeepFp32`](crate::amp::layer::plan::KeepFp32) row of the policy table (Apex's
+//! `keep_batchnorm_fp32`, O2's default).
+//!
+//! Batch norm runs as typed-amp's mixed op ([`crate::ops::batchnorm`]): the 16-bit input is
+//! normalized with FP32 statistics into a 16-bit output, no FP32 copy of the activations made.
+//! Where that op cannot run (a device without its kernels, an input that is not contiguous),
+//! and for layer norm until it has a mixed op of its own, the layer runs in FP32 between two
+//! casts, as O2 ran every norm before.
+
+use dfdx::nn::modules::{BatchNorm1D, BatchNorm2D, LayerNorm1D, Module, ModuleMut};
+use dfdx::prelude::{Axes2, Axes3, Axis, Const, Dim, NoneTape, Shape, Tape, Tensor};
+use dfdx::tensor::TrainingTape;
+
+use crate::device::{AmpDevice, Kernels};
+use crate::ops::batchnorm::{
+    fused_layout, try_batchnorm_infer, try_batchnorm_train, BatchNormParams,
+};
+use crate::ops::cast::{AmpTape, Cast};
+use crate::precision::AmpElem;
+
+/// A norm layer with FP32 parameters run (inference, `forward`) on activations of another
+/// precision, returning that precision.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot run on `{X}` with FP32 parameters",
+    label = "no mixed-precision norm forward for this input",
+    note = "under `keep_batchnorm_fp32` (O2's default) a norm layer keeps FP32 parameters and takes 16-bit activations: batch norm and layer norm can; for another layer, implement `typed_amp::amp::norm::MixedNorm`, or pin the field with `#[amp(fp32)]`"
+)]
+pub trait MixedNorm<X> {
+    /// The output, in the input's precision.
+    type Output;
+    /// The error the forward can return.
+    type Error: std::fmt::Debug;
+    /// Runs the layer on `x`.
+    fn try_forward_mixed(&self, x: X) -> Result<Self::Output, Self::Error>;
+}
+
+/// [`MixedNorm`] for training (`forward_mut`: batch norm uses and updates batch statistics).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot train on `{X}` with FP32 parameters",
+    label = "no mixed-precision norm training forward for this input",
+    note = "under `keep_batchnorm_fp32` (O2's default) a norm layer keeps FP32 parameters and takes 16-bit activations: batch norm and layer norm can; for another layer, implement `typed_amp::amp::norm::MixedNormMut`, or pin the field with `#[amp(fp32)]`"
+)]
+pub trait MixedNormMut<X> {
+    /// The output, in the input's precision.
+    type Output;
+    /// The error the forward can return.
+    type Error: std::fmt::Debug;
+    /// Runs the layer on `x`, updating its running statistics.
+    fn try_forward_mixed_mut(&mut self, x: X) -> Result<Self::Output, Self::Error>;
+}
+
+macro_rules! batch_norm {
+    ($layer:ident, [$($dims:ident: Dim),*], $shape:ty, $axes:ty) => {
+        impl<const C: usize, $($dims: Dim,)* E: AmpElem, D: AmpDevice + Kernels<E>>
+            MixedNorm<Tensor<$shape, E, D, NoneTape>> for $layer<C, f32, D>
+        {
+            type Output = Tensor<$shape, E, D, NoneTape>;
+            type Error = D::Err;
+            fn try_forward_mixed(
+                &self,
+                x: Tensor<$shape, E, D, NoneTape>,
+            ) -> Result<Self::Output, D::Err> {
+                let Some(lay) = fused_layout::<C, $shape, $axes, E, D, NoneTape>(&x, false) else {
+                    let y = self.try_forward(x.try_to_f32()?)?;
+                    return y.try_cast::<E::Precision>();
+                };
+                // Inference reads the running statistics only; the op takes them mutably.
+                let (mut mean, mut var) = (self.running_mean.clone(), self.running_var.clone());
+                try_batchnorm_infer(
+                    lay,
+                    x,
+                    BatchNormParams {
+                        scale: &self.scale,
+                        bias: &self.bias,
+                        running_mean: &mut mean,
+                        running_var: &mut var,
+                        epsilon: self.epsilon,
+                        momentum: self.momentum,
+                    },
+                )
+            }
+        }
+
+        impl<const C: usize, $($dims: Dim,)* E, D, T> MixedNormMut<Tensor<$shape, E, D, T>>
+            for $layer<C, f32, D>
+        where
+            E: AmpElem,
+            D: AmpDevice + Kernels<E>,
+            T: AmpTape<D> + TrainingTape<E, D> + TrainingTape<f32, D> + Tape<E, D>,
+        {
+            type Output = Tensor<$shape, E, D, T>;
+            type Error = D::Err;
+            fn try_forward_mixed_mut(
+                &mut self,
+                x: Tensor<$shape, E, D, T>,
+            ) -> Result<Self::Output, D::Err> {
+                let Some(lay) = fused_layout::<C, $shape, $axes, E, D, T>(&x, true) else {
+                    let y = self.try_forward_mut(x.try_to_f32()?)?;
+                    return y.try_cast::<E::Precision>();
+                };
+                try_batchnorm_train(
+                    lay,
+                    x,
+                    BatchNormParams {
+                        scale: &self.scale,
+                        bias: &self.bias,
+                        running_mean: &mut self.running_mean,
+                        running_var: &mut self.running_var,
+                        epsilon: self.epsilon,
+                        momentum: self.momentum,
+                    },
+                )
+            }
+        }
+    };
+}
+
+batch_norm!(BatchNorm2D, [B: Dim, H: Dim, W: Dim], (B, Const<C>, H, W), Axes3<0, 2, 3>);
+batch_norm!(BatchNorm2D, [H: Dim, W: Dim], (Const<C>, H, W), Axes2<1, 2>);
+batch_norm!(BatchNorm1D, [B: Dim], (B, Const<C>), Axis<0>);
+
+// Layer norm: in FP32 between two casts (a mixed layer norm op is the transformers' work).
+impl<const M: usize, S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>, T: AmpTape<D>>
+    MixedNorm<Tensor<S, E, D, T>> for LayerNorm1D<M, f32, D>
+where
+    Self: Module<Tensor<S, f32, D, T>, Output = Tensor<S, f32, D, T>, Error = D::Err>,
+{
+    type Output = Tensor<S, E, D, T>;
+    type Error = D::Err;
+    fn try_forward_mixed(&self, x: Tensor<S, E, D, T>) -> Result<Self::Output, D::Err> {
+        self.try_forward(x.try_to_f32()?)?
+            .try_cast::<E::Precision>()
+    }
+}
+
+impl<const M: usize, S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>, T: AmpTape<D>>
+    MixedNormMut<Tensor<S, E, D, T>> for LayerNorm1D<M, f32, D>
+where
+    Self: ModuleMut<Tensor<S, f32, D, T>, Output = Tensor<S, f32, D, T>, Error = D::Err>,
+{
+    type Output = Tensor<S, E, D, T>;
+    type Error = D::Err;
+    fn try_forward_mixed_mut(&mut self, x: Tensor<S, E, D, T>) -> Result<Self::Output, D::Err> {
+        self.try_forward_mut(x.try_to_f32()?)?
+            .try_cast::<E::Precision>()
+    }
+}

@@ -1,0 +1,62 @@
+use dfdx::prelude::{Cpu, CpuError, Storage};
+
+use super::ReluKernel;
+use crate::device::cpu::{as_f32, as_f32_mut, check_lengths, CHUNK};
+use crate::precision::AmpElem;
+
+/// ReLU's forward on FP32 values. Not `max`: NaN becomes 0 as with dfdx's `x.max(0)`, and so
+/// does -0.
+#[inline]
+fn relu(v: &mut [f32]) {
+    v.iter_mut()
+        .for_each(|x| *x = if *x > 0.0 { *x } else { 0.0 });
+}
+
+impl<E: AmpElem> ReluKernel<E> for Cpu {
+    const FUSED: bool = true;
+
+    fn try_relu_in_place(&self, y: &mut <Self as Storage<E>>::Vec) -> Result<(), CpuError> {
+        if let Some(y) = as_f32_mut::<E>(y) {
+            relu(y);
+            return Ok(());
+        }
+        let mut tmp = [0f32; CHUNK];
+        for chunk in y.chunks_mut(CHUNK) {
+            let tmp = &mut tmp[..chunk.len()];
+            E::slice_to_f32(chunk, tmp);
+            relu(tmp);
+            E::slice_from_f32(tmp, chunk);
+        }
+        Ok(())
+    }
+
+    fn try_relu_mask(
+        &self,
+        out: &<Self as Storage<E>>::Vec,
+        grad: &mut <Self as Storage<E>>::Vec,
+    ) -> Result<(), CpuError> {
+        check_lengths(out.len(), grad.len())?;
+        // Where the output is not positive the input was not either: the gradient is zero
+        // there (a select, not a product: an infinite gradient gives 0, not NaN).
+        let zero = <E as AmpElem>::from_f32(0.0);
+        if let Some(out) = as_f32::<E>(out) {
+            for (g, y) in grad.iter_mut().zip(out) {
+                if *y <= 0.0 || y.is_nan() {
+                    *g = zero;
+                }
+            }
+            return Ok(());
+        }
+        let mut tmp = [0f32; CHUNK];
+        for (g, y) in grad.chunks_mut(CHUNK).zip(out.chunks(CHUNK)) {
+            let tmp = &mut tmp[..y.len()];
+            E::slice_to_f32(y, tmp);
+            for (g, y) in g.iter_mut().zip(tmp.iter()) {
+                if !(*y > 0.0) {
+                    *g = zero;
+                }
+            }
+        }
+        Ok(())
+    }
+}
