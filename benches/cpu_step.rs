@@ -8,8 +8,9 @@
 //!   conv(16→32, 3×3, pad 1)-BN-ReLU-maxpool 2, flatten, linear 1568→10; batch 128 of 1×28×28.
 //!
 //! Loss: cross-entropy with logits, in FP32. Optimizer: Adam (lr 1e-3, PyTorch's defaults).
-//! One fixed random batch, generated once; forward in training mode (`forward_mut`: batch norm
-//! uses and updates batch statistics).
+//! One fixed random batch, generated once (for `#[amp]` models, in the model's entry precision,
+//! as the main job's loader gives it); forward in training mode (`forward_mut`: batch norm uses
+//! and updates batch statistics).
 //!
 //! Configurations per model:
 //!
@@ -128,6 +129,8 @@ cnn!(CnnO1Bf16, policy = "O1", dtype = "bf16");
 type MlpShape = (usize, Const<784>);
 type CnnShape = (usize, Const<1>, Const<28>, Const<28>);
 type Logits<T> = Tensor<(usize, Const<CLASSES>), f32, Cpu, T>;
+/// The element type an `#[amp]` model's entry casts its input to.
+type InputElem<M> = <<M as AmpModel<Cpu>>::Input as typed_amp::Precision>::Elem;
 
 /// One fixed batch: standard-normal inputs and one-hot labels drawn uniformly.
 struct Batch<S: Shape> {
@@ -223,12 +226,16 @@ where
     M: AmpModel<Cpu>,
     M::Weights: 'static,
     WorkingOf<M, Cpu>: ModuleMut<
-        Tensor<S, f32, Cpu, MixedTape<Cpu>>,
+        Tensor<S, InputElem<M>, Cpu, MixedTape<Cpu>>,
         Output = Logits<MixedTape<Cpu>>,
         Error = <Cpu as HasErr>::Err,
     >,
     O: MasterOptimizer<MasterOf<M, Cpu>, Cpu> + 'static,
+    Cpu: typed_amp::device::Kernels<InputElem<M>>,
 {
+    // The batch in the model's entry precision, as the main job's loader makes it (16 bits
+    // under O2): the forward's entry cast then has nothing to do.
+    let x = data.x.cast::<M::Input>();
     let mut model = M::try_build(dev).expect("the model builds");
     let mut opt = make_optimizer(model.master());
     let scaler = std::rc::Rc::new(std::cell::RefCell::new(M::scaler()));
@@ -241,7 +248,7 @@ where
             .expect("gradients are put back after each step");
         let logits = model
             .working_mut()
-            .try_forward_mut(data.x.clone().traced_mixed(g))
+            .try_forward_mut(x.clone().traced_mixed(g))
             .map_err(AmpError::device)?;
         let loss = cross_entropy_with_logits_loss(logits, data.y.clone());
         let value = loss.value();

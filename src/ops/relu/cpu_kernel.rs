@@ -38,24 +38,24 @@ impl<E: AmpElem> ReluKernel<E> for Cpu {
         check_lengths(out.len(), grad.len())?;
         // Where the output is not positive the input was not either: the gradient is zero
         // there (a select, not a product: an infinite gradient gives 0, not NaN).
-        let zero = <E as AmpElem>::from_f32(0.0);
-        if let Some(out) = as_f32::<E>(out) {
-            for (g, y) in grad.iter_mut().zip(out) {
-                if *y <= 0.0 || y.is_nan() {
-                    *g = zero;
-                }
-            }
+        // Selects in FP32, not branches: the mask is as random as the activations' signs.
+        let select = |g: &mut [f32], y: &[f32]| {
+            g.iter_mut()
+                .zip(y)
+                .for_each(|(g, y)| *g = if *y > 0.0 { *g } else { 0.0 });
+        };
+        if let (Some(out), Some(grad)) = (as_f32::<E>(out), as_f32_mut::<E>(grad)) {
+            select(grad, out);
             return Ok(());
         }
-        let mut tmp = [0f32; CHUNK];
-        for (g, y) in grad.chunks_mut(CHUNK).zip(out.chunks(CHUNK)) {
-            let tmp = &mut tmp[..y.len()];
-            E::slice_to_f32(y, tmp);
-            for (g, y) in g.iter_mut().zip(tmp.iter()) {
-                if !(*y > 0.0) {
-                    *g = zero;
-                }
-            }
+        let (mut y, mut g) = ([0f32; CHUNK], [0f32; CHUNK]);
+        for (gc, yc) in grad.chunks_mut(CHUNK).zip(out.chunks(CHUNK)) {
+            let n = yc.len();
+            E::slice_to_f32(yc, &mut y[..n]);
+            E::slice_to_f32(gc, &mut g[..n]);
+            select(&mut g[..n], &y[..n]);
+            // Exact: every value is one `E` held, or zero.
+            E::slice_from_f32(&g[..n], gc);
         }
         Ok(())
     }
