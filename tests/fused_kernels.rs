@@ -333,3 +333,117 @@ fn fused_adam_and_sgd_match_the_unfused_update_and_refresh_bit_for_bit() {
 }
 
 mod common;
+
+/// The mixed batch norm (16-bit activations, FP32 parameters and statistics) against an f64
+/// reference on the same 16-bit input: the output, the input's gradient and the parameters'
+/// gradients, with and without a fused ReLU, and the running statistics.
+fn batch_norm_case<E: AmpElem>(seed: u64, relu: bool)
+where
+    Cpu: typed_amp::device::Kernels<E>,
+{
+    use typed_amp::amp::norm::MixedNormMut;
+    use typed_amp::dfdx::nn::modules::BatchNorm2D;
+    const C: usize = 3;
+    type Builder = typed_amp::dfdx::nn::builders::BatchNorm2D<C>;
+    let (b, h, w) = (5, 7, 3);
+    let dev = Cpu::seed_from_u64(seed);
+    let n = b * h * w;
+    // An offset mean, so that the centred values are small beside the raw ones.
+    let xv: Vec<f32> = sample::<E>(&dev, b * C * h * w, 2.0)
+        .into_iter()
+        .map(|v| <E as AmpElem>::from_f32(v + 3.0).to_f32())
+        .collect();
+    let rv = sample::<E>(&dev, b * C * h * w, 1.0);
+    let mut bn: BatchNorm2D<C, f32, Cpu> = dev.build_module::<Builder, f32>();
+    bn.scale = dev.tensor([1.5, -0.5, 0.75]);
+    bn.bias = dev.tensor([0.25, 1.0, -2.0]);
+    let shape = (b, Const::<C>, h, w);
+    let x: Tensor<(usize, Const<C>, usize, usize), E, Cpu> = tensor(&dev, &xv, shape);
+    let r: Tensor<(usize, Const<C>, usize, usize), E, Cpu> = tensor(&dev, &rv, shape);
+    let y = bn
+        .try_forward_mixed_mut(x.clone().leaky_traced_mixed())
+        .unwrap();
+    let y = if relu { try_relu(y).unwrap() } else { y };
+    let yv = f32s(&y.retaped::<NoneTape>());
+    let grads = Loss::new((y * r.clone()).to_f32().sum())
+        .backward()
+        .unwrap()
+        .grads()
+        .clone();
+    let dx = f32s(&grads.get(&x).unwrap());
+    let ds = grads.param_grad(bn.scale.id()).unwrap().to_vec();
+    let db = grads.param_grad(bn.bias.id()).unwrap().to_vec();
+
+    let what = format!("{} relu {relu}", std::any::type_name::<E>());
+    let (u, u32_) = (unit::<E>(), 2f64.powi(-24));
+    let at = |i: usize, c: usize, hw: usize| (i * C + c) * h * w + hw;
+    let (scale, bias) = ([1.5f64, -0.5, 0.75], [0.25f64, 1.0, -2.0]);
+    for c in 0..C {
+        let vals: Vec<(usize, f64)> = (0..b)
+            .flat_map(|i| (0..h * w).map(move |k| at(i, c, k)))
+            .map(|j| (j, f64::from(xv[j])))
+            .collect();
+        let mean = vals.iter().map(|(_, v)| v).sum::<f64>() / n as f64;
+        let var = vals.iter().map(|(_, v)| (v - mean).powi(2)).sum::<f64>() / n as f64;
+        let std = (var + 1e-5).sqrt();
+        let a = scale[c] / std;
+        let abs_sum: f64 = vals.iter().map(|(_, v)| v.abs()).sum();
+        // The FP32 statistics are within γ of the sums of magnitudes (run sums in 16 lanes,
+        // runs added in f64), and a handful of FP32 operations apply them.
+        let mean_err = gamma(n / 16 + 32) * abs_sum / n as f64;
+        let mut dz = vec![0f64; n];
+        for (k, (j, v)) in vals.iter().enumerate() {
+            let exact = (v - mean) * a + bias[c];
+            let exact = if relu { exact.max(0.0) } else { exact };
+            let bound = u * exact.abs()
+                + 16.0 * u32_ * ((v - mean).abs() * a.abs() + bias[c].abs())
+                + a.abs() * mean_err * 4.0;
+            let got = f64::from(yv[*j]);
+            assert!((got - exact).abs() <= bound, "y[{j}] {got} vs {exact} ({bound}), {what}");
+            // The gradient flows where the fused op's own output is positive.
+            dz[k] = if relu && yv[*j] <= 0.0 { 0.0 } else { f64::from(rv[*j]) };
+        }
+        let sum_dz: f64 = dz.iter().sum();
+        let sum_dz_xhat: f64 = vals
+            .iter()
+            .zip(&dz)
+            .map(|((_, v), d)| d * (v - mean) / std)
+            .sum();
+        let mag: f64 = dz.iter().map(|d| d.abs()).sum::<f64>() * (1.0 + 4.0 * abs_sum / n as f64 / std);
+        let sum_bound = gamma(n / 16 + 32) * mag + 64.0 * u32_ * mag;
+        let got_db = f64::from(db[c]);
+        assert!((got_db - sum_dz).abs() <= sum_bound, "db[{c}] {got_db} vs {sum_dz}, {what}");
+        let got_ds = f64::from(ds[c]);
+        assert!(
+            (got_ds - sum_dz_xhat).abs() <= sum_bound,
+            "dscale[{c}] {got_ds} vs {sum_dz_xhat}, {what}"
+        );
+        for (k, (j, v)) in vals.iter().enumerate() {
+            let xhat = (v - mean) / std;
+            let exact = a / n as f64 * (n as f64 * dz[k] - sum_dz - xhat * sum_dz_xhat);
+            let bound = u * exact.abs() + a.abs() / n as f64 * (sum_bound * (1.0 + xhat.abs()))
+                + 32.0 * u32_ * a.abs() * (dz[k].abs() + (sum_dz.abs() + xhat.abs() * sum_dz_xhat.abs()) / n as f64);
+            let got = f64::from(dx[*j]);
+            assert!((got - exact).abs() <= bound, "dx[{j}] {got} vs {exact} ({bound}), {what}");
+        }
+        // Running statistics: 0.9 · (0, 1) + 0.1 · (mean, unbiased variance), in FP32.
+        let rm = f64::from(bn.running_mean.as_vec()[c]);
+        let rvar = f64::from(bn.running_var.as_vec()[c]);
+        let unbiased = var * n as f64 / (n as f64 - 1.0);
+        assert!((rm - 0.1 * mean).abs() <= 0.1 * mean_err + 8.0 * u32_ * mean.abs(), "{what}");
+        assert!(
+            (rvar - (0.9 + 0.1 * unbiased)).abs() <= 1e-5 * (1.0 + unbiased),
+            "running var {rvar} vs {}, {what}",
+            0.9 + 0.1 * unbiased
+        );
+    }
+}
+
+#[test]
+fn the_mixed_batch_norm_matches_an_f64_reference() {
+    for relu in [false, true] {
+        batch_norm_case::<f16>(21, relu);
+        batch_norm_case::<bf16>(22, relu);
+        batch_norm_case::<f32>(23, relu);
+    }
+}
