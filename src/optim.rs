@@ -103,10 +103,9 @@ master_optimizer!(
 
 /// The state store of an optimizer over FP32 masters, as the FP32 store it is (rule
 /// [`UpdatablePrecision`] admits `E = f32` only).
-fn fp32_state<E: AmpElem, D: AmpDevice>(store: &mut Gradients<E, D>) -> &mut Gradients<f32, D>
-where
-    D: Kernels<E>,
-{
+fn fp32_state<E: AmpElem, D: AmpDevice + Kernels<E>>(
+    store: &mut Gradients<E, D>,
+) -> &mut Gradients<f32, D> {
     (store as &mut dyn std::any::Any)
         .downcast_mut()
         .expect("optimizers over master weights hold FP32 state (rule UpdatablePrecision)")
@@ -188,7 +187,7 @@ where
         .checked_add(1)
         .ok_or_else(|| AmpError::Optimizer("Adam's step count overflowed".to_string()))?;
     opt.set_step_count(t);
-    let cfg = opt.cfg.clone();
+    let cfg = opt.cfg;
     let (m1, m2) = opt.moments_mut();
     let empty = Gradients::leaky();
     let mut visit = Visit {
@@ -252,7 +251,7 @@ where
             .map_err(AmpError::device)
         }
     }
-    let cfg = opt.cfg.clone();
+    let cfg = opt.cfg;
     let empty = Gradients::leaky();
     let mut visit = Visit {
         cfg,

@@ -329,7 +329,7 @@ impl<D: AmpDevice> MixedGradients<D> {
         id: UniqueId,
         len: usize,
         dev: &D,
-    ) -> Result<Option<(&mut <D as Storage<f32>>::Vec, bool)>, D::Err> {
+    ) -> Result<Option<FreshBuf<'_, D>>, D::Err> {
         if !self.keeps(id) || self.unwanted.contains(&id) {
             return Ok(None);
         }
@@ -383,6 +383,10 @@ impl<D: AmpDevice> MixedGradients<D> {
         }
     }
 }
+
+/// An FP32 gradient buffer for a fused op, and whether it is fresh (to overwrite) or holds a
+/// gradient already (to add to); see [`MixedGradients::param_grad_mut`].
+pub(crate) type FreshBuf<'a, D> = (&'a mut <D as Storage<f32>>::Vec, bool);
 
 type BackwardOp<D> =
     Box<dyn FnOnce(&mut MixedGradients<D>) -> Result<(), <D as dfdx::prelude::HasErr>::Err>>;

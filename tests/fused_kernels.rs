@@ -399,9 +399,16 @@ where
                 + 16.0 * u32_ * ((v - mean).abs() * a.abs() + bias[c].abs())
                 + a.abs() * mean_err * 4.0;
             let got = f64::from(yv[*j]);
-            assert!((got - exact).abs() <= bound, "y[{j}] {got} vs {exact} ({bound}), {what}");
+            assert!(
+                (got - exact).abs() <= bound,
+                "y[{j}] {got} vs {exact} ({bound}), {what}"
+            );
             // The gradient flows where the fused op's own output is positive.
-            dz[k] = if relu && yv[*j] <= 0.0 { 0.0 } else { f64::from(rv[*j]) };
+            dz[k] = if relu && yv[*j] <= 0.0 {
+                0.0
+            } else {
+                f64::from(rv[*j])
+            };
         }
         let sum_dz: f64 = dz.iter().sum();
         let sum_dz_xhat: f64 = vals
@@ -409,10 +416,14 @@ where
             .zip(&dz)
             .map(|((_, v), d)| d * (v - mean) / std)
             .sum();
-        let mag: f64 = dz.iter().map(|d| d.abs()).sum::<f64>() * (1.0 + 4.0 * abs_sum / n as f64 / std);
+        let mag: f64 =
+            dz.iter().map(|d| d.abs()).sum::<f64>() * (1.0 + 4.0 * abs_sum / n as f64 / std);
         let sum_bound = gamma(n / 16 + 32) * mag + 64.0 * u32_ * mag;
         let got_db = f64::from(db[c]);
-        assert!((got_db - sum_dz).abs() <= sum_bound, "db[{c}] {got_db} vs {sum_dz}, {what}");
+        assert!(
+            (got_db - sum_dz).abs() <= sum_bound,
+            "db[{c}] {got_db} vs {sum_dz}, {what}"
+        );
         let got_ds = f64::from(ds[c]);
         assert!(
             (got_ds - sum_dz_xhat).abs() <= sum_bound,
@@ -421,16 +432,26 @@ where
         for (k, (j, v)) in vals.iter().enumerate() {
             let xhat = (v - mean) / std;
             let exact = a / n as f64 * (n as f64 * dz[k] - sum_dz - xhat * sum_dz_xhat);
-            let bound = u * exact.abs() + a.abs() / n as f64 * (sum_bound * (1.0 + xhat.abs()))
-                + 32.0 * u32_ * a.abs() * (dz[k].abs() + (sum_dz.abs() + xhat.abs() * sum_dz_xhat.abs()) / n as f64);
+            let bound = u * exact.abs()
+                + a.abs() / n as f64 * (sum_bound * (1.0 + xhat.abs()))
+                + 32.0
+                    * u32_
+                    * a.abs()
+                    * (dz[k].abs() + (sum_dz.abs() + xhat.abs() * sum_dz_xhat.abs()) / n as f64);
             let got = f64::from(dx[*j]);
-            assert!((got - exact).abs() <= bound, "dx[{j}] {got} vs {exact} ({bound}), {what}");
+            assert!(
+                (got - exact).abs() <= bound,
+                "dx[{j}] {got} vs {exact} ({bound}), {what}"
+            );
         }
         // Running statistics: 0.9 · (0, 1) + 0.1 · (mean, unbiased variance), in FP32.
         let rm = f64::from(bn.running_mean.as_vec()[c]);
         let rvar = f64::from(bn.running_var.as_vec()[c]);
         let unbiased = var * n as f64 / (n as f64 - 1.0);
-        assert!((rm - 0.1 * mean).abs() <= 0.1 * mean_err + 8.0 * u32_ * mean.abs(), "{what}");
+        assert!(
+            (rm - 0.1 * mean).abs() <= 0.1 * mean_err + 8.0 * u32_ * mean.abs(),
+            "{what}"
+        );
         assert!(
             (rvar - (0.9 + 0.1 * unbiased)).abs() <= 1e-5 * (1.0 + unbiased),
             "running var {rvar} vs {}, {what}",
