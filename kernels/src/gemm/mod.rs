@@ -838,3 +838,83 @@ unsafe fn pair_emulation_kernel<const M: usize, const NV: usize>(
 
 static PAIR_EMULATION_KERNELS: [[KernFn; 2]; 12] =
     kernel_table!(pair_emulation_kernel; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::level::detected_level;
+
+    /// The vector pair packing changes where bits are copied, never the arithmetic: whole bf16
+    /// products must come out bit for bit as with the scalar packing, for every layout.
+    #[test]
+    fn pair_packing_vector_and_scalar_products_identical() {
+        let emulate = detected_level() < Level::Avx512Bf16;
+        if emulate {
+            set_bf16_pair_emulation(true);
+        }
+        let shapes = [
+            (256, 512, 784),
+            (256, 10, 512),
+            (784, 512, 256),
+            (37, 45, 300),
+            (13, 33, 1025),
+            (1, 17, 5),
+            (19, 1, 4),
+            (5, 7, 1),
+        ];
+        let mut seed = 1u32;
+        let mut next = move || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            bf16::from_f32((seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5)
+        };
+        for (m, n, k) in shapes {
+            let a: Vec<bf16> = (0..m * k).map(|_| next()).collect();
+            let b: Vec<bf16> = (0..k * n).map(|_| next()).collect();
+            let c0: Vec<bf16> = (0..m * n).map(|_| next()).collect();
+            for (a_rs, a_cs) in [(k, 1), (1, m)] {
+                for (b_rs, b_cs) in [(n, 1), (1, k)] {
+                    for (c_rs, c_cs) in [(n, 1), (1, m)] {
+                        for accumulate in [false, true] {
+                            let product = |scalar: bool| {
+                                pack::SCALAR_PAIRS.with(|f| f.set(scalar));
+                                let mut c = c0.clone();
+                                // SAFETY: the strides address m × k, k × n and m × n views of
+                                // vectors of exactly that size; C is a distinct vector. One
+                                // thread, so the flag above (thread-local) applies throughout.
+                                unsafe {
+                                    gemm(
+                                        m,
+                                        n,
+                                        k,
+                                        a.as_ptr(),
+                                        a_rs as isize,
+                                        a_cs as isize,
+                                        b.as_ptr(),
+                                        b_rs as isize,
+                                        b_cs as isize,
+                                        c.as_mut_ptr(),
+                                        c_rs as isize,
+                                        c_cs as isize,
+                                        accumulate,
+                                        1,
+                                    )
+                                };
+                                pack::SCALAR_PAIRS.with(|f| f.set(false));
+                                c.iter().map(|x| x.to_bits()).collect::<Vec<u16>>()
+                            };
+                            assert_eq!(
+                                product(true),
+                                product(false),
+                                "m {m} n {n} k {k} A ({a_rs},{a_cs}) B ({b_rs},{b_cs}) \
+                                 C ({c_rs},{c_cs}) acc {accumulate}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        if emulate {
+            set_bf16_pair_emulation(false);
+        }
+    }
+}

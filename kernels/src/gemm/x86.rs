@@ -329,3 +329,102 @@ pub(super) unsafe fn store_rows_avx512(
         }
     }
 }
+
+/// `pack::pairs` where each k step is a contiguous run of lanes (`lane_stride == 1`, a B
+/// panel of a row-major B): rows `2q` and `2q + 1` are zero-extended to 32 bits and the second
+/// is shifted into the high half, 16 lanes per vector. Masked loads stop at `lanes`; with
+/// `fill` the store runs on to `dst_stride` with the zeros the masked loads left.
+///
+/// # Safety
+/// As `pack::panel` (a valid `lanes × kc` view of bf16 at `src` with these strides; `dst`
+/// writable for `ceil(kc / 2) * dst_stride` u32), with `lane_stride == 1`; the CPU must have
+/// AVX-512F/BW/VL.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn pack_pairs_rows_avx512(
+    src: *const u16,
+    k_stride: isize,
+    lanes: usize,
+    kc: usize,
+    dst: *mut u32,
+    dst_stride: usize,
+    fill: bool,
+) {
+    let width = if fill { dst_stride } else { lanes };
+    for q in 0..kc.div_ceil(2) {
+        let r0 = src.offset(2 * q as isize * k_stride);
+        // An odd kc: the last pair has no k + 1 row (its pointer may lie outside the view).
+        let r1 = (2 * q + 1 < kc).then(|| src.offset((2 * q + 1) as isize * k_stride));
+        let d = dst.add(q * dst_stride);
+        let mut l = 0;
+        while l < width {
+            let v = if l < lanes {
+                let mask = lane_mask(lanes - l);
+                let lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, r0.add(l) as _));
+                match r1 {
+                    Some(r1) => {
+                        let hi =
+                            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, r1.add(l) as _));
+                        _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi))
+                    }
+                    None => lo,
+                }
+            } else {
+                _mm512_setzero_si512()
+            };
+            _mm512_mask_storeu_epi32(d.add(l) as *mut i32, lane_mask(width - l), v);
+            l += 16;
+        }
+    }
+}
+
+/// `pack::pairs` where each lane is contiguous along k (`k_stride == 1`, an A panel of a
+/// row-major A): a (k, k + 1) pair is already one 32-bit word in memory, so this is a 32-bit
+/// transpose of the `lanes × ceil(kc / 2)` block, 16 × 16 words at a time. The loads are
+/// masked at 16-bit granularity, so an odd kc reads nothing past the view and leaves the last
+/// pair's high half zero.
+///
+/// # Safety
+/// As `pack::panel`, with `k_stride == 1`; the CPU must have AVX-512F/BW/VL.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn pack_pairs_transpose_avx512(
+    src: *const u16,
+    lane_stride: isize,
+    lanes: usize,
+    kc: usize,
+    dst: *mut u32,
+    dst_stride: usize,
+    fill: bool,
+) {
+    let kp = kc.div_ceil(2);
+    let width = if fill { dst_stride } else { lanes };
+    let mut l0 = 0;
+    while l0 < width {
+        let lb = lanes.saturating_sub(l0).min(16);
+        let store_mask = lane_mask(width - l0);
+        let mut q0 = 0;
+        while q0 < kp {
+            let qb = (kp - q0).min(16);
+            let mut r = [_mm512_setzero_ps(); 16];
+            if lb > 0 {
+                // 16-bit elements left in this lane from k = 2·q0: up to 32 per vector.
+                let ne = (kc - 2 * q0).min(32);
+                let emask: __mmask32 = if ne == 32 { !0 } else { (1u32 << ne) - 1 };
+                for (l, x) in r.iter_mut().enumerate().take(lb) {
+                    let p = src.offset((l0 + l) as isize * lane_stride).add(2 * q0);
+                    *x = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(emask, p as _));
+                }
+                // Shuffles move bits without interpreting them, so the f32 transpose is a
+                // 32-bit one.
+                transpose16(&mut r);
+            }
+            for (q, &x) in r.iter().enumerate().take(qb) {
+                let d = dst.add((q0 + q) * dst_stride + l0) as *mut f32;
+                _mm512_mask_storeu_ps(d, store_mask, x);
+            }
+            q0 += 16;
+        }
+        l0 += 16;
+    }
+}
