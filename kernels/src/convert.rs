@@ -37,6 +37,30 @@ pub fn f32_to_bf16(src: &[f32], dst: &mut [bf16]) {
     unsafe { f32_to_bf16_raw(level(), src.as_ptr(), dst.as_mut_ptr(), src.len()) }
 }
 
+/// One f16 widened to f32 (exact).
+#[inline]
+pub fn widen_f16(x: f16) -> f32 {
+    x.to_f32()
+}
+
+/// One f32 narrowed to f16, rounding to nearest even.
+#[inline]
+pub fn narrow_f16(x: f32) -> f16 {
+    f16::from_f32(x)
+}
+
+/// One bf16 widened to f32 (exact).
+#[inline]
+pub fn widen_bf16(x: bf16) -> f32 {
+    f32::from_bits(bf16_bits_to_f32_bits(x.to_bits()))
+}
+
+/// One f32 narrowed to bf16, rounding to nearest even.
+#[inline]
+pub fn narrow_bf16(x: f32) -> bf16 {
+    bf16::from_bits(f32_bits_to_bf16_bits(x.to_bits()))
+}
+
 /// `half`'s bf16 narrowing, spelt with integer operations that vectorise.
 #[inline(always)]
 pub(crate) fn f32_bits_to_bf16_bits(x: u32) -> u16 {

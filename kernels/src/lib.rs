@@ -3,6 +3,10 @@
 //! * [`gemm()`]: `C = A·B` or `C += A·B` for `f32`, [`half::f16`] and [`half::bf16`], with
 //!   arbitrary element strides on every operand. Half-precision products are accumulated in
 //!   `f32` and rounded once, when stored.
+//! * [`gemm_epilogue`]: the same product with an [`Epilogue`] fused into its store (`alpha`,
+//!   `+ C_old`, a per-column bias, ReLU, then the one rounding), into a C of the operands' type
+//!   or, for 16-bit operands, into an `f32` C; it reports whether anything stored is inf or NaN.
+//!   [`gemm_slices`] and [`gemm_epilogue_slices`] are the safe, bounds-checked forms.
 //! * [`convert`]: slice conversions between `f32` and the two 16-bit formats, bit-exact with
 //!   `half`'s scalar conversions.
 //!
@@ -17,7 +21,10 @@ pub mod convert;
 mod gemm;
 mod level;
 
-pub use gemm::{gemm, gemm_slices, GemmElem, MatRef};
+pub use gemm::{
+    gemm, gemm_epilogue, gemm_epilogue_slices, gemm_slices, Activation, Epilogue, GemmElem,
+    GemmOut, GemmReport, MatMut, MatRef,
+};
 pub use level::{detected_level, force_level, level, Level};
 
 #[doc(hidden)]

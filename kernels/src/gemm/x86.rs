@@ -3,6 +3,7 @@
 
 use std::arch::x86_64::*;
 
+use super::store::{load1, TileEpi};
 use super::{kernel_table, KernFn, Kind};
 
 // AVX-512 f32: a 12 × 32 tile is 24 zmm accumulators, plus 2 for the B row and the broadcast
@@ -224,8 +225,7 @@ pub(super) unsafe fn pack_transpose_avx512(
             for l in 0..lb {
                 let s = row(l);
                 for pp in p..kc {
-                    *dst.add(pp * dst_stride + l0 + l) =
-                        super::load1(kind, s.offset(pp as isize * esz));
+                    *dst.add(pp * dst_stride + l0 + l) = load1(kind, s.offset(pp as isize * esz));
                 }
             }
         }
@@ -284,50 +284,181 @@ unsafe fn load16_masked(kind: Kind, s: *const u8, mask: __mmask16) -> __m512 {
     }
 }
 
-/// `store_tile` for C with contiguous rows: `C[r, j] = round(src[r, j] + (add_c ? C[r, j] :
-/// 0))`, rounding to nearest even for 16-bit C, masked at the ragged edge.
+/// One contiguous run of up to 16 C elements through the epilogue: `v` the f32 sums (zero
+/// where `mask` is clear), `bias` the entries for the run (null: none), each `bias_step` (0: one
+/// entry broadcast, 1: consecutive). Stores under `mask` and returns the lanes whose stored
+/// value is ±inf or NaN. The same operations, in the same order, as `TileEpi::apply` followed
+/// by the slice conversions' rounding.
 ///
 /// # Safety
-/// `src` readable for `rows` rows of `cols` f32, `src_rs` apart; C's rows writable (and
-/// readable with `add_c`) for `cols` elements, `c_rs` elements apart; AVX-512F/BW/VL.
+/// C's run writable (and readable with `e.add_c`) under `mask`; the bias readable under
+/// `mask` (at its one entry if `bias_step == 0`); AVX-512F/BW/VL.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn epilogue16(
+    out: Kind,
+    mut v: __m512,
+    mask: __mmask16,
+    c: *mut u8,
+    bias: *const f32,
+    bias_step: isize,
+    e: &TileEpi,
+) -> __mmask16 {
+    if e.scale {
+        v = _mm512_mul_ps(_mm512_set1_ps(e.alpha), v);
+    }
+    if e.add_c {
+        v = _mm512_add_ps(v, load16_masked(out, c, mask));
+    }
+    if !bias.is_null() {
+        let b = if bias_step == 0 {
+            _mm512_set1_ps(*bias)
+        } else {
+            _mm512_maskz_loadu_ps(mask, bias)
+        };
+        v = _mm512_add_ps(v, b);
+    }
+    if e.relu {
+        // `x < 0 ? +0 : x` exactly as the scalar path: an ordered compare, so NaN is kept,
+        // and -0 < 0 is false, so -0 is kept.
+        let zero = _mm512_setzero_ps();
+        v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, zero), zero);
+    }
+    match out {
+        Kind::F32 => {
+            _mm512_mask_storeu_ps(c as *mut f32, mask, v);
+            let exp = _mm512_set1_epi32(0x7F80_0000);
+            let bits = _mm512_and_si512(_mm512_castps_si512(v), exp);
+            _mm512_mask_cmpeq_epi32_mask(mask, bits, exp)
+        }
+        Kind::F16 => {
+            let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+            _mm256_mask_storeu_epi16(c as *mut i16, mask, h);
+            let exp = _mm256_set1_epi16(0x7C00);
+            _mm256_mask_cmpeq_epi16_mask(mask, _mm256_and_si256(h, exp), exp)
+        }
+        Kind::Bf16 => {
+            let h = crate::convert::narrow_bf16_avx512(_mm512_castps_si512(v));
+            _mm256_mask_storeu_epi16(c as *mut i16, mask, h);
+            let exp = _mm256_set1_epi16(0x7F80);
+            _mm256_mask_cmpeq_epi16_mask(mask, _mm256_and_si256(h, exp), exp)
+        }
+    }
+}
+
+/// `store::store_tile` for C with contiguous rows (`c_cs == 1`): each row of the tile is one
+/// run, 16 lanes at a time, masked at the ragged edge.
+///
+/// # Safety
+/// As `store::store_tile`, with `c_cs == 1`; AVX-512F/BW/VL.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 pub(super) unsafe fn store_rows_avx512(
-    kind: Kind,
+    out: Kind,
     src: *const f32,
     src_rs: usize,
     rows: usize,
     cols: usize,
     c: *mut u8,
     c_rs: isize,
-    add_c: bool,
-) {
-    let esz = kind.size();
+    e: &TileEpi,
+) -> bool {
+    let esz = out.size();
+    let mut bad: __mmask16 = 0;
     for r in 0..rows {
         let s = src.add(r * src_rs);
         let cr = c.offset(r as isize * c_rs * esz);
+        let br = if e.bias.is_null() {
+            e.bias
+        } else {
+            e.bias.offset(r as isize * e.bias_rs)
+        };
         let mut j = 0;
         while j < cols {
             let mask = lane_mask(cols - j);
-            let cj = cr.offset(j as isize * esz);
-            let mut v = _mm512_maskz_loadu_ps(mask, s.add(j));
-            if add_c {
-                v = _mm512_add_ps(v, load16_masked(kind, cj, mask));
-            }
-            match kind {
-                Kind::F32 => _mm512_mask_storeu_ps(cj as *mut f32, mask, v),
-                Kind::F16 => {
-                    let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
-                    _mm256_mask_storeu_epi16(cj as *mut i16, mask, h)
-                }
-                Kind::Bf16 => {
-                    let h = crate::convert::narrow_bf16_avx512(_mm512_castps_si512(v));
-                    _mm256_mask_storeu_epi16(cj as *mut i16, mask, h)
-                }
-            }
+            let v = _mm512_maskz_loadu_ps(mask, s.add(j));
+            // With a per-column bias (`bias_cs == 1`) the run's entries start at column j.
+            let bj = if br.is_null() {
+                br
+            } else {
+                br.offset(j as isize * e.bias_cs)
+            };
+            bad |= epilogue16(out, v, mask, cr.offset(j as isize * esz), bj, e.bias_cs, e);
             j += 16;
         }
     }
+    bad != 0
+}
+
+/// `store::store_tile` for C with contiguous columns (`c_rs == 1`, C seen transposed): each
+/// column of the tile (at most 12 rows) is gathered from the row-major tile into one vector.
+///
+/// # Safety
+/// As `store::store_tile`, with `c_rs == 1`; AVX-512F/BW/VL.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn store_cols_avx512(
+    out: Kind,
+    src: *const f32,
+    src_rs: usize,
+    rows: usize,
+    cols: usize,
+    c: *mut u8,
+    c_cs: isize,
+    e: &TileEpi,
+) -> bool {
+    debug_assert!(rows <= 16 && (src_rs * 15) < i32::MAX as usize);
+    let esz = out.size();
+    let mask = lane_mask(rows);
+    let idx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(src_rs as i32),
+    );
+    let mut bad: __mmask16 = 0;
+    for j in 0..cols {
+        let v = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), mask, idx, src.add(j) as _);
+        let bj = if e.bias.is_null() {
+            e.bias
+        } else {
+            e.bias.offset(j as isize * e.bias_cs)
+        };
+        bad |= epilogue16(
+            out,
+            v,
+            mask,
+            c.offset(j as isize * c_cs * esz),
+            bj,
+            e.bias_rs,
+            e,
+        );
+    }
+    bad != 0
+}
+
+/// `store::tile_non_finite`: any ±inf or NaN in an f32 tile, rows `c_rs` apart.
+///
+/// # Safety
+/// The tile readable; AVX-512F/BW/VL.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn tile_non_finite_avx512(
+    c: *const f32,
+    c_rs: isize,
+    rows: usize,
+    cols: usize,
+) -> bool {
+    let exp = _mm512_set1_epi32(0x7F80_0000);
+    let mut bad: __mmask16 = 0;
+    for r in 0..rows {
+        let cr = c.offset(r as isize * c_rs);
+        let mut j = 0;
+        while j < cols {
+            let mask = lane_mask(cols - j);
+            let bits = _mm512_and_si512(_mm512_maskz_loadu_epi32(mask, cr.add(j) as _), exp);
+            bad |= _mm512_mask_cmpeq_epi32_mask(mask, bits, exp);
+            j += 16;
+        }
+    }
+    bad != 0
 }
 
 /// `pack::pairs` where each k step is a contiguous run of lanes (`lane_stride == 1`, a B
