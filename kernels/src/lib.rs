@@ -16,6 +16,8 @@
 //! `portable`) caps the instruction set, and [`force_level`] does the same from code.
 
 #![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod convert;
 mod gemm;

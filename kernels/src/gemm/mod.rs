@@ -358,7 +358,7 @@ pub fn set_bf16_pair_emulation(on: bool) {
 /// `j < n`) must be readable, and every element of `C` writable (and readable with
 /// `accumulate`), for the whole call; distinct `(i, j)` of `C` must be distinct locations,
 /// and `C` must not overlap `A` or `B`. Offsets in bytes must fit `isize` (as for
-/// [`pointer::offset`]). Nothing else may access `C` during the call.
+/// `pointer::offset`). Nothing else may access `C` during the call.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm<T: GemmElem>(
     m: usize,
@@ -673,6 +673,11 @@ unsafe fn drive(p: Problem, threads: usize) -> bool {
 /// used) by a packed B micro-panel (`NR` per k step, the first `NV` vectors used) and writes
 /// (`load == false`) or adds (`load == true`) the `M × NV·VW` f32 result at `dst`, rows
 /// `dst_rs` apart, columns contiguous. `kc` counts k steps, or k pairs for the bf16-pair path.
+///
+/// # Safety
+/// `a` readable for `kc · MR` f32 (the path's `mr`), `b` for `kc · NR` f32; `dst` writable (and
+/// readable with `load`) for `M` rows of `NV · VW` f32, `dst_rs` apart; the CPU has the
+/// features of the path the kernel belongs to.
 type KernFn =
     unsafe fn(kc: usize, a: *const f32, b: *const f32, dst: *mut f32, dst_rs: isize, load: bool);
 
@@ -956,7 +961,7 @@ unsafe fn serial_with(arch: &Arch, p: &Problem, bufs: &mut Buffers) -> bool {
     let tile_p = tile.0.as_mut_ptr();
     let mut non_finite = false;
 
-    // SAFETY (of every pointer formed below): offsets of rows < m, columns < n and k < k of
+    // SAFETY: every pointer formed below is an offset of rows < m, columns < n and k < k of
     // the problem's matrices, which the contract makes addressable, or of the packing buffers
     // within the sizes allocated above (`mc_max × kc_units_max`, `nc_max × kc_units_max`, and
     // `m × s_rs` for sbuf); the kernels write `mrr × nv·vw` f32 to a tile, sbuf or (in place,
@@ -1080,6 +1085,8 @@ unsafe fn serial_with(arch: &Arch, p: &Problem, bufs: &mut Buffers) -> bool {
 const PORTABLE_MR: usize = 4;
 const PORTABLE_NR: usize = 8;
 
+/// # Safety
+/// As [`KernFn`], with `MR = 4`, `NR = 8`.
 unsafe fn portable_kernel<const M: usize>(
     kc: usize,
     a: *const f32,
@@ -1088,20 +1095,26 @@ unsafe fn portable_kernel<const M: usize>(
     dst_rs: isize,
     load: bool,
 ) {
-    let mut acc = [[0.0f32; PORTABLE_NR]; M];
-    for p in 0..kc {
-        let bv: [f32; PORTABLE_NR] = *(b.add(p * PORTABLE_NR) as *const [f32; PORTABLE_NR]);
-        for (i, row) in acc.iter_mut().enumerate() {
-            let av = *a.add(p * PORTABLE_MR + i);
-            for (x, &bj) in row.iter_mut().zip(bv.iter()) {
-                // mul_add would be a libm call where the target has no FMA.
-                *x += av * bj;
+    // SAFETY: the loads read `kc` steps of the packed panels and the stores write `M` rows at
+    // `dst`, all inside what the contract provides.
+    unsafe {
+        let mut acc = [[0.0f32; PORTABLE_NR]; M];
+        for p in 0..kc {
+            let bv: [f32; PORTABLE_NR] = *(b.add(p * PORTABLE_NR) as *const [f32; PORTABLE_NR]);
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = *a.add(p * PORTABLE_MR + i);
+                for (x, &bj) in row.iter_mut().zip(bv.iter()) {
+                    // mul_add would be a libm call where the target has no FMA.
+                    *x += av * bj;
+                }
             }
         }
+        store_acc(&acc, dst, dst_rs, load);
     }
-    store_acc(&acc, dst, dst_rs, load);
 }
 
+/// # Safety
+/// `dst` writable (and readable with `load`) for `M` rows of `W` f32, `dst_rs` apart.
 #[inline(always)]
 unsafe fn store_acc<const M: usize, const W: usize>(
     acc: &[[f32; W]; M],
@@ -1109,10 +1122,13 @@ unsafe fn store_acc<const M: usize, const W: usize>(
     dst_rs: isize,
     load: bool,
 ) {
-    for (i, row) in acc.iter().enumerate() {
-        let d = dst.offset(i as isize * dst_rs);
-        for (j, &x) in row.iter().enumerate() {
-            *d.add(j) = if load { *d.add(j) + x } else { x };
+    // SAFETY: the contract.
+    unsafe {
+        for (i, row) in acc.iter().enumerate() {
+            let d = dst.offset(i as isize * dst_rs);
+            for (j, &x) in row.iter().enumerate() {
+                *d.add(j) = if load { *d.add(j) + x } else { x };
+            }
         }
     }
 }
@@ -1125,6 +1141,8 @@ macro_rules! kernel_table {
 #[cfg(target_arch = "x86_64")]
 pub(crate) use kernel_table;
 
+/// # Safety
+/// As [`KernFn`], with `MR = 4`, `NR = 8`.
 unsafe fn portable_kernel_nv<const M: usize, const NV: usize>(
     kc: usize,
     a: *const f32,
@@ -1133,12 +1151,16 @@ unsafe fn portable_kernel_nv<const M: usize, const NV: usize>(
     dst_rs: isize,
     load: bool,
 ) {
-    portable_kernel::<M>(kc, a, b, dst, dst_rs, load)
+    // SAFETY: the same contract as `portable_kernel`'s.
+    unsafe { portable_kernel::<M>(kc, a, b, dst, dst_rs, load) }
 }
 
 static PORTABLE_KERNELS: [[KernFn; 2]; PORTABLE_MR] = kernel_table!(portable_kernel_nv; 1, 2, 3, 4);
 
 /// Scalar stand-in for the `vdpbf16ps` kernel, on the same pair-packed panels (12 × 32).
+///
+/// # Safety
+/// As [`KernFn`] (`kc` counting k pairs), with `MR = 12`, `NR = 32`.
 unsafe fn pair_emulation_kernel<const M: usize, const NV: usize>(
     kc: usize,
     a: *const f32,
@@ -1147,25 +1169,29 @@ unsafe fn pair_emulation_kernel<const M: usize, const NV: usize>(
     dst_rs: isize,
     load: bool,
 ) {
-    let (a, b) = (a as *const u32, b as *const u32);
-    let mut acc = [[0.0f32; 32]; M];
-    let lo = |x: u32| f32::from_bits(x << 16);
-    let hi = |x: u32| f32::from_bits(x & 0xFFFF_0000);
-    for p in 0..kc {
-        for (i, row) in acc.iter_mut().enumerate() {
-            let av = *a.add(p * 12 + i);
-            for (j, x) in row.iter_mut().enumerate().take(NV * 16) {
-                let bv = *b.add(p * 32 + j);
-                // The order Intel documents for vdpbf16ps: odd element first.
-                *x += hi(av) * hi(bv);
-                *x += lo(av) * lo(bv);
+    // SAFETY: the loads read `kc` steps of the packed panels and the stores write `M` rows at
+    // `dst`, all inside what the contract provides.
+    unsafe {
+        let (a, b) = (a as *const u32, b as *const u32);
+        let mut acc = [[0.0f32; 32]; M];
+        let lo = |x: u32| f32::from_bits(x << 16);
+        let hi = |x: u32| f32::from_bits(x & 0xFFFF_0000);
+        for p in 0..kc {
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = *a.add(p * 12 + i);
+                for (j, x) in row.iter_mut().enumerate().take(NV * 16) {
+                    let bv = *b.add(p * 32 + j);
+                    // The order Intel documents for vdpbf16ps: odd element first.
+                    *x += hi(av) * hi(bv);
+                    *x += lo(av) * lo(bv);
+                }
             }
         }
-    }
-    for (i, row) in acc.iter().enumerate() {
-        let d = dst.offset(i as isize * dst_rs);
-        for (j, &x) in row.iter().enumerate().take(NV * 16) {
-            *d.add(j) = if load { *d.add(j) + x } else { x };
+        for (i, row) in acc.iter().enumerate() {
+            let d = dst.offset(i as isize * dst_rs);
+            for (j, &x) in row.iter().enumerate().take(NV * 16) {
+                *d.add(j) = if load { *d.add(j) + x } else { x };
+            }
         }
     }
 }

@@ -30,99 +30,106 @@ pub(super) unsafe fn panel(
     dst_stride: usize,
     fill: bool,
 ) {
-    debug_assert!(kc <= KC_LIMIT && lanes <= dst_stride);
-    if arch.pairs {
-        #[cfg(target_arch = "x86_64")]
-        if arch.level >= Level::Avx512 && !scalar_pairs_forced() {
-            // The two layouts the training step produces; anything else (both strides
-            // non-unit) takes the scalar loop.
-            if lane_stride == 1 {
-                return super::x86::pack_pairs_rows_avx512(
-                    src as *const u16,
-                    k_stride,
-                    lanes,
-                    kc,
-                    dst as *mut u32,
-                    dst_stride,
-                    fill,
+    // SAFETY: each branch hands the contract on to a routine for its layout (the x86 ones only
+    // when `arch.level` says the CPU has their features), or reads lanes `< lanes` and k steps
+    // `< kc` of the view and writes panel slots below `kc·dst_stride` itself.
+    unsafe {
+        debug_assert!(kc <= KC_LIMIT && lanes <= dst_stride);
+        if arch.pairs {
+            #[cfg(target_arch = "x86_64")]
+            if arch.level >= Level::Avx512 && !scalar_pairs_forced() {
+                // The two layouts the training step produces; anything else (both strides
+                // non-unit) takes the scalar loop.
+                if lane_stride == 1 {
+                    return super::x86::pack_pairs_rows_avx512(
+                        src as *const u16,
+                        k_stride,
+                        lanes,
+                        kc,
+                        dst as *mut u32,
+                        dst_stride,
+                        fill,
+                    );
+                }
+                if k_stride == 1 {
+                    return super::x86::pack_pairs_transpose_avx512(
+                        src as *const u16,
+                        lane_stride,
+                        lanes,
+                        kc,
+                        dst as *mut u32,
+                        dst_stride,
+                        fill,
+                    );
+                }
+            }
+            return pairs(
+                src as *const u16,
+                lane_stride,
+                k_stride,
+                lanes,
+                kc,
+                dst as *mut u32,
+                dst_stride,
+                fill,
+            );
+        }
+        if fill && lanes < dst_stride {
+            for p in 0..kc {
+                std::ptr::write_bytes(dst.add(p * dst_stride + lanes), 0, dst_stride - lanes);
+            }
+        }
+        let esz = kind.size();
+        if lane_stride == 1 {
+            // Each k step is a contiguous run of lanes: vector widening copies.
+            #[cfg(target_arch = "x86_64")]
+            if arch.level >= Level::Avx512 {
+                return super::x86::pack_rows_avx512(
+                    kind, src, k_stride, lanes, kc, dst, dst_stride,
                 );
             }
-            if k_stride == 1 {
-                return super::x86::pack_pairs_transpose_avx512(
-                    src as *const u16,
+            for p in 0..kc {
+                widen(
+                    arch.level,
+                    kind,
+                    src.offset(p as isize * k_stride * esz),
+                    dst.add(p * dst_stride),
+                    lanes,
+                );
+            }
+        } else if k_stride == 1 {
+            // Each lane is a contiguous run along k: a transpose.
+            #[cfg(target_arch = "x86_64")]
+            if arch.level >= Level::Avx512 {
+                return super::x86::pack_transpose_avx512(
+                    kind,
+                    src,
                     lane_stride,
                     lanes,
                     kc,
-                    dst as *mut u32,
+                    dst,
                     dst_stride,
-                    fill,
                 );
             }
-        }
-        return pairs(
-            src as *const u16,
-            lane_stride,
-            k_stride,
-            lanes,
-            kc,
-            dst as *mut u32,
-            dst_stride,
-            fill,
-        );
-    }
-    if fill && lanes < dst_stride {
-        for p in 0..kc {
-            std::ptr::write_bytes(dst.add(p * dst_stride + lanes), 0, dst_stride - lanes);
-        }
-    }
-    let esz = kind.size();
-    if lane_stride == 1 {
-        // Each k step is a contiguous run of lanes: vector widening copies.
-        #[cfg(target_arch = "x86_64")]
-        if arch.level >= Level::Avx512 {
-            return super::x86::pack_rows_avx512(kind, src, k_stride, lanes, kc, dst, dst_stride);
-        }
-        for p in 0..kc {
-            widen(
-                arch.level,
-                kind,
-                src.offset(p as isize * k_stride * esz),
-                dst.add(p * dst_stride),
-                lanes,
-            );
-        }
-    } else if k_stride == 1 {
-        // Each lane is a contiguous run along k: a transpose.
-        #[cfg(target_arch = "x86_64")]
-        if arch.level >= Level::Avx512 {
-            return super::x86::pack_transpose_avx512(
-                kind,
-                src,
-                lane_stride,
-                lanes,
-                kc,
-                dst,
-                dst_stride,
-            );
-        }
-        let mut tmp = [0.0f32; KC_LIMIT];
-        for l in 0..lanes {
-            widen(
-                arch.level,
-                kind,
-                src.offset(l as isize * lane_stride * esz),
-                tmp.as_mut_ptr(),
-                kc,
-            );
-            for (p, &x) in tmp[..kc].iter().enumerate() {
-                *dst.add(p * dst_stride + l) = x;
+            let mut tmp = [0.0f32; KC_LIMIT];
+            for l in 0..lanes {
+                widen(
+                    arch.level,
+                    kind,
+                    src.offset(l as isize * lane_stride * esz),
+                    tmp.as_mut_ptr(),
+                    kc,
+                );
+                for (p, &x) in tmp[..kc].iter().enumerate() {
+                    *dst.add(p * dst_stride + l) = x;
+                }
             }
-        }
-    } else {
-        for l in 0..lanes {
-            for p in 0..kc {
-                let s = src.offset((l as isize * lane_stride + p as isize * k_stride) * esz);
-                *dst.add(p * dst_stride + l) = load1(kind, s);
+        } else {
+            for l in 0..lanes {
+                for p in 0..kc {
+                    let s = src.offset((l as isize * lane_stride + p as isize * k_stride) * esz);
+                    *dst.add(p * dst_stride + l) = load1(kind, s);
+                }
             }
         }
     }
@@ -146,6 +153,10 @@ fn scalar_pairs_forced() -> bool {
 
 /// The bf16-pair panel, element by element: the general case (both strides non-unit), and the
 /// reference the vector versions are tested against.
+///
+/// # Safety
+/// As [`panel`] for bf16 (`src` a valid `lanes × kc` view of 16-bit elements, `dst` writable
+/// for `ceil(kc / 2) · dst_stride` u32).
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn pairs(
     src: *const u16,
@@ -157,20 +168,24 @@ pub(super) unsafe fn pairs(
     dst_stride: usize,
     fill: bool,
 ) {
-    let at = |l: usize, p: usize| -> u32 {
-        *src.offset(l as isize * lane_stride + p as isize * k_stride) as u32
-    };
-    for q in 0..kc.div_ceil(2) {
-        let d = dst.add(q * dst_stride);
-        // An odd kc leaves the last pair's high half (k = kc, outside the block) zero.
-        let has_hi = 2 * q + 1 < kc;
-        for l in 0..lanes {
-            let hi = if has_hi { at(l, 2 * q + 1) } else { 0 };
-            *d.add(l) = at(l, 2 * q) | (hi << 16);
-        }
-        if fill {
-            for l in lanes..dst_stride {
-                *d.add(l) = 0;
+    // SAFETY: lanes `< lanes` and k `< kc` of the view (the high half of an odd tail is not
+    // read), panel slots below `ceil(kc / 2)·dst_stride`.
+    unsafe {
+        let at = |l: usize, p: usize| -> u32 {
+            *src.offset(l as isize * lane_stride + p as isize * k_stride) as u32
+        };
+        for q in 0..kc.div_ceil(2) {
+            let d = dst.add(q * dst_stride);
+            // An odd kc leaves the last pair's high half (k = kc, outside the block) zero.
+            let has_hi = 2 * q + 1 < kc;
+            for l in 0..lanes {
+                let hi = if has_hi { at(l, 2 * q + 1) } else { 0 };
+                *d.add(l) = at(l, 2 * q) | (hi << 16);
+            }
+            if fill {
+                for l in lanes..dst_stride {
+                    *d.add(l) = 0;
+                }
             }
         }
     }
@@ -234,6 +249,10 @@ mod tests {
                             f(v, out.as_mut_ptr());
                             out
                         };
+                        // SAFETY: `view` built a `lanes × kc` view at `base` with these strides
+                        // inside `buf`, and `run` passes a panel of `ceil(kc / 2)·dst_stride`
+                        // u32 (and for the vector versions below, the CPU has AVX-512F/BW/VL,
+                        // checked above).
                         let scalar = |v: &View, d: *mut u32| unsafe {
                             let s = v.buf.as_ptr().add(v.base);
                             pairs(s, v.ls, v.ks, lanes, kc, d, dst_stride, fill)
@@ -241,6 +260,7 @@ mod tests {
                         // Each k step contiguous (lane stride 1), k stride padded or negative.
                         for ks in [lanes as isize, lanes as isize + 3, -(lanes as isize) - 1] {
                             let v = view(lanes, kc, 1, ks, cases as u32);
+                            // SAFETY: as for `scalar`.
                             let vec = |v: &View, d: *mut u32| unsafe {
                                 let s = v.buf.as_ptr().add(v.base);
                                 pack_pairs_rows_avx512(s, v.ks, lanes, kc, d, dst_stride, fill)
@@ -256,6 +276,7 @@ mod tests {
                         // an unaligned 32-bit word.
                         for ls in [kc as isize, kc as isize + 1, -(kc as isize) - 5] {
                             let v = view(lanes, kc, ls, 1, cases as u32);
+                            // SAFETY: as for `scalar`.
                             let vec = |v: &View, d: *mut u32| unsafe {
                                 let s = v.buf.as_ptr().add(v.base);
                                 pack_pairs_transpose_avx512(s, v.ls, lanes, kc, d, dst_stride, fill)

@@ -117,7 +117,7 @@ pub(super) unsafe fn store_tile(
     debug_assert!(rows <= TILE_MR && cols <= TILE_NR);
     debug_assert!(e.bias.is_null() || matches!((e.bias_rs, e.bias_cs), (0, 1) | (1, 0)));
     let esz = out.size();
-    // SAFETY (of every access below): elements (r, j) of the tile, r < rows, j < cols, of
+    // SAFETY: every access below is to an element (r, j) of the tile, r < rows, j < cols, of
     // `src`, C and the bias, all covered by the contract.
     unsafe {
         #[cfg(target_arch = "x86_64")]

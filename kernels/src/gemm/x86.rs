@@ -12,6 +12,8 @@ use super::{kernel_table, KernFn, Kind};
 const MR512: usize = 12;
 const NR512: usize = 32;
 
+/// # Safety
+/// As [`KernFn`]; the CPU has AVX-512F.
 #[target_feature(enable = "avx512f")]
 unsafe fn kernel_avx512<const M: usize, const NV: usize>(
     kc: usize,
@@ -21,32 +23,36 @@ unsafe fn kernel_avx512<const M: usize, const NV: usize>(
     dst_rs: isize,
     load: bool,
 ) {
-    let mut acc = [[_mm512_setzero_ps(); NV]; M];
-    let (mut a, mut b) = (a, b);
-    for _ in 0..kc {
-        let mut bv = [_mm512_setzero_ps(); NV];
-        for (v, x) in bv.iter_mut().enumerate() {
-            *x = _mm512_loadu_ps(b.add(v * 16));
-        }
-        for (i, row) in acc.iter_mut().enumerate() {
-            let av = _mm512_set1_ps(*a.add(i));
-            for (x, &bx) in row.iter_mut().zip(bv.iter()) {
-                *x = _mm512_fmadd_ps(av, bx, *x);
+    // SAFETY: the loads read `kc` steps of the packed panels and the stores write `M` rows of
+    // `NV` vectors at `dst`, all inside what the contract provides.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); NV]; M];
+        let (mut a, mut b) = (a, b);
+        for _ in 0..kc {
+            let mut bv = [_mm512_setzero_ps(); NV];
+            for (v, x) in bv.iter_mut().enumerate() {
+                *x = _mm512_loadu_ps(b.add(v * 16));
             }
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = _mm512_set1_ps(*a.add(i));
+                for (x, &bx) in row.iter_mut().zip(bv.iter()) {
+                    *x = _mm512_fmadd_ps(av, bx, *x);
+                }
+            }
+            a = a.add(MR512);
+            b = b.add(NR512);
         }
-        a = a.add(MR512);
-        b = b.add(NR512);
-    }
-    for (i, row) in acc.iter().enumerate() {
-        let d = dst.offset(i as isize * dst_rs);
-        for (v, &x) in row.iter().enumerate() {
-            let d = d.add(v * 16);
-            let x = if load {
-                _mm512_add_ps(_mm512_loadu_ps(d), x)
-            } else {
-                x
-            };
-            _mm512_storeu_ps(d, x);
+        for (i, row) in acc.iter().enumerate() {
+            let d = dst.offset(i as isize * dst_rs);
+            for (v, &x) in row.iter().enumerate() {
+                let d = d.add(v * 16);
+                let x = if load {
+                    _mm512_add_ps(_mm512_loadu_ps(d), x)
+                } else {
+                    x
+                };
+                _mm512_storeu_ps(d, x);
+            }
         }
     }
 }
@@ -58,6 +64,8 @@ pub(super) static KERNELS_AVX512: [[KernFn; 2]; MR512] =
 const MR256: usize = 6;
 const NR256: usize = 16;
 
+/// # Safety
+/// As [`KernFn`]; the CPU has AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn kernel_avx2<const M: usize, const NV: usize>(
     kc: usize,
@@ -67,32 +75,36 @@ unsafe fn kernel_avx2<const M: usize, const NV: usize>(
     dst_rs: isize,
     load: bool,
 ) {
-    let mut acc = [[_mm256_setzero_ps(); NV]; M];
-    let (mut a, mut b) = (a, b);
-    for _ in 0..kc {
-        let mut bv = [_mm256_setzero_ps(); NV];
-        for (v, x) in bv.iter_mut().enumerate() {
-            *x = _mm256_loadu_ps(b.add(v * 8));
-        }
-        for (i, row) in acc.iter_mut().enumerate() {
-            let av = _mm256_set1_ps(*a.add(i));
-            for (x, &bx) in row.iter_mut().zip(bv.iter()) {
-                *x = _mm256_fmadd_ps(av, bx, *x);
+    // SAFETY: the loads read `kc` steps of the packed panels and the stores write `M` rows of
+    // `NV` vectors at `dst`, all inside what the contract provides.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); NV]; M];
+        let (mut a, mut b) = (a, b);
+        for _ in 0..kc {
+            let mut bv = [_mm256_setzero_ps(); NV];
+            for (v, x) in bv.iter_mut().enumerate() {
+                *x = _mm256_loadu_ps(b.add(v * 8));
             }
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = _mm256_set1_ps(*a.add(i));
+                for (x, &bx) in row.iter_mut().zip(bv.iter()) {
+                    *x = _mm256_fmadd_ps(av, bx, *x);
+                }
+            }
+            a = a.add(MR256);
+            b = b.add(NR256);
         }
-        a = a.add(MR256);
-        b = b.add(NR256);
-    }
-    for (i, row) in acc.iter().enumerate() {
-        let d = dst.offset(i as isize * dst_rs);
-        for (v, &x) in row.iter().enumerate() {
-            let d = d.add(v * 8);
-            let x = if load {
-                _mm256_add_ps(_mm256_loadu_ps(d), x)
-            } else {
-                x
-            };
-            _mm256_storeu_ps(d, x);
+        for (i, row) in acc.iter().enumerate() {
+            let d = dst.offset(i as isize * dst_rs);
+            for (v, &x) in row.iter().enumerate() {
+                let d = d.add(v * 8);
+                let x = if load {
+                    _mm256_add_ps(_mm256_loadu_ps(d), x)
+                } else {
+                    x
+                };
+                _mm256_storeu_ps(d, x);
+            }
         }
     }
 }
@@ -103,6 +115,8 @@ pub(super) static KERNELS_AVX2: [[KernFn; 2]; MR256] = kernel_table!(kernel_avx2
 // `vdpbf16ps` does two k steps per lane. Products of two bf16 are exact in f32; the instruction
 // adds them with round-to-nearest-even but flushes subnormal inputs and outputs to zero, unlike
 // the f32 kernels (the tests' tolerance carries an absolute term for that).
+/// # Safety
+/// As [`KernFn`] (with `kc` counting k pairs); the CPU has AVX-512F and AVX512-BF16.
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn kernel_avx512_bf16<const M: usize, const NV: usize>(
     kp: usize,
@@ -112,32 +126,38 @@ unsafe fn kernel_avx512_bf16<const M: usize, const NV: usize>(
     dst_rs: isize,
     load: bool,
 ) {
-    let (mut a, mut b) = (a as *const i32, b as *const i32);
-    let mut acc = [[_mm512_setzero_ps(); NV]; M];
-    for _ in 0..kp {
-        let mut bv = [_mm512_setzero_si512(); NV];
-        for (v, x) in bv.iter_mut().enumerate() {
-            *x = _mm512_loadu_si512(b.add(v * 16) as *const _);
-        }
-        for (i, row) in acc.iter_mut().enumerate() {
-            let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a.add(i)));
-            for (x, &bx) in row.iter_mut().zip(bv.iter()) {
-                *x = _mm512_dpbf16_ps(*x, av, std::mem::transmute::<__m512i, __m512bh>(bx));
+    // SAFETY: the loads read `kc` steps of the packed panels and the stores write `M` rows of
+    // `NV` vectors at `dst`, all inside what the contract provides.
+    // The transmutes reinterpret 512-bit integer vectors as `__m512bh`, the same size and
+    // any bit pattern valid.
+    unsafe {
+        let (mut a, mut b) = (a as *const i32, b as *const i32);
+        let mut acc = [[_mm512_setzero_ps(); NV]; M];
+        for _ in 0..kp {
+            let mut bv = [_mm512_setzero_si512(); NV];
+            for (v, x) in bv.iter_mut().enumerate() {
+                *x = _mm512_loadu_si512(b.add(v * 16) as *const _);
             }
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a.add(i)));
+                for (x, &bx) in row.iter_mut().zip(bv.iter()) {
+                    *x = _mm512_dpbf16_ps(*x, av, std::mem::transmute::<__m512i, __m512bh>(bx));
+                }
+            }
+            a = a.add(MR512);
+            b = b.add(NR512);
         }
-        a = a.add(MR512);
-        b = b.add(NR512);
-    }
-    for (i, row) in acc.iter().enumerate() {
-        let d = dst.offset(i as isize * dst_rs);
-        for (v, &x) in row.iter().enumerate() {
-            let d = d.add(v * 16);
-            let x = if load {
-                _mm512_add_ps(_mm512_loadu_ps(d), x)
-            } else {
-                x
-            };
-            _mm512_storeu_ps(d, x);
+        for (i, row) in acc.iter().enumerate() {
+            let d = dst.offset(i as isize * dst_rs);
+            for (v, &x) in row.iter().enumerate() {
+                let d = d.add(v * 16);
+                let x = if load {
+                    _mm512_add_ps(_mm512_loadu_ps(d), x)
+                } else {
+                    x
+                };
+                _mm512_storeu_ps(d, x);
+            }
         }
     }
 }
@@ -146,15 +166,21 @@ pub(super) static KERNELS_AVX512_BF16: [[KernFn; 2]; MR512] =
     kernel_table!(kernel_avx512_bf16; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12);
 
 /// 16 consecutive elements widened to f32.
+///
+/// # Safety
+/// `s` readable for 16 `kind` elements; the CPU has AVX-512F.
 #[target_feature(enable = "avx512f")]
 #[inline]
 unsafe fn load16(kind: Kind, s: *const u8) -> __m512 {
-    match kind {
-        Kind::F32 => _mm512_loadu_ps(s as *const f32),
-        Kind::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(s as *const __m256i)),
-        Kind::Bf16 => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
-            _mm256_loadu_si256(s as *const __m256i),
-        ))),
+    // SAFETY: the contract: 16 readable elements at `s`.
+    unsafe {
+        match kind {
+            Kind::F32 => _mm512_loadu_ps(s as *const f32),
+            Kind::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(s as *const __m256i)),
+            Kind::Bf16 => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+                _mm256_loadu_si256(s as *const __m256i),
+            ))),
+        }
     }
 }
 
@@ -162,7 +188,7 @@ unsafe fn load16(kind: Kind, s: *const u8) -> __m512 {
 /// two rounds of 128-bit lane shuffles. 64 shuffles for 256 elements.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn transpose16(r: &mut [__m512; 16]) {
+fn transpose16(r: &mut [__m512; 16]) {
     let mut t = [_mm512_setzero_ps(); 16];
     for i in 0..8 {
         t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
@@ -203,33 +229,39 @@ pub(super) unsafe fn pack_transpose_avx512(
     dst: *mut f32,
     dst_stride: usize,
 ) {
-    let esz = kind.size();
-    let mut l0 = 0;
-    while l0 < lanes {
-        let lb = (lanes - l0).min(16);
-        let mask: __mmask16 = if lb == 16 { 0xFFFF } else { (1u16 << lb) - 1 };
-        let row = |l: usize| src.offset((l0 + l) as isize * lane_stride * esz);
-        let mut p = 0;
-        while p + 16 <= kc {
-            let mut r = [_mm512_setzero_ps(); 16];
-            for (l, x) in r.iter_mut().enumerate().take(lb) {
-                *x = load16(kind, row(l).offset(p as isize * esz));
+    // SAFETY: lanes `l0 + l < lanes` and k steps `p < kc` of the view, and panel slots
+    // `p·dst_stride + l0 + l` below `kc·dst_stride`; the masked stores write only lanes
+    // `< lanes`.
+    unsafe {
+        let esz = kind.size();
+        let mut l0 = 0;
+        while l0 < lanes {
+            let lb = (lanes - l0).min(16);
+            let mask: __mmask16 = if lb == 16 { 0xFFFF } else { (1u16 << lb) - 1 };
+            let row = |l: usize| src.offset((l0 + l) as isize * lane_stride * esz);
+            let mut p = 0;
+            while p + 16 <= kc {
+                let mut r = [_mm512_setzero_ps(); 16];
+                for (l, x) in r.iter_mut().enumerate().take(lb) {
+                    *x = load16(kind, row(l).offset(p as isize * esz));
+                }
+                transpose16(&mut r);
+                for (q, &x) in r.iter().enumerate() {
+                    _mm512_mask_storeu_ps(dst.add((p + q) * dst_stride + l0), mask, x);
+                }
+                p += 16;
             }
-            transpose16(&mut r);
-            for (q, &x) in r.iter().enumerate() {
-                _mm512_mask_storeu_ps(dst.add((p + q) * dst_stride + l0), mask, x);
-            }
-            p += 16;
-        }
-        if p < kc {
-            for l in 0..lb {
-                let s = row(l);
-                for pp in p..kc {
-                    *dst.add(pp * dst_stride + l0 + l) = load1(kind, s.offset(pp as isize * esz));
+            if p < kc {
+                for l in 0..lb {
+                    let s = row(l);
+                    for pp in p..kc {
+                        *dst.add(pp * dst_stride + l0 + l) =
+                            load1(kind, s.offset(pp as isize * esz));
+                    }
                 }
             }
+            l0 += 16;
         }
-        l0 += 16;
     }
 }
 
@@ -247,16 +279,19 @@ pub(super) unsafe fn pack_rows_avx512(
     dst: *mut f32,
     dst_stride: usize,
 ) {
-    let esz = kind.size();
-    for p in 0..kc {
-        let s = src.offset(p as isize * k_stride * esz);
-        let d = dst.add(p * dst_stride);
-        let mut l = 0;
-        while l < lanes {
-            let mask = lane_mask(lanes - l);
-            let v = load16_masked(kind, s.offset(l as isize * esz), mask);
-            _mm512_mask_storeu_ps(d.add(l), mask, v);
-            l += 16;
+    // SAFETY: lanes below `lanes` (masked) of k steps below `kc`, in the view and the panel.
+    unsafe {
+        let esz = kind.size();
+        for p in 0..kc {
+            let s = src.offset(p as isize * k_stride * esz);
+            let d = dst.add(p * dst_stride);
+            let mut l = 0;
+            while l < lanes {
+                let mask = lane_mask(lanes - l);
+                let v = load16_masked(kind, s.offset(l as isize * esz), mask);
+                _mm512_mask_storeu_ps(d.add(l), mask, v);
+                l += 16;
+            }
         }
     }
 }
@@ -272,15 +307,22 @@ fn lane_mask(w: usize) -> __mmask16 {
 
 /// Up to 16 consecutive elements widened to f32 (zeros where `mask` is clear; nothing is read
 /// there).
+///
+/// # Safety
+/// `s` readable for the `kind` elements whose lanes are set in `mask`; the CPU has
+/// AVX-512F/BW/VL.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]
 unsafe fn load16_masked(kind: Kind, s: *const u8, mask: __mmask16) -> __m512 {
-    match kind {
-        Kind::F32 => _mm512_maskz_loadu_ps(mask, s as *const f32),
-        Kind::F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, s as *const i16)),
-        Kind::Bf16 => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
-            _mm256_maskz_loadu_epi16(mask, s as *const i16),
-        ))),
+    // SAFETY: the masked load reads only lanes set in `mask`, which the contract makes readable.
+    unsafe {
+        match kind {
+            Kind::F32 => _mm512_maskz_loadu_ps(mask, s as *const f32),
+            Kind::F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, s as *const i16)),
+            Kind::Bf16 => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+                _mm256_maskz_loadu_epi16(mask, s as *const i16),
+            ))),
+        }
     }
 }
 
@@ -304,44 +346,48 @@ unsafe fn epilogue16(
     bias_step: isize,
     e: &TileEpi,
 ) -> __mmask16 {
-    if e.scale {
-        v = _mm512_mul_ps(_mm512_set1_ps(e.alpha), v);
-    }
-    if e.add_c {
-        v = _mm512_add_ps(v, load16_masked(out, c, mask));
-    }
-    if !bias.is_null() {
-        let b = if bias_step == 0 {
-            _mm512_set1_ps(*bias)
-        } else {
-            _mm512_maskz_loadu_ps(mask, bias)
-        };
-        v = _mm512_add_ps(v, b);
-    }
-    if e.relu {
-        // `x < 0 ? +0 : x` exactly as the scalar path: an ordered compare, so NaN is kept,
-        // and -0 < 0 is false, so -0 is kept.
-        let zero = _mm512_setzero_ps();
-        v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, zero), zero);
-    }
-    match out {
-        Kind::F32 => {
-            _mm512_mask_storeu_ps(c as *mut f32, mask, v);
-            let exp = _mm512_set1_epi32(0x7F80_0000);
-            let bits = _mm512_and_si512(_mm512_castps_si512(v), exp);
-            _mm512_mask_cmpeq_epi32_mask(mask, bits, exp)
+    // SAFETY: the masked loads and stores touch only lanes set in `mask` (and the one bias
+    // entry when broadcasting), which the contract makes accessible.
+    unsafe {
+        if e.scale {
+            v = _mm512_mul_ps(_mm512_set1_ps(e.alpha), v);
         }
-        Kind::F16 => {
-            let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
-            _mm256_mask_storeu_epi16(c as *mut i16, mask, h);
-            let exp = _mm256_set1_epi16(0x7C00);
-            _mm256_mask_cmpeq_epi16_mask(mask, _mm256_and_si256(h, exp), exp)
+        if e.add_c {
+            v = _mm512_add_ps(v, load16_masked(out, c, mask));
         }
-        Kind::Bf16 => {
-            let h = crate::convert::narrow_bf16_avx512(_mm512_castps_si512(v));
-            _mm256_mask_storeu_epi16(c as *mut i16, mask, h);
-            let exp = _mm256_set1_epi16(0x7F80);
-            _mm256_mask_cmpeq_epi16_mask(mask, _mm256_and_si256(h, exp), exp)
+        if !bias.is_null() {
+            let b = if bias_step == 0 {
+                _mm512_set1_ps(*bias)
+            } else {
+                _mm512_maskz_loadu_ps(mask, bias)
+            };
+            v = _mm512_add_ps(v, b);
+        }
+        if e.relu {
+            // `x < 0 ? +0 : x` exactly as the scalar path: an ordered compare, so NaN is kept,
+            // and -0 < 0 is false, so -0 is kept.
+            let zero = _mm512_setzero_ps();
+            v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, zero), zero);
+        }
+        match out {
+            Kind::F32 => {
+                _mm512_mask_storeu_ps(c as *mut f32, mask, v);
+                let exp = _mm512_set1_epi32(0x7F80_0000);
+                let bits = _mm512_and_si512(_mm512_castps_si512(v), exp);
+                _mm512_mask_cmpeq_epi32_mask(mask, bits, exp)
+            }
+            Kind::F16 => {
+                let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+                _mm256_mask_storeu_epi16(c as *mut i16, mask, h);
+                let exp = _mm256_set1_epi16(0x7C00);
+                _mm256_mask_cmpeq_epi16_mask(mask, _mm256_and_si256(h, exp), exp)
+            }
+            Kind::Bf16 => {
+                let h = crate::convert::narrow_bf16_avx512(_mm512_castps_si512(v));
+                _mm256_mask_storeu_epi16(c as *mut i16, mask, h);
+                let exp = _mm256_set1_epi16(0x7F80);
+                _mm256_mask_cmpeq_epi16_mask(mask, _mm256_and_si256(h, exp), exp)
+            }
         }
     }
 }
@@ -363,31 +409,35 @@ pub(super) unsafe fn store_rows_avx512(
     c_rs: isize,
     e: &TileEpi,
 ) -> bool {
-    let esz = out.size();
-    let mut bad: __mmask16 = 0;
-    for r in 0..rows {
-        let s = src.add(r * src_rs);
-        let cr = c.offset(r as isize * c_rs * esz);
-        let br = if e.bias.is_null() {
-            e.bias
-        } else {
-            e.bias.offset(r as isize * e.bias_rs)
-        };
-        let mut j = 0;
-        while j < cols {
-            let mask = lane_mask(cols - j);
-            let v = _mm512_maskz_loadu_ps(mask, s.add(j));
-            // With a per-column bias (`bias_cs == 1`) the run's entries start at column j.
-            let bj = if br.is_null() {
-                br
+    // SAFETY: rows below `rows`, columns below `cols` (masked), of the tile, C and the bias
+    // (with strides 0 or 1), all inside what the contract provides.
+    unsafe {
+        let esz = out.size();
+        let mut bad: __mmask16 = 0;
+        for r in 0..rows {
+            let s = src.add(r * src_rs);
+            let cr = c.offset(r as isize * c_rs * esz);
+            let br = if e.bias.is_null() {
+                e.bias
             } else {
-                br.offset(j as isize * e.bias_cs)
+                e.bias.offset(r as isize * e.bias_rs)
             };
-            bad |= epilogue16(out, v, mask, cr.offset(j as isize * esz), bj, e.bias_cs, e);
-            j += 16;
+            let mut j = 0;
+            while j < cols {
+                let mask = lane_mask(cols - j);
+                let v = _mm512_maskz_loadu_ps(mask, s.add(j));
+                // With a per-column bias (`bias_cs == 1`) the run's entries start at column j.
+                let bj = if br.is_null() {
+                    br
+                } else {
+                    br.offset(j as isize * e.bias_cs)
+                };
+                bad |= epilogue16(out, v, mask, cr.offset(j as isize * esz), bj, e.bias_cs, e);
+                j += 16;
+            }
         }
+        bad != 0
     }
-    bad != 0
 }
 
 /// `store::store_tile` for C with contiguous columns (`c_rs == 1`, C seen transposed): each
@@ -407,32 +457,36 @@ pub(super) unsafe fn store_cols_avx512(
     c_cs: isize,
     e: &TileEpi,
 ) -> bool {
-    debug_assert!(rows <= 16 && (src_rs * 15) < i32::MAX as usize);
-    let esz = out.size();
-    let mask = lane_mask(rows);
-    let idx = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(src_rs as i32),
-    );
-    let mut bad: __mmask16 = 0;
-    for j in 0..cols {
-        let v = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), mask, idx, src.add(j) as _);
-        let bj = if e.bias.is_null() {
-            e.bias
-        } else {
-            e.bias.offset(j as isize * e.bias_cs)
-        };
-        bad |= epilogue16(
-            out,
-            v,
-            mask,
-            c.offset(j as isize * c_cs * esz),
-            bj,
-            e.bias_rs,
-            e,
+    // SAFETY: columns below `cols`, rows below `rows` (gathered and stored under `mask`), of
+    // the tile, C and the bias, all inside what the contract provides.
+    unsafe {
+        debug_assert!(rows <= 16 && (src_rs * 15) < i32::MAX as usize);
+        let esz = out.size();
+        let mask = lane_mask(rows);
+        let idx = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(src_rs as i32),
         );
+        let mut bad: __mmask16 = 0;
+        for j in 0..cols {
+            let v = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), mask, idx, src.add(j) as _);
+            let bj = if e.bias.is_null() {
+                e.bias
+            } else {
+                e.bias.offset(j as isize * e.bias_cs)
+            };
+            bad |= epilogue16(
+                out,
+                v,
+                mask,
+                c.offset(j as isize * c_cs * esz),
+                bj,
+                e.bias_rs,
+                e,
+            );
+        }
+        bad != 0
     }
-    bad != 0
 }
 
 /// `store::tile_non_finite`: any ±inf or NaN in an f32 tile, rows `c_rs` apart.
@@ -446,19 +500,22 @@ pub(super) unsafe fn tile_non_finite_avx512(
     rows: usize,
     cols: usize,
 ) -> bool {
-    let exp = _mm512_set1_epi32(0x7F80_0000);
-    let mut bad: __mmask16 = 0;
-    for r in 0..rows {
-        let cr = c.offset(r as isize * c_rs);
-        let mut j = 0;
-        while j < cols {
-            let mask = lane_mask(cols - j);
-            let bits = _mm512_and_si512(_mm512_maskz_loadu_epi32(mask, cr.add(j) as _), exp);
-            bad |= _mm512_mask_cmpeq_epi32_mask(mask, bits, exp);
-            j += 16;
+    // SAFETY: rows below `rows`, columns below `cols` (masked), inside the tile.
+    unsafe {
+        let exp = _mm512_set1_epi32(0x7F80_0000);
+        let mut bad: __mmask16 = 0;
+        for r in 0..rows {
+            let cr = c.offset(r as isize * c_rs);
+            let mut j = 0;
+            while j < cols {
+                let mask = lane_mask(cols - j);
+                let bits = _mm512_and_si512(_mm512_maskz_loadu_epi32(mask, cr.add(j) as _), exp);
+                bad |= _mm512_mask_cmpeq_epi32_mask(mask, bits, exp);
+                j += 16;
+            }
         }
+        bad != 0
     }
-    bad != 0
 }
 
 /// `pack::pairs` where each k step is a contiguous run of lanes (`lane_stride == 1`, a B
@@ -481,30 +538,37 @@ pub(super) unsafe fn pack_pairs_rows_avx512(
     dst_stride: usize,
     fill: bool,
 ) {
-    let width = if fill { dst_stride } else { lanes };
-    for q in 0..kc.div_ceil(2) {
-        let r0 = src.offset(2 * q as isize * k_stride);
-        // An odd kc: the last pair has no k + 1 row (its pointer may lie outside the view).
-        let r1 = (2 * q + 1 < kc).then(|| src.offset((2 * q + 1) as isize * k_stride));
-        let d = dst.add(q * dst_stride);
-        let mut l = 0;
-        while l < width {
-            let v = if l < lanes {
-                let mask = lane_mask(lanes - l);
-                let lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, r0.add(l) as _));
-                match r1 {
-                    Some(r1) => {
-                        let hi =
-                            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, r1.add(l) as _));
-                        _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi))
+    // SAFETY: rows `2q` and `2q + 1` (only when `2q + 1 < kc`) of the view, lanes below
+    // `lanes` (masked loads, and no pointer is formed past `lanes`), and panel slots below
+    // `ceil(kc / 2)·dst_stride` (the store mask stops at `width <= dst_stride`).
+    unsafe {
+        let width = if fill { dst_stride } else { lanes };
+        for q in 0..kc.div_ceil(2) {
+            let r0 = src.offset(2 * q as isize * k_stride);
+            // An odd kc: the last pair has no k + 1 row (its pointer may lie outside the view).
+            let r1 = (2 * q + 1 < kc).then(|| src.offset((2 * q + 1) as isize * k_stride));
+            let d = dst.add(q * dst_stride);
+            let mut l = 0;
+            while l < width {
+                let v = if l < lanes {
+                    let mask = lane_mask(lanes - l);
+                    let lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, r0.add(l) as _));
+                    match r1 {
+                        Some(r1) => {
+                            let hi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(
+                                mask,
+                                r1.add(l) as _,
+                            ));
+                            _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi))
+                        }
+                        None => lo,
                     }
-                    None => lo,
-                }
-            } else {
-                _mm512_setzero_si512()
-            };
-            _mm512_mask_storeu_epi32(d.add(l) as *mut i32, lane_mask(width - l), v);
-            l += 16;
+                } else {
+                    _mm512_setzero_si512()
+                };
+                _mm512_mask_storeu_epi32(d.add(l) as *mut i32, lane_mask(width - l), v);
+                l += 16;
+            }
         }
     }
 }
@@ -528,34 +592,38 @@ pub(super) unsafe fn pack_pairs_transpose_avx512(
     dst_stride: usize,
     fill: bool,
 ) {
-    let kp = kc.div_ceil(2);
-    let width = if fill { dst_stride } else { lanes };
-    let mut l0 = 0;
-    while l0 < width {
-        let lb = lanes.saturating_sub(l0).min(16);
-        let store_mask = lane_mask(width - l0);
-        let mut q0 = 0;
-        while q0 < kp {
-            let qb = (kp - q0).min(16);
-            let mut r = [_mm512_setzero_ps(); 16];
-            if lb > 0 {
-                // 16-bit elements left in this lane from k = 2·q0: up to 32 per vector.
-                let ne = (kc - 2 * q0).min(32);
-                let emask: __mmask32 = if ne == 32 { !0 } else { (1u32 << ne) - 1 };
-                for (l, x) in r.iter_mut().enumerate().take(lb) {
-                    let p = src.offset((l0 + l) as isize * lane_stride).add(2 * q0);
-                    *x = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(emask, p as _));
+    // SAFETY: lanes below `lanes`, each read from k = 2·q0 for at most `kc − 2·q0` elements
+    // (the 16-bit load mask), and panel rows below `ceil(kc / 2)`, lanes below `width`.
+    unsafe {
+        let kp = kc.div_ceil(2);
+        let width = if fill { dst_stride } else { lanes };
+        let mut l0 = 0;
+        while l0 < width {
+            let lb = lanes.saturating_sub(l0).min(16);
+            let store_mask = lane_mask(width - l0);
+            let mut q0 = 0;
+            while q0 < kp {
+                let qb = (kp - q0).min(16);
+                let mut r = [_mm512_setzero_ps(); 16];
+                if lb > 0 {
+                    // 16-bit elements left in this lane from k = 2·q0: up to 32 per vector.
+                    let ne = (kc - 2 * q0).min(32);
+                    let emask: __mmask32 = if ne == 32 { !0 } else { (1u32 << ne) - 1 };
+                    for (l, x) in r.iter_mut().enumerate().take(lb) {
+                        let p = src.offset((l0 + l) as isize * lane_stride).add(2 * q0);
+                        *x = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(emask, p as _));
+                    }
+                    // Shuffles move bits without interpreting them, so the f32 transpose is a
+                    // 32-bit one.
+                    transpose16(&mut r);
                 }
-                // Shuffles move bits without interpreting them, so the f32 transpose is a
-                // 32-bit one.
-                transpose16(&mut r);
+                for (q, &x) in r.iter().enumerate().take(qb) {
+                    let d = dst.add((q0 + q) * dst_stride + l0) as *mut f32;
+                    _mm512_mask_storeu_ps(d, store_mask, x);
+                }
+                q0 += 16;
             }
-            for (q, &x) in r.iter().enumerate().take(qb) {
-                let d = dst.add((q0 + q) * dst_stride + l0) as *mut f32;
-                _mm512_mask_storeu_ps(d, store_mask, x);
-            }
-            q0 += 16;
+            l0 += 16;
         }
-        l0 += 16;
     }
 }
