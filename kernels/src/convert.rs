@@ -1,9 +1,28 @@
-//! Slice conversions between `f32` and the 16-bit float formats.
+//! The crate's one conversion layer between `f32` and the 16-bit float formats: slice
+//! functions ([`f16_to_f32`], [`f32_to_f16`], [`bf16_to_f32`], [`f32_to_bf16`]) and scalar
+//! ones ([`widen_f16`], [`narrow_f16`], [`widen_bf16`], [`narrow_bf16`]). Other code should
+//! convert through these rather than through `half` directly, so that one set of rules (and
+//! one set of exhaustive tests) covers every conversion.
 //!
-//! Every function is bit-exact with `half`'s scalar conversion of each element
-//! (`f16::to_f32`, `f16::from_f32`, `bf16::to_f32`, `bf16::from_f32`): narrowing rounds to
-//! nearest, ties to even, overflows to ±inf and keeps NaN a NaN with the quiet bit set. The
-//! vector code is chosen at run time, like the matrix products (see [`crate::Level`]).
+//! # Rules
+//! Every function here, scalar or vector, at every [`Level`], gives the same
+//! bits as `half`'s scalar conversion of each element (`f16::to_f32`, `f16::from_f32`,
+//! `bf16::to_f32`, `bf16::from_f32`), and so does every conversion the matrix products do on
+//! the way in (packing, reading C's old value) and out (storing C):
+//!
+//! * Widening is exact.
+//! * Narrowing rounds to nearest, ties to even; subnormal results are kept (no flush to
+//!   zero); a value that rounds beyond the largest finite one becomes ±inf (f16: `|x| ≥
+//!   65520`, the midpoint above 65504).
+//! * **NaN** stays NaN, with its sign, and always comes out quiet. Widening keeps the payload
+//!   bits (moved to the top of the f32 significand) and sets the quiet bit, so a signalling
+//!   NaN arrives quiet. Narrowing keeps the sign and the top payload bits that fit (9 of f16's,
+//!   6 of bf16's, below the quiet bit) and sets the quiet bit, so a NaN whose payload lies only
+//!   in the dropped bits stays a NaN and never rounds into ±inf. (This is also what x86's F16C
+//!   instructions do.) Where two NaNs meet in arithmetic, which payload survives is
+//!   unspecified, as in IEEE 754.
+//!
+//! The vector code is chosen at run time, like the matrix products (see [`crate::Level`]).
 
 use half::{bf16, f16};
 
@@ -102,7 +121,7 @@ pub(crate) unsafe fn f16_to_f32_raw(lvl: Level, src: *const f16, dst: *mut f32, 
         }
         let _ = lvl;
         for i in 0..n {
-            *dst.add(i) = (*src.add(i)).to_f32();
+            *dst.add(i) = widen_f16(*src.add(i));
         }
     }
 }
@@ -124,7 +143,7 @@ pub(crate) unsafe fn f32_to_f16_raw(lvl: Level, src: *const f32, dst: *mut f16, 
         }
         let _ = lvl;
         for i in 0..n {
-            *dst.add(i) = f16::from_f32(*src.add(i));
+            *dst.add(i) = narrow_f16(*src.add(i));
         }
     }
 }
@@ -180,11 +199,11 @@ pub(crate) use x86::narrow_bf16_512 as narrow_bf16_avx512;
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{bf16_bits_to_f32_bits, f32_bits_to_bf16_bits};
+    use super::{bf16_bits_to_f32_bits, f32_bits_to_bf16_bits, narrow_f16, widen_f16};
     use half::{bf16, f16};
     use std::arch::x86_64::*;
 
-    // The scalar tails below go through `half` (or the identical integer code), so a slice's
+    // The scalar tails below use the scalar helpers (the same conversion), so a slice's
     // result never depends on where the vector loop stopped.
 
     /// # Safety
@@ -202,7 +221,7 @@ mod x86 {
                 i += 16;
             }
             while i < n {
-                *dst.add(i) = (*src.add(i)).to_f32();
+                *dst.add(i) = widen_f16(*src.add(i));
                 i += 1;
             }
         }
@@ -223,7 +242,7 @@ mod x86 {
                 i += 8;
             }
             while i < n {
-                *dst.add(i) = (*src.add(i)).to_f32();
+                *dst.add(i) = widen_f16(*src.add(i));
                 i += 1;
             }
         }
@@ -245,7 +264,7 @@ mod x86 {
                 i += 16;
             }
             while i < n {
-                *dst.add(i) = f16::from_f32(*src.add(i));
+                *dst.add(i) = narrow_f16(*src.add(i));
                 i += 1;
             }
         }
@@ -267,7 +286,7 @@ mod x86 {
                 i += 8;
             }
             while i < n {
-                *dst.add(i) = f16::from_f32(*src.add(i));
+                *dst.add(i) = narrow_f16(*src.add(i));
                 i += 1;
             }
         }
