@@ -292,8 +292,8 @@ pub fn gemm_slices<T: GemmElem>(
 /// `a.rows × b.cols` C; see [`Epilogue`] for the arithmetic.
 ///
 /// # Panics
-/// As [`gemm_slices`], and if C's shape is not `a.rows × b.cols` or the bias's length is not
-/// `b.cols`.
+/// As [`gemm_slices`] (C is a `&mut` borrow, so it can overlap neither A, B nor the bias), and
+/// if C's shape is not `a.rows × b.cols` or the bias's length is not `b.cols`.
 pub fn gemm_epilogue_slices<T: GemmElem, C: GemmOut<T>>(
     a: MatRef<'_, T>,
     b: MatRef<'_, T>,
@@ -313,7 +313,8 @@ pub fn gemm_epilogue_slices<T: GemmElem, C: GemmOut<T>>(
     let sb = checked_view("B", b.data.len(), k, n, b.rs, b.cs);
     let sc = checked_view("C", c.data.len(), m, n, c.rs, c.cs);
     check_distinct(m, n, c.rs, c.cs);
-    // SAFETY: as in `gemm_slices` (the bias length is checked by `gemm_epilogue` itself).
+    // SAFETY: as in `gemm_slices`; C's `&mut` borrow also keeps it apart from the bias (a
+    // `&` borrow inside `epi`), whose length `gemm_epilogue` checks itself.
     unsafe {
         gemm_epilogue(
             m,
@@ -427,7 +428,8 @@ pub unsafe fn gemm<T: GemmElem>(
 /// If `epi.bias` is given and its length is not `n`.
 ///
 /// # Safety
-/// As [`gemm()`], with `epi.accumulate` in place of `accumulate`.
+/// As [`gemm()`], with `epi.accumulate` in place of `accumulate`; in addition, C must not
+/// overlap `epi.bias` (a shared borrow that C's writes would otherwise mutate).
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm_epilogue<T: GemmElem, C: GemmOut<T>>(
     m: usize,

@@ -341,36 +341,82 @@ unsafe fn load16_masked(kind: Kind, s: *const u8, mask: __mmask16) -> __m512 {
     }
 }
 
+/// C's element type as a const parameter, so that each store loop is compiled for one type.
+const OUT_F32: u8 = 0;
+const OUT_F16: u8 = 1;
+const OUT_BF16: u8 = 2;
+
+/// The largest `|stored bits|` seen so far, per lane: a value is ±inf or NaN exactly when its
+/// bits without the sign reach the infinity pattern, so one unsigned max per vector (and one
+/// compare per tile) is the whole non-finite check.
+#[derive(Clone, Copy)]
+struct Worst {
+    w32: __m512i,
+    w16: __m256i,
+}
+
+impl Worst {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    fn new() -> Worst {
+        Worst {
+            w32: _mm512_setzero_si512(),
+            w16: _mm256_setzero_si256(),
+        }
+    }
+
+    /// Whether any lane reached the infinity pattern of `K`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    fn any<const K: u8>(self) -> bool {
+        match K {
+            OUT_F32 => _mm512_cmpge_epu32_mask(self.w32, _mm512_set1_epi32(0x7F80_0000)) != 0,
+            OUT_F16 => _mm256_cmpge_epu16_mask(self.w16, _mm256_set1_epi16(0x7C00)) != 0,
+            _ => _mm256_cmpge_epu16_mask(self.w16, _mm256_set1_epi16(0x7F80)) != 0,
+        }
+    }
+}
+
 /// One contiguous run of up to 16 C elements through the epilogue: `v` the f32 sums (zero
 /// where `mask` is clear), `bias` the entries for the run (null: none), each `bias_step` (0: one
-/// entry broadcast, 1: consecutive). Stores under `mask` and returns the lanes whose stored
-/// value is ±inf or NaN. The same operations, in the same order, as `TileEpi::apply` followed
-/// by the slice conversions' rounding.
+/// entry broadcast, 1: consecutive). Stores under `mask` and folds the stored bits into
+/// `worst`. The same operations, in the same order, as `TileEpi::apply` followed by the slice
+/// conversions' rounding. With `PLAIN` (no alpha, bias or activation: `gemm`'s store) only
+/// `e.add_c` is looked at.
 ///
 /// # Safety
 /// C's run writable (and readable with `e.add_c`) under `mask`; the bias readable under
 /// `mask` (at its one entry if `bias_step == 0`); AVX-512F/BW/VL.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]
-unsafe fn epilogue16(
-    out: Kind,
+unsafe fn epilogue16<const K: u8, const PLAIN: bool>(
     mut v: __m512,
     mask: __mmask16,
     c: *mut u8,
     bias: *const f32,
     bias_step: isize,
     e: &TileEpi,
-) -> __mmask16 {
+    worst: &mut Worst,
+) {
     // SAFETY: the masked loads and stores touch only lanes set in `mask` (and the one bias
     // entry when broadcasting), which the contract makes accessible.
     unsafe {
-        if e.scale {
+        if !PLAIN && e.scale {
             v = _mm512_mul_ps(_mm512_set1_ps(e.alpha), v);
         }
         if e.add_c {
-            v = _mm512_add_ps(v, load16_masked(out, c, mask));
+            let old = match K {
+                OUT_F32 => _mm512_maskz_loadu_ps(mask, c as *const f32),
+                OUT_F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, c as *const i16)),
+                // A bare shift, without the conversion rule's quiet bit: this value only
+                // feeds the addition, which quietens a signalling NaN itself, and with either
+                // operand order gives the same bits as from the quietened NaN.
+                _ => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+                    _mm256_maskz_loadu_epi16(mask, c as *const i16),
+                ))),
+            };
+            v = _mm512_add_ps(v, old);
         }
-        if !bias.is_null() {
+        if !PLAIN && !bias.is_null() {
             let b = if bias_step == 0 {
                 _mm512_set1_ps(*bias)
             } else {
@@ -378,37 +424,35 @@ unsafe fn epilogue16(
             };
             v = _mm512_add_ps(v, b);
         }
-        if e.relu {
+        if !PLAIN && e.relu {
             // `x < 0 ? +0 : x` exactly as the scalar path: an ordered compare, so NaN is kept,
             // and -0 < 0 is false, so -0 is kept.
             let zero = _mm512_setzero_ps();
             v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, zero), zero);
         }
-        match out {
-            Kind::F32 => {
+        match K {
+            OUT_F32 => {
                 _mm512_mask_storeu_ps(c as *mut f32, mask, v);
-                let exp = _mm512_set1_epi32(0x7F80_0000);
-                let bits = _mm512_and_si512(_mm512_castps_si512(v), exp);
-                _mm512_mask_cmpeq_epi32_mask(mask, bits, exp)
+                let abs = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFF_FFFF));
+                worst.w32 = _mm512_mask_max_epu32(worst.w32, mask, worst.w32, abs);
             }
-            Kind::F16 => {
-                let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+            _ => {
+                let h = if K == OUT_F16 {
+                    _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v)
+                } else {
+                    crate::convert::narrow_bf16_avx512(_mm512_castps_si512(v))
+                };
                 _mm256_mask_storeu_epi16(c as *mut i16, mask, h);
-                let exp = _mm256_set1_epi16(0x7C00);
-                _mm256_mask_cmpeq_epi16_mask(mask, _mm256_and_si256(h, exp), exp)
-            }
-            Kind::Bf16 => {
-                let h = crate::convert::narrow_bf16_avx512(_mm512_castps_si512(v));
-                _mm256_mask_storeu_epi16(c as *mut i16, mask, h);
-                let exp = _mm256_set1_epi16(0x7F80);
-                _mm256_mask_cmpeq_epi16_mask(mask, _mm256_and_si256(h, exp), exp)
+                let abs = _mm256_and_si256(h, _mm256_set1_epi16(0x7FFF));
+                worst.w16 = _mm256_mask_max_epu16(worst.w16, mask, worst.w16, abs);
             }
         }
     }
 }
 
 /// `store::store_tile` for C with contiguous rows (`c_cs == 1`): each row of the tile is one
-/// run, 16 lanes at a time, masked at the ragged edge.
+/// run, 16 lanes at a time, masked at the ragged edge; compiled once per C type, for `gemm`'s
+/// plain store and for the general epilogue.
 ///
 /// # Safety
 /// As `store::store_tile`, with `c_cs == 1`; AVX-512F/BW/VL.
@@ -424,34 +468,65 @@ pub(super) unsafe fn store_rows_avx512(
     c_rs: isize,
     e: &TileEpi,
 ) -> bool {
-    // SAFETY: rows below `rows`, columns below `cols` (masked), of the tile, C and the bias
-    // (with strides 0 or 1), all inside what the contract provides.
+    let plain = !e.scale && e.bias.is_null() && !e.relu;
+    // SAFETY: the caller's contract, handed on.
     unsafe {
-        let esz = out.size();
-        let mut bad: __mmask16 = 0;
+        match (out, plain) {
+            (Kind::F32, true) => rows_k::<OUT_F32, true>(src, src_rs, rows, cols, c, c_rs, e),
+            (Kind::F32, false) => rows_k::<OUT_F32, false>(src, src_rs, rows, cols, c, c_rs, e),
+            (Kind::F16, true) => rows_k::<OUT_F16, true>(src, src_rs, rows, cols, c, c_rs, e),
+            (Kind::F16, false) => rows_k::<OUT_F16, false>(src, src_rs, rows, cols, c, c_rs, e),
+            (Kind::Bf16, true) => rows_k::<OUT_BF16, true>(src, src_rs, rows, cols, c, c_rs, e),
+            (Kind::Bf16, false) => rows_k::<OUT_BF16, false>(src, src_rs, rows, cols, c, c_rs, e),
+        }
+    }
+}
+
+/// `store_rows_avx512` for one C type.
+///
+/// # Safety
+/// As `store_rows_avx512`, with `K` C's type and `PLAIN` only if `e` has no alpha, bias or
+/// activation.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn rows_k<const K: u8, const PLAIN: bool>(
+    src: *const f32,
+    src_rs: usize,
+    rows: usize,
+    cols: usize,
+    c: *mut u8,
+    c_rs: isize,
+    e: &TileEpi,
+) -> bool {
+    debug_assert!(cols <= 32);
+    let esz: isize = if K == OUT_F32 { 4 } else { 2 };
+    // A tile row is at most two vectors: the masks are the same for every row.
+    let masks = [lane_mask(cols), lane_mask(cols.saturating_sub(16))];
+    let nvec = cols.div_ceil(16);
+    let mut worst = Worst::new();
+    // SAFETY: rows below `rows`, columns below `cols` (masked), of the tile, C and the bias
+    // (with strides 0 or 1), all inside what the contract provides; no bias pointer is formed
+    // without a bias.
+    unsafe {
         for r in 0..rows {
             let s = src.add(r * src_rs);
             let cr = c.offset(r as isize * c_rs * esz);
-            let br = if e.bias.is_null() {
-                e.bias
-            } else {
-                e.bias.offset(r as isize * e.bias_rs)
-            };
-            let mut j = 0;
-            while j < cols {
-                let mask = lane_mask(cols - j);
-                let v = _mm512_maskz_loadu_ps(mask, s.add(j));
-                // With a per-column bias (`bias_cs == 1`) the run's entries start at column j.
-                let bj = if br.is_null() {
-                    br
+            for (v, &mask) in masks.iter().enumerate().take(nvec) {
+                let j = v * 16;
+                let x = _mm512_maskz_loadu_ps(mask, s.add(j));
+                // With a per-column bias (`bias_cs == 1`) the run's entries start at column
+                // j; with a per-row one (`bias_cs == 0`) every column has row r's.
+                let bj = if PLAIN || e.bias.is_null() {
+                    std::ptr::null()
                 } else {
-                    br.offset(j as isize * e.bias_cs)
+                    e.bias
+                        .offset(r as isize * e.bias_rs + j as isize * e.bias_cs)
                 };
-                bad |= epilogue16(out, v, mask, cr.offset(j as isize * esz), bj, e.bias_cs, e);
-                j += 16;
+                let cj = cr.offset(j as isize * esz);
+                epilogue16::<K, PLAIN>(x, mask, cj, bj, e.bias_cs, e, &mut worst);
             }
         }
-        bad != 0
+        worst.any::<K>()
     }
 }
 
@@ -472,17 +547,42 @@ pub(super) unsafe fn store_cols_avx512(
     c_cs: isize,
     e: &TileEpi,
 ) -> bool {
+    // SAFETY: the caller's contract, handed on.
+    unsafe {
+        match out {
+            Kind::F32 => cols_k::<OUT_F32>(src, src_rs, rows, cols, c, c_cs, e),
+            Kind::F16 => cols_k::<OUT_F16>(src, src_rs, rows, cols, c, c_cs, e),
+            Kind::Bf16 => cols_k::<OUT_BF16>(src, src_rs, rows, cols, c, c_cs, e),
+        }
+    }
+}
+
+/// `store_cols_avx512` for one C type.
+///
+/// # Safety
+/// As `store_cols_avx512`, with `K` C's type.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn cols_k<const K: u8>(
+    src: *const f32,
+    src_rs: usize,
+    rows: usize,
+    cols: usize,
+    c: *mut u8,
+    c_cs: isize,
+    e: &TileEpi,
+) -> bool {
+    debug_assert!(rows <= 16 && src_rs * 15 < i32::MAX as usize);
+    let esz: isize = if K == OUT_F32 { 4 } else { 2 };
+    let mask = lane_mask(rows);
+    let idx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(src_rs as i32),
+    );
+    let mut worst = Worst::new();
     // SAFETY: columns below `cols`, rows below `rows` (gathered and stored under `mask`), of
     // the tile, C and the bias, all inside what the contract provides.
     unsafe {
-        debug_assert!(rows <= 16 && (src_rs * 15) < i32::MAX as usize);
-        let esz = out.size();
-        let mask = lane_mask(rows);
-        let idx = _mm512_mullo_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32(src_rs as i32),
-        );
-        let mut bad: __mmask16 = 0;
         for j in 0..cols {
             let v = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), mask, idx, src.add(j) as _);
             let bj = if e.bias.is_null() {
@@ -490,17 +590,10 @@ pub(super) unsafe fn store_cols_avx512(
             } else {
                 e.bias.offset(j as isize * e.bias_cs)
             };
-            bad |= epilogue16(
-                out,
-                v,
-                mask,
-                c.offset(j as isize * c_cs * esz),
-                bj,
-                e.bias_rs,
-                e,
-            );
+            let cj = c.offset(j as isize * c_cs * esz);
+            epilogue16::<K, false>(v, mask, cj, bj, e.bias_rs, e, &mut worst);
         }
-        bad != 0
+        worst.any::<K>()
     }
 }
 
