@@ -556,6 +556,7 @@ impl Epi {
             bias: self.bias_at(i, j),
             bias_rs: self.bias_rs,
             bias_cs: self.bias_cs,
+            check: !self.legacy,
         }
     }
 }
@@ -1028,7 +1029,7 @@ unsafe fn serial_with(arch: &Arch, p: &Problem, bufs: &mut Buffers) -> bool {
                                     }
                                 } else {
                                     kern(kc_units, ap, bp, tile_p, TILE_NR as isize, false);
-                                    let te = TileEpi::sum(beta);
+                                    let te = TileEpi::sum(beta, !e.legacy);
                                     let nf = store_tile(
                                         arch.level, p.out, tile_p, TILE_NR, mrr, nrr, cp, p.c_rs,
                                         p.c_cs, &te,

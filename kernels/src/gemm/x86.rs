@@ -378,9 +378,9 @@ impl Worst {
 /// One contiguous run of up to 16 C elements through the epilogue: `v` the f32 sums (zero
 /// where `mask` is clear), `bias` the entries for the run (null: none), each `bias_step` (0: one
 /// entry broadcast, 1: consecutive). Stores under `mask` and folds the stored bits into
-/// `worst`. The same operations, in the same order, as `TileEpi::apply` followed by the slice
-/// conversions' rounding. With `PLAIN` (no alpha, bias or activation: `gemm`'s store) only
-/// `e.add_c` is looked at.
+/// `worst` (with `CHECK`). The same operations, in the same order, as `TileEpi::apply`
+/// followed by the slice conversions' rounding. With `PLAIN` (no alpha, bias or activation:
+/// `gemm`'s store) only `e.add_c` is looked at.
 ///
 /// # Safety
 /// C's run writable (and readable with `e.add_c`) under `mask`; the bias readable under
@@ -388,7 +388,7 @@ impl Worst {
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]
-unsafe fn epilogue16<const K: u8, const PLAIN: bool>(
+unsafe fn epilogue16<const K: u8, const PLAIN: bool, const CHECK: bool>(
     mut v: __m512,
     mask: __mmask16,
     c: *mut u8,
@@ -433,8 +433,11 @@ unsafe fn epilogue16<const K: u8, const PLAIN: bool>(
         match K {
             OUT_F32 => {
                 _mm512_mask_storeu_ps(c as *mut f32, mask, v);
-                let abs = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFF_FFFF));
-                worst.w32 = _mm512_mask_max_epu32(worst.w32, mask, worst.w32, abs);
+                if CHECK {
+                    let abs =
+                        _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFF_FFFF));
+                    worst.w32 = _mm512_mask_max_epu32(worst.w32, mask, worst.w32, abs);
+                }
             }
             _ => {
                 let h = if K == OUT_F16 {
@@ -443,8 +446,10 @@ unsafe fn epilogue16<const K: u8, const PLAIN: bool>(
                     crate::convert::narrow_bf16_avx512(_mm512_castps_si512(v))
                 };
                 _mm256_mask_storeu_epi16(c as *mut i16, mask, h);
-                let abs = _mm256_and_si256(h, _mm256_set1_epi16(0x7FFF));
-                worst.w16 = _mm256_mask_max_epu16(worst.w16, mask, worst.w16, abs);
+                if CHECK {
+                    let abs = _mm256_and_si256(h, _mm256_set1_epi16(0x7FFF));
+                    worst.w16 = _mm256_mask_max_epu16(worst.w16, mask, worst.w16, abs);
+                }
             }
         }
     }
@@ -469,34 +474,35 @@ pub(super) unsafe fn store_rows_avx512(
     e: &TileEpi,
 ) -> bool {
     let plain = !e.scale && e.bias.is_null() && !e.relu;
+    let args = (src, src_rs, rows, cols, c, c_rs, e);
     // SAFETY: the caller's contract, handed on.
     unsafe {
-        match (out, plain) {
-            (Kind::F32, true) => rows_k::<OUT_F32, true>(src, src_rs, rows, cols, c, c_rs, e),
-            (Kind::F32, false) => rows_k::<OUT_F32, false>(src, src_rs, rows, cols, c, c_rs, e),
-            (Kind::F16, true) => rows_k::<OUT_F16, true>(src, src_rs, rows, cols, c, c_rs, e),
-            (Kind::F16, false) => rows_k::<OUT_F16, false>(src, src_rs, rows, cols, c, c_rs, e),
-            (Kind::Bf16, true) => rows_k::<OUT_BF16, true>(src, src_rs, rows, cols, c, c_rs, e),
-            (Kind::Bf16, false) => rows_k::<OUT_BF16, false>(src, src_rs, rows, cols, c, c_rs, e),
+        match (out, plain, e.check) {
+            (Kind::F32, true, false) => rows_k::<OUT_F32, true, false>(args),
+            (Kind::F32, true, true) => rows_k::<OUT_F32, true, true>(args),
+            (Kind::F32, false, _) => rows_k::<OUT_F32, false, true>(args),
+            (Kind::F16, true, false) => rows_k::<OUT_F16, true, false>(args),
+            (Kind::F16, true, true) => rows_k::<OUT_F16, true, true>(args),
+            (Kind::F16, false, _) => rows_k::<OUT_F16, false, true>(args),
+            (Kind::Bf16, true, false) => rows_k::<OUT_BF16, true, false>(args),
+            (Kind::Bf16, true, true) => rows_k::<OUT_BF16, true, true>(args),
+            (Kind::Bf16, false, _) => rows_k::<OUT_BF16, false, true>(args),
         }
     }
 }
 
+/// The arguments of `store_rows_avx512` (and of `store_cols_avx512`, with C's column stride
+/// in place of its row stride).
+type RowsArgs<'a> = (*const f32, usize, usize, usize, *mut u8, isize, &'a TileEpi);
+
 /// `store_rows_avx512` for one C type.
 ///
 /// # Safety
-/// As `store_rows_avx512`, with `K` C's type and `PLAIN` only if `e` has no alpha, bias or
-/// activation.
-#[allow(clippy::too_many_arguments)]
+/// As `store_rows_avx512`, with `K` C's type, `PLAIN` only if `e` has no alpha, bias or
+/// activation, and `CHECK` unless nobody reads the result (then it is `false`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn rows_k<const K: u8, const PLAIN: bool>(
-    src: *const f32,
-    src_rs: usize,
-    rows: usize,
-    cols: usize,
-    c: *mut u8,
-    c_rs: isize,
-    e: &TileEpi,
+unsafe fn rows_k<const K: u8, const PLAIN: bool, const CHECK: bool>(
+    (src, src_rs, rows, cols, c, c_rs, e): RowsArgs<'_>,
 ) -> bool {
     debug_assert!(cols <= 32);
     let esz: isize = if K == OUT_F32 { 4 } else { 2 };
@@ -523,10 +529,10 @@ unsafe fn rows_k<const K: u8, const PLAIN: bool>(
                         .offset(r as isize * e.bias_rs + j as isize * e.bias_cs)
                 };
                 let cj = cr.offset(j as isize * esz);
-                epilogue16::<K, PLAIN>(x, mask, cj, bj, e.bias_cs, e, &mut worst);
+                epilogue16::<K, PLAIN, CHECK>(x, mask, cj, bj, e.bias_cs, e, &mut worst);
             }
         }
-        worst.any::<K>()
+        CHECK && worst.any::<K>()
     }
 }
 
@@ -549,10 +555,14 @@ pub(super) unsafe fn store_cols_avx512(
 ) -> bool {
     // SAFETY: the caller's contract, handed on.
     unsafe {
-        match out {
-            Kind::F32 => cols_k::<OUT_F32>(src, src_rs, rows, cols, c, c_cs, e),
-            Kind::F16 => cols_k::<OUT_F16>(src, src_rs, rows, cols, c, c_cs, e),
-            Kind::Bf16 => cols_k::<OUT_BF16>(src, src_rs, rows, cols, c, c_cs, e),
+        let args = (src, src_rs, rows, cols, c, c_cs, e);
+        match (out, e.check) {
+            (Kind::F32, false) => cols_k::<OUT_F32, false>(args),
+            (Kind::F32, true) => cols_k::<OUT_F32, true>(args),
+            (Kind::F16, false) => cols_k::<OUT_F16, false>(args),
+            (Kind::F16, true) => cols_k::<OUT_F16, true>(args),
+            (Kind::Bf16, false) => cols_k::<OUT_BF16, false>(args),
+            (Kind::Bf16, true) => cols_k::<OUT_BF16, true>(args),
         }
     }
 }
@@ -560,17 +570,10 @@ pub(super) unsafe fn store_cols_avx512(
 /// `store_cols_avx512` for one C type.
 ///
 /// # Safety
-/// As `store_cols_avx512`, with `K` C's type.
-#[allow(clippy::too_many_arguments)]
+/// As `store_cols_avx512`, with `K` C's type and `CHECK` unless nobody reads the result.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn cols_k<const K: u8>(
-    src: *const f32,
-    src_rs: usize,
-    rows: usize,
-    cols: usize,
-    c: *mut u8,
-    c_cs: isize,
-    e: &TileEpi,
+unsafe fn cols_k<const K: u8, const CHECK: bool>(
+    (src, src_rs, rows, cols, c, c_cs, e): RowsArgs<'_>,
 ) -> bool {
     debug_assert!(rows <= 16 && src_rs * 15 < i32::MAX as usize);
     let esz: isize = if K == OUT_F32 { 4 } else { 2 };
@@ -591,9 +594,9 @@ unsafe fn cols_k<const K: u8>(
                 e.bias.offset(j as isize * e.bias_cs)
             };
             let cj = c.offset(j as isize * c_cs * esz);
-            epilogue16::<K, false>(v, mask, cj, bj, e.bias_rs, e, &mut worst);
+            epilogue16::<K, false, CHECK>(v, mask, cj, bj, e.bias_rs, e, &mut worst);
         }
-        worst.any::<K>()
+        CHECK && worst.any::<K>()
     }
 }
 
