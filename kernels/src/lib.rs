@@ -7,8 +7,8 @@
 //!   `+ C_old`, a per-column bias, ReLU, then the one rounding), into a C of the operands' type
 //!   or, for 16-bit operands, into an `f32` C; it reports whether anything stored is inf or NaN.
 //!   [`gemm_slices`] and [`gemm_epilogue_slices`] are the safe, bounds-checked forms.
-//! * [`convert`]: slice conversions between `f32` and the two 16-bit formats, bit-exact with
-//!   `half`'s scalar conversions.
+//! * [`convert`]: the one conversion layer between `f32` and the two 16-bit formats (slices and
+//!   scalars), bit-exact with `half`'s scalar conversions, with one NaN rule for every path.
 //!
 //! Every vectorised routine is chosen at run time from the CPU's features (see [`Level`]);
 //! nothing depends on `-C target-cpu`. The environment variable `TYPED_AMP_KERNELS`
