@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use half::{bf16, f16};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use rayon::prelude::*;
-use typed_amp_kernels::GemmElem;
+use typed_amp_kernels::{Activation, Epilogue, GemmElem};
 
 #[derive(Clone, Copy)]
 enum L {
@@ -286,6 +286,8 @@ fn main() {
         );
     }
 
+    epilogue_rows(filter.as_deref(), threads);
+
     println!("\nrayon overhead: ours at 1 thread vs {threads} (f32, GFLOP/s and µs per call)");
     for sh in SHAPES.iter().filter(|s| s.m * s.n * s.k <= 256 * 512 * 512) {
         if filter.as_deref().is_some_and(|f| !sh.name.contains(f)) {
@@ -312,4 +314,156 @@ fn main() {
         "empty rayon for_each over {threads} items from the main thread: {:.1} µs",
         fork * 1e6
     );
+}
+
+/// The epilogue's two uses in a bf16 training step, fused against what they replace (GFLOP/s
+/// counting the product's 2·m·n·k only, so the columns compare times):
+/// * forward `y = relu(x·Wᵀ + b)` into bf16: `gemm` into bf16, then a bias pass and a ReLU pass
+///   over C (each widening, computing and rounding again, as an elementwise op does);
+/// * weight gradient `grad_Wᵀ += (1/scale)·xᵀ·g` into the f32 gradient buffer: `gemm` into a
+///   bf16 temporary, then a pass that widens, scales and adds it into the f32 buffer (which
+///   also rounds the gradient to bf16 once, a precision loss the fused form avoids).
+fn epilogue_rows(filter: Option<&str>, threads: usize) {
+    let fwd = [&SHAPES[2], &SHAPES[3], &SHAPES[4]];
+    let grad = [&SHAPES[8], &SHAPES[9], &SHAPES[10]];
+    println!("\nepilogue, bf16 operands: fused vs gemm + separate passes (GFLOP/s of the product)");
+    println!(
+        "{:<20} {:>15} | {:>7} {:>7}",
+        "shape", "m×n×k", "fused", "passes"
+    );
+    let mut rng = StdRng::seed_from_u64(2);
+    for sh in fwd {
+        if filter.is_some_and(|f| !sh.name.contains(f)) {
+            continue;
+        }
+        let x = bufs(sh, bf16::from_f32);
+        let mut c = x.c.clone();
+        let bias: Vec<f32> = (0..sh.n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        let (a_rs, a_cs) = strides(sh.a, sh.m, sh.k);
+        let (b_rs, b_cs) = strides(sh.b, sh.k, sh.n);
+        let epi = Epilogue {
+            bias: Some(&bias),
+            activation: Activation::Relu,
+            ..Epilogue::STORE
+        };
+        let fused = time(|| unsafe {
+            typed_amp_kernels::gemm_epilogue(
+                sh.m,
+                sh.n,
+                sh.k,
+                x.a.as_ptr(),
+                a_rs,
+                a_cs,
+                x.b.as_ptr(),
+                b_rs,
+                b_cs,
+                c.as_mut_ptr(),
+                sh.n as isize,
+                1,
+                &epi,
+                threads,
+            );
+        });
+        let passes = time(|| {
+            unsafe {
+                typed_amp_kernels::gemm(
+                    sh.m,
+                    sh.n,
+                    sh.k,
+                    x.a.as_ptr(),
+                    a_rs,
+                    a_cs,
+                    x.b.as_ptr(),
+                    b_rs,
+                    b_cs,
+                    c.as_mut_ptr(),
+                    sh.n as isize,
+                    1,
+                    false,
+                    threads,
+                )
+            };
+            for row in c.chunks_exact_mut(sh.n) {
+                for (y, b) in row.iter_mut().zip(&bias) {
+                    *y = bf16::from_f32(y.to_f32() + b);
+                }
+            }
+            for y in c.iter_mut() {
+                *y = bf16::from_f32(y.to_f32().max(0.0));
+            }
+            std::hint::black_box(&c);
+        });
+        println!(
+            "{:<20} {:>15} | {} {}",
+            format!("fwd+bias+relu {}", &sh.name[4..8]),
+            format!("{}×{}×{}", sh.m, sh.n, sh.k),
+            gf(sh, fused),
+            gf(sh, passes)
+        );
+    }
+    for sh in grad {
+        if filter.is_some_and(|f| !sh.name.contains(f)) {
+            continue;
+        }
+        let x = bufs(sh, bf16::from_f32);
+        let mut g32 = vec![0.0f32; sh.m * sh.n];
+        let mut tmp = x.c.clone();
+        let (a_rs, a_cs) = strides(sh.a, sh.m, sh.k);
+        let (b_rs, b_cs) = strides(sh.b, sh.k, sh.n);
+        let (c_rs, c_cs) = strides(sh.c, sh.m, sh.n);
+        let inv_scale = 1.0 / 1024.0;
+        let epi = Epilogue {
+            alpha: inv_scale,
+            ..Epilogue::ACCUMULATE
+        };
+        let fused = time(|| unsafe {
+            typed_amp_kernels::gemm_epilogue::<bf16, f32>(
+                sh.m,
+                sh.n,
+                sh.k,
+                x.a.as_ptr(),
+                a_rs,
+                a_cs,
+                x.b.as_ptr(),
+                b_rs,
+                b_cs,
+                g32.as_mut_ptr(),
+                c_rs,
+                c_cs,
+                &epi,
+                threads,
+            );
+        });
+        let passes = time(|| {
+            unsafe {
+                typed_amp_kernels::gemm(
+                    sh.m,
+                    sh.n,
+                    sh.k,
+                    x.a.as_ptr(),
+                    a_rs,
+                    a_cs,
+                    x.b.as_ptr(),
+                    b_rs,
+                    b_cs,
+                    tmp.as_mut_ptr(),
+                    c_rs,
+                    c_cs,
+                    false,
+                    threads,
+                )
+            };
+            for (g, t) in g32.iter_mut().zip(&tmp) {
+                *g += inv_scale * t.to_f32();
+            }
+            std::hint::black_box(&g32);
+        });
+        println!(
+            "{:<20} {:>15} | {} {}",
+            format!("f32 grad {}", &sh.name[4..7]),
+            format!("{}×{}×{}", sh.m, sh.n, sh.k),
+            gf(sh, fused),
+            gf(sh, passes)
+        );
+    }
 }

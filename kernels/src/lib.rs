@@ -3,8 +3,12 @@
 //! * [`gemm()`]: `C = A·B` or `C += A·B` for `f32`, [`half::f16`] and [`half::bf16`], with
 //!   arbitrary element strides on every operand. Half-precision products are accumulated in
 //!   `f32` and rounded once, when stored.
-//! * [`convert`]: slice conversions between `f32` and the two 16-bit formats, bit-exact with
-//!   `half`'s scalar conversions.
+//! * [`gemm_epilogue`]: the same product with an [`Epilogue`] fused into its store (`alpha`,
+//!   `+ C_old`, a per-column bias, ReLU, then the one rounding), into a C of the operands' type
+//!   or, for 16-bit operands, into an `f32` C; it reports whether anything stored is inf or NaN.
+//!   [`gemm_slices`] and [`gemm_epilogue_slices`] are the safe, bounds-checked forms.
+//! * [`convert`]: the one conversion layer between `f32` and the two 16-bit formats (slices and
+//!   scalars), bit-exact with `half`'s scalar conversions, with one NaN rule for every path.
 //!
 //! Every vectorised routine is chosen at run time from the CPU's features (see [`Level`]);
 //! nothing depends on `-C target-cpu`. The environment variable `TYPED_AMP_KERNELS`
@@ -12,13 +16,18 @@
 //! `portable`) caps the instruction set, and [`force_level`] does the same from code.
 
 #![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod convert;
 mod gemm;
 mod level;
 pub mod timing;
 
-pub use gemm::{gemm, gemm_slices, GemmElem, MatRef};
+pub use gemm::{
+    gemm, gemm_epilogue, gemm_epilogue_slices, gemm_slices, Activation, Epilogue, GemmElem,
+    GemmOut, GemmReport, MatMut, MatRef,
+};
 pub use level::{detected_level, force_level, level, Level};
 
 #[doc(hidden)]

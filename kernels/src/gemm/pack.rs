@@ -1,7 +1,8 @@
 //! Packing: copy a strided block of A or B into the contiguous micro-panel layout the kernels
 //! read, widening f16/bf16 to f32 (or, for the bf16-pair path, interleaving k pairs).
 
-use super::{load1, widen, Arch, Kind};
+use super::store::{load1, widen};
+use super::{Arch, Kind};
 #[cfg(target_arch = "x86_64")]
 use crate::level::Level;
 
@@ -29,79 +30,135 @@ pub(super) unsafe fn panel(
     dst_stride: usize,
     fill: bool,
 ) {
-    debug_assert!(kc <= KC_LIMIT && lanes <= dst_stride);
-    if arch.pairs {
-        return pairs(
-            src as *const u16,
-            lane_stride,
-            k_stride,
-            lanes,
-            kc,
-            dst as *mut u32,
-            dst_stride,
-            fill,
-        );
-    }
-    if fill && lanes < dst_stride {
-        for p in 0..kc {
-            std::ptr::write_bytes(dst.add(p * dst_stride + lanes), 0, dst_stride - lanes);
-        }
-    }
-    let esz = kind.size();
-    if lane_stride == 1 {
-        // Each k step is a contiguous run of lanes: vector widening copies.
-        #[cfg(target_arch = "x86_64")]
-        if arch.level >= Level::Avx512 {
-            return super::x86::pack_rows_avx512(kind, src, k_stride, lanes, kc, dst, dst_stride);
-        }
-        for p in 0..kc {
-            widen(
-                arch.level,
-                kind,
-                src.offset(p as isize * k_stride * esz),
-                dst.add(p * dst_stride),
-                lanes,
-            );
-        }
-    } else if k_stride == 1 {
-        // Each lane is a contiguous run along k: a transpose.
-        #[cfg(target_arch = "x86_64")]
-        if arch.level >= Level::Avx512 {
-            return super::x86::pack_transpose_avx512(
-                kind,
-                src,
+    // SAFETY: each branch hands the contract on to a routine for its layout (the x86 ones only
+    // when `arch.level` says the CPU has their features), or reads lanes `< lanes` and k steps
+    // `< kc` of the view and writes panel slots below `kc·dst_stride` itself.
+    unsafe {
+        debug_assert!(kc <= KC_LIMIT && lanes <= dst_stride);
+        if arch.pairs {
+            #[cfg(target_arch = "x86_64")]
+            if arch.level >= Level::Avx512 && !scalar_pairs_forced() {
+                // The two layouts the training step produces; anything else (both strides
+                // non-unit) takes the scalar loop.
+                if lane_stride == 1 {
+                    return super::x86::pack_pairs_rows_avx512(
+                        src as *const u16,
+                        k_stride,
+                        lanes,
+                        kc,
+                        dst as *mut u32,
+                        dst_stride,
+                        fill,
+                    );
+                }
+                if k_stride == 1 {
+                    return super::x86::pack_pairs_transpose_avx512(
+                        src as *const u16,
+                        lane_stride,
+                        lanes,
+                        kc,
+                        dst as *mut u32,
+                        dst_stride,
+                        fill,
+                    );
+                }
+            }
+            return pairs(
+                src as *const u16,
                 lane_stride,
+                k_stride,
                 lanes,
                 kc,
-                dst,
+                dst as *mut u32,
                 dst_stride,
+                fill,
             );
         }
-        let mut tmp = [0.0f32; KC_LIMIT];
-        for l in 0..lanes {
-            widen(
-                arch.level,
-                kind,
-                src.offset(l as isize * lane_stride * esz),
-                tmp.as_mut_ptr(),
-                kc,
-            );
-            for (p, &x) in tmp[..kc].iter().enumerate() {
-                *dst.add(p * dst_stride + l) = x;
+        if fill && lanes < dst_stride {
+            for p in 0..kc {
+                std::ptr::write_bytes(dst.add(p * dst_stride + lanes), 0, dst_stride - lanes);
             }
         }
-    } else {
-        for l in 0..lanes {
+        let esz = kind.size();
+        if lane_stride == 1 {
+            // Each k step is a contiguous run of lanes: vector widening copies.
+            #[cfg(target_arch = "x86_64")]
+            if arch.level >= Level::Avx512 {
+                return super::x86::pack_rows_avx512(
+                    kind, src, k_stride, lanes, kc, dst, dst_stride,
+                );
+            }
             for p in 0..kc {
-                let s = src.offset((l as isize * lane_stride + p as isize * k_stride) * esz);
-                *dst.add(p * dst_stride + l) = load1(kind, s);
+                widen(
+                    arch.level,
+                    kind,
+                    src.offset(p as isize * k_stride * esz),
+                    dst.add(p * dst_stride),
+                    lanes,
+                );
+            }
+        } else if k_stride == 1 {
+            // Each lane is a contiguous run along k: a transpose.
+            #[cfg(target_arch = "x86_64")]
+            if arch.level >= Level::Avx512 {
+                return super::x86::pack_transpose_avx512(
+                    kind,
+                    src,
+                    lane_stride,
+                    lanes,
+                    kc,
+                    dst,
+                    dst_stride,
+                );
+            }
+            let mut tmp = [0.0f32; KC_LIMIT];
+            for l in 0..lanes {
+                widen(
+                    arch.level,
+                    kind,
+                    src.offset(l as isize * lane_stride * esz),
+                    tmp.as_mut_ptr(),
+                    kc,
+                );
+                for (p, &x) in tmp[..kc].iter().enumerate() {
+                    *dst.add(p * dst_stride + l) = x;
+                }
+            }
+        } else {
+            for l in 0..lanes {
+                for p in 0..kc {
+                    let s = src.offset((l as isize * lane_stride + p as isize * k_stride) * esz);
+                    *dst.add(p * dst_stride + l) = load1(kind, s);
+                }
             }
         }
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Unit tests only: pack bf16 pairs with the scalar loop on this thread, to compare whole
+    /// products against the vector packing.
+    pub(super) static SCALAR_PAIRS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn scalar_pairs_forced() -> bool {
+    #[cfg(test)]
+    return SCALAR_PAIRS.with(|c| c.get());
+    #[cfg(not(test))]
+    false
+}
+
+/// The bf16-pair panel, element by element: the general case (both strides non-unit), and the
+/// reference the vector versions are tested against.
+///
+/// # Safety
+/// As [`panel`] for bf16 (`src` a valid `lanes × kc` view of 16-bit elements, `dst` writable
+/// for `ceil(kc / 2) · dst_stride` u32).
 #[allow(clippy::too_many_arguments)]
-unsafe fn pairs(
+pub(super) unsafe fn pairs(
     src: *const u16,
     lane_stride: isize,
     k_stride: isize,
@@ -111,23 +168,130 @@ unsafe fn pairs(
     dst_stride: usize,
     fill: bool,
 ) {
-    let kp = kc.div_ceil(2);
-    let at = |l: usize, p: usize| -> u32 {
-        if p < kc {
+    // SAFETY: lanes `< lanes` and k `< kc` of the view (the high half of an odd tail is not
+    // read), panel slots below `ceil(kc / 2)·dst_stride`.
+    unsafe {
+        let at = |l: usize, p: usize| -> u32 {
             *src.offset(l as isize * lane_stride + p as isize * k_stride) as u32
-        } else {
-            0
-        }
-    };
-    for q in 0..kp {
-        let d = dst.add(q * dst_stride);
-        for l in 0..lanes {
-            *d.add(l) = at(l, 2 * q) | (at(l, 2 * q + 1) << 16);
-        }
-        if fill {
-            for l in lanes..dst_stride {
-                *d.add(l) = 0;
+        };
+        for q in 0..kc.div_ceil(2) {
+            let d = dst.add(q * dst_stride);
+            // An odd kc leaves the last pair's high half (k = kc, outside the block) zero.
+            let has_hi = 2 * q + 1 < kc;
+            for l in 0..lanes {
+                let hi = if has_hi { at(l, 2 * q + 1) } else { 0 };
+                *d.add(l) = at(l, 2 * q) | (hi << 16);
+            }
+            if fill {
+                for l in lanes..dst_stride {
+                    *d.add(l) = 0;
+                }
             }
         }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::pairs;
+    use crate::gemm::x86::{pack_pairs_rows_avx512, pack_pairs_transpose_avx512};
+    use crate::level::{detected_level, Level};
+
+    /// A `lanes × kc` view at `base` inside `buf` whose every other slot holds a NaN pattern
+    /// that must never reach a panel, with element `(l, p)` at `base + l·ls + p·ks`.
+    struct View {
+        buf: Vec<u16>,
+        base: usize,
+        ls: isize,
+        ks: isize,
+    }
+
+    fn view(lanes: usize, kc: usize, ls: isize, ks: isize, seed: u32) -> View {
+        // The lowest and highest offsets the view reaches, for negative strides too.
+        let ext = |n: usize, s: isize| (n as isize - 1) * s;
+        let lo = ext(lanes, ls).min(0) + ext(kc, ks).min(0);
+        let hi = ext(lanes, ls).max(0) + ext(kc, ks).max(0);
+        let len = (hi - lo + 1) as usize;
+        // Every slot gets a NaN sentinel; the view's elements get a value that encodes their
+        // position, so a swapped or shifted element cannot match by accident.
+        let mut buf = vec![0xFFFFu16; len + 64];
+        let base = (-lo) as usize + 32;
+        for l in 0..lanes {
+            for p in 0..kc {
+                let off = base as isize + l as isize * ls + p as isize * ks;
+                let v = (l as u32 * 1031 + p as u32 * 7 + seed).wrapping_mul(2_654_435_761) >> 16;
+                buf[off as usize] = (v as u16) & 0x7F7F;
+            }
+        }
+        View { buf, base, ls, ks }
+    }
+
+    #[test]
+    fn vector_pair_packing_matches_scalar() {
+        if detected_level() < Level::Avx512 {
+            println!("vector_pair_packing_matches_scalar: no AVX-512, skipped");
+            return;
+        }
+        // Every lane count a panel can have, every k depth up to one past the longest block.
+        let mut cases = 0usize;
+        for lanes in 1..=32usize {
+            for kc in 1..=513usize {
+                for dst_stride in [12usize, 32] {
+                    if lanes > dst_stride {
+                        continue;
+                    }
+                    for fill in [false, true] {
+                        let kp = kc.div_ceil(2);
+                        let run = |f: &dyn Fn(&View, *mut u32), v: &View| {
+                            // The panel starts full of garbage: whatever the packing leaves
+                            // alone must be left alone by both versions.
+                            let mut out = vec![0xDEAD_BEEFu32; kp * dst_stride];
+                            f(v, out.as_mut_ptr());
+                            out
+                        };
+                        // SAFETY: `view` built a `lanes × kc` view at `base` with these strides
+                        // inside `buf`, and `run` passes a panel of `ceil(kc / 2)·dst_stride`
+                        // u32 (and for the vector versions below, the CPU has AVX-512F/BW/VL,
+                        // checked above).
+                        let scalar = |v: &View, d: *mut u32| unsafe {
+                            let s = v.buf.as_ptr().add(v.base);
+                            pairs(s, v.ls, v.ks, lanes, kc, d, dst_stride, fill)
+                        };
+                        // Each k step contiguous (lane stride 1), k stride padded or negative.
+                        for ks in [lanes as isize, lanes as isize + 3, -(lanes as isize) - 1] {
+                            let v = view(lanes, kc, 1, ks, cases as u32);
+                            // SAFETY: as for `scalar`.
+                            let vec = |v: &View, d: *mut u32| unsafe {
+                                let s = v.buf.as_ptr().add(v.base);
+                                pack_pairs_rows_avx512(s, v.ks, lanes, kc, d, dst_stride, fill)
+                            };
+                            assert_eq!(
+                                run(&scalar, &v),
+                                run(&vec, &v),
+                                "rows: lanes {lanes} kc {kc} ks {ks} stride {dst_stride} fill {fill}"
+                            );
+                            cases += 1;
+                        }
+                        // Each lane contiguous along k; an odd lane stride makes every pair
+                        // an unaligned 32-bit word.
+                        for ls in [kc as isize, kc as isize + 1, -(kc as isize) - 5] {
+                            let v = view(lanes, kc, ls, 1, cases as u32);
+                            // SAFETY: as for `scalar`.
+                            let vec = |v: &View, d: *mut u32| unsafe {
+                                let s = v.buf.as_ptr().add(v.base);
+                                pack_pairs_transpose_avx512(s, v.ls, lanes, kc, d, dst_stride, fill)
+                            };
+                            assert_eq!(
+                                run(&scalar, &v),
+                                run(&vec, &v),
+                                "transpose: lanes {lanes} kc {kc} ls {ls} stride {dst_stride} fill {fill}"
+                            );
+                            cases += 1;
+                        }
+                    }
+                }
+            }
+        }
+        println!("vector_pair_packing_matches_scalar: {cases} panels");
     }
 }
