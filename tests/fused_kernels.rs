@@ -1,11 +1,13 @@
 //! The fused kernels against the unfused path they replace.
 //!
 //! - The fused linear op ([`typed_amp::ops::linear`], with a ReLU fused through the tape,
-//!   [`typed_amp::ops::relu`]) against dfdx's `Linear` forward followed by dfdx's ReLU, in
-//!   FP32, FP16 and BF16, on odd sizes: the output and the input gradient bit for bit (the same
-//!   products on the same operands, rounded at the same places), the weight and bias gradients
-//!   against an f64 reference within the bound of their FP32 accumulation (the fused op keeps
-//!   them in FP32; dfdx rounds them to the layer's precision), and non-finite values found.
+//!   [`typed_amp::ops::relu`]) in FP32, FP16 and BF16, on odd sizes: in FP32 against dfdx's
+//!   `Linear` forward followed by dfdx's ReLU, output and input gradient bit for bit (the same
+//!   products, rounded at the same places); in every precision against an f64 reference, the
+//!   output and the input gradient within the bound of an FP32 accumulation and one rounding
+//!   to the layer's precision (dfdx rounds the product, then its sum with the bias: twice), the
+//!   weight and bias gradients within the bound of an FP32 accumulation alone (the fused op
+//!   keeps them in FP32); and non-finite values found.
 //! - The fused optimizer + refresh ([`typed_amp::ops::update`]) against dfdx's Adam and SGD
 //!   followed by the separate refresh: master weights, optimizer state and the working copy bit
 //!   for bit, on tensors large enough to take the parallel path.
@@ -112,9 +114,32 @@ where
         "{} rows {rows}, {I}→{O}, relu {relu}",
         std::any::type_name::<E>()
     );
-    // Same products, same roundings: equal values (ReLU may give -0 where the fused op gives 0).
-    assert_eq!(y, y_ref, "output, {what}");
-    assert_eq!(dx, dx_ref, "input gradient, {what}");
+    let u = unit::<E>();
+    if u == unit::<f32>() {
+        // FP32: the same products and the same roundings (the bias added to the FP32 product
+        // once) as dfdx's matmul and broadcast add: equal values (ReLU may give -0 where the
+        // fused op gives 0).
+        assert_eq!(y, y_ref, "output, {what}");
+        assert_eq!(dx, dx_ref, "input gradient, {what}");
+    }
+    // The output against f64: the product and the bias summed in FP32, rounded once.
+    for row in 0..rows {
+        for o in 0..O {
+            let (mut exact, mut size) = (f64::from(bv[o]), f64::from(bv[o]).abs());
+            for i in 0..I {
+                let p = f64::from(xv[row * I + i]) * f64::from(wv[o * I + i]);
+                exact += p;
+                size += p.abs();
+            }
+            let exact = if relu { exact.max(0.0) } else { exact };
+            let bound = gamma(I + 1) * size + u * exact.abs() + 1e-30;
+            let got = f64::from(y[row * O + o]);
+            assert!(
+                (got - exact).abs() <= bound,
+                "y[{row},{o}] {got} vs {exact} ({bound}), {what}"
+            );
+        }
+    }
 
     // The weight and bias gradients against f64, with the mask the forward produced.
     let dz: Vec<f64> = (0..rows * O)
@@ -126,7 +151,23 @@ where
             }
         })
         .collect();
-    let u = unit::<E>();
+    for row in 0..rows {
+        for i in 0..I {
+            let (mut exact, mut size) = (0f64, 0f64);
+            for o in 0..O {
+                let p = dz[row * O + o] * f64::from(wv[o * I + i]);
+                exact += p;
+                size += p.abs();
+            }
+            // FP32 accumulation, one rounding to the layer's precision.
+            let bound = gamma(O) * size + u * exact.abs() + 1e-30;
+            let got = f64::from(dx[row * I + i]);
+            assert!(
+                (got - exact).abs() <= bound,
+                "dx[{row},{i}] {got} vs {exact} ({bound}), {what}"
+            );
+        }
+    }
     for o in 0..O {
         let (mut exact, mut size) = (0f64, 0f64);
         for row in 0..rows {
@@ -148,9 +189,8 @@ where
                 exact += p;
                 size += p.abs();
             }
-            // FP32 accumulation, and (16-bit layers, until the weight gradient is written in
-            // FP32 from the product itself) one rounding to the layer's precision.
-            let bound = gamma(rows) * size + u * exact.abs() + 1e-30;
+            // Accumulated and stored in FP32: no rounding to the layer's precision.
+            let bound = gamma(rows) * size + 1e-30;
             let got = f64::from(dw[o * I + i]);
             assert!(
                 (got - exact).abs() <= bound,

@@ -458,6 +458,7 @@ pub unsafe fn gemm_epilogue<T: GemmElem, C: GemmOut<T>>(
     if m == 0 || n == 0 {
         return GemmReport::default();
     }
+    let _timing = crate::timing::scope(crate::timing::Kind::Products);
     let p = Problem {
         m,
         n,

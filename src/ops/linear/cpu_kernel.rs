@@ -1,8 +1,10 @@
 use dfdx::prelude::{Cpu, CpuError, Storage};
-use typed_amp_kernels::{gemm_slices, GemmElem, MatRef};
+use typed_amp_kernels::{
+    gemm_epilogue_slices, gemm_slices, Epilogue, GemmElem, GemmOut, MatMut, MatRef,
+};
 
 use super::{LinearDims, LinearKernel};
-use crate::device::cpu::{as_f32, as_f32_mut, CHUNK};
+use crate::device::cpu::{as_f32, as_f32_mut};
 use crate::precision::{AmpElem, Indexed};
 
 /// `typed_amp_kernels`' element type for `E` (the same layout).
@@ -13,10 +15,25 @@ fn gemm_view<E: AmpElem, K: GemmElem>(buf: &[E]) -> &[K] {
     unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<K>(), buf.len()) }
 }
 
-fn gemm_view_mut<E: AmpElem, K: GemmElem>(buf: &mut [E]) -> &mut [K] {
+fn gemm_view_mut<E: AmpElem, K: Copy>(buf: &mut [E]) -> &mut [K] {
     debug_assert_eq!(std::mem::size_of::<E>(), std::mem::size_of::<K>());
     // SAFETY: as in `gemm_view`; the unique borrow is carried over.
     unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<K>(), buf.len()) }
+}
+
+/// A strided view of `rows × cols` elements of a buffer of `E` as `K`.
+fn mat_ref<E: AmpElem, K: GemmElem>(
+    (data, rs, cs): (&[E], usize, usize),
+    rows: usize,
+    cols: usize,
+) -> MatRef<'_, K> {
+    MatRef {
+        data: gemm_view::<E, K>(data),
+        rows,
+        cols,
+        rs,
+        cs,
+    }
 }
 
 /// `C = A·B` (or `C += A·B`) for buffers of `E`, on `typed_amp_kernels::gemm_slices`.
@@ -35,23 +52,10 @@ fn gemm<E: AmpElem>(
         c: (&mut [E], usize, usize),
         accumulate: bool,
     ) {
-        fn view<E: AmpElem, K: GemmElem>(
-            (data, rs, cs): (&[E], usize, usize),
-            rows: usize,
-            cols: usize,
-        ) -> MatRef<'_, K> {
-            MatRef {
-                data: gemm_view::<E, K>(data),
-                rows,
-                cols,
-                rs,
-                cs,
-            }
-        }
         let (cdata, c_rs, c_cs) = c;
         gemm_slices::<K>(
-            view::<E, K>(a, m, k),
-            view::<E, K>(b, k, n),
+            mat_ref::<E, K>(a, m, k),
+            mat_ref::<E, K>(b, k, n),
             gemm_view_mut::<E, K>(cdata),
             c_rs,
             c_cs,
@@ -68,6 +72,47 @@ fn gemm<E: AmpElem>(
             run::<E, half::bf16>((m, k, n), a, b, c, accumulate)
         }
         _ => run::<E, f32>((m, k, n), a, b, c, accumulate),
+    }
+}
+
+/// `C = epilogue(A·B)` for operands of `E` into a C of `F` (`E`, or FP32 for 16-bit operands),
+/// on `typed_amp_kernels::gemm_epilogue_slices`.
+fn gemm_into<E: AmpElem, F: AmpElem>(
+    (m, k, n): (usize, usize, usize),
+    a: (&[E], usize, usize),
+    b: (&[E], usize, usize),
+    c: (&mut [F], usize, usize),
+    epilogue: &Epilogue<'_>,
+) {
+    fn run<E: AmpElem, F: AmpElem, K: GemmElem, C: GemmOut<K>>(
+        (m, k, n): (usize, usize, usize),
+        a: (&[E], usize, usize),
+        b: (&[E], usize, usize),
+        (cdata, c_rs, c_cs): (&mut [F], usize, usize),
+        epilogue: &Epilogue<'_>,
+    ) {
+        gemm_epilogue_slices::<K, C>(
+            mat_ref::<E, K>(a, m, k),
+            mat_ref::<E, K>(b, k, n),
+            MatMut {
+                data: gemm_view_mut::<F, C>(cdata),
+                rows: m,
+                cols: n,
+                rs: c_rs,
+                cs: c_cs,
+            },
+            epilogue,
+            rayon::current_num_threads(),
+        );
+    }
+    let f16 = <half::f16 as Indexed>::INDEX;
+    let bf16 = <half::bf16 as Indexed>::INDEX;
+    match (E::INDEX, F::INDEX == E::INDEX) {
+        (i, true) if i == f16 => run::<E, F, half::f16, half::f16>((m, k, n), a, b, c, epilogue),
+        (i, false) if i == f16 => run::<E, F, half::f16, f32>((m, k, n), a, b, c, epilogue),
+        (i, true) if i == bf16 => run::<E, F, half::bf16, half::bf16>((m, k, n), a, b, c, epilogue),
+        (i, false) if i == bf16 => run::<E, F, half::bf16, f32>((m, k, n), a, b, c, epilogue),
+        _ => run::<E, F, f32, f32>((m, k, n), a, b, c, epilogue),
     }
 }
 
@@ -107,29 +152,23 @@ impl<E: AmpElem> LinearKernel<E> for Cpu {
                 && b.is_none_or(|b| b.len() == d.outputs)
                 && y.len() == d.rows * d.outputs,
         )?;
-        gemm::<E>(
+        // The bias in FP32, added in the product's store before its one rounding.
+        let bias = b.map(|b| {
+            let mut bias = vec![0f32; d.outputs];
+            E::slice_to_f32(b, &mut bias);
+            bias
+        });
+        let epilogue = Epilogue {
+            bias: bias.as_deref(),
+            ..Epilogue::STORE
+        };
+        gemm_into::<E, E>(
             (d.rows, d.inputs, d.outputs),
             (x, x_rs, 1),
             (w, 1, d.inputs),
             (y, d.outputs, 1),
-            false,
+            &epilogue,
         );
-        let Some(b) = b else { return Ok(()) };
-        // The bias in FP32, added to each row and rounded once (as dfdx's broadcast add).
-        let mut bias = vec![0f32; d.outputs];
-        E::slice_to_f32(b, &mut bias);
-        if let Some(y) = as_f32_mut::<E>(y) {
-            for row in y.chunks_mut(d.outputs) {
-                row.iter_mut().zip(&bias).for_each(|(y, b)| *y += b);
-            }
-            return Ok(());
-        }
-        let mut tmp = vec![0f32; d.outputs];
-        for row in y.chunks_mut(d.outputs) {
-            E::slice_to_f32(row, &mut tmp);
-            tmp.iter_mut().zip(&bias).for_each(|(y, b)| *y += b);
-            E::slice_from_f32(&tmp, row);
-        }
         Ok(())
     }
 
@@ -206,37 +245,18 @@ impl<E: AmpElem> LinearKernel<E> for Cpu {
                 && fits(x.len(), d.rows, d.inputs, x_rs)
                 && dw.len() == d.outputs * d.inputs,
         )?;
-        let dims = (d.outputs, d.rows, d.inputs);
-        let dw: &mut [f32] = dw;
-        if let (Some(dz), Some(x)) = (as_f32::<E>(dz), as_f32::<E>(x)) {
-            gemm::<f32>(
-                dims,
-                (dz, 1, d.outputs),
-                (x, x_rs, 1),
-                (dw, d.inputs, 1),
-                !fresh,
-            );
-            return Ok(());
-        }
-        // 16-bit operands: the product is rounded to 16 bits once, then widened.
-        let mut tmp = vec![<E as AmpElem>::from_f32(0.0); d.outputs * d.inputs];
-        gemm::<E>(
-            dims,
+        // Accumulated in FP32 and stored in FP32: never rounded to the layer's precision.
+        let epilogue = Epilogue {
+            accumulate: !fresh,
+            ..Epilogue::STORE
+        };
+        gemm_into::<E, f32>(
+            (d.outputs, d.rows, d.inputs),
             (dz, 1, d.outputs),
             (x, x_rs, 1),
-            (&mut tmp, d.inputs, 1),
-            false,
+            (dw, d.inputs, 1),
+            &epilogue,
         );
-        let mut wide = [0f32; CHUNK];
-        for (dst, src) in dw.chunks_mut(CHUNK).zip(tmp.chunks(CHUNK)) {
-            let wide = &mut wide[..src.len()];
-            E::slice_to_f32(src, wide);
-            if fresh {
-                dst.copy_from_slice(wide);
-            } else {
-                dst.iter_mut().zip(wide.iter()).for_each(|(d, s)| *d += s);
-            }
-        }
         Ok(())
     }
 
