@@ -68,36 +68,35 @@ impl<E: AmpElem> UpdateKernel<E> for Cpu {
         // master and the moments match the unfused update bit for bit.
         let betas = cfg.betas.map(|b| b as f32);
         let (eps, lr) = (cfg.eps as f32, cfg.lr as f32);
-        let one = 1.0f32;
         let correction = (
-            (one - betas[0].powi(t)).recip(),
-            (one - betas[1].powi(t)).recip(),
+            (1.0f32 - betas[0].powi(t)).recip(),
+            (1.0f32 - betas[1].powi(t)).recip(),
         );
-        let l2 = match cfg.weight_decay {
-            Some(WeightDecay::L2(wd)) => Some(wd as f32),
-            _ => None,
+        let (l2, decoupled) = match cfg.weight_decay {
+            Some(WeightDecay::L2(wd)) => (Some(wd as f32), None),
+            Some(WeightDecay::Decoupled(wd)) => (None, Some((wd * cfg.lr) as f32)),
+            None => (None, None),
         };
-        let decoupled = match cfg.weight_decay {
-            Some(WeightDecay::Decoupled(wd)) => Some((wd * cfg.lr) as f32),
-            _ => None,
+        // One loop per weight-decay mode, chosen outside the loop, so that each vectorises.
+        let adam = AdamStep {
+            betas,
+            eps,
+            lr,
+            correction,
+            l2: l2.unwrap_or(0.0),
+            decoupled: decoupled.unwrap_or(0.0),
         };
-        fused(param, (moment1, moment2), grad, working, |p, m, v, g| {
-            for (((p, m), v), &g) in p.iter_mut().zip(m).zip(v).zip(g) {
-                let mut g = g;
-                if let Some(wd) = l2 {
-                    g += wd * *p;
-                }
-                *m = *m * betas[0] + g * (one - betas[0]);
-                *v = *v * betas[1] + g.powi(2) * (one - betas[1]);
-                let m_hat = *m * correction.0;
-                let v_hat = *v * correction.1;
-                g = lr * m_hat / (v_hat.sqrt() + eps);
-                if let Some(wd) = decoupled {
-                    g += wd * *p;
-                }
-                *p -= g;
-            }
-        });
+        match (l2.is_some(), decoupled.is_some()) {
+            (false, false) => fused(param, (moment1, moment2), grad, working, |p, m, v, g| {
+                adam.run::<false, false>(p, m, v, g)
+            }),
+            (true, _) => fused(param, (moment1, moment2), grad, working, |p, m, v, g| {
+                adam.run::<true, false>(p, m, v, g)
+            }),
+            (false, true) => fused(param, (moment1, moment2), grad, working, |p, m, v, g| {
+                adam.run::<false, true>(p, m, v, g)
+            }),
+        }
         Ok(())
     }
 
@@ -114,42 +113,37 @@ impl<E: AmpElem> UpdateKernel<E> for Cpu {
             check_lengths(param.len(), len)?;
         }
         // dfdx's f32 SGD (`tensor_ops/sgd/cpu_kernel.rs`), operation for operation.
-        let lr = cfg.lr as f32;
-        let l2 = match cfg.weight_decay {
-            Some(WeightDecay::L2(wd)) => Some(wd as f32),
-            _ => None,
+        let (l2, decoupled) = match cfg.weight_decay {
+            Some(WeightDecay::L2(wd)) => (Some(wd as f32), None),
+            Some(WeightDecay::Decoupled(wd)) => (None, Some((wd * cfg.lr) as f32)),
+            None => (None, None),
         };
-        let decoupled = match cfg.weight_decay {
-            Some(WeightDecay::Decoupled(wd)) => Some((wd * cfg.lr) as f32),
-            _ => None,
+        let sgd = SgdStep {
+            lr: cfg.lr as f32,
+            l2: l2.unwrap_or(0.0),
+            decoupled: decoupled.unwrap_or(0.0),
         };
-        let momentum = cfg.momentum;
-        let update = |p: &mut [f32], v: &mut [f32], g: &[f32]| {
-            for ((p, v), &g) in p.iter_mut().zip(v).zip(g) {
-                let mut g = g;
-                if let Some(wd) = l2 {
-                    g += wd * *p;
+        // One loop per configuration, chosen outside the loop, so that each vectorises.
+        macro_rules! run {
+            ($l2:literal, $dec:literal) => {
+                match cfg.momentum {
+                    None => fused_one(param, velocity, grad, working, |p, v, g| {
+                        sgd.run::<$l2, $dec, 0>(p, v, g, 0.0)
+                    }),
+                    Some(Momentum::Classic(u)) => fused_one(param, velocity, grad, working, |p, v, g| {
+                        sgd.run::<$l2, $dec, 1>(p, v, g, u as f32)
+                    }),
+                    Some(Momentum::Nesterov(u)) => fused_one(param, velocity, grad, working, |p, v, g| {
+                        sgd.run::<$l2, $dec, 2>(p, v, g, u as f32)
+                    }),
                 }
-                match momentum {
-                    Some(Momentum::Classic(u)) => {
-                        let u = u as f32;
-                        *v = g + u * *v;
-                        g = *v * lr;
-                    }
-                    Some(Momentum::Nesterov(u)) => {
-                        let u = u as f32;
-                        *v = g + u * *v;
-                        g = (g + u * *v) * lr;
-                    }
-                    None => g *= lr,
-                }
-                if let Some(wd) = decoupled {
-                    g += wd * *p;
-                }
-                *p -= g;
-            }
-        };
-        fused_one(param, velocity, grad, working, update);
+            };
+        }
+        match (l2.is_some(), decoupled.is_some()) {
+            (false, false) => run!(false, false),
+            (true, _) => run!(true, false),
+            (false, true) => run!(false, true),
+        }
         Ok(())
     }
 }
@@ -182,4 +176,88 @@ fn fused_one<E: AmpElem>(
         .zip(grad.par_chunks(TASK))
         .zip(working.par_chunks_mut(TASK))
         .for_each(|(((p, s), g), w)| run(p, s, g, w));
+}
+
+/// Adam's constants for one step, as dfdx's f32 kernel computes them.
+struct AdamStep {
+    betas: [f32; 2],
+    eps: f32,
+    lr: f32,
+    /// `1 / (1 − β₁ᵗ)` and `1 / (1 − β₂ᵗ)`: dfdx computes them per element; they are the
+    /// same value each time.
+    correction: (f32, f32),
+    l2: f32,
+    decoupled: f32,
+}
+
+impl AdamStep {
+    /// dfdx's f32 Adam (`tensor_ops/adam/cpu_kernel.rs`), operation for operation, with weight
+    /// decay `L2` or `DECOUPLED` (or neither).
+    #[inline(always)]
+    fn run<const L2: bool, const DECOUPLED: bool>(
+        &self,
+        p: &mut [f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        g: &[f32],
+    ) {
+        let [b1, b2] = self.betas;
+        for (((p, m), v), &g) in p.iter_mut().zip(m).zip(v).zip(g) {
+            let mut g = g;
+            if L2 {
+                g += self.l2 * *p;
+            }
+            *m = *m * b1 + g * (1.0 - b1);
+            *v = *v * b2 + g.powi(2) * (1.0 - b2);
+            let m_hat = *m * self.correction.0;
+            let v_hat = *v * self.correction.1;
+            g = self.lr * m_hat / (v_hat.sqrt() + self.eps);
+            if DECOUPLED {
+                g += self.decoupled * *p;
+            }
+            *p -= g;
+        }
+    }
+}
+
+/// SGD's constants for one step.
+struct SgdStep {
+    lr: f32,
+    l2: f32,
+    decoupled: f32,
+}
+
+impl SgdStep {
+    /// dfdx's f32 SGD (`tensor_ops/sgd/cpu_kernel.rs`), operation for operation; `MOMENTUM` is
+    /// 0 (none), 1 (classic) or 2 (Nesterov) with coefficient `u`.
+    #[inline(always)]
+    fn run<const L2: bool, const DECOUPLED: bool, const MOMENTUM: u8>(
+        &self,
+        p: &mut [f32],
+        v: &mut [f32],
+        g: &[f32],
+        u: f32,
+    ) {
+        for ((p, v), &g) in p.iter_mut().zip(v).zip(g) {
+            let mut g = g;
+            if L2 {
+                g += self.l2 * *p;
+            }
+            match MOMENTUM {
+                1 => {
+                    *v = g + u * *v;
+                    g = *v * self.lr;
+                }
+                2 => {
+                    *v = g + u * *v;
+                    g = (g + u * *v) * self.lr;
+                }
+                _ => g *= self.lr,
+            }
+            if DECOUPLED {
+                g += self.decoupled * *p;
+            }
+            *p -= g;
+        }
+    }
 }
