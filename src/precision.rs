@@ -26,6 +26,9 @@
 
 use dfdx::prelude::Dtype;
 use half::{bf16, f16};
+// The one conversion layer (exhaustively tested there, one NaN rule): every 16-bit ↔ FP32
+// conversion of typed-amp goes through it.
+use typed_amp_kernels::convert;
 
 /// Calls the macro `$m` with the list of precisions typed-amp trains in, one bracketed entry
 /// per precision: `[marker, element type, DType variant, name, safetensors dtype, index]`.
@@ -212,22 +215,20 @@ impl AmpElem for f16 {
 
     #[inline]
     fn to_f32(self) -> f32 {
-        f16::to_f32(self)
+        convert::widen_f16(self)
     }
 
     #[inline]
     fn from_f32(value: f32) -> Self {
-        f16::from_f32(value)
+        convert::narrow_f16(value)
     }
 
     fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
-        use half::slice::HalfFloatSliceExt;
-        src.convert_to_f32_slice(dst);
+        convert::f16_to_f32(src, dst);
     }
 
     fn slice_from_f32(src: &[f32], dst: &mut [Self]) {
-        use half::slice::HalfFloatSliceExt;
-        dst.convert_from_f32_slice(src);
+        convert::f32_to_f16(src, dst);
     }
 
     fn to_le_bytes(self) -> Vec<u8> {
@@ -246,25 +247,20 @@ impl AmpElem for bf16 {
 
     #[inline]
     fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
+        convert::widen_bf16(self)
     }
 
     #[inline]
     fn from_f32(value: f32) -> Self {
-        bf16::from_f32(value)
+        convert::narrow_bf16(value)
     }
 
     fn slice_to_f32(src: &[Self], dst: &mut [f32]) {
-        // BF16 is the upper half of an FP32: widening is a shift, which this loop vectorises.
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = f32::from_bits(u32::from(s.to_bits()) << 16);
-        }
+        convert::bf16_to_f32(src, dst);
     }
 
     fn slice_from_f32(src: &[f32], dst: &mut [Self]) {
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = bf16_from_f32_rne(*s);
-        }
+        convert::f32_to_bf16(src, dst);
     }
 
     fn to_le_bytes(self) -> Vec<u8> {
@@ -274,19 +270,6 @@ impl AmpElem for bf16 {
     fn from_le_bytes(bytes: &[u8]) -> Self {
         bf16::from_le_bytes([bytes[0], bytes[1]])
     }
-}
-
-/// FP32 → BF16 with round-to-nearest-even, written without branches on the value's class so
-/// that a loop over it vectorises; NaN stays a (quiet) NaN, overflow goes to ±inf.
-#[inline]
-fn bf16_from_f32_rne(value: f32) -> bf16 {
-    let bits = value.to_bits();
-    let is_nan = (bits & 0x7fff_ffff) > 0x7f80_0000;
-    // Adding 0x7fff plus the lowest kept bit rounds half to even; a carry into the exponent
-    // rounds up to the next binade or to inf, as it should.
-    let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16;
-    let quiet_nan = (bits >> 16) | 0x0040;
-    bf16::from_bits(if is_nan { quiet_nan } else { rounded } as u16)
 }
 
 impl AmpElem for f32 {

@@ -15,7 +15,7 @@ mod cuda_kernel;
 #[cfg(feature = "cuda")]
 pub(crate) use cuda_kernel::SOURCE as CUDA_SOURCE;
 
-use dfdx::prelude::{NoneTape, PutTape, Shape, SplitTape, Storage, Tape, Tensor};
+use dfdx::prelude::{HasShape, NoneTape, PutTape, Shape, SplitTape, Storage, Tape, Tensor};
 use dfdx::tensor::UniqueId;
 use dfdx::tensor_ops::ToDtypeKernel;
 
@@ -136,12 +136,22 @@ impl<D: AmpDevice> AmpTape<D> for MixedTape<D> {
 
 /// A device that casts tensors from `Src` to `Dst` and their gradients back.
 pub trait CastDevice<Src: AmpElem, Dst: AmpElem>:
-    AmpDevice + Kernels<Src> + Kernels<Dst> + ToDtypeKernel<Src, Dst> + CastKernel<Dst, Src>
+    AmpDevice
+    + Kernels<Src>
+    + Kernels<Dst>
+    + ToDtypeKernel<Src, Dst>
+    + CastKernel<Src, Dst>
+    + CastKernel<Dst, Src>
 {
 }
 
 impl<Src: AmpElem, Dst: AmpElem, D> CastDevice<Src, Dst> for D where
-    D: AmpDevice + Kernels<Src> + Kernels<Dst> + ToDtypeKernel<Src, Dst> + CastKernel<Dst, Src>
+    D: AmpDevice
+        + Kernels<Src>
+        + Kernels<Dst>
+        + ToDtypeKernel<Src, Dst>
+        + CastKernel<Src, Dst>
+        + CastKernel<Dst, Src>
 {
 }
 
@@ -167,12 +177,21 @@ where
     let _timing = typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::Casts);
     let (inp, mut tape) = t.split_tape();
     let inp_ghost = inp.ghost();
-    // dfdx's `to_dtype` kernel keeps the input's strides (a broadcast input stays one).
     let inp_id = inp.id();
-    let out = inp.try_to_dtype::<Dst>()?;
+    let dev = inp.device().clone();
+    let contiguous = inp.strides() == inp.shape().strides()
+        && Storage::<Src>::len(&dev, inp.storage()) == inp.shape().num_elements();
+    let out = if contiguous {
+        // The one conversion layer, vectorised (dfdx's `to_dtype` converts element by element).
+        let mut out: Tensor<S, Dst, D> = dev.try_zeros_like(inp.shape())?;
+        CastKernel::<Src, Dst>::try_copy_cast(&dev, inp.storage(), out.storage_mut())?;
+        out
+    } else {
+        // dfdx's `to_dtype` keeps the input's strides (a broadcast input stays one).
+        inp.try_to_dtype::<Dst>()?
+    };
     tape.inherit_unwanted(inp_id, out.id());
     let out_ghost = out.ghost();
-    let dev = out.device().clone();
     tape.record_mixed(move |grads| {
         let (out_grads, inp_grads) = grads.pair_mut::<Dst, Src>();
         let Some(grad_out) = out_grads.and_then(|g| g.get_ref_checked(&out_ghost)) else {

@@ -130,12 +130,16 @@ impl<E: AmpElem> UpdateKernel<E> for Cpu {
                     None => fused_one(param, velocity, grad, working, |p, v, g| {
                         sgd.run::<$l2, $dec, 0>(p, v, g, 0.0)
                     }),
-                    Some(Momentum::Classic(u)) => fused_one(param, velocity, grad, working, |p, v, g| {
-                        sgd.run::<$l2, $dec, 1>(p, v, g, u as f32)
-                    }),
-                    Some(Momentum::Nesterov(u)) => fused_one(param, velocity, grad, working, |p, v, g| {
-                        sgd.run::<$l2, $dec, 2>(p, v, g, u as f32)
-                    }),
+                    Some(Momentum::Classic(u)) => {
+                        fused_one(param, velocity, grad, working, |p, v, g| {
+                            sgd.run::<$l2, $dec, 1>(p, v, g, u as f32)
+                        })
+                    }
+                    Some(Momentum::Nesterov(u)) => {
+                        fused_one(param, velocity, grad, working, |p, v, g| {
+                            sgd.run::<$l2, $dec, 2>(p, v, g, u as f32)
+                        })
+                    }
                 }
             };
         }

@@ -64,44 +64,6 @@ fn half_kind<E: 'static>() -> Half {
     Half::Other
 }
 
-/// Whole-slice f16 ↔ f32 conversion with F16C: `half` converts slices 8 values per call of a
-/// `target_feature` function, which cannot inline into its loop; here the loop itself is
-/// compiled for F16C. Same results as `half` (which uses the same instructions, rounding to
-/// nearest even).
-#[cfg(all(feature = "f16", feature = "std", target_arch = "x86_64"))]
-mod f16c {
-    use std::arch::x86_64::*;
-
-    #[target_feature(enable = "f16c,avx")]
-    pub(super) unsafe fn f16_to_f32(src: &[half::f16], dst: &mut [f32]) {
-        let n = src.len().min(dst.len());
-        let mut i = 0;
-        while i + 8 <= n {
-            let h = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
-            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
-            i += 8;
-        }
-        for j in i..n {
-            dst[j] = src[j].to_f32();
-        }
-    }
-
-    #[target_feature(enable = "f16c,avx")]
-    pub(super) unsafe fn f32_to_f16(src: &[f32], dst: &mut [half::f16]) {
-        let n = src.len().min(dst.len());
-        let mut i = 0;
-        while i + 8 <= n {
-            let f = _mm256_loadu_ps(src.as_ptr().add(i));
-            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(f);
-            _mm_storeu_si128(dst.as_mut_ptr().add(i) as *mut __m128i, h);
-            i += 8;
-        }
-        for j in i..n {
-            dst[j] = half::f16::from_f32(src[j]);
-        }
-    }
-}
-
 /// `dst[i] = src[i] as f32`. Same lengths.
 #[inline]
 pub(crate) fn to_f32<E: Dtype>(src: &[E], dst: &mut [f32]) {
@@ -110,36 +72,29 @@ pub(crate) fn to_f32<E: Dtype>(src: &[E], dst: &mut [f32]) {
         dst.copy_from_slice(s);
         return;
     }
+    // typed-amp patch: 16-bit conversions go through typed-amp-kernels' one conversion layer
+    // (vectorised for the CPU it runs on, one NaN rule for every path).
     #[cfg(feature = "f16")]
-    {
-        use half::slice::HalfFloatSliceExt;
-        match half_kind::<E>() {
-            Half::F16 => {
-                // SAFETY: E is f16 or AMP<f16> (repr(transparent)).
-                let s = unsafe {
-                    std::slice::from_raw_parts(src.as_ptr() as *const half::f16, src.len())
-                };
-                #[cfg(all(feature = "std", target_arch = "x86_64"))]
-                if std::arch::is_x86_feature_detected!("f16c")
-                    && std::arch::is_x86_feature_detected!("avx")
-                {
-                    // SAFETY: the CPU has F16C and AVX.
-                    unsafe { f16c::f16_to_f32(s, dst) };
-                    return;
-                }
-                s.convert_to_f32_slice(dst);
-                return;
-            }
-            Half::Bf16 => {
-                // SAFETY: E is bf16 or AMP<bf16> (repr(transparent)).
-                let s = unsafe {
-                    std::slice::from_raw_parts(src.as_ptr() as *const half::bf16, src.len())
-                };
-                s.convert_to_f32_slice(dst);
-                return;
-            }
-            Half::Other => {}
+    match half_kind::<E>() {
+        Half::F16 => {
+            // SAFETY: E is f16 or AMP<f16> (repr(transparent)).
+            let s =
+                unsafe { std::slice::from_raw_parts(src.as_ptr() as *const half::f16, src.len()) };
+            #[cfg(feature = "cpu")]
+            return typed_amp_kernels::convert::f16_to_f32(s, dst);
+            #[cfg(not(feature = "cpu"))]
+            return half::slice::HalfFloatSliceExt::convert_to_f32_slice(s, dst);
         }
+        Half::Bf16 => {
+            // SAFETY: E is bf16 or AMP<bf16> (repr(transparent)).
+            let s =
+                unsafe { std::slice::from_raw_parts(src.as_ptr() as *const half::bf16, src.len()) };
+            #[cfg(feature = "cpu")]
+            return typed_amp_kernels::convert::bf16_to_f32(s, dst);
+            #[cfg(not(feature = "cpu"))]
+            return half::slice::HalfFloatSliceExt::convert_to_f32_slice(s, dst);
+        }
+        Half::Other => {}
     }
     for (d, s) in dst.iter_mut().zip(src) {
         *d = s.to_f32().unwrap();
@@ -154,36 +109,30 @@ pub(crate) fn from_f32<E: Dtype>(src: &[f32], dst: &mut [E]) {
         d.copy_from_slice(src);
         return;
     }
+    // typed-amp patch: see `to_f32`.
     #[cfg(feature = "f16")]
-    {
-        use half::slice::HalfFloatSliceExt;
-        match half_kind::<E>() {
-            Half::F16 => {
-                // SAFETY: E is f16 or AMP<f16> (repr(transparent)).
-                let d = unsafe {
-                    std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut half::f16, dst.len())
-                };
-                #[cfg(all(feature = "std", target_arch = "x86_64"))]
-                if std::arch::is_x86_feature_detected!("f16c")
-                    && std::arch::is_x86_feature_detected!("avx")
-                {
-                    // SAFETY: the CPU has F16C and AVX.
-                    unsafe { f16c::f32_to_f16(src, d) };
-                    return;
-                }
-                d.convert_from_f32_slice(src);
-                return;
-            }
-            Half::Bf16 => {
-                // SAFETY: E is bf16 or AMP<bf16> (repr(transparent)).
-                let d = unsafe {
-                    std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut half::bf16, dst.len())
-                };
-                d.convert_from_f32_slice(src);
-                return;
-            }
-            Half::Other => {}
+    match half_kind::<E>() {
+        Half::F16 => {
+            // SAFETY: E is f16 or AMP<f16> (repr(transparent)).
+            let d = unsafe {
+                std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut half::f16, dst.len())
+            };
+            #[cfg(feature = "cpu")]
+            return typed_amp_kernels::convert::f32_to_f16(src, d);
+            #[cfg(not(feature = "cpu"))]
+            return half::slice::HalfFloatSliceExt::convert_from_f32_slice(d, src);
         }
+        Half::Bf16 => {
+            // SAFETY: E is bf16 or AMP<bf16> (repr(transparent)).
+            let d = unsafe {
+                std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut half::bf16, dst.len())
+            };
+            #[cfg(feature = "cpu")]
+            return typed_amp_kernels::convert::f32_to_bf16(src, d);
+            #[cfg(not(feature = "cpu"))]
+            return half::slice::HalfFloatSliceExt::convert_from_f32_slice(d, src);
+        }
+        Half::Other => {}
     }
     for (d, s) in dst.iter_mut().zip(src) {
         *d = E::from_f32(*s).unwrap();
