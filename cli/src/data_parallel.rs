@@ -227,6 +227,7 @@ mod enabled {
         let mut grads = model.alloc_grads()?;
         let mut epochs = Vec::new();
         crate::heap::reset_peak();
+        let heap_at_start = crate::heap::current();
         // Saturating: `--stop-after 18446744073709551615` means "to the end", not a wrapped sum.
         let last_epoch = cfg.stop_after.map_or(cfg.epochs, |n| {
             first_epoch.saturating_add(n).min(cfg.epochs)
@@ -306,6 +307,9 @@ mod enabled {
             None => f32::NAN,
         };
         let peak_heap_bytes = crate::heap::peak();
+        let loop_peak_bytes = peak_heap_bytes
+            .zip(heap_at_start)
+            .map(|(p, s)| p.saturating_sub(s));
         let peak_rss_bytes = peak_rss();
         let checkpoint_bytes = match &cfg.save {
             Some(path) => std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
@@ -324,6 +328,7 @@ mod enabled {
             checkpoint_bytes,
             peak_rss_bytes,
             peak_heap_bytes,
+            loop_peak_bytes,
             pid: std::process::id(),
         })
     }

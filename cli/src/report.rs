@@ -33,6 +33,7 @@ pub fn run_json(report: &RunReport) -> Value {
         "checkpoint_bytes": report.checkpoint_bytes,
         "peak_rss_bytes": report.peak_rss_bytes,
         "peak_heap_bytes": report.peak_heap_bytes,
+        "loop_peak_bytes": report.loop_peak_bytes,
         "pid": report.pid,
         "batch": report.config.batch,
         "seed": report.config.seed,
@@ -49,7 +50,7 @@ pub fn comparison_table(runs: &[RunReport]) -> String {
         }
     };
     type Row = (&'static str, fn(&RunReport) -> String);
-    let rows: [Row; 8] = [
+    let rows: [Row; 9] = [
         ("time / epoch", |r| {
             format!("{:.2} s", r.seconds_per_epoch())
         }),
@@ -60,6 +61,9 @@ pub fn comparison_table(runs: &[RunReport]) -> String {
         }),
         ("peak heap (training)", |r| {
             r.peak_heap_bytes.map_or("n/a".into(), mib)
+        }),
+        ("training loop's own", |r| {
+            r.loop_peak_bytes.map_or("n/a".into(), mib)
         }),
         ("test accuracy", |r| {
             format!("{:.2}%", 100.0 * r.test_accuracy)
@@ -170,6 +174,7 @@ pub fn run_from_json(config: &RunConfig, value: &Value) -> Result<RunReport, Str
         checkpoint_bytes: u64_of(value, "checkpoint_bytes")?,
         peak_rss_bytes: optional_u64(value, "peak_rss_bytes")?,
         peak_heap_bytes: optional_u64(value, "peak_heap_bytes")?,
+        loop_peak_bytes: optional_u64(value, "loop_peak_bytes")?,
         pid: u32::try_from(u64_of(value, "pid")?).map_err(|_| "`pid` is out of range")?,
     })
 }
@@ -228,6 +233,7 @@ mod tests {
             checkpoint_bytes: 6 << 20,
             peak_rss_bytes: None,
             peak_heap_bytes: Some(12345678),
+            loop_peak_bytes: Some(2345678),
             pid: 4242,
         };
         let json = run_json(&report);

@@ -137,6 +137,10 @@ pub struct RunReport {
     /// (evaluations and checkpoints included, loading the data and building the model not),
     /// where the process counts them ([`crate::heap::CountingAllocator`]).
     pub peak_heap_bytes: Option<u64>,
+    /// What the training loop itself held at its peak: [`RunReport::peak_heap_bytes`] less
+    /// what was held when it started (the data set, the model and its master weights): the
+    /// step's activations, gradients and optimizer state.
+    pub loop_peak_bytes: Option<u64>,
     /// The process that trained.
     pub pid: u32,
 }
@@ -517,6 +521,7 @@ where
         first_epoch.saturating_add(n).min(cfg.epochs)
     });
     heap::reset_peak();
+    let heap_at_start = heap::current();
     for epoch in first_epoch..last_epoch {
         let mut order: Vec<usize> = (0..train.len()).collect();
         order.shuffle(&mut rng);
@@ -565,6 +570,9 @@ where
         None => evaluate::<I, InputElem<M, D>, _, D>(&dev, model.working(), &data.test)?,
     };
     let peak_heap_bytes = heap::peak();
+    let loop_peak_bytes = peak_heap_bytes
+        .zip(heap_at_start)
+        .map(|(p, s)| p.saturating_sub(s));
     let peak_rss_bytes = peak_rss();
     let checkpoint_bytes = match &cfg.save {
         Some(path) => std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
@@ -583,6 +591,7 @@ where
         checkpoint_bytes,
         peak_rss_bytes,
         peak_heap_bytes,
+        loop_peak_bytes,
         pid: std::process::id(),
     })
 }

@@ -1,18 +1,44 @@
 //! [`MasterWeights`]: FP32 master weights with a 16-bit working copy.
 
 use dfdx::nn::{BuildOnDevice, DeviceBuildExt, TensorCollection, ToDtype};
+use dfdx::prelude::{Shape, Tensor};
 
 use super::copy::{all_to_working, buffers_to_master, pair_and_load, refresh_pair};
 use super::flags::NonFiniteFlags;
-use super::pair::Paired;
+use super::pair::{PairVisitor, Paired};
 use super::target::TrainTarget;
 use super::unscale::UnscalePairs;
 use crate::device::{AmpDevice, Kernels};
 use crate::error::AmpError;
 use crate::optim::MasterOptimizer;
 use crate::params::{ParamInfo, Parameters};
+use crate::precision::AmpElem;
 use crate::precision::{LowPrecision, F16};
 use crate::tape::{MixedGradients, TargetId};
+
+/// Moves each trainable pair's FP32 master gradient buffer into the working gradients' spares.
+struct ReturnBuffers<'a, D: AmpDevice>(&'a mut MixedGradients<D>, &'a mut MixedGradients<D>);
+
+impl<D: AmpDevice> PairVisitor<D> for ReturnBuffers<'_, D> {
+    type Error = AmpError;
+    fn visit_pair<Sm: Shape, Sw: Shape, E: AmpElem>(
+        &mut self,
+        _path: &str,
+        master: &mut Tensor<Sm, f32, D>,
+        working: &mut Tensor<Sw, E, D>,
+        trainable: bool,
+    ) -> Result<(), AmpError>
+    where
+        D: Kernels<E>,
+    {
+        if trainable {
+            if let Some(buf) = self.0.store_mut::<f32>().remove(master.id()) {
+                self.1.keep_spare(working.id(), buf);
+            }
+        }
+        Ok(())
+    }
+}
 
 /// FP32 master weights `M` with their working copy `W`, whose parameters are `P` (FP16 or
 /// BF16) or FP32 (FP16 linear layers with FP32 batch norm, say).
@@ -229,9 +255,17 @@ where
         master_grads: MixedGradients<D>,
         mut working: MixedGradients<D>,
     ) -> Result<MixedGradients<D>, AmpError> {
-        self.master_grads = Some(master_grads);
         // Unscaling moved every parameter's gradient out: the next backward starts from nothing.
         working.clear_param_grads();
+        // The master gradients' FP32 buffers go back to the working gradients, where the next
+        // backward's fused ops overwrite them and unscaling moves them in again: one FP32
+        // gradient buffer per parameter, not one here and one there.
+        let mut master_grads = master_grads;
+        self.master.visit_pairs(
+            &mut self.working,
+            &mut ReturnBuffers(&mut master_grads, &mut working),
+        )?;
+        self.master_grads = Some(master_grads);
         Ok(working)
     }
 

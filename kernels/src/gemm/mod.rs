@@ -736,10 +736,13 @@ impl Arch {
             // 16-bit C needs an f32 running sum between k blocks (a round trip through
             // memory per block), so its blocks are deeper and narrower: the same B block size,
             // and the A micro-panel (12 × kc f32) still fits L1.
-            let (kc, nc) = if kind == Kind::F32 {
-                (256, 512)
+            // A 16-bit operand widened to f32 while packing takes twice its own size there: its
+            // A block is half as tall, so that the per-thread packing buffers (kept between
+            // calls) are no larger than f32's.
+            let (kc, nc, mc) = if kind == Kind::F32 {
+                (256, 512, 480)
             } else {
-                (512, 256)
+                (512, 256, 240)
             };
             if lvl >= Level::Avx512 {
                 return Arch {
@@ -748,7 +751,7 @@ impl Arch {
                     vw: 16,
                     nvmax: 2,
                     kc,
-                    mc: 480,
+                    mc,
                     nc,
                     pairs: false,
                     kernels: &x86::KERNELS_AVX512,
@@ -953,14 +956,12 @@ unsafe fn serial_with(arch: &Arch, p: &Problem, bufs: &mut Buffers) -> bool {
         && p.kind == Kind::F32
         && e.plain()
         && (e.legacy || !e.accumulate || !multi_block);
-    // Otherwise f32 running sums live here between k blocks, so that the epilogue (and the
-    // rounding of a 16-bit C) happens once, at the last block.
-    let s_rs = p.n.div_ceil(vw) * vw;
-    let sbuf = if multi_block && !in_place {
-        aligned(&mut bufs.s, p.m * s_rs)
-    } else {
-        std::ptr::null_mut()
-    };
+    // Otherwise f32 running sums live in a buffer between k blocks, so that the epilogue (and
+    // the rounding of a 16-bit C) happens once, at the last block: `serial_running_sum`.
+    if multi_block && !in_place {
+        // SAFETY: the same contract.
+        return unsafe { serial_running_sum(arch, p, bufs, (kc_max, mc_max, nc_max)) };
+    }
     let (esz, csz) = (p.kind.size(), p.out.size());
     let mut tile = Tile([0.0; TILE_MR * TILE_NR]);
     let tile_p = tile.0.as_mut_ptr();
@@ -968,9 +969,8 @@ unsafe fn serial_with(arch: &Arch, p: &Problem, bufs: &mut Buffers) -> bool {
 
     // SAFETY: every pointer formed below is an offset of rows < m, columns < n and k < k of
     // the problem's matrices, which the contract makes addressable, or of the packing buffers
-    // within the sizes allocated above (`mc_max × kc_units_max`, `nc_max × kc_units_max`, and
-    // `m × s_rs` for sbuf); the kernels write `mrr × nv·vw` f32 to a tile, sbuf or (in place,
-    // full-width tiles only) C.
+    // within the sizes allocated above (`mc_max × kc_units_max`, `nc_max × kc_units_max`); the
+    // kernels write `mrr × nv·vw` f32 to a tile or (in place, full-width tiles only) C.
     unsafe {
         let mut jc = 0;
         while jc < p.n {
@@ -1038,7 +1038,8 @@ unsafe fn serial_with(arch: &Arch, p: &Problem, bufs: &mut Buffers) -> bool {
                                     );
                                     non_finite |= last && nf;
                                 }
-                            } else if !multi_block {
+                            } else {
+                                // A single k block (several go to `serial_running_sum`).
                                 kern(kc_units, ap, bp, tile_p, TILE_NR as isize, false);
                                 non_finite |= store_tile(
                                     arch.level,
@@ -1052,23 +1053,6 @@ unsafe fn serial_with(arch: &Arch, p: &Problem, bufs: &mut Buffers) -> bool {
                                     p.c_cs,
                                     &e.tile(i, j),
                                 );
-                            } else {
-                                let sp = sbuf.add(i * s_rs + j);
-                                kern(kc_units, ap, bp, sp, s_rs as isize, !first);
-                                if last {
-                                    non_finite |= store_tile(
-                                        arch.level,
-                                        p.out,
-                                        sp,
-                                        s_rs,
-                                        mrr,
-                                        nrr,
-                                        cp,
-                                        p.c_rs,
-                                        p.c_cs,
-                                        &e.tile(i, j),
-                                    );
-                                }
                             }
                             jr += nr;
                         }
@@ -1077,6 +1061,106 @@ unsafe fn serial_with(arch: &Arch, p: &Problem, bufs: &mut Buffers) -> bool {
                     ic += mc;
                 }
                 pc += kc;
+            }
+            jc += nc;
+        }
+    }
+    non_finite
+}
+
+/// [`serial_with`] for a product whose f32 running sums cannot live in C between k blocks (a
+/// 16-bit C, or an epilogue beyond the plain sum): the k loop runs inside each `mc × nc` block
+/// of C, so the sums need one block of f32 (`mc × nc`, under a megabyte), not the whole of C
+/// (for a 4096 × 512 C, 8 MiB held by every thread). The B block is packed again for each row
+/// block of A, about `m / mc` times in all: little beside the `m·n·k` multiply-adds.
+///
+/// # Safety
+/// As [`serial_with`].
+unsafe fn serial_running_sum(
+    arch: &Arch,
+    p: &Problem,
+    bufs: &mut Buffers,
+    (kc_max, mc_max, nc_max): (usize, usize, usize),
+) -> bool {
+    let (mr, nr, vw) = (arch.mr, arch.nr(), arch.vw);
+    let kstep = if arch.pairs { 2 } else { 1 };
+    let kc_units_max = kc_max / kstep;
+    let abuf = aligned(&mut bufs.a, mc_max * kc_units_max);
+    let bbuf = aligned(&mut bufs.b, nc_max * kc_units_max);
+    let s_rs = nc_max.div_ceil(vw) * vw;
+    let sbuf = aligned(&mut bufs.s, mc_max * s_rs);
+    let (esz, csz) = (p.kind.size(), p.out.size());
+    let e = &p.epi;
+    let mut non_finite = false;
+    // SAFETY: every pointer formed below is an offset of rows < m, columns < n and k < k of the
+    // problem's matrices, which the contract makes addressable, or of the buffers within the
+    // sizes allocated above; the kernels write `mrr × nv·vw` f32 into sbuf's block.
+    unsafe {
+        let mut jc = 0;
+        while jc < p.n {
+            let nc = nc_max.min(p.n - jc);
+            let mut ic = 0;
+            while ic < p.m {
+                let mc = mc_max.min(p.m - ic);
+                let mut pc = 0;
+                while pc < p.k {
+                    let kc = kc_max.min(p.k - pc);
+                    let kc_units = kc.div_ceil(kstep);
+                    let (first, last) = (pc == 0, pc + kc == p.k);
+                    let mut jr = 0;
+                    while jr < nc {
+                        let nrr = nr.min(nc - jr);
+                        let src =
+                            p.b.offset((pc as isize * p.b_rs + (jc + jr) as isize * p.b_cs) * esz);
+                        let dst = bbuf.add(jr / nr * nr * kc_units);
+                        pack::panel(arch, p.kind, src, p.b_cs, p.b_rs, nrr, kc, dst, nr, true);
+                        jr += nr;
+                    }
+                    let mut ir = 0;
+                    while ir < mc {
+                        let mrr = mr.min(mc - ir);
+                        let src =
+                            p.a.offset(((ic + ir) as isize * p.a_rs + pc as isize * p.a_cs) * esz);
+                        let dst = abuf.add(ir / mr * mr * kc_units);
+                        pack::panel(arch, p.kind, src, p.a_rs, p.a_cs, mrr, kc, dst, mr, false);
+                        ir += mr;
+                    }
+                    let mut ir = 0;
+                    while ir < mc {
+                        let mrr = mr.min(mc - ir);
+                        let ap = abuf.add(ir / mr * mr * kc_units);
+                        let mut jr = 0;
+                        while jr < nc {
+                            let nrr = nr.min(nc - jr);
+                            let nv = nrr.div_ceil(vw);
+                            let kern = arch.kernels[mrr - 1][nv - 1];
+                            let bp = bbuf.add(jr / nr * nr * kc_units);
+                            let sp = sbuf.add(ir * s_rs + jr);
+                            kern(kc_units, ap, bp, sp, s_rs as isize, !first);
+                            if last {
+                                let (i, j) = (ic + ir, jc + jr);
+                                let cp =
+                                    p.c.offset((i as isize * p.c_rs + j as isize * p.c_cs) * csz);
+                                non_finite |= store_tile(
+                                    arch.level,
+                                    p.out,
+                                    sp,
+                                    s_rs,
+                                    mrr,
+                                    nrr,
+                                    cp,
+                                    p.c_rs,
+                                    p.c_cs,
+                                    &e.tile(i, j),
+                                );
+                            }
+                            jr += nr;
+                        }
+                        ir += mr;
+                    }
+                    pc += kc;
+                }
+                ic += mc;
             }
             jc += nc;
         }
