@@ -40,11 +40,15 @@ impl<E: AmpElem> MixedBatchNormKernel<E> for Cpu {
         lay: &BatchNormLayout,
         x: &<Self as Storage<E>>::Vec,
         dy: &<Self as Storage<E>>::Vec,
+        mask: Option<&<Self as Storage<E>>::Vec>,
         mean: &[f32],
     ) -> Result<Vec<[f64; 2]>, CpuError> {
         check_layout(lay, x.len())?;
         check_layout(lay, dy.len())?;
-        Ok(parts::grad_sums(lay, x, dy, mean))
+        if let Some(m) = mask {
+            check_layout(lay, m.len())?;
+        }
+        Ok(parts::grad_sums(lay, x, dy, mask.map(|m| &m[..]), mean))
     }
 
     fn try_bn_input_grad(
@@ -52,13 +56,18 @@ impl<E: AmpElem> MixedBatchNormKernel<E> for Cpu {
         lay: &BatchNormLayout,
         x: &<Self as Storage<E>>::Vec,
         dy: &<Self as Storage<E>>::Vec,
-        gx: &mut <Self as Storage<E>>::Vec,
+        mask: Option<&<Self as Storage<E>>::Vec>,
+        (gx, accumulate): (&mut <Self as Storage<E>>::Vec, bool),
         [mean, k1, mdy, k2]: [&[f32]; 4],
     ) -> Result<(), CpuError> {
         for len in [x.len(), dy.len(), gx.len()] {
             check_layout(lay, len)?;
         }
-        parts::input_grad(lay, x, dy, gx, mean, k1, mdy, k2);
+        if let Some(m) = mask {
+            check_layout(lay, m.len())?;
+        }
+        let mask = mask.map(|m| &m[..]);
+        parts::input_grad(lay, x, dy, mask, gx, accumulate, mean, k1, mdy, k2);
         Ok(())
     }
 }

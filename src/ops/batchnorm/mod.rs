@@ -22,7 +22,7 @@ use dfdx::tensor_ops::batchnorm_parts::BatchNormLayout;
 
 use crate::device::{AmpDevice, Kernels};
 use crate::ops::cast::AmpTape;
-use crate::ops::relu::{FusedRelu, ReluKernel};
+use crate::ops::relu::FusedRelu;
 use crate::precision::AmpElem;
 
 /// The passes of batch norm over activations of element type `E` (FP32 per-channel values).
@@ -54,29 +54,33 @@ pub trait MixedBatchNormKernel<E: AmpElem>:
         Err(CpuError::WrongNumElements.into())
     }
 
-    /// Per channel, `Σ dy` and `Σ dy·(x − mean[c])`.
+    /// Per channel, `Σ dy` and `Σ dy·(x − mean[c])`, `dy` taken as zero where `mask` (the
+    /// output of a ReLU fused after the batch norm) is not positive.
     fn try_bn_grad_sums(
         &self,
         lay: &BatchNormLayout,
         x: &<Self as Storage<E>>::Vec,
         dy: &<Self as Storage<E>>::Vec,
+        mask: Option<&<Self as Storage<E>>::Vec>,
         mean: &[f32],
     ) -> Result<Vec<[f64; 2]>, Self::Err> {
-        let _ = (lay, x, dy, mean);
+        let _ = (lay, x, dy, mask, mean);
         Err(CpuError::WrongNumElements.into())
     }
 
-    /// `gx += k1[c] · (dy − mdy[c] − (x − mean[c]) · k2[c])`, with `per_channel` =
-    /// `[mean, k1, mdy, k2]`.
+    /// `gx (+)= k1[c] · (dy − mdy[c] − (x − mean[c]) · k2[c])` (added to `gx` only if its
+    /// flag says so, else written), with `per_channel` = `[mean, k1, mdy, k2]` and `dy` masked
+    /// as in [`MixedBatchNormKernel::try_bn_grad_sums`].
     fn try_bn_input_grad(
         &self,
         lay: &BatchNormLayout,
         x: &<Self as Storage<E>>::Vec,
         dy: &<Self as Storage<E>>::Vec,
-        gx: &mut <Self as Storage<E>>::Vec,
+        mask: Option<&<Self as Storage<E>>::Vec>,
+        gx: (&mut <Self as Storage<E>>::Vec, bool),
         per_channel: [&[f32]; 4],
     ) -> Result<(), Self::Err> {
-        let _ = (lay, x, dy, gx, per_channel);
+        let _ = (lay, x, dy, mask, gx, per_channel);
         Err(CpuError::WrongNumElements.into())
     }
 }
@@ -177,14 +181,20 @@ where
     let fused: FusedRelu<S, E, D> = Rc::new(RefCell::new(None));
     let relu = fused.clone();
     tape.record_mixed(move |grads| {
-        let Some(mut dy) = grads.store_mut::<E>().remove(y_id) else {
+        let Some(dy) = grads.store_mut::<E>().remove(y_id) else {
             return Ok(());
         };
-        if let Some(out) = relu.borrow_mut().take() {
-            ReluKernel::<E>::try_relu_mask(&dev, out.storage(), &mut dy)?;
-        }
-        let sums =
-            MixedBatchNormKernel::<E>::try_bn_grad_sums(&dev, &lay, x.storage(), &dy, &mean32)?;
+        // A fused ReLU's derivative is applied as the passes read `dy`.
+        let relu_out = relu.borrow_mut().take();
+        let mask = relu_out.as_ref().map(|t| t.storage());
+        let sums = MixedBatchNormKernel::<E>::try_bn_grad_sums(
+            &dev,
+            &lay,
+            x.storage(),
+            &dy,
+            mask,
+            &mean32,
+        )?;
         // dx = (scale / std) · (dy − mean(dy) − (x − mean) · Σ dy·(x − mean) / (n · std²))
         let inv_std: Vec<f64> = std32.iter().map(|s| 1.0 / f64::from(*s)).collect();
         let k1: Vec<f32> = (0..lay.chan)
@@ -196,13 +206,16 @@ where
             .collect();
         let store = grads.store_mut::<E>();
         if store.wants_grad(&x) {
+            // Written over a fresh gradient, added to one that other ops already wrote.
+            let accumulate = store.get_ref_checked(&x).is_some();
             let gx = store.get_or_alloc_mut(&x)?;
             MixedBatchNormKernel::<E>::try_bn_input_grad(
                 &dev,
                 &lay,
                 x.storage(),
                 &dy,
-                gx,
+                mask,
+                (gx, accumulate),
                 [&mean32, &k1, &mdy, &k2],
             )?;
         }

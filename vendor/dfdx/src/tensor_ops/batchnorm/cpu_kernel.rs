@@ -196,12 +196,17 @@ fn affine<E: Dtype>(
 }
 
 /// `gx += k1[c] · (dy − mdy[c] − (x − mean[c]) · k2[c])`, elementwise, in parallel.
+///
+/// typed-amp patch: `gx =` instead of `+=` unless `accumulate` (a fresh gradient is written,
+/// not read), and `dy` taken as zero where `mask` (a fused ReLU's output) is not positive.
 #[allow(clippy::too_many_arguments)]
 fn input_grad<E: Dtype>(
     lay: &BatchNormLayout,
     x: &[E],
     dy: &[E],
+    mask: Option<&[E]>,
     gx: &mut [E],
+    accumulate: bool,
     mean: &[f32],
     k1: &[f32],
     mdy: &[f32],
@@ -209,47 +214,73 @@ fn input_grad<E: Dtype>(
 ) {
     let row_len = lay.chan * lay.inner;
     let per_piece = lay.outer.div_ceil(pieces(lay.outer));
-    let apply = |c: usize, x: &[f32], dy: &[f32], gx: &mut [f32]| {
+    let apply = |c: usize, x: &[f32], dy: &[f32], y: Option<&[f32]>, gx: &mut [f32]| {
         let (m, k1, mdy, k2) = (mean[c], k1[c], mdy[c], k2[c]);
-        for ((g, x), dy) in gx.iter_mut().zip(x).zip(dy) {
-            *g += k1 * (*dy - mdy - (*x - m) * k2);
+        let grad = |x: f32, dy: f32| k1 * (dy - mdy - (x - m) * k2);
+        match (y, accumulate) {
+            (None, true) => {
+                for ((g, x), dy) in gx.iter_mut().zip(x).zip(dy) {
+                    *g += grad(*x, *dy);
+                }
+            }
+            (None, false) => {
+                for ((g, x), dy) in gx.iter_mut().zip(x).zip(dy) {
+                    *g = grad(*x, *dy);
+                }
+            }
+            (Some(y), acc) => {
+                for (((g, x), dy), y) in gx.iter_mut().zip(x).zip(dy).zip(y) {
+                    let dy = if *y > 0.0 { *dy } else { 0.0 };
+                    let v = grad(*x, dy);
+                    *g = if acc { *g + v } else { v };
+                }
+            }
         }
     };
     par_chunks_mut(gx, per_piece * row_len, |i, gx| {
-        let x = &x[i * per_piece * row_len..][..gx.len()];
-        let dy = &dy[i * per_piece * row_len..][..gx.len()];
-        if as_f32(x).is_some() {
-            let (x, dy, gx) = (
-                as_f32(x).unwrap(),
-                as_f32(dy).unwrap(),
-                as_f32_mut(gx).unwrap(),
-            );
-            let runs = x
+        let start = i * per_piece * row_len;
+        let x = &x[start..][..gx.len()];
+        let dy = &dy[start..][..gx.len()];
+        let y = mask.map(|m| &m[start..][..gx.len()]);
+        let f32_views = (as_f32(x), as_f32(dy), y.map(as_f32));
+        if let (Some(x), Some(dy), None | Some(Some(_))) = f32_views {
+            let y = y.map(|y| as_f32(y).unwrap());
+            let gx = as_f32_mut(gx).unwrap();
+            let mut r = 0;
+            for ((x, dy), gx) in x
                 .chunks_exact(lay.inner)
                 .zip(dy.chunks_exact(lay.inner))
-                .zip(gx.chunks_exact_mut(lay.inner));
-            for (r, ((x, dy), gx)) in runs.enumerate() {
-                apply(r % lay.chan, x, dy, gx);
+                .zip(gx.chunks_exact_mut(lay.inner))
+            {
+                let y = y.map(|y| &y[r * lay.inner..][..lay.inner]);
+                apply(r % lay.chan, x, dy, y, gx);
+                r += 1;
             }
         } else {
             let mut xb = [0.0f32; BLOCK];
             let mut db = [0.0f32; BLOCK];
+            let mut yb = [0.0f32; BLOCK];
             let mut gb = [0.0f32; BLOCK];
-            let runs = x
-                .chunks_exact(lay.inner)
-                .zip(dy.chunks_exact(lay.inner))
-                .zip(gx.chunks_exact_mut(lay.inner));
-            for (r, ((x, dy), gx)) in runs.enumerate() {
-                let blocks = x
-                    .chunks(BLOCK)
-                    .zip(dy.chunks(BLOCK))
-                    .zip(gx.chunks_mut(BLOCK));
-                for ((x, dy), gx) in blocks {
-                    let n = x.len();
-                    to_f32(x, &mut xb[..n]);
-                    to_f32(dy, &mut db[..n]);
-                    to_f32(gx, &mut gb[..n]);
-                    apply(r % lay.chan, &xb[..n], &db[..n], &mut gb[..n]);
+            for (r, (start, gx)) in (0..)
+                .step_by(lay.inner)
+                .zip(gx.chunks_exact_mut(lay.inner))
+                .enumerate()
+            {
+                let x = &x[start..][..lay.inner];
+                let dy = &dy[start..][..lay.inner];
+                let y = y.map(|y| &y[start..][..lay.inner]);
+                for (b, gx) in gx.chunks_mut(BLOCK).enumerate() {
+                    let (o, n) = (b * BLOCK, gx.len());
+                    to_f32(&x[o..o + n], &mut xb[..n]);
+                    to_f32(&dy[o..o + n], &mut db[..n]);
+                    if let Some(y) = y {
+                        to_f32(&y[o..o + n], &mut yb[..n]);
+                    }
+                    if accumulate {
+                        to_f32(gx, &mut gb[..n]);
+                    }
+                    let yv = y.map(|_| &yb[..n]);
+                    apply(r % lay.chan, &xb[..n], &db[..n], yv, &mut gb[..n]);
                     from_f32(&gb[..n], gx);
                 }
             }
@@ -315,10 +346,13 @@ impl<E: Dtype> BatchNormKernel<E> for Cpu {
 }
 
 /// Adds `Σ dy` and `Σ dy·(x − mean[c])` of the runs in `x`, `dy` (whole rows) to `part[c]`.
+///
+/// typed-amp patch: `dy` taken as zero where `mask` (a fused ReLU's output) is not positive.
 fn dy_dev_sums<E: Dtype>(
     lay: &BatchNormLayout,
     x: &[E],
     dy: &[E],
+    mask: Option<&[E]>,
     mean: &[f32],
     part: &mut [[f64; 2]],
 ) {
@@ -327,19 +361,27 @@ fn dy_dev_sums<E: Dtype>(
         part[c][0] += a as f64;
         part[c][1] += b as f64;
     };
-    if let (Some(x), Some(dy)) = (as_f32(x), as_f32(dy)) {
+    if let (Some(x), Some(dy), None) = (as_f32(x), as_f32(dy), mask) {
         let runs = x.chunks_exact(lay.inner).zip(dy.chunks_exact(lay.inner));
         for (r, (x, dy)) in runs.enumerate() {
             add(r % lay.chan, dy, x);
         }
     } else {
-        let (mut xb, mut db) = ([0.0f32; BLOCK], [0.0f32; BLOCK]);
-        let runs = x.chunks_exact(lay.inner).zip(dy.chunks_exact(lay.inner));
-        for (r, (x, dy)) in runs.enumerate() {
-            for (x, dy) in x.chunks(BLOCK).zip(dy.chunks(BLOCK)) {
-                let n = x.len();
-                to_f32(x, &mut xb[..n]);
-                to_f32(dy, &mut db[..n]);
+        let (mut xb, mut db, mut yb) = ([0.0f32; BLOCK], [0.0f32; BLOCK], [0.0f32; BLOCK]);
+        let runs = (0..).step_by(lay.inner).take(x.len() / lay.inner.max(1));
+        for (r, start) in runs.enumerate() {
+            let (x, dy) = (&x[start..][..lay.inner], &dy[start..][..lay.inner]);
+            let y = mask.map(|m| &m[start..][..lay.inner]);
+            for (o, xs) in (0..).step_by(BLOCK).zip(x.chunks(BLOCK)) {
+                let n = xs.len();
+                to_f32(xs, &mut xb[..n]);
+                to_f32(&dy[o..o + n], &mut db[..n]);
+                if let Some(y) = y {
+                    to_f32(&y[o..o + n], &mut yb[..n]);
+                    for (d, y) in db[..n].iter_mut().zip(&yb[..n]) {
+                        *d = if *y > 0.0 { *d } else { 0.0 };
+                    }
+                }
                 add(r % lay.chan, &db[..n], &xb[..n]);
             }
         }
@@ -416,7 +458,7 @@ fn train_fused<const C: usize, S: Shape, E: Dtype, T: Tape<E, Cpu>>(
                 let r1 = ((i + 1) * per_piece).min(lay.outer);
                 let xs = &xd[r0 * row_len..r1 * row_len];
                 let ds = &gd[r0 * row_len..r1 * row_len];
-                dy_dev_sums(&lay, xs, ds, &mean32, part);
+                dy_dev_sums(&lay, xs, ds, None, &mean32, part);
             });
             let mut total = std::vec![[0.0f64; 2]; lay.chan];
             for part in partials.chunks_exact(lay.chan) {
@@ -436,7 +478,9 @@ fn train_fused<const C: usize, S: Shape, E: Dtype, T: Tape<E, Cpu>>(
         let k2: Vec<f32> = (0..lay.chan)
             .map(|c| (sums[c][1] * inv_std[c] * inv_std[c] / n) as f32)
             .collect();
-        input_grad(&lay, &x.data, grad_out, grad_x, &mean32, &k1, &mdy, &k2);
+        input_grad(
+            &lay, &x.data, grad_out, None, grad_x, true, &mean32, &k1, &mdy, &k2,
+        );
         // d scale = Σ dy·(x − mean) / std, d bias = Σ dy.
         let add = |g: &mut [E], v: &dyn Fn(usize) -> f64| {
             for (c, g) in g.iter_mut().enumerate() {
@@ -512,11 +556,13 @@ pub mod parts {
         affine(lay, x, y, mean, a, b)
     }
 
-    /// Per channel, `Σ dy` and `Σ dy·(x − mean[c])`, in `f64` from `f32` run sums.
+    /// Per channel, `Σ dy` and `Σ dy·(x − mean[c])`, in `f64` from `f32` run sums, `dy` taken
+    /// as zero where `mask` (a fused ReLU's output) is not positive.
     pub fn grad_sums<E: Dtype>(
         lay: &BatchNormLayout,
         x: &[E],
         dy: &[E],
+        mask: Option<&[E]>,
         mean: &[f32],
     ) -> Vec<[f64; 2]> {
         let row_len = lay.chan * lay.inner;
@@ -528,7 +574,8 @@ pub mod parts {
             let r1 = ((i + 1) * per_piece).min(lay.outer);
             let xs = &x[r0 * row_len..r1 * row_len];
             let ds = &dy[r0 * row_len..r1 * row_len];
-            dy_dev_sums(lay, xs, ds, mean, part);
+            let ms = mask.map(|m| &m[r0 * row_len..r1 * row_len]);
+            dy_dev_sums(lay, xs, ds, ms, mean, part);
         });
         let mut total = std::vec![[0.0f64; 2]; lay.chan];
         for part in partials.chunks_exact(lay.chan) {
@@ -540,18 +587,21 @@ pub mod parts {
         total
     }
 
-    /// `gx += k1[c] · (dy − mdy[c] − (x − mean[c]) · k2[c])`, in parallel.
+    /// `gx (+)= k1[c] · (dy − mdy[c] − (x − mean[c]) · k2[c])` (added only with `accumulate`),
+    /// `dy` taken as zero where `mask` is not positive, in parallel.
     #[allow(clippy::too_many_arguments)]
     pub fn input_grad<E: Dtype>(
         lay: &BatchNormLayout,
         x: &[E],
         dy: &[E],
+        mask: Option<&[E]>,
         gx: &mut [E],
+        accumulate: bool,
         mean: &[f32],
         k1: &[f32],
         mdy: &[f32],
         k2: &[f32],
     ) {
-        super::input_grad(lay, x, dy, gx, mean, k1, mdy, k2)
+        super::input_grad(lay, x, dy, mask, gx, accumulate, mean, k1, mdy, k2)
     }
 }
