@@ -671,7 +671,7 @@ fn master_sums_of_squares<D: AmpDevice, T: TrainTarget<D>>(
 ) -> Result<Vec<f32>, AmpError> {
     struct SumSquares<D: AmpDevice> {
         slots: usize,
-        stats: Option<<D as crate::device::StatsDevice>::Stats>,
+        stats: Option<<D as crate::ops::utilities::StatsDevice>::Stats>,
     }
     impl<D: AmpDevice> GradOp<D> for SumSquares<D> {
         fn apply<E: AmpElem>(

@@ -13,29 +13,10 @@
 use dfdx::prelude::{PutTape, Shape, SplitTape, Tensor};
 
 use crate::device::{AmpDevice, Kernels};
-use crate::ops::cast::AmpTape;
 use crate::ops::reduce::ReduceKernel;
 use crate::precision::AmpElem;
-use crate::tape::next_op_order;
-
-/// A layer's output magnitude, recorded in the forward pass.
-#[derive(Debug, Clone)]
-pub struct ActivationRecord {
-    order: u64,
-    layer: &'static str,
-    max_abs: f32,
-}
-
-/// One layer's magnitudes in the last pass, in forward order.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LayerReport {
-    /// The layer (its field path in the `#[amp]` struct; `"input"` for the model's input).
-    pub layer: &'static str,
-    /// Largest |value| of the layer's output (inf or NaN if any output was).
-    pub activation_max_abs: f32,
-    /// Largest |value| of the (scaled) gradient of the layer's output, if it got one.
-    pub gradient_max_abs: Option<f32>,
-}
+pub use crate::tape::LayerReport;
+use crate::tape::{next_op_order, ActivationRecord, AmpTape};
 
 /// Where values first stopped being finite.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,25 +40,6 @@ impl std::fmt::Display for Overflow {
             Overflow::Loss => write!(f, "the loss's gradient is already inf or NaN"),
         }
     }
-}
-
-/// Joins forward records with the gradients the probes saw, in forward order.
-pub(crate) fn report(
-    mut activations: Vec<ActivationRecord>,
-    grads: Vec<(u64, f32)>,
-) -> Vec<LayerReport> {
-    activations.sort_by_key(|a| a.order);
-    activations
-        .into_iter()
-        .map(|a| LayerReport {
-            layer: a.layer,
-            activation_max_abs: a.max_abs,
-            gradient_max_abs: grads
-                .iter()
-                .find(|(order, _)| *order == a.order)
-                .map(|(_, g)| *g),
-        })
-        .collect()
 }
 
 /// Names the layer where values first stopped being finite, if any did.

@@ -29,64 +29,14 @@ use dfdx::nn::modules::{Module, ModuleMut, Repeated, Residual};
 use dfdx::nn::TensorCollection;
 use dfdx::prelude::{Shape, Storage, Tensor, TryAdd, WithEmptyTape};
 
+use super::kind;
+use super::layer_kind::AmpLayer;
+use super::model::{try_convert, AmpModel, AutocastForward, CastTo, Converted};
 use super::norm::{MixedNorm, MixedNormMut};
-use super::{try_convert, AmpModel, AutocastForward, CastTo, Converted};
 use crate::device::{AmpDevice, Kernels};
 use crate::error::AmpError;
 use crate::ops::linear::LinearInput;
 use crate::precision::{AmpElem, LowPrecision, Precision};
-
-/// The rows of the policy table (Apex's op lists, by layer).
-pub mod kind {
-    use std::marker::PhantomData;
-
-    /// Matrix products (linear, convolution): 16-bit under O1 (FP32 weights cast per pass),
-    /// O2 and O3.
-    #[derive(Debug)]
-    pub struct Matmul;
-
-    /// dfdx's `Linear`: the [`Matmul`] row, run as typed-amp's fused linear op
-    /// ([`crate::ops::linear`]).
-    #[derive(Debug)]
-    pub struct Linear;
-
-    /// ReLU: the [`Neutral`] row, fused into a fused linear op just before it
-    /// ([`crate::ops::relu`]).
-    #[derive(Debug)]
-    pub struct Activation;
-
-    /// Batch norm and layer norm: FP32 under O1, and under O2 unless
-    /// `keep_batchnorm_fp32 = false`; 16-bit under O3.
-    #[derive(Debug)]
-    pub struct Norm;
-
-    /// Softmax, log-softmax, exp and log: FP32 except under O3.
-    #[derive(Debug)]
-    pub struct Fp32Op;
-
-    /// Layers with parameters that follow the model's storage precision (PReLU, bias,
-    /// embedding): FP32 under O0 and O1, 16-bit under O2 and O3.
-    #[derive(Debug)]
-    pub struct Elementwise;
-
-    /// Parameterless layers that compute in whatever precision they receive (activations,
-    /// pooling, dropout, flatten).
-    #[derive(Debug)]
-    pub struct Neutral;
-
-    /// An explicit cast layer: computes in `P` under every policy.
-    #[derive(Debug)]
-    pub struct Cast<P>(PhantomData<P>);
-
-    /// Several layers, each run by its own kind (tuples, `Repeated`, `Residual`).
-    #[derive(Debug)]
-    pub struct Composite;
-
-    /// The layers of the `#[amp]` model `M`: run under `M`'s own policy, whatever the
-    /// enclosing model's.
-    #[derive(Debug)]
-    pub struct Nested<M>(PhantomData<M>);
-}
 
 /// What a policy does with a row of its table.
 pub mod plan {
@@ -162,21 +112,6 @@ impl<Mm: Plan, No: Plan, Fp: Plan, El: Plan, Ne: Plan> Policy for Table<Mm, No, 
     type Fp32Op = Fp;
     type Elementwise = El;
     type Neutral = Ne;
-}
-
-/// How a layer takes part in mixed precision: its row of the policy table.
-///
-/// Implemented on module types (what `dev.build_module::<Arch, E>()` returns), for every
-/// element type, for dfdx's layers, typed-amp's, tuples, [`Repeated`] and [`Residual`];
-/// `#[amp]` implements it for the models it generates.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` does not say how it runs in mixed precision",
-    label = "not an `AmpLayer`",
-    note = "`#[amp]` runs each layer by its row of the policy table: implement `typed_amp::amp::AmpLayer` for the layer's module type with `type Kind = typed_amp::amp::kind::Matmul;` (or `Norm`, `Fp32Op`, `Elementwise`, `Neutral`), make it an `#[amp]` model, or pin the field to one precision with `#[amp(fp16)]`, `#[amp(bf16)]` or `#[amp(fp32)]`"
-)]
-pub trait AmpLayer {
-    /// The layer's row: one of the types in [`kind`].
-    type Kind;
 }
 
 /// A row with a single plan (every kind but [`kind::Composite`] and [`kind::Nested`]).
@@ -485,7 +420,7 @@ where
     S: LinearInput<I, O>,
     E: AmpElem,
     D: AmpDevice + Kernels<E>,
-    T: crate::ops::cast::AmpTape<D>,
+    T: crate::tape::AmpTape<D>,
     dfdx::nn::modules::Linear<I, O, E, D>:
         Module<Tensor<S, E, D, T>, Output = Tensor<S::Output, E, D, T>, Error = D::Err>,
 {
@@ -505,7 +440,7 @@ where
     S: LinearInput<I, O>,
     E: AmpElem,
     D: AmpDevice + Kernels<E>,
-    T: crate::ops::cast::AmpTape<D>,
+    T: crate::tape::AmpTape<D>,
     dfdx::nn::modules::Linear<I, O, E, D>:
         Module<Tensor<S, E, D, T>, Output = Tensor<S::Output, E, D, T>, Error = D::Err>,
 {
@@ -558,7 +493,7 @@ where
     S: Shape,
     E: AmpElem,
     D: AmpDevice + Kernels<E>,
-    T: crate::ops::cast::AmpTape<D> + dfdx::prelude::Tape<E, D>,
+    T: crate::tape::AmpTape<D> + dfdx::prelude::Tape<E, D>,
 {
     type Output = Tensor<S, E, D, T>;
     type Error = D::Err;
@@ -841,57 +776,4 @@ where
             .try_cast_to()?;
         y.try_add(x)
     }
-}
-
-/// Implements [`AmpLayer`] for layer module types.
-macro_rules! amp_layers {
-    ($($kind:ty => $([$($generics:tt)*] $layer:ty),+;)*) => {$($(
-        impl<$($generics)*> $crate::amp::AmpLayer for $layer {
-            type Kind = $kind;
-        }
-    )+)*};
-}
-
-pub(crate) use amp_layers;
-
-use dfdx::nn::modules as dm;
-use dfdx::prelude::{ConstDim, Device, Dtype};
-
-amp_layers! {
-    kind::Linear =>
-        [const I: usize, const O: usize, E: Dtype, D: Device<E>] dm::Linear<I, O, E, D>;
-    kind::Matmul =>
-        [const I: usize, const O: usize, E: Dtype, D: Device<E>] dm::UnbiasedLinear<I, O, E, D>;
-    kind::Activation =>
-        [] dm::ReLU;
-    kind::Norm =>
-        [const C: usize, E: Dtype, D: Device<E>] dm::BatchNorm1D<C, E, D>,
-        [const C: usize, E: Dtype, D: Device<E>] dm::BatchNorm2D<C, E, D>,
-        [const M: usize, E: Dtype, D: Device<E>] dm::LayerNorm1D<M, E, D>;
-    kind::Fp32Op =>
-        [] dm::Softmax,
-        [] dm::LogSoftmax,
-        [] dm::Exp,
-        [] dm::Ln;
-    kind::Elementwise =>
-        [E: Dtype, D: Device<E>] dfdx::nn::prelu::PReLU<E, D>,
-        [C: ConstDim, E: Dtype, D: Device<E>] dfdx::nn::prelu::PReLU1D<C, E, D>,
-        [const C: usize, E: Dtype, D: Device<E>] dm::Bias2D<C, E, D>,
-        [const V: usize, const M: usize, E: Dtype, D: Device<E>] dm::Embedding<V, M, E, D>;
-    kind::Neutral =>
-        [] dm::FastGeLU,
-        [] dm::AccurateGeLU,
-        [] dm::Sigmoid,
-        [] dm::Tanh,
-        [] dm::Sin,
-        [] dm::Cos,
-        [] dm::Square,
-        [] dm::Sqrt,
-        [] dm::Abs,
-        [E: Dtype] dm::LeakyReLU<E>,
-        [] dm::Dropout,
-        [const N: usize] dm::DropoutOneIn<N>,
-        [] dm::AvgPoolGlobal,
-        [] dm::MaxPoolGlobal,
-        [] dm::MinPoolGlobal;
 }

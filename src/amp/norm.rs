@@ -16,8 +16,9 @@ use crate::device::{AmpDevice, Kernels};
 use crate::ops::batchnorm::{
     fused_layout, try_batchnorm_infer, try_batchnorm_train, BatchNormParams,
 };
-use crate::ops::cast::{AmpTape, Cast};
+use crate::ops::cast::Cast;
 use crate::precision::AmpElem;
+use crate::tape::AmpTape;
 
 /// A norm layer with FP32 parameters run (inference, `forward`) on activations of another
 /// precision, returning that precision.

@@ -17,7 +17,7 @@ use dfdx::nn::{ModuleVisitor, ScalarOptions, TensorCollection, TensorOptions};
 use dfdx::prelude::{HasShape, Shape, Tensor};
 use num_traits::NumCast;
 
-use crate::amp::layer::{kind, AmpLayer};
+use crate::amp::{kind, AmpLayer};
 use crate::device::{AmpDevice, Kernels};
 use crate::error::AmpError;
 use crate::params::{ParamPath, ParamVisitorMut, Parameters};

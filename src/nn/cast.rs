@@ -5,8 +5,9 @@ use dfdx::nn::{NonMutableModule, ZeroSizedModule};
 use dfdx::prelude::*;
 
 use crate::device::AmpDevice;
-use crate::ops::cast::{AmpTape, CastDevice};
+use crate::ops::cast::CastDevice;
 use crate::precision::{AmpElem, Precision};
+use crate::tape::AmpTape;
 
 /// A layer that casts its input to one precision.
 pub trait CastLayer {

@@ -39,7 +39,7 @@ pub mod builders {
     pub use super::pool::MaxPool2D;
 }
 
-crate::amp::layer::amp_layers! {
+crate::amp::amp_layers! {
     crate::amp::kind::Matmul =>
         [
             const I: usize, const O: usize, const K: usize, const S: usize, const P: usize,

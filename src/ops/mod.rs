@@ -28,3 +28,4 @@ pub mod reduce;
 pub mod relu;
 pub mod unscale;
 pub mod update;
+pub(crate) mod utilities;

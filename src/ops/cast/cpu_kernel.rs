@@ -1,7 +1,7 @@
 use dfdx::prelude::{Cpu, CpuError};
 
 use super::CastKernel;
-use crate::device::cpu::{as_f32_mut, check_lengths, for_each_f32_chunk, CHUNK};
+use crate::ops::utilities::cpu::{as_f32_mut, check_lengths, for_each_f32_chunk, CHUNK};
 use crate::precision::AmpElem;
 
 impl<Src: AmpElem, Dst: AmpElem> CastKernel<Src, Dst> for Cpu {

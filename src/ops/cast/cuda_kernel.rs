@@ -2,9 +2,10 @@ use dfdx::prelude::Storage;
 use dfdx::tensor::{Cuda, CudaError};
 
 use super::CastKernel;
-use crate::device::cuda::{check_lengths, launch, none, raw, raw_mut, CudaElem, OpSource};
+use crate::ops::utilities::cuda::{check_lengths, launch, none, raw, raw_mut, CudaElem, OpSource};
 
-pub(crate) const SOURCE: OpSource = OpSource {
+const SOURCE: OpSource = OpSource {
+    module: "typed_amp_cast",
     templates: r#"
 template <typename S, typename D>
 __device__ void amp_copy_cast(u64 n, const S *src, D *dst) {
@@ -41,6 +42,7 @@ impl<Src: CudaElem, Dst: CudaElem> CastKernel<Src, Dst> for Cuda {
         check_lengths(s, d)?;
         launch(
             self,
+            &SOURCE,
             &format!("tamp_copy_cast_{}_{}", Src::TAG, Dst::TAG),
             s.len,
             (s.len as u64, s.ptr, d.ptr),
@@ -56,9 +58,18 @@ impl<Src: CudaElem, Dst: CudaElem> CastKernel<Src, Dst> for Cuda {
         check_lengths(s, d)?;
         launch(
             self,
+            &SOURCE,
             &format!("tamp_add_cast_{}_{}", Src::TAG, Dst::TAG),
             s.len,
             (s.len as u64, s.ptr, d.ptr),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn nvrtc_compiles_the_kernels() {
+        crate::ops::utilities::cuda::check_program(&super::SOURCE);
     }
 }

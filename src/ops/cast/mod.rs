@@ -1,7 +1,7 @@
 //! Differentiable precision casts: [`Cast::cast`] and its shorthands [`to_f16`], [`to_bf16`]
 //! and [`to_f32`].
 //!
-//! dfdx's `to_dtype` is not recorded on any tape. These casts are: on a [`MixedTape`] the
+//! dfdx's `to_dtype` is not recorded on any tape. These casts are: on a [`MixedTape`](crate::MixedTape) the
 //! backward pass converts the output's gradient into the input's precision and adds it to the
 //! input's gradient. Narrowing conversions round to nearest-even and overflow to ±inf beyond the
 //! target's range in both directions of the pass, exactly as a hardware cast does, so an FP32
@@ -11,128 +11,16 @@
 mod cpu_kernel;
 #[cfg(feature = "cuda")]
 mod cuda_kernel;
+mod kernel;
 
-#[cfg(feature = "cuda")]
-pub(crate) use cuda_kernel::SOURCE as CUDA_SOURCE;
-
-use dfdx::prelude::{HasShape, NoneTape, PutTape, Shape, SplitTape, Storage, Tape, Tensor};
-use dfdx::tensor::UniqueId;
+use dfdx::prelude::{HasShape, PutTape, Shape, SplitTape, Storage, Tensor};
 use dfdx::tensor_ops::ToDtypeKernel;
 
 use crate::device::{AmpDevice, Kernels};
 use crate::precision::{AmpElem, Precision};
-use crate::tape::{MixedGradients, MixedTape};
+use crate::tape::AmpTape;
 
-/// Buffer conversions from element type `Src` to `Dst`, computed through FP32 (exact for every
-/// widening, rounded to nearest-even with overflow to ±inf for every narrowing).
-pub trait CastKernel<Src: AmpElem, Dst: AmpElem>: Storage<Src> + Storage<Dst> {
-    /// `dst = convert(src)`. Both buffers have the same length.
-    fn try_copy_cast(
-        &self,
-        src: &<Self as Storage<Src>>::Vec,
-        dst: &mut <Self as Storage<Dst>>::Vec,
-    ) -> Result<(), Self::Err>;
-
-    /// `dst += convert(src)`, the sum rounded once to `Dst`. Both buffers have the same length.
-    fn try_add_cast(
-        &self,
-        src: &<Self as Storage<Src>>::Vec,
-        dst: &mut <Self as Storage<Dst>>::Vec,
-    ) -> Result<(), Self::Err>;
-}
-
-macro_rules! define_amp_tape {
-    ($([$marker:ident, $elem:ty, $variant:ident, $name:literal, $st:ident, $index:literal])*) => {
-        /// A tape that a cast can record onto: [`MixedTape`] records, [`NoneTape`] (inference)
-        /// does not. It is a dfdx `Tape` for every precision of
-        /// [`with_precisions!`](crate::with_precisions).
-        #[diagnostic::on_unimplemented(
-            message = "precision casts record onto a `MixedTape` (or nothing), not onto `{Self}`",
-            note = "trace mixed-precision graphs with `x.traced_mixed(grads)`: dfdx's `OwnedTape` holds a single precision"
-        )]
-        pub trait AmpTape<D: AmpDevice>: Default + Merge<Self> + 'static $(+ Tape<$elem, D>)* {
-            /// Records an op that reads and writes gradients of several precisions.
-            fn record_mixed<F>(&mut self, op: F)
-            where
-                F: 'static + FnOnce(&mut MixedGradients<D>) -> Result<(), D::Err>;
-
-            /// Whether layer probes record on this tape (see [`MixedGradients::watch_layers`]).
-            fn watching(&self) -> bool;
-
-            /// Marks `to`'s gradient as read by nobody if `from`'s is (a cast of the model's
-            /// input), so that the first layer skips computing it.
-            fn inherit_unwanted(&mut self, from: UniqueId, to: UniqueId);
-
-            /// Records a layer's activation magnitude.
-            fn record_activation(&mut self, record: crate::watch::ActivationRecord);
-
-            /// Offers the op just recorded for fusion with an activation applied to its output
-            /// `output` next (see [`crate::ops::relu`]); `slot` is the op's own record of it.
-            /// Recording any other op withdraws the offer.
-            fn offer_activation(&mut self, output: UniqueId, slot: std::rc::Rc<dyn std::any::Any>);
-
-            /// Takes the offer of the op whose output is `output`, if it is the last op recorded.
-            fn take_activation(&mut self, output: UniqueId) -> Option<std::rc::Rc<dyn std::any::Any>>;
-        }
-    };
-}
-
-use dfdx::prelude::Merge;
-
-crate::with_precisions!(define_amp_tape);
-
-impl<D: AmpDevice> AmpTape<D> for NoneTape {
-    fn record_mixed<F>(&mut self, _op: F)
-    where
-        F: 'static + FnOnce(&mut MixedGradients<D>) -> Result<(), D::Err>,
-    {
-    }
-
-    fn watching(&self) -> bool {
-        false
-    }
-
-    fn inherit_unwanted(&mut self, _from: UniqueId, _to: UniqueId) {}
-
-    fn record_activation(&mut self, _record: crate::watch::ActivationRecord) {}
-
-    fn offer_activation(&mut self, _output: UniqueId, _slot: std::rc::Rc<dyn std::any::Any>) {}
-
-    fn take_activation(&mut self, _output: UniqueId) -> Option<std::rc::Rc<dyn std::any::Any>> {
-        None
-    }
-}
-
-impl<D: AmpDevice> AmpTape<D> for MixedTape<D> {
-    fn record_mixed<F>(&mut self, op: F)
-    where
-        F: 'static + FnOnce(&mut MixedGradients<D>) -> Result<(), D::Err>,
-    {
-        self.add_mixed_backward_op(op);
-    }
-
-    fn watching(&self) -> bool {
-        MixedTape::watching(self)
-    }
-
-    fn inherit_unwanted(&mut self, from: UniqueId, to: UniqueId) {
-        if self.is_unwanted(from) {
-            self.mark_unwanted(to);
-        }
-    }
-
-    fn record_activation(&mut self, record: crate::watch::ActivationRecord) {
-        MixedTape::record_activation(self, record);
-    }
-
-    fn offer_activation(&mut self, output: UniqueId, slot: std::rc::Rc<dyn std::any::Any>) {
-        MixedTape::offer_activation(self, output, slot);
-    }
-
-    fn take_activation(&mut self, output: UniqueId) -> Option<std::rc::Rc<dyn std::any::Any>> {
-        MixedTape::take_activation(self, output)
-    }
-}
+pub use kernel::CastKernel;
 
 /// A device that casts tensors from `Src` to `Dst` and their gradients back.
 pub trait CastDevice<Src: AmpElem, Dst: AmpElem>:
@@ -205,7 +93,7 @@ where
     Ok(out.put_tape(tape))
 }
 
-/// Precision casts on tensors, differentiable on a [`MixedTape`]: the one cast abstraction.
+/// Precision casts on tensors, differentiable on a [`MixedTape`](crate::MixedTape): the one cast abstraction.
 ///
 /// `x.cast::<BF16>()` casts to a precision named by its marker; `to_f16`, `to_bf16` and
 /// `to_f32` are shorthands. Casting to the precision a tensor already has is free and records
@@ -284,7 +172,7 @@ impl<S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>, T: AmpTape<D>> Cast<S, E, 
     }
 }
 
-/// Casts a tensor to FP16; on a [`MixedTape`] its gradient flows back converted to the input's
+/// Casts a tensor to FP16; on a [`MixedTape`](crate::MixedTape) its gradient flows back converted to the input's
 /// precision.
 ///
 /// ```rust
@@ -301,7 +189,7 @@ pub fn to_f16<S: Shape, E: AmpElem, D: AmpDevice + CastDevice<E, half::f16>, T: 
     t.to_f16()
 }
 
-/// Casts a tensor to BF16 (FP32's exponent range, 8 significant bits); on a [`MixedTape`] its
+/// Casts a tensor to BF16 (FP32's exponent range, 8 significant bits); on a [`MixedTape`](crate::MixedTape) its
 /// gradient flows back converted to the input's precision.
 ///
 /// ```rust
@@ -318,7 +206,7 @@ pub fn to_bf16<S: Shape, E: AmpElem, D: AmpDevice + CastDevice<E, half::bf16>, T
     t.to_bf16()
 }
 
-/// Casts a tensor to FP32 (exact from FP16 and BF16); on a [`MixedTape`] its gradient flows
+/// Casts a tensor to FP32 (exact from FP16 and BF16); on a [`MixedTape`](crate::MixedTape) its gradient flows
 /// back converted to the input's precision.
 ///
 /// ```rust
@@ -348,7 +236,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tape::TraceMixed;
+    use crate::tape::{MixedGradients, MixedTape, TraceMixed};
     use dfdx::prelude::*;
     use half::f16;
 

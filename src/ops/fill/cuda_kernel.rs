@@ -3,9 +3,10 @@ use dfdx::prelude::Storage;
 use dfdx::tensor::{Cuda, CudaError};
 
 use super::FillKernel;
-use crate::device::cuda::{launch, no_pair, raw_mut, CudaElem, OpSource};
+use crate::ops::utilities::cuda::{launch, no_pair, raw_mut, CudaElem, OpSource};
 
-pub(crate) const SOURCE: OpSource = OpSource {
+const SOURCE: OpSource = OpSource {
+    module: "typed_amp_fill",
     templates: r#"
 template <typename T>
 __device__ void amp_fill(u64 n, T *buf, float value) {
@@ -52,6 +53,7 @@ fn map_scalar<E: CudaElem>(
     let b = raw_mut(dev, buf)?;
     launch(
         dev,
+        &SOURCE,
         &format!("tamp_{op}_{}", E::TAG),
         b.len,
         (b.len as u64, b.ptr, x),
@@ -74,5 +76,13 @@ impl<E: CudaElem> FillKernel<E> for Cuda {
 
     fn try_clamp(&self, buf: &mut <Cuda as Storage<E>>::Vec, limit: f32) -> Result<(), CudaError> {
         map_scalar(self, "clamp", &mut **buf, limit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn nvrtc_compiles_the_kernels() {
+        crate::ops::utilities::cuda::check_program(&super::SOURCE);
     }
 }

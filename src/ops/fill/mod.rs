@@ -5,9 +5,6 @@ mod cpu_kernel;
 #[cfg(feature = "cuda")]
 mod cuda_kernel;
 
-#[cfg(feature = "cuda")]
-pub(crate) use cuda_kernel::SOURCE as CUDA_SOURCE;
-
 use dfdx::prelude::Storage;
 
 use crate::precision::AmpElem;

@@ -4,7 +4,7 @@ use typed_amp_kernels::{
 };
 
 use super::{LinearDims, LinearKernel};
-use crate::device::cpu::{as_f32, as_f32_mut};
+use crate::ops::utilities::cpu::{as_f32, as_f32_mut};
 use crate::precision::{AmpElem, Indexed};
 
 /// `typed_amp_kernels`' element type for `E` (the same layout).

@@ -3,9 +3,10 @@ use dfdx::prelude::Storage;
 use dfdx::tensor::{Cuda, CudaError};
 
 use super::ReduceKernel;
-use crate::device::cuda::{launch, no_pair, raw, reset_slot, CudaElem, OpSource};
+use crate::ops::utilities::cuda::{launch, no_pair, raw, reset_slot, CudaElem, OpSource};
 
-pub(crate) const SOURCE: OpSource = OpSource {
+const SOURCE: OpSource = OpSource {
+    module: "typed_amp_reduce",
     templates: r#"
 // `out` was zeroed before this launch; each block adds its partial sum. inf and NaN propagate
 // through the additions.
@@ -74,6 +75,7 @@ fn reduce<E: CudaElem>(
     let out = reset_slot(dev, stats, slot)?;
     launch(
         dev,
+        &SOURCE,
         &format!("tamp_{op}_{}", E::TAG),
         b.len,
         (b.len as u64, b.ptr, out),
@@ -97,5 +99,13 @@ impl<E: CudaElem> ReduceKernel<E> for Cuda {
         slot: usize,
     ) -> Result<(), CudaError> {
         reduce(self, "max_abs", &**buf, stats, slot)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn nvrtc_compiles_the_kernels() {
+        crate::ops::utilities::cuda::check_program(&super::SOURCE);
     }
 }

@@ -5,12 +5,9 @@ mod cpu_kernel;
 #[cfg(feature = "cuda")]
 mod cuda_kernel;
 
-#[cfg(feature = "cuda")]
-pub(crate) use cuda_kernel::SOURCE as CUDA_SOURCE;
-
 use dfdx::prelude::Storage;
 
-use crate::device::StatsDevice;
+use crate::ops::utilities::StatsDevice;
 use crate::precision::AmpElem;
 
 /// Reductions of a buffer of element type `E`, accumulated in FP32, written to one slot of a

@@ -11,40 +11,17 @@
 //! there into NaN. Either way the product reaching the weights is the same for finite values.
 
 mod cpu_kernel;
+mod kernel;
 
 use std::cell::RefCell;
 
-use dfdx::prelude::{HasErr, PutTape, Shape, SplitTape, Storage, Tape, Tensor};
-use dfdx::tensor::CpuError;
+use dfdx::prelude::{PutTape, Shape, SplitTape, Tape, Tensor};
 
 use crate::device::{AmpDevice, Kernels};
-use crate::ops::cast::AmpTape;
 use crate::precision::AmpElem;
+use crate::tape::AmpTape;
 
-/// ReLU's kernels, for fusing it into the op before it.
-pub trait ReluKernel<E: AmpElem>: Storage<E> + HasErr<Err: From<CpuError>> {
-    /// Whether the device has these kernels (else ReLU always runs as dfdx's op).
-    const FUSED: bool = false;
-
-    /// `y = max(y, 0)` in place.
-    fn try_relu_in_place(&self, y: &mut <Self as Storage<E>>::Vec) -> Result<(), Self::Err> {
-        let _ = y;
-        Err(CpuError::WrongNumElements.into())
-    }
-
-    /// ReLU's backward in place, by its output `out`: `grad = 0` where `out` is not positive.
-    fn try_relu_mask(
-        &self,
-        out: &<Self as Storage<E>>::Vec,
-        grad: &mut <Self as Storage<E>>::Vec,
-    ) -> Result<(), Self::Err> {
-        let _ = (out, grad);
-        Err(CpuError::WrongNumElements.into())
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl<E: AmpElem> ReluKernel<E> for dfdx::prelude::Cuda where dfdx::prelude::Cuda: Storage<E> {}
+pub use kernel::ReluKernel;
 
 /// What an op that offers to fuse a ReLU keeps for its backward: its output once the ReLU
 /// overwrote it (empty if no ReLU came).

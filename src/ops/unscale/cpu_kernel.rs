@@ -1,7 +1,7 @@
 use dfdx::prelude::{Cpu, CpuError};
 
 use super::UnscaleKernel;
-use crate::device::cpu::{
+use crate::ops::utilities::cpu::{
     any_non_finite, check_lengths, for_each_f32_chunk, map_f32_chunks, slot_of,
 };
 use crate::precision::AmpElem;
@@ -57,7 +57,7 @@ impl<E: AmpElem> UnscaleKernel<E> for Cpu {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::cpu::CHUNK;
+    use crate::ops::utilities::cpu::CHUNK;
     use dfdx::prelude::*;
     use half::f16;
 

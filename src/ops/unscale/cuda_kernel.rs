@@ -3,9 +3,12 @@ use dfdx::prelude::Storage;
 use dfdx::tensor::{Cuda, CudaError};
 
 use super::UnscaleKernel;
-use crate::device::cuda::{check_lengths, launch, raw, raw_mut, reset_slot, CudaElem, OpSource};
+use crate::ops::utilities::cuda::{
+    check_lengths, launch, raw, raw_mut, reset_slot, CudaElem, OpSource,
+};
 
-pub(crate) const SOURCE: OpSource = OpSource {
+const SOURCE: OpSource = OpSource {
+    module: "typed_amp_unscale",
     templates: r#"
 // `src` and `dst` may be the same buffer: each element is read before it is written, by the same
 // thread. The result is checked as stored, after the division and the rounding to `D`: that is
@@ -57,6 +60,7 @@ impl<E: CudaElem> UnscaleKernel<E> for Cuda {
         let flag = reset_slot(self, stats, slot)?;
         launch(
             self,
+            &SOURCE,
             &format!("tamp_unscale_{}_f32", E::TAG),
             s.len,
             (s.len as u64, s.ptr, d.ptr, inv_scale, flag),
@@ -74,9 +78,18 @@ impl<E: CudaElem> UnscaleKernel<E> for Cuda {
         let flag = reset_slot(self, stats, slot)?;
         launch(
             self,
+            &SOURCE,
             &format!("tamp_unscale_in_place_{}", E::TAG),
             b.len,
             (b.len as u64, b.ptr, inv_scale, flag),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn nvrtc_compiles_the_kernels() {
+        crate::ops::utilities::cuda::check_program(&super::SOURCE);
     }
 }

@@ -6,12 +6,9 @@ mod cpu_kernel;
 #[cfg(feature = "cuda")]
 mod cuda_kernel;
 
-#[cfg(feature = "cuda")]
-pub(crate) use cuda_kernel::SOURCE as CUDA_SOURCE;
-
 use dfdx::prelude::Storage;
 
-use crate::device::StatsDevice;
+use crate::ops::utilities::StatsDevice;
 use crate::precision::AmpElem;
 
 /// Unscaling gradients of element type `E`, computed in FP32.

@@ -3,7 +3,7 @@ use dfdx::tensor_ops::{Momentum, WeightDecay};
 use rayon::prelude::*;
 
 use super::UpdateKernel;
-use crate::device::cpu::check_lengths;
+use crate::ops::utilities::cpu::check_lengths;
 use crate::precision::AmpElem;
 
 /// Elements per parallel task: large enough that rayon's overhead is noise, small enough that

@@ -458,6 +458,7 @@ fn train_fused<const C: usize, S: Shape, E: Dtype, T: Tape<E, Cpu>>(
                 let r1 = ((i + 1) * per_piece).min(lay.outer);
                 let xs = &xd[r0 * row_len..r1 * row_len];
                 let ds = &gd[r0 * row_len..r1 * row_len];
+                // typed-amp patch: no mask (only `parts::grad_sums` passes one).
                 dy_dev_sums(&lay, xs, ds, None, &mean32, part);
             });
             let mut total = std::vec![[0.0f64; 2]; lay.chan];
@@ -478,6 +479,7 @@ fn train_fused<const C: usize, S: Shape, E: Dtype, T: Tape<E, Cpu>>(
         let k2: Vec<f32> = (0..lay.chan)
             .map(|c| (sums[c][1] * inv_std[c] * inv_std[c] / n) as f32)
             .collect();
+        // typed-amp patch: no mask, and added to `grad_x` (`accumulate`), as before.
         input_grad(
             &lay, &x.data, grad_out, None, grad_x, true, &mean32, &k1, &mdy, &k2,
         );

@@ -64,6 +64,9 @@ pub trait BatchNormKernel<E: Dtype>: Storage<E> {
 
 /// The channel layout of a batch-norm input: `outer × chan × inner`, the channel axis being the
 /// one axis not in `Ax`.
+///
+/// typed-amp patch: `pub`, with [BatchNormLayout::of] and [BatchNormLayout::per_chan] (all
+/// `pub(crate)` before), for `tensor_ops::batchnorm_parts`.
 #[derive(Debug, Clone, Copy)]
 pub struct BatchNormLayout {
     pub outer: usize,

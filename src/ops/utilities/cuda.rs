@@ -1,5 +1,5 @@
 //! What typed-amp's CUDA kernels share: the element types' device helpers, the assembled
-//! source, compilation with NVRTC (once per process), loading (once per device), launching on
+//! source, compilation with NVRTC (once per op and process), loading (once per op and device), launching on
 //! dfdx's own stream, and the stats buffer.
 //!
 //! Each op's kernels live beside its CPU kernel (`ops/<op>/cuda_kernel.rs`) as a CUDA C++
@@ -16,7 +16,8 @@
 //! their own; per-tensor results go to one slot each of a [`CudaSlice<f32>`] that stays on the
 //! device until [`StatsDevice::try_read_stats`] copies it back, once per step.
 
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::sys::CUresult;
 use cudarc::driver::{
@@ -38,9 +39,6 @@ pub(crate) const BLOCK: u32 = 256;
 /// At most this many blocks: enough to fill a large GPU several times over, while the
 /// grid-stride loops cover any length and the reductions issue few atomics.
 const MAX_BLOCKS: u32 = 2048;
-
-/// Module name under which the kernels are registered on a [`CudaDevice`].
-const MODULE: &str = "typed_amp";
 
 /// An element type's device side: its name in kernel names, its type in CUDA C++, and the
 /// helpers that load it into and store it from FP32. Part of what adding a precision means.
@@ -139,8 +137,11 @@ __device__ __forceinline__ int non_finite(float x) {
 pub(crate) type Entries = (String, Vec<String>);
 
 /// One op's kernels: a CUDA C++ template source and the `extern "C"` entry points instantiated
-/// from it, per precision (`one`) or per pair of precisions (`pair`).
+/// from it, per precision (`one`) or per pair of precisions (`pair`). Each op's kernels are a
+/// CUDA module of their own, compiled on its first launch, so this file lists no op.
 pub(crate) struct OpSource {
+    /// Name under which the op's module is registered on a [`CudaDevice`].
+    pub(crate) module: &'static str,
     /// The templates.
     pub(crate) templates: &'static str,
     /// Entry points of one precision: `(tag, C++ type) -> (source, names)`.
@@ -159,50 +160,32 @@ pub(crate) fn no_pair(_: &str, _: &str, _: &str, _: &str) -> Entries {
     (String::new(), Vec::new())
 }
 
-/// Every op's kernels.
-fn ops() -> [OpSource; 4] {
-    [
-        crate::ops::fill::CUDA_SOURCE,
-        crate::ops::unscale::CUDA_SOURCE,
-        crate::ops::reduce::CUDA_SOURCE,
-        crate::ops::cast::CUDA_SOURCE,
-    ]
+/// An op's complete source and the names of its kernels.
+pub(crate) fn program(op: &OpSource) -> (String, Vec<String>) {
+    let mut source = String::from(PRELUDE);
+    let mut names = Vec::new();
+    for (_, _, helpers) in ELEMS {
+        source.push_str(helpers);
+    }
+    source.push_str(op.templates);
+    for (tag, ty, _) in ELEMS {
+        let (src, n) = (op.one)(tag, ty);
+        source.push_str(&src);
+        names.extend(n);
+        for (dtag, dty, _) in ELEMS {
+            let (src, n) = (op.pair)(tag, ty, dtag, dty);
+            source.push_str(&src);
+            names.extend(n);
+        }
+    }
+    (source, names)
 }
 
-/// The complete source and the names of its kernels, built once.
-pub(crate) fn program() -> &'static (String, Vec<&'static str>) {
-    static PROGRAM: OnceLock<(String, Vec<&'static str>)> = OnceLock::new();
-    PROGRAM.get_or_init(|| {
-        let mut source = String::from(PRELUDE);
-        let mut names = Vec::new();
-        for (_, _, helpers) in ELEMS {
-            source.push_str(helpers);
-        }
-        for op in ops() {
-            source.push_str(op.templates);
-            for (tag, ty, _) in ELEMS {
-                let (src, n) = (op.one)(tag, ty);
-                source.push_str(&src);
-                names.extend(n);
-                for (dtag, dty, _) in ELEMS {
-                    let (src, n) = (op.pair)(tag, ty, dtag, dty);
-                    source.push_str(&src);
-                    names.extend(n);
-                }
-            }
-        }
-        // cudarc registers functions by `&'static str`; the names live as long as the process.
-        let names = names
-            .into_iter()
-            .map(|n| &*Box::leak(n.into_boxed_str()))
-            .collect();
-        (source, names)
-    })
-}
-
-/// The compiled program, shared by every device of the process. The lock also serialises
-/// loading, so that two threads never compile or load the module twice.
-static PTX: Mutex<Option<Ptx>> = Mutex::new(None);
+/// Each op's compiled program and kernel names, by module name, shared by every device of the
+/// process. The lock also serialises loading, so that two threads never compile or load a
+/// module twice.
+static PROGRAMS: Mutex<BTreeMap<&'static str, (Ptx, Vec<&'static str>)>> =
+    Mutex::new(BTreeMap::new());
 
 /// A buffer reduced to what a launch needs.
 ///
@@ -298,35 +281,52 @@ fn compile_error(err: CompileError) -> CudaError {
     driver_error(code)
 }
 
-/// Compiles (once per process) and loads (once per device) the kernels.
-fn load_module(dev: &Arc<CudaDevice>) -> Result<(), CudaError> {
-    let (source, names) = program();
-    let mut cached = PTX.lock().unwrap_or_else(PoisonError::into_inner);
-    if dev.has_func(MODULE, names[0]) {
+/// Compiles (once per process) and loads (once per device) an op's kernels.
+fn load_module(dev: &Arc<CudaDevice>, op: &'static OpSource) -> Result<(), CudaError> {
+    let mut programs = PROGRAMS.lock().unwrap_or_else(PoisonError::into_inner);
+    let (ptx, names) = match programs.get(op.module) {
+        Some(compiled) => compiled.clone(),
+        None => {
+            let (source, names) = program(op);
+            let ptx = compile_ptx(source.as_str()).map_err(compile_error)?;
+            // cudarc registers functions by `&'static str`; the names live as long as the
+            // process, and are leaked once per op.
+            let names: Vec<&'static str> = names
+                .into_iter()
+                .map(|n| &*Box::leak(n.into_boxed_str()))
+                .collect();
+            programs.entry(op.module).or_insert((ptx, names)).clone()
+        }
+    };
+    if names.first().is_some_and(|n| dev.has_func(op.module, n)) {
         // Another thread loaded it while this one waited for the lock.
         return Ok(());
     }
-    let ptx = match &*cached {
-        Some(ptx) => ptx.clone(),
-        None => cached
-            .insert(compile_ptx(source.as_str()).map_err(compile_error)?)
-            .clone(),
-    };
-    dev.load_ptx(ptx, MODULE, names)?;
+    dev.load_ptx(ptx, op.module, &names)?;
     Ok(())
 }
 
-fn kernel(dev: &Arc<CudaDevice>, name: &str) -> Result<CudaFunction, CudaError> {
-    if let Some(f) = dev.get_func(MODULE, name) {
+fn kernel(
+    dev: &Arc<CudaDevice>,
+    op: &'static OpSource,
+    name: &str,
+) -> Result<CudaFunction, CudaError> {
+    if let Some(f) = dev.get_func(op.module, name) {
         return Ok(f);
     }
-    load_module(dev)?;
-    dev.get_func(MODULE, name)
+    load_module(dev, op)?;
+    dev.get_func(op.module, name)
         .ok_or_else(|| driver_error(CUresult::CUDA_ERROR_NOT_FOUND))
 }
 
 /// Queues `name` over `n` elements on dfdx's stream.
-pub(crate) fn launch<P>(dev: &Cuda, name: &str, n: usize, params: P) -> Result<(), CudaError>
+pub(crate) fn launch<P>(
+    dev: &Cuda,
+    op: &'static OpSource,
+    name: &str,
+    n: usize,
+    params: P,
+) -> Result<(), CudaError>
 where
     CudaFunction: LaunchAsync<P>,
 {
@@ -334,7 +334,7 @@ where
         // A grid of zero blocks is an invalid launch, and there is nothing to do.
         return Ok(());
     }
-    let f = kernel(dev.cuda_device(), name)?;
+    let f = kernel(dev.cuda_device(), op, name)?;
     let blocks = n.div_ceil(BLOCK as usize).min(MAX_BLOCKS as usize) as u32;
     let cfg = LaunchConfig {
         grid_dim: (blocks, 1, 1),
@@ -371,45 +371,38 @@ impl StatsDevice for Cuda {
     }
 }
 
+/// What each op's `nvrtc_compiles_the_kernels` test checks: NVRTC compiles the op's source
+/// (needs NVRTC but no GPU; on failure prints NVRTC's log, which errors cannot carry), every
+/// precision gets its kernels, and names are unique.
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Needs NVRTC but no GPU; on failure prints NVRTC's log, which errors cannot carry.
-    #[test]
-    fn nvrtc_compiles_the_kernels() {
-        let (source, names) = program();
-        match compile_ptx(source.as_str()) {
-            Ok(ptx) => {
-                let ptx = ptx.to_src();
-                for name in names {
-                    assert!(
-                        ptx.contains(&format!(".entry {name}(")),
-                        "{name} missing from the PTX"
-                    );
-                }
-            }
-            Err(CompileError::CompileError { log, .. }) => {
-                panic!("NVRTC rejected the kernels:\n{}", log.to_string_lossy())
-            }
-            Err(err) => panic!("NVRTC failed: {err:?}"),
-        }
+pub(crate) fn check_program(op: &OpSource) {
+    let (source, names) = program(op);
+    let mut sorted = names.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), names.len(), "a kernel is listed twice");
+    for (tag, _, _) in ELEMS {
+        let suffix = format!("_{tag}");
+        assert!(
+            names.iter().any(|n| n.ends_with(&suffix)),
+            "no kernel for {tag}"
+        );
     }
-
-    #[test]
-    fn every_precision_gets_its_kernels_and_names_are_unique() {
-        let (source, names) = program();
-        let mut sorted = names.clone();
-        sorted.sort_unstable();
-        sorted.dedup();
-        assert_eq!(sorted.len(), names.len(), "a kernel is listed twice");
-        for (tag, _, _) in ELEMS {
-            assert!(
-                names.contains(&format!("tamp_fill_{tag}").as_str()),
-                "{tag}"
-            );
+    // The reductions' shared arrays are sized by the source's BLOCK, launches by ours.
+    assert!(source.contains(&format!("#define BLOCK {BLOCK}\n")));
+    match compile_ptx(source.as_str()) {
+        Ok(ptx) => {
+            let ptx = ptx.to_src();
+            for name in names {
+                assert!(
+                    ptx.contains(&format!(".entry {name}(")),
+                    "{name} missing from the PTX"
+                );
+            }
         }
-        // The reductions' shared arrays are sized by the source's BLOCK, launches by ours.
-        assert!(source.contains(&format!("#define BLOCK {BLOCK}\n")));
+        Err(CompileError::CompileError { log, .. }) => {
+            panic!("NVRTC rejected the kernels:\n{}", log.to_string_lossy())
+        }
+        Err(err) => panic!("NVRTC failed: {err:?}"),
     }
 }

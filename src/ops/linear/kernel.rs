@@ -1,0 +1,85 @@
+//! The fused linear layer's kernels' trait and its sizes.
+
+use dfdx::prelude::{HasErr, Storage};
+use dfdx::tensor::CpuError;
+
+use crate::precision::AmpElem;
+
+/// The fused linear layer's kernels for element type `E`: rows of `x` (`rows × i`, row-major
+/// with rows `x_rs` apart), a weight `o × i` and a bias of `o`, all contiguous.
+pub trait LinearKernel<E: AmpElem>:
+    Storage<E> + Storage<f32> + HasErr<Err: From<CpuError>>
+{
+    /// Whether the device has these kernels; without them the layer's own forward runs and no
+    /// method here is called.
+    const FUSED: bool = false;
+
+    /// `y = x · Wᵀ + b`, `y` contiguous `rows × o`.
+    #[allow(clippy::too_many_arguments)]
+    fn try_linear_forward(
+        &self,
+        dims: LinearDims,
+        x: &<Self as Storage<E>>::Vec,
+        x_rs: usize,
+        w: &<Self as Storage<E>>::Vec,
+        b: Option<&<Self as Storage<E>>::Vec>,
+        y: &mut <Self as Storage<E>>::Vec,
+    ) -> Result<(), Self::Err> {
+        let _ = (dims, x, x_rs, w, b, y);
+        Err(CpuError::WrongNumElements.into())
+    }
+
+    /// The output gradient `dy` (`rows × o`) masked in place by the ReLU (where `relu_out`, the
+    /// layer's output, is not positive), and in the same pass, if `db` is given, the bias
+    /// gradient: column sums in FP32, written if `fresh`, else added.
+    fn try_linear_backward_bias(
+        &self,
+        dims: LinearDims,
+        relu_out: Option<&<Self as Storage<E>>::Vec>,
+        dy: &mut <Self as Storage<E>>::Vec,
+        db: Option<(&mut <Self as Storage<f32>>::Vec, bool)>,
+    ) -> Result<(), Self::Err> {
+        let _ = (dims, relu_out, dy, db);
+        Err(CpuError::WrongNumElements.into())
+    }
+
+    /// The weight gradient `dzᵀ · x` (`o × i`) into FP32 `dw`: written if `fresh`, else added.
+    fn try_linear_backward_weight(
+        &self,
+        dims: LinearDims,
+        dz: &<Self as Storage<E>>::Vec,
+        x: &<Self as Storage<E>>::Vec,
+        x_rs: usize,
+        dw: (&mut <Self as Storage<f32>>::Vec, bool),
+    ) -> Result<(), Self::Err> {
+        let _ = (dims, dz, x, x_rs, dw);
+        Err(CpuError::WrongNumElements.into())
+    }
+
+    /// The input gradient `dx += dz · W` (`rows × i`, rows `dx_rs` apart, as the input's).
+    fn try_linear_backward_input(
+        &self,
+        dims: LinearDims,
+        dz: &<Self as Storage<E>>::Vec,
+        w: &<Self as Storage<E>>::Vec,
+        dx: &mut <Self as Storage<E>>::Vec,
+        dx_rs: usize,
+    ) -> Result<(), Self::Err> {
+        let _ = (dims, dz, w, dx, dx_rs);
+        Err(CpuError::WrongNumElements.into())
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl<E: AmpElem> LinearKernel<E> for dfdx::prelude::Cuda where dfdx::prelude::Cuda: Storage<E> {}
+
+/// The sizes of a fused linear op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinearDims {
+    /// Rows of the input (the batch, or batch × sequence).
+    pub rows: usize,
+    /// Input features.
+    pub inputs: usize,
+    /// Output features.
+    pub outputs: usize,
+}
