@@ -13,6 +13,10 @@ pub enum Level {
     /// x86-64 with AVX-512F, BW and VL (and AVX2, FMA, F16C).
     Avx512,
     /// [`Level::Avx512`] plus AVX512-BF16: bf16 products use `vdpbf16ps` on bf16 pairs.
+    ///
+    /// Used by default only where that instruction outpaces widening bf16 to f32 (see
+    /// [`default_level`]); [`force_level`] or `TYPED_AMP_KERNELS=avx512bf16` select it anywhere
+    /// the CPU has it.
     Avx512Bf16,
 }
 
@@ -80,27 +84,64 @@ fn detect() -> Level {
     Level::Portable
 }
 
-/// `detected_level()` capped by `TYPED_AMP_KERNELS`, read once.
+/// The level used when nothing is forced: [`detected_level`], except that AVX512-BF16 is
+/// left out where its `vdpbf16ps` is slower than widening bf16 to f32 for FMA.
+///
+/// The pair kernel pays only where `vdpbf16ps` (32 multiply-adds) retires at least half as
+/// often as `vfmadd231ps` (16). On AMD's Zen 4 and Zen 5 it does (on a Zen 5 the bf16 product
+/// reached 1.8× the f32 one). On Intel's AVX512-BF16 parts it does not: on an Emerald Rapids
+/// Xeon, 12 independent accumulator chains retire `vdpbf16ps` zmm at 0.67 ns and
+/// `vfmadd231ps` zmm at 0.16 ns (96 against 200 GFLOP/s per core), and the pair kernel's bf16
+/// product ran at 0.57× the widening kernel's (162 against 282 GFLOP/s at 1024³, 2 cores). The
+/// choice is by vendor, not by timing, so that one machine always rounds the same way (the
+/// two kernels sum a pair's products in different orders).
+pub fn default_level() -> Level {
+    static DEFAULT: OnceLock<Level> = OnceLock::new();
+    *DEFAULT.get_or_init(|| {
+        let detected = detected_level();
+        if detected == Level::Avx512Bf16 && !bf16_pairs_outpace_widening() {
+            Level::Avx512
+        } else {
+            detected
+        }
+    })
+}
+
+/// Whether this CPU's `vdpbf16ps` is known to beat widening to f32 (AMD's, see
+/// [`default_level`]).
+#[cfg(target_arch = "x86_64")]
+fn bf16_pairs_outpace_widening() -> bool {
+    // SAFETY: CPUID leaf 0 exists on every x86-64 CPU.
+    let leaf0 = unsafe { std::arch::x86_64::__cpuid(0) };
+    // The vendor string is EBX, EDX, ECX: "AuthenticAMD".
+    leaf0.ebx == u32::from_le_bytes(*b"Auth")
+        && leaf0.edx == u32::from_le_bytes(*b"enti")
+        && leaf0.ecx == u32::from_le_bytes(*b"cAMD")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn bf16_pairs_outpace_widening() -> bool {
+    false
+}
+
+/// [`default_level`], or `TYPED_AMP_KERNELS`'s level clamped to [`detected_level`], read once.
 fn env_level() -> Level {
     static ENV: OnceLock<Level> = OnceLock::new();
-    *ENV.get_or_init(|| {
-        let detected = detected_level();
-        match std::env::var("TYPED_AMP_KERNELS") {
-            Ok(v) => match Level::from_name(&v) {
-                Some(cap) => cap.min(detected),
-                // An unknown value must not silently run code the user tried to rule out.
-                None => Level::Portable,
-            },
-            Err(_) => detected,
-        }
+    *ENV.get_or_init(|| match std::env::var("TYPED_AMP_KERNELS") {
+        Ok(v) => match Level::from_name(&v) {
+            Some(cap) => cap.min(detected_level()),
+            // An unknown value must not silently run code the user tried to rule out.
+            None => Level::Portable,
+        },
+        Err(_) => default_level(),
     })
 }
 
 const NOT_FORCED: u8 = u8::MAX;
 static FORCED: AtomicU8 = AtomicU8::new(NOT_FORCED);
 
-/// The level the kernels use now: the detected level, capped by `TYPED_AMP_KERNELS` or by
-/// [`force_level`].
+/// The level the kernels use now: [`default_level`], or the level named by `TYPED_AMP_KERNELS`
+/// or [`force_level`] (never above [`detected_level`]).
 #[inline]
 pub fn level() -> Level {
     match FORCED.load(Ordering::Relaxed) {
@@ -118,4 +159,31 @@ pub fn force_level(forced: Option<Level>) -> Level {
         None => FORCED.store(NOT_FORCED, Ordering::Relaxed),
     }
     level()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_never_exceeds_the_cpu_and_drops_bf16_pairs_only_off_amd() {
+        let default = default_level();
+        assert!(default <= detected_level());
+        let amd = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|info| {
+                info.lines()
+                    .find(|l| l.starts_with("vendor_id"))
+                    .map(|l| l.contains("AuthenticAMD"))
+            });
+        if let Some(amd) = amd {
+            assert_eq!(bf16_pairs_outpace_widening(), amd);
+        }
+        match detected_level() {
+            Level::Avx512Bf16 if !bf16_pairs_outpace_widening() => {
+                assert_eq!(default, Level::Avx512)
+            }
+            detected => assert_eq!(default, detected),
+        }
+    }
 }

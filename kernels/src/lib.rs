@@ -11,9 +11,11 @@
 //!   scalars), bit-exact with `half`'s scalar conversions, with one NaN rule for every path.
 //!
 //! Every vectorised routine is chosen at run time from the CPU's features (see [`Level`]);
-//! nothing depends on `-C target-cpu`. The environment variable `TYPED_AMP_KERNELS`
-//! (`portable`, `avx2`, `avx512`, `avx512bf16`; read once, and an unrecognised value means
-//! `portable`) caps the instruction set, and [`force_level`] does the same from code.
+//! nothing depends on `-C target-cpu` (the default, [`default_level`], leaves AVX512-BF16's
+//! `vdpbf16ps` out on CPUs where it is slower than widening to f32). The environment variable
+//! `TYPED_AMP_KERNELS` (`portable`, `avx2`, `avx512`, `avx512bf16`; read once, and an
+//! unrecognised value means `portable`) names the instruction set (never above what the CPU
+//! has), and [`force_level`] does the same from code.
 
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -28,7 +30,7 @@ pub use gemm::{
     gemm, gemm_epilogue, gemm_epilogue_slices, gemm_slices, Activation, Epilogue, GemmElem,
     GemmOut, GemmReport, MatMut, MatRef,
 };
-pub use level::{detected_level, force_level, level, Level};
+pub use level::{default_level, detected_level, force_level, level, Level};
 
 #[doc(hidden)]
 pub use gemm::set_bf16_pair_emulation;
