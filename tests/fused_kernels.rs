@@ -508,3 +508,67 @@ fn the_mixed_batch_norm_matches_an_f64_reference() {
         batch_norm_case::<f32>(23, relu);
     }
 }
+
+/// A non-finite value in the mixed batch norm's 16-bit input is not hidden by its FP32
+/// statistics: its channel's output and gradients carry it (so the step's inf/NaN check finds
+/// it and skips), with and without the fused ReLU, in FP16 and BF16.
+fn batch_norm_non_finite_case<E: AmpElem>(bad: f32, relu: bool)
+where
+    Cpu: typed_amp::device::Kernels<E>,
+{
+    use typed_amp::amp::norm::MixedNormMut;
+    use typed_amp::dfdx::nn::modules::BatchNorm2D;
+    const C: usize = 3;
+    type Builder = typed_amp::dfdx::nn::builders::BatchNorm2D<C>;
+    let (b, h, w) = (3, 5, 3);
+    let dev = Cpu::seed_from_u64(31);
+    let mut xv = sample::<E>(&dev, b * C * h * w, 1.0);
+    // Image 1, channel 2, position 4.
+    xv[(C + 2) * h * w + 4] = bad;
+    let rv = sample::<E>(&dev, b * C * h * w, 1.0);
+    let mut bn: BatchNorm2D<C, f32, Cpu> = dev.build_module::<Builder, f32>();
+    let shape = (b, Const::<C>, h, w);
+    let x: Tensor<(usize, Const<C>, usize, usize), E, Cpu> = tensor(&dev, &xv, shape);
+    let r: Tensor<(usize, Const<C>, usize, usize), E, Cpu> = tensor(&dev, &rv, shape);
+    let y = bn
+        .try_forward_mixed_mut(x.clone().leaky_traced_mixed())
+        .unwrap();
+    let y = if relu { try_relu(y).unwrap() } else { y };
+    let grads = Loss::new((y * r).to_f32().sum())
+        .backward()
+        .unwrap()
+        .grads()
+        .clone();
+    let what = format!("{} {bad} relu {relu}", std::any::type_name::<E>());
+    let ds = grads.param_grad(bn.scale.id()).unwrap().to_vec();
+    let db = grads.param_grad(bn.bias.id()).unwrap().to_vec();
+    let dx = f32s(&grads.get(&x).unwrap());
+    // The poisoned channel's statistics are NaN (inf − inf in the variance): the scale's and
+    // the input's gradients depend on them and are non-finite; the bias's gradient is the sum
+    // of the incoming gradient, which does not. The clean channels stay finite.
+    assert!(!ds[2].is_finite(), "{what}: {ds:?}");
+    assert!(
+        ds[..2].iter().chain(&db[..2]).all(|v| v.is_finite()),
+        "{what}"
+    );
+    let channel = |c: usize| {
+        (0..b).flat_map(move |i| ((i * C + c) * h * w..(i * C + c + 1) * h * w).collect::<Vec<_>>())
+    };
+    assert!(channel(2).any(|j| !dx[j].is_finite()), "{what}");
+    assert!(
+        channel(0).chain(channel(1)).all(|j| dx[j].is_finite()),
+        "{what}"
+    );
+    let running_mean = bn.running_mean.as_vec();
+    assert!(!running_mean[2].is_finite(), "{what}: {running_mean:?}");
+}
+
+#[test]
+fn a_non_finite_input_of_the_mixed_batch_norm_reaches_its_gradients() {
+    for relu in [false, true] {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            batch_norm_non_finite_case::<f16>(bad, relu);
+            batch_norm_non_finite_case::<bf16>(bad, relu);
+        }
+    }
+}
