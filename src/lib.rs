@@ -194,6 +194,8 @@
 //! struct Mlp { fc1: Linear<8, 16>, act: ReLU, fc2: Linear<16, 2> }
 //! ```
 #![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 // Lets `#[amp]`'s generated code, which names `::typed_amp`, compile inside this crate too.
 extern crate self as typed_amp;

@@ -2,6 +2,8 @@
 //!
 //! The `typed-amp` binary parses arguments and prints; this library holds the models, the
 //! training run and the report, so that tests can drive them directly.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod data_parallel;
 pub mod heap;

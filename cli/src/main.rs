@@ -1,4 +1,6 @@
 //! `typed-amp`: train Fashion-MNIST in FP32 and mixed precision, and compare.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

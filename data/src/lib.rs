@@ -32,6 +32,8 @@
 //! [`Split::batch`] puts examples on a device as a [`Batch`], its images in the precision the
 //! model computes in (FP32, FP16 or BF16: see [`batch`]).
 #![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod batch;
 

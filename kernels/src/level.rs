@@ -111,8 +111,7 @@ pub fn default_level() -> Level {
 /// [`default_level`]).
 #[cfg(target_arch = "x86_64")]
 fn bf16_pairs_outpace_widening() -> bool {
-    // SAFETY: CPUID leaf 0 exists on every x86-64 CPU.
-    let leaf0 = unsafe { std::arch::x86_64::__cpuid(0) };
+    let leaf0 = std::arch::x86_64::__cpuid(0);
     // The vendor string is EBX, EDX, ECX: "AuthenticAMD".
     leaf0.ebx == u32::from_le_bytes(*b"Auth")
         && leaf0.edx == u32::from_le_bytes(*b"enti")

@@ -4,6 +4,8 @@
 //! The entry point only dispatches: `attr` parses the attribute, `ast` the struct and its
 //! layers, `valid` turns both into a checked recipe, and `expand` generates code. Every error
 //! is a `syn::Error` on the offending tokens.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 mod ast;
 mod attr;
