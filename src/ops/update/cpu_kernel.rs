@@ -3,12 +3,8 @@ use dfdx::tensor_ops::{Momentum, WeightDecay};
 use rayon::prelude::*;
 
 use super::UpdateKernel;
-use crate::ops::utilities::cpu::check_lengths;
+use crate::ops::utilities::cpu::{check_lengths, TASK};
 use crate::precision::AmpElem;
-
-/// Elements per parallel task: large enough that rayon's overhead is noise, small enough that
-/// a 512 × 512 weight splits across two cores.
-const TASK: usize = 1 << 15;
 
 /// Elements updated before their rounding into the working copy: the FP32 values are still in
 /// L1 when converted.

@@ -7,6 +7,10 @@ use crate::precision::AmpElem;
 /// Elements converted per chunk: 4 KiB of FP32, small enough to stay in L1.
 pub(crate) const CHUNK: usize = 1024;
 
+/// Elements per parallel task of an elementwise pass over a buffer: large enough that rayon's
+/// overhead is noise, small enough that a 512 × 512 weight splits across two cores.
+pub(crate) const TASK: usize = 1 << 15;
+
 /// Exponent bits of an FP32 value; all set means inf or NaN.
 const F32_EXPONENT: u32 = 0x7f80_0000;
 
