@@ -300,22 +300,18 @@ impl Cpu {
         let group = op.group_len().min(n_imgs);
         let is_f32 = as_f32(filters).is_some();
         let width = group * ohw;
-        // cols and dcols; the output gradient of a group of images, channels by columns; and
-        // for 16-bit types, a group's filter gradient in E, the unfolded gradient and the image
-        // gradient in f32.
+        // cols; for f32, dcols; the output gradient of a group of images, channels by columns;
+        // and for 16-bit types, the unfolded gradient and the image gradient in f32 (the
+        // products write their f32 sums straight there and into `grad_w`: nothing is rounded
+        // to 16 bits and widened again).
         let dy_len = if group > 1 { op.chan_out * width } else { 0 };
-        let half = if is_f32 { 0 } else { 1 };
-        let lens_e = [
-            op.groups * k * width,
-            op.groups * k * width,
-            dy_len,
-            half * op.chan_out * k,
-        ];
+        let (full, half) = if is_f32 { (1, 0) } else { (0, 1) };
+        let lens_e = [op.groups * k * width, full * op.groups * k * width, dy_len];
         let lens_f = [half * op.groups * k * width, half * img_len];
-        with_scratch::<E, f32, _, 4, 2>(
+        with_scratch::<E, f32, _, 3, 2>(
             lens_e,
             lens_f,
-            |[cols, dcols, dy, dw_e], [dcols32, dimg32]| {
+            |[cols, dcols, dy], [dcols32, dimg32]| {
                 for ((imgs, grad_imgs), grad_outs) in img
                     .chunks(group * img_len)
                     .zip(grad_img.chunks_mut(group * img_len))
@@ -358,44 +354,47 @@ impl Cpu {
                                 [k, 1],
                             );
                         } else {
-                            Self::matmul(
+                            Self::matmul_f32_out(
                                 (m, n, k),
-                                false,
+                                true,
                                 dyp,
                                 [n, 1],
                                 c,
                                 [1, n],
-                                dw_e[g * m * k..].as_mut_ptr(),
+                                grad_w[g * m * k..].as_mut_ptr(),
                                 [k, 1],
                             );
                         }
                         // dcols[g] (k × n) = W[g]ᵀ (k × m) · dY[g] (m × n)
-                        Self::matmul(
-                            (k, m, n),
-                            false,
-                            filters[g * m * k..].as_ptr(),
-                            [1, k],
-                            dyp,
-                            [n, 1],
-                            dcols[g * k * n..].as_mut_ptr(),
-                            [n, 1],
-                        );
-                    }
-                    if !is_f32 {
-                        let mut buf = [0.0f32; 256];
-                        for (dw, w) in grad_w.chunks_mut(256).zip(dw_e.chunks(256)) {
-                            let b = &mut buf[..w.len()];
-                            to_f32(w, b);
-                            for (d, v) in dw.iter_mut().zip(b.iter()) {
-                                *d += *v;
-                            }
+                        let w = filters[g * m * k..].as_ptr();
+                        if is_f32 {
+                            Self::matmul(
+                                (k, m, n),
+                                false,
+                                w,
+                                [1, k],
+                                dyp,
+                                [n, 1],
+                                dcols[g * k * n..].as_mut_ptr(),
+                                [n, 1],
+                            );
+                        } else {
+                            Self::matmul_f32_out(
+                                (k, m, n),
+                                false,
+                                w,
+                                [1, k],
+                                dyp,
+                                [n, 1],
+                                dcols32[g * k * n..].as_mut_ptr(),
+                                [n, 1],
+                            );
                         }
                     }
                     let dcols_len = op.groups * k * n;
                     let dcols32: &mut [f32] = if is_f32 {
                         as_f32_mut(&mut dcols[..dcols_len]).unwrap()
                     } else {
-                        to_f32(&dcols[..dcols_len], &mut dcols32[..dcols_len]);
                         &mut dcols32[..dcols_len]
                     };
                     for (i, grad_img) in grad_imgs.chunks_exact_mut(img_len).enumerate() {

@@ -47,6 +47,29 @@ pub(crate) trait MatMulImpl<E> {
         cp: *mut E,
         c_strides: [usize; 2],
     );
+
+    /// typed-amp patch: the product of `E` operands into an `f32` C (written, or with `accum`
+    /// added to), accumulated in f32 and never rounded to `E`: for 16-bit types a conv's
+    /// `Wᵀ·dY` and `dY·colsᵀ` land in the f32 buffers they are summed in, without a 16-bit
+    /// copy and a widening pass. The default (f32, f64 has no caller) is `matmul` itself.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_f32_out<M: Dim, K: Dim, N: Dim>(
+        dims: (M, K, N),
+        accum: bool,
+        ap: *const E,
+        a_strides: [usize; 2],
+        bp: *const E,
+        b_strides: [usize; 2],
+        cp: *mut f32,
+        c_strides: [usize; 2],
+    ) {
+        assert_eq!(
+            std::mem::size_of::<E>(),
+            std::mem::size_of::<f32>(),
+            "matmul_f32_out: a 16-bit type must run on typed-amp's kernels"
+        );
+        Self::matmul(dims, accum, ap, a_strides, bp, b_strides, cp as *mut E, c_strides)
+    }
 }
 
 /// typed-amp patch: f32, f16 and AMP<f16> products run on `typed_amp_kernels::gemm`
@@ -85,8 +108,110 @@ unsafe fn typed_amp_gemm<E, K: typed_amp_kernels::GemmElem, M: Dim, KD: Dim, N: 
     )
 }
 
+/// typed-amp patch: `typed_amp_gemm` with an f32 C (`typed_amp_kernels::gemm_epilogue`, the
+/// plain store or accumulation: no scale, bias or activation).
+#[cfg(feature = "cpu")]
+#[allow(clippy::too_many_arguments)]
+#[inline]
+unsafe fn typed_amp_gemm_f32_out<E, K, M: Dim, KD: Dim, N: Dim>(
+    (m, k, n): (M, KD, N),
+    accum: bool,
+    ap: *const E,
+    astr: [usize; 2],
+    bp: *const E,
+    bstr: [usize; 2],
+    cp: *mut f32,
+    cstr: [usize; 2],
+) where
+    K: typed_amp_kernels::GemmElem,
+    f32: typed_amp_kernels::GemmOut<K>,
+{
+    debug_assert_eq!(std::mem::size_of::<E>(), std::mem::size_of::<K>());
+    let epilogue = typed_amp_kernels::Epilogue {
+        accumulate: accum,
+        ..typed_amp_kernels::Epilogue::STORE
+    };
+    // SAFETY: the caller's contract is `gemm_epilogue`'s (no bias, so nothing else to alias).
+    unsafe {
+        typed_amp_kernels::gemm_epilogue::<K, f32>(
+            m.size(),
+            n.size(),
+            k.size(),
+            ap as *const K,
+            astr[0] as isize,
+            astr[1] as isize,
+            bp as *const K,
+            bstr[0] as isize,
+            bstr[1] as isize,
+            cp,
+            cstr[0] as isize,
+            cstr[1] as isize,
+            &epilogue,
+            rayon::current_num_threads(),
+        );
+    }
+}
+
+/// typed-amp patch: `MatMulImpl::matmul_f32_out` for a 16-bit type `$e` laid out as `$k` and
+/// widened to f32 by `$widen` (the naive product's, without the `cpu` feature's kernels).
+macro_rules! matmul_f32_out_16 {
+    ($e:ty, $k:ty, $widen:expr) => {
+        #[inline]
+        fn matmul_f32_out<M: Dim, K: Dim, N: Dim>(
+            (m, k, n): (M, K, N),
+            accum: bool,
+            ap: *const $e,
+            astr: [usize; 2],
+            bp: *const $e,
+            bstr: [usize; 2],
+            cp: *mut f32,
+            cstr: [usize; 2],
+        ) {
+            #[cfg(not(feature = "cpu"))]
+            {
+                let widen: fn($e) -> f32 = $widen;
+                for i in 0..m.size() {
+                    for j in 0..n.size() {
+                        let mut sum = 0.0f32;
+                        for p in 0..k.size() {
+                            // SAFETY: in-bounds views, as for `naive_gemm`.
+                            let (a, b) = unsafe {
+                                (
+                                    *ap.add(astr[0] * i + astr[1] * p),
+                                    *bp.add(bstr[0] * p + bstr[1] * j),
+                                )
+                            };
+                            sum += widen(a) * widen(b);
+                        }
+                        // SAFETY: as above.
+                        let c = unsafe { &mut *cp.add(cstr[0] * i + cstr[1] * j) };
+                        *c = if accum { *c + sum } else { sum };
+                    }
+                }
+            }
+            // SAFETY: `$e` has `$k`'s layout; dfdx's callers pass in-bounds views and a C that
+            // aliases neither operand.
+            #[cfg(feature = "cpu")]
+            unsafe {
+                typed_amp_gemm_f32_out::<_, $k, _, _, _>(
+                    (m, k, n),
+                    accum,
+                    ap,
+                    astr,
+                    bp,
+                    bstr,
+                    cp,
+                    cstr,
+                )
+            }
+        }
+    };
+}
+
 #[cfg(feature = "f16")]
 impl MatMulImpl<crate::dtypes::AMP<half::f16>> for Cpu {
+    matmul_f32_out_16!(crate::dtypes::AMP<half::f16>, half::f16, |x| x.0.to_f32());
+
     #[inline]
     fn matmul<M: Dim, K: Dim, N: Dim>(
         (m, k, n): (M, K, N),
@@ -112,6 +237,8 @@ impl MatMulImpl<crate::dtypes::AMP<half::f16>> for Cpu {
 
 #[cfg(feature = "f16")]
 impl MatMulImpl<half::f16> for Cpu {
+    matmul_f32_out_16!(half::f16, half::f16, |x| x.to_f32());
+
     #[inline]
     fn matmul<M: Dim, K: Dim, N: Dim>(
         (m, k, n): (M, K, N),
@@ -140,6 +267,8 @@ impl MatMulImpl<half::f16> for Cpu {
 // and is rounded to bf16 once (nearest, ties to even); with `accum`, C + A·B is rounded once.
 #[cfg(feature = "f16")]
 impl MatMulImpl<half::bf16> for Cpu {
+    matmul_f32_out_16!(half::bf16, half::bf16, |x| x.to_f32());
+
     #[inline]
     fn matmul<M: Dim, K: Dim, N: Dim>(
         (m, k, n): (M, K, N),
