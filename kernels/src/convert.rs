@@ -195,6 +195,8 @@ pub(crate) unsafe fn f32_to_bf16_raw(lvl: Level, src: *const f32, dst: *mut bf16
 }
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) use x86::narrow_bf16_256 as narrow_bf16_avx2;
+#[cfg(target_arch = "x86_64")]
 pub(crate) use x86::narrow_bf16_512 as narrow_bf16_avx512;
 
 #[cfg(target_arch = "x86_64")]
@@ -241,9 +243,15 @@ mod x86 {
                 _mm256_storeu_ps(dst.add(i), _mm256_cvtph_ps(h));
                 i += 8;
             }
-            while i < n {
-                *dst.add(i) = widen_f16(*src.add(i));
-                i += 1;
+            if i < n {
+                // The tail through one vector too (the GEMM packs 6-lane panels: all tail), via
+                // buffers so that nothing outside the slices is touched.
+                let mut h = [0u16; 8];
+                let mut w = [0f32; 8];
+                std::ptr::copy_nonoverlapping(src.add(i) as *const u16, h.as_mut_ptr(), n - i);
+                let v = _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i));
+                _mm256_storeu_ps(w.as_mut_ptr(), v);
+                std::ptr::copy_nonoverlapping(w.as_ptr(), dst.add(i), n - i);
             }
         }
     }
@@ -333,17 +341,24 @@ mod x86 {
             let inf = _mm256_set1_epi32(0x7F80_0000);
             let quiet = _mm256_set1_epi32(0x0040_0000);
             let mut i = 0;
-            while i + 8 <= n {
-                let h = _mm_loadu_si128(src.add(i) as *const __m128i);
+            let widen8 = |h: __m128i| {
                 let x = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h));
                 let nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs_mask), inf);
-                let x = _mm256_or_si256(x, _mm256_and_si256(nan, quiet));
-                _mm256_storeu_si256(dst.add(i) as *mut __m256i, x);
+                _mm256_or_si256(x, _mm256_and_si256(nan, quiet))
+            };
+            while i + 8 <= n {
+                let h = _mm_loadu_si128(src.add(i) as *const __m128i);
+                _mm256_storeu_si256(dst.add(i) as *mut __m256i, widen8(h));
                 i += 8;
             }
-            while i < n {
-                *dst.add(i) = bf16_bits_to_f32_bits(*src.add(i));
-                i += 1;
+            if i < n {
+                // The tail through one vector too, via buffers (as `f16_to_f32_avx2`).
+                let mut h = [0u16; 8];
+                let mut w = [0u32; 8];
+                std::ptr::copy_nonoverlapping(src.add(i), h.as_mut_ptr(), n - i);
+                let x = widen8(_mm_loadu_si128(h.as_ptr() as *const __m128i));
+                _mm256_storeu_si256(w.as_mut_ptr() as *mut __m256i, x);
+                std::ptr::copy_nonoverlapping(w.as_ptr(), dst.add(i), n - i);
             }
         }
     }
@@ -383,9 +398,11 @@ mod x86 {
         }
     }
 
+    /// Eight f32 bit patterns to bf16 (each in the low half of its 32-bit lane), as
+    /// `f32_bits_to_bf16_bits` does one.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    fn narrow_bf16_256(x: __m256i) -> __m256i {
+    pub(crate) fn narrow_bf16_256(x: __m256i) -> __m256i {
         let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFF_FFFF));
         let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F80_0000));
         let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));

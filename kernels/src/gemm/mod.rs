@@ -11,6 +11,8 @@ use rayon::prelude::*;
 
 use crate::level::{level, Level};
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 mod pack;
 mod store;
 #[cfg(target_arch = "x86_64")]
@@ -763,9 +765,9 @@ impl Arch {
                     mr: 6,
                     vw: 8,
                     nvmax: 2,
-                    kc: 256,
-                    mc: 480,
-                    nc: 512,
+                    kc,
+                    mc,
+                    nc,
                     pairs: false,
                     kernels: &x86::KERNELS_AVX2,
                 };

@@ -133,6 +133,10 @@ pub(super) unsafe fn store_tile(
                 super::x86::store_cols_avx512(out, src, src_rs, rows, cols, c, c_cs, e)
             };
         }
+        #[cfg(target_arch = "x86_64")]
+        if lvl >= Level::Avx2 && c_cs == 1 {
+            return super::avx2::store_rows_avx2(out, src, src_rs, rows, cols, c, c_rs, e);
+        }
         let mut non_finite = false;
         if c_cs == 1 {
             // Contiguous rows: vector conversions on each row.
