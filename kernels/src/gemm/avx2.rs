@@ -168,3 +168,168 @@ unsafe fn rows_k<const K: u8, const PLAIN: bool, const CHECK: bool>(
     }
     CHECK && (bad_scalar || _mm256_movemask_epi8(bad32) != 0 || _mm_movemask_epi8(bad16) != 0)
 }
+
+/// Eight 16-bit elements of `kind` (F16 or BF16) widened to f32 as the slice conversions do.
+///
+/// # Safety
+/// `s` readable for eight elements; AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load8_16(kind: Kind, s: *const u8) -> __m256 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let h = _mm_loadu_si128(s as *const __m128i);
+        if kind == Kind::F16 {
+            _mm256_cvtph_ps(h)
+        } else {
+            let x = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h));
+            let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFF_FFFF));
+            let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F80_0000));
+            let quiet = _mm256_and_si256(nan, _mm256_set1_epi32(0x0040_0000));
+            _mm256_castsi256_ps(_mm256_or_si256(x, quiet))
+        }
+    }
+}
+
+/// Up to eight 16-bit elements (`n <= 8`) widened, zeros beyond `n`; reads only `n`.
+///
+/// # Safety
+/// `s` readable for `n` elements; AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load_n_16(kind: Kind, s: *const u8, n: usize) -> __m256 {
+    // SAFETY: `n <= 8` elements are copied into a buffer of eight.
+    unsafe {
+        if n >= 8 {
+            return load8_16(kind, s);
+        }
+        let mut h = [0u16; 8];
+        std::ptr::copy_nonoverlapping(s as *const u16, h.as_mut_ptr(), n);
+        load8_16(kind, h.as_ptr() as *const u8)
+    }
+}
+
+/// A mask for `_mm256_maskstore_ps` selecting the first `n` lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn first_lanes(n: usize) -> __m256i {
+    let n = n.min(8) as i32;
+    _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(n),
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+    )
+}
+
+/// `pack::panel`'s contiguous-lanes case (each k step a run of `lanes` elements) for a 16-bit
+/// kind on AVX2.
+///
+/// # Safety
+/// As `pack::panel`, with `lane_stride == 1` and `kind` F16 or BF16; AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn pack_rows_16(
+    kind: Kind,
+    src: *const u8,
+    k_stride: isize,
+    lanes: usize,
+    kc: usize,
+    dst: *mut f32,
+    dst_stride: usize,
+) {
+    // SAFETY: lanes below `lanes` of k steps below `kc`, in the view (`load_n_16` reads only
+    // those) and the panel (full vectors inside `lanes`, the rest masked).
+    unsafe {
+        let tail = first_lanes(lanes % 8);
+        for p in 0..kc {
+            let s = src.offset(p as isize * k_stride * 2);
+            let d = dst.add(p * dst_stride);
+            let mut l = 0;
+            while l + 8 <= lanes {
+                _mm256_storeu_ps(d.add(l), load8_16(kind, s.add(l * 2)));
+                l += 8;
+            }
+            if l < lanes {
+                let v = load_n_16(kind, s.add(l * 2), lanes - l);
+                _mm256_maskstore_ps(d.add(l), tail, v);
+            }
+        }
+    }
+}
+
+/// Transposes eight vectors of eight f32 in place.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn transpose8(r: &mut [__m256; 8]) {
+    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+    let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+    let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+    let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+    let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+    let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+    let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+    r[0] = _mm256_permute2f128_ps::<0x20>(u0, u4);
+    r[1] = _mm256_permute2f128_ps::<0x20>(u1, u5);
+    r[2] = _mm256_permute2f128_ps::<0x20>(u2, u6);
+    r[3] = _mm256_permute2f128_ps::<0x20>(u3, u7);
+    r[4] = _mm256_permute2f128_ps::<0x31>(u0, u4);
+    r[5] = _mm256_permute2f128_ps::<0x31>(u1, u5);
+    r[6] = _mm256_permute2f128_ps::<0x31>(u2, u6);
+    r[7] = _mm256_permute2f128_ps::<0x31>(u3, u7);
+}
+
+/// `pack::panel`'s transposing case (each lane contiguous along k) for a 16-bit kind on AVX2,
+/// eight lanes × eight k at a time.
+///
+/// # Safety
+/// As `pack::panel`, with `k_stride == 1` and `kind` F16 or BF16; AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn pack_transpose_16(
+    kind: Kind,
+    src: *const u8,
+    lane_stride: isize,
+    lanes: usize,
+    kc: usize,
+    dst: *mut f32,
+    dst_stride: usize,
+) {
+    // SAFETY: lanes `l0 + l < lanes` and k steps `p < kc` of the view, and panel slots
+    // `p·dst_stride + l0 + l` below `kc·dst_stride`; the masked stores write only lanes
+    // `< lanes`.
+    unsafe {
+        let mut l0 = 0;
+        while l0 < lanes {
+            let lb = (lanes - l0).min(8);
+            let mask = first_lanes(lb);
+            let row = |l: usize| src.offset((l0 + l) as isize * lane_stride * 2);
+            let mut p = 0;
+            while p + 8 <= kc {
+                let mut r = [_mm256_setzero_ps(); 8];
+                for (l, x) in r.iter_mut().enumerate().take(lb) {
+                    *x = load8_16(kind, row(l).add(p * 2));
+                }
+                transpose8(&mut r);
+                for (q, &x) in r.iter().enumerate() {
+                    _mm256_maskstore_ps(dst.add((p + q) * dst_stride + l0), mask, x);
+                }
+                p += 8;
+            }
+            if p < kc {
+                for l in 0..lb {
+                    let s = row(l);
+                    for pp in p..kc {
+                        *dst.add(pp * dst_stride + l0 + l) = load1(kind, s.add(pp * 2));
+                    }
+                }
+            }
+            l0 += 8;
+        }
+    }
+}

@@ -88,6 +88,10 @@ pub(super) unsafe fn panel(
                     kind, src, k_stride, lanes, kc, dst, dst_stride,
                 );
             }
+            #[cfg(target_arch = "x86_64")]
+            if arch.level >= Level::Avx2 && kind != Kind::F32 {
+                return super::avx2::pack_rows_16(kind, src, k_stride, lanes, kc, dst, dst_stride);
+            }
             for p in 0..kc {
                 widen(
                     arch.level,
@@ -102,6 +106,18 @@ pub(super) unsafe fn panel(
             #[cfg(target_arch = "x86_64")]
             if arch.level >= Level::Avx512 {
                 return super::x86::pack_transpose_avx512(
+                    kind,
+                    src,
+                    lane_stride,
+                    lanes,
+                    kc,
+                    dst,
+                    dst_stride,
+                );
+            }
+            #[cfg(target_arch = "x86_64")]
+            if arch.level >= Level::Avx2 && kind != Kind::F32 {
+                return super::avx2::pack_transpose_16(
                     kind,
                     src,
                     lane_stride,
