@@ -13,12 +13,15 @@
 //! The attribute itself lives in the `typed-amp-macros` crate and is re-exported as
 //! [`crate::amp`](macro@crate::amp); its documentation, with the policy table, is on the crate root.
 
+mod composite;
 mod config;
 pub mod kind;
 pub mod layer;
 mod layer_kind;
+mod leaf_forward;
 mod model;
 pub mod norm;
+mod planned;
 
 pub use config::{AmpConfig, LossScale, OptLevel};
 pub(crate) use layer_kind::amp_layers;
