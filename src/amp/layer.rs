@@ -3,7 +3,7 @@
 //! copy ([`WorkingUnder`]) and runs it ([`RunLayer`], [`RunLayerMut`]).
 //!
 //! `#[amp]` reads none of this from a layer's name: a type alias, a tuple, dfdx's
-//! [`Repeated`]/[`Residual`]/[`Embedding`](dfdx::nn::modules::Embedding) and a user's own layer
+//! [`Repeated`](dfdx::nn::modules::Repeated)/[`Residual`](dfdx::nn::modules::Residual)/[`Embedding`](dfdx::nn::modules::Embedding) and a user's own layer
 //! all work as long as the layer's module type implements [`AmpLayer`].
 //!
 //! A user's layer says which row it is in one line:
@@ -19,8 +19,8 @@
 //! ```
 //!
 //! Composite layers (several layers run in some order) use [`kind::Composite`] and implement
-//! [`CompositeWorking`] and [`CompositeRun`]/[`CompositeRunMut`], as tuples, [`Repeated`] and
-//! [`Residual`] do here.
+//! [`CompositeWorking`] and [`CompositeRun`]/[`CompositeRunMut`], as tuples, [`Repeated`](dfdx::nn::modules::Repeated) and
+//! [`Residual`](dfdx::nn::modules::Residual) do here.
 
 use std::fmt::Debug;
 use std::marker::PhantomData;

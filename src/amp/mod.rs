@@ -26,6 +26,8 @@ mod planned;
 pub use config::{AmpConfig, LossScale, OptLevel};
 pub(crate) use layer_kind::amp_layers;
 pub use layer_kind::AmpLayer;
+// The run traits of the leaf rows with a forward of their own (`layer::KindRun` bounds).
+pub use leaf_forward::{RunActivation, RunLinear};
 pub use model::{
     try_convert, AmpModel, AutocastForward, Built, CastTo, Converted, MasterOf, TupleField,
     WorkingOf,

@@ -87,7 +87,7 @@ impl<D: AmpDevice> ParamVisitor<D> for LoadState<'_, '_> {
     }
 }
 
-/// The caller's metadata of a checkpoint written by [`save`] (what `extra` held), without
+/// The caller's metadata of a checkpoint written by [`save`](super::save) (what `extra` held), without
 /// loading anything: to check a run's settings against it before [`load`].
 pub fn read_metadata(path: &Path) -> Result<BTreeMap<String, String>, CheckpointError> {
     let bytes = std::fs::read(path).map_err(|source| CheckpointError::Io {
@@ -107,7 +107,7 @@ pub(super) fn user_metadata(meta: HashMap<String, String>) -> BTreeMap<String, S
         .collect()
 }
 
-/// Restores a checkpoint written by [`save`] into `target`, `optimizer` and `scaler`, and
+/// Restores a checkpoint written by [`save`](super::save) into `target`, `optimizer` and `scaler`, and
 /// returns the caller's metadata. Everything is checked before anything is written: format,
 /// optimizer kind, the model's precision, the precision of every master and working parameter
 /// (a checkpoint of another policy, say O2 into O1 or another `keep_batchnorm_fp32`, is refused
@@ -129,7 +129,7 @@ where
 }
 
 /// [`load`] into a model declared with `#[amp]` under `policy` (`Model::AMP_CONFIG`): a
-/// checkpoint saved with [`save_with_policy`] under another policy is refused, naming each
+/// checkpoint saved with [`save_with_policy`](super::save_with_policy) under another policy is refused, naming each
 /// setting that differs with both values. (One saved without a policy is checked as [`load`]
 /// checks it.)
 pub fn load_with_policy<D, T, O>(

@@ -106,7 +106,7 @@ impl<D: AmpDevice> ParamVisitor<D> for SaveState<'_, '_> {
 /// Saves `target`'s master weights (buffers synced first), `optimizer`'s state, `scaler`'s
 /// state and the caller's `extra` metadata to `path`, atomically. Returns the file's size.
 ///
-/// The file records the precision of every master and working parameter, which [`load`]
+/// The file records the precision of every master and working parameter, which [`load`](super::load)
 /// checks; for an `#[amp]` model, [`save_with_policy`] records its whole policy too.
 pub fn save<D, T, O>(
     path: &Path,
@@ -125,7 +125,7 @@ where
 
 /// [`save`] for a model declared with `#[amp]`, recording its `policy` (`Model::AMP_CONFIG`):
 /// opt level, dtype, master weights, FP32 batch norm, loss scale, output cast and low-precision
-/// updates, which [`load_with_policy`] compares with the loading model's.
+/// updates, which [`load_with_policy`](super::load_with_policy) compares with the loading model's.
 pub fn save_with_policy<D, T, O>(
     path: &Path,
     target: &mut T,

@@ -55,8 +55,8 @@ pub trait AllReduce<D: AmpDevice>: Collective {
     ) -> Result<(), AmpError>;
 }
 
-/// One process alone: rank 0 of 1. Every operation returns its input; [`DataParallel`] over it
-/// trains exactly as a [`GradScaler`] does (it is how tests and examples run the data-parallel
+/// One process alone: rank 0 of 1. Every operation returns its input; [`DataParallel`](super::DataParallel) over it
+/// trains exactly as a [`GradScaler`](crate::GradScaler) does (it is how tests and examples run the data-parallel
 /// stages without a launcher).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SingleProcess;

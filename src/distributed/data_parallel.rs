@@ -18,7 +18,7 @@ use super::rules::{ReducedAcrossRanks, ReducedOutcomes};
 use super::{AllReduced, Unreduced};
 
 /// A loss scaler for data-parallel training over the collective `C`: the typed step of a
-/// [`GradScaler`] with the reduction across ranks in it (see the [module](self) documentation).
+/// [`GradScaler`] with the reduction across ranks in it (see the [module](super) documentation).
 ///
 /// It keeps its [`GradScaler`] to itself: the scale changes only in [`DataParallel::update`],
 /// from overflow flags reduced across ranks, so it stays the same on every rank.

@@ -14,8 +14,8 @@ use crate::step::{AllReduced, ReadyForStep};
 pub trait ReducedAcrossRanks: ReadyForStep {}
 impl ReducedAcrossRanks for AllReduced {}
 
-/// The outcomes of one data-parallel iteration's steps, consumed by [`DataParallel::update`]:
-/// one [`StepOutcome`] of kind [`AllReduced`], a tuple of them, an array or a `Vec`.
+/// The outcomes of one data-parallel iteration's steps, consumed by [`DataParallel::update`](super::DataParallel::update):
+/// one [`StepOutcome`](crate::step::StepOutcome) of kind [`AllReduced`], a tuple of them, an array or a `Vec`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` carries an overflow flag of one rank alone: a data-parallel update takes the flag reduced across ranks",
     label = "not a data-parallel step's outcome",

@@ -25,7 +25,7 @@ pub trait MasterOptimizer<M, D: AmpDevice> {
 
     /// Applies one update to `master` and refreshes its working copy `working`: weights master
     /// → working, buffers (batch norm statistics) working → master. Adam and SGD do it in one
-    /// pass per parameter where the device has fused kernels ([`UpdateKernel`]); any other
+    /// pass per parameter where the device has fused kernels ([`UpdateKernel`](crate::device::UpdateKernel)); any other
     /// optimizer updates, then refreshes.
     fn try_update_paired<W>(
         &mut self,

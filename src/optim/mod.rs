@@ -1,5 +1,5 @@
-//! Optimizers over FP32 master weights: dfdx's [`Sgd`], [`Adam`] (AdamW through
-//! [`adamw_config`]) and [`RMSprop`], admitted only when they update FP32 weights, and
+//! Optimizers over FP32 master weights: dfdx's [`Sgd`](dfdx::optim::Sgd), [`Adam`](dfdx::optim::Adam) (AdamW through
+//! [`adamw_config`]) and [`RMSprop`](dfdx::optim::RMSprop), admitted only when they update FP32 weights, and
 //! [`LowPrecisionUpdates`], the explicit opt-in for updating 16-bit weights (O3).
 
 mod constructors;

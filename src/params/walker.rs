@@ -182,7 +182,7 @@ where
 
 /// Visits the parameters of a single-precision dfdx [`TensorCollection`] in its own dtype.
 ///
-/// This is how a layer implements [`Parameters`]; `#[amp]` also uses it for its fields.
+/// This is how a layer implements [`Parameters`](crate::params::Parameters); `#[amp]` also uses it for its fields.
 pub fn visit_collection<M, E, D, V>(
     module: &M,
     path: &mut ParamPath,

@@ -161,7 +161,7 @@ impl GradScaler {
         Ok(self)
     }
 
-    /// Sets a ceiling over the dynamic scale (Apex caps it at [`APEX_MAX_SCALE`]).
+    /// Sets a ceiling over the dynamic scale (Apex caps it at [`APEX_MAX_SCALE`](crate::scaler::APEX_MAX_SCALE)).
     pub fn with_max_scale(mut self, max_scale: f32) -> Result<Self, AmpError> {
         check_scale(max_scale)?;
         if let Some(min) = self.state.min_scale {

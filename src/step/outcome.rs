@@ -11,7 +11,7 @@ use super::kind::{FromScaler, ScaleFree, StepKind};
 /// What a step did, and the gradients for the next iteration.
 ///
 /// With a scaler ([`FromScaler`]), the only way to the next gradients is
-/// [`GradScaler::update`], which consumes every outcome of the iteration; without one
+/// [`GradScaler::update`](crate::GradScaler::update), which consumes every outcome of the iteration; without one
 /// ([`ScaleFree`]), [`StepOutcome::into_grads`].
 #[must_use = "pass the outcome to `scaler.update(..)`: it returns the gradients for the next iteration"]
 pub struct StepOutcome<D: AmpDevice, K: StepKind = FromScaler> {
@@ -62,7 +62,7 @@ impl<D: AmpDevice> StepOutcome<D, ScaleFree> {
     }
 }
 
-/// The outcomes of one iteration's steps, consumed by [`GradScaler::update`]: one
+/// The outcomes of one iteration's steps, consumed by [`GradScaler::update`](crate::GradScaler::update): one
 /// [`StepOutcome`], a tuple of them, an array or a `Vec` (several optimizers sharing a scaler).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not the outcome of a step taken with a loss scaler",

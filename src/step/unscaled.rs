@@ -72,7 +72,7 @@ pub(crate) fn check_owner<T: TrainTarget<D>, D: AmpDevice>(
 /// Master gradients (FP32, or 16-bit for O3), divided by the scale, checked for inf and NaN,
 /// and borrowing the model they belong to.
 ///
-/// `K` says where they came from ([`FromScaler`] or [`ScaleFree`]).
+/// `K` says where they came from ([`FromScaler`] or [`ScaleFree`](crate::step::ScaleFree)).
 #[must_use = "unscaled gradients do nothing until stepped"]
 pub struct UnscaledGrads<'t, T: TrainTarget<D>, D: AmpDevice, K: StepKind = FromScaler> {
     pub(crate) target: &'t mut T,
