@@ -45,7 +45,7 @@ pub enum DataError {
         path: PathBuf,
         /// The magic number in the file.
         found: u32,
-        /// The magic number an images ([`IMAGES_MAGIC`]) or labels ([`LABELS_MAGIC`]) file has.
+        /// The magic number an images ([`IMAGES_MAGIC`]) or labels ([`LABELS_MAGIC`](crate::LABELS_MAGIC)) file has.
         expected: u32,
     },
 

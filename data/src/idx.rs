@@ -13,7 +13,7 @@ pub const IMAGES_MAGIC: u32 = 0x0000_0803;
 /// Magic number opening an IDX file of unsigned-byte, one-dimensional data (labels).
 pub const LABELS_MAGIC: u32 = 0x0000_0801;
 
-/// Parses a gzip-compressed IDX images file (the bytes of e.g. [`TRAIN_IMAGES_FILE`]) into
+/// Parses a gzip-compressed IDX images file (the bytes of e.g. [`TRAIN_IMAGES_FILE`](crate::TRAIN_IMAGES_FILE)) into
 /// `count * IMAGE_SIZE` pixels. `path` only names the file in errors.
 pub fn parse_images(path: impl AsRef<Path>, gzip_bytes: &[u8]) -> Result<Vec<u8>, DataError> {
     let path = path.as_ref();
@@ -32,7 +32,7 @@ pub fn parse_images(path: impl AsRef<Path>, gzip_bytes: &[u8]) -> Result<Vec<u8>
     })
 }
 
-/// Parses a gzip-compressed IDX labels file (the bytes of e.g. [`TRAIN_LABELS_FILE`]) into
+/// Parses a gzip-compressed IDX labels file (the bytes of e.g. [`TRAIN_LABELS_FILE`](crate::TRAIN_LABELS_FILE)) into
 /// one class index per example, each checked to be below [`CLASSES`]. `path` only names
 /// the file in errors.
 pub fn parse_labels(path: impl AsRef<Path>, gzip_bytes: &[u8]) -> Result<Vec<u8>, DataError> {

@@ -1,7 +1,7 @@
 //! The scaler's arithmetic against PyTorch's, and its bounds.
 
 #[cfg(test)]
-mod tests {
+mod arithmetic {
     use crate::scaler::*;
 
     #[test]
