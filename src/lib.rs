@@ -84,7 +84,9 @@
 //! passing every outcome to one [`GradScaler::update`]; [`LossScalers`] and
 //! [`UnscaledGrads::merge`] give each loss its own scaler; [`MixedGradients::watch_layers`]
 //! makes a skipped step name the layer that overflowed ([`watch`]); [`checkpoint`] saves and
-//! restores a run exactly.
+//! restores a run exactly; [`step::StepProtocol`] runs a whole iteration with a [`GradScaler`],
+//! [`LossScalers`] or a [`distributed::DataParallel`], so that one training loop runs in one
+//! process or in many.
 //!
 //! # Precisions
 //!

@@ -5,9 +5,13 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod config;
 pub mod data_parallel;
+mod epoch;
+mod footprint;
 pub mod heap;
 pub mod memory;
 pub mod models;
 pub mod report;
 pub mod run;
+mod save_claim;

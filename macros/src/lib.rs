@@ -10,6 +10,8 @@
 mod ast;
 mod attr;
 mod expand;
+mod forward;
+mod layer_types;
 mod valid;
 
 use proc_macro::TokenStream;

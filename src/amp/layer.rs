@@ -3,7 +3,7 @@
 //! copy ([`WorkingUnder`]) and runs it ([`RunLayer`], [`RunLayerMut`]).
 //!
 //! `#[amp]` reads none of this from a layer's name: a type alias, a tuple, dfdx's
-//! [`Repeated`]/[`Residual`]/[`Embedding`](dfdx::nn::modules::Embedding) and a user's own layer
+//! [`Repeated`](dfdx::nn::modules::Repeated)/[`Residual`](dfdx::nn::modules::Residual)/[`Embedding`](dfdx::nn::modules::Embedding) and a user's own layer
 //! all work as long as the layer's module type implements [`AmpLayer`].
 //!
 //! A user's layer says which row it is in one line:
@@ -19,24 +19,21 @@
 //! ```
 //!
 //! Composite layers (several layers run in some order) use [`kind::Composite`] and implement
-//! [`CompositeWorking`] and [`CompositeRun`]/[`CompositeRunMut`], as tuples, [`Repeated`] and
-//! [`Residual`] do here.
+//! [`CompositeWorking`] and [`CompositeRun`]/[`CompositeRunMut`], as tuples, [`Repeated`](dfdx::nn::modules::Repeated) and
+//! [`Residual`](dfdx::nn::modules::Residual) do here.
 
 use std::fmt::Debug;
 use std::marker::PhantomData;
 
-use dfdx::nn::modules::{Module, ModuleMut, Repeated, Residual};
+use dfdx::nn::modules::{Module, ModuleMut};
 use dfdx::nn::TensorCollection;
-use dfdx::prelude::{Shape, Storage, Tensor, TryAdd, WithEmptyTape};
 
 use super::kind;
 use super::layer_kind::AmpLayer;
-use super::model::{try_convert, AmpModel, AutocastForward, CastTo, Converted};
-use super::norm::{MixedNorm, MixedNormMut};
+use super::model::{try_convert, AmpModel, Converted};
 use crate::device::{AmpDevice, Kernels};
 use crate::error::AmpError;
-use crate::ops::linear::LinearInput;
-use crate::precision::{AmpElem, LowPrecision, Precision};
+use crate::precision::{LowPrecision, Precision};
 
 /// What a policy does with a row of its table.
 pub mod plan {
@@ -376,132 +373,6 @@ leaf_run! {
     kind::Cast<P>, P: Precision;
 }
 
-impl<W, Pol, X> KindRun<W, Pol, X> for kind::Linear
-where
-    Self: LeafKind<Pol>,
-    X: RunLinear<W, <Self as LeafKind<Pol>>::Plan>,
-{
-    type Output = X::Output;
-    type Error = X::Error;
-    fn try_run(x: X, layer: &W) -> Result<X::Output, X::Error> {
-        x.try_run_linear(layer)
-    }
-}
-
-// A linear layer has no state a training forward updates.
-impl<W, Pol, X> KindRunMut<W, Pol, X> for kind::Linear
-where
-    Self: LeafKind<Pol>,
-    X: RunLinear<W, <Self as LeafKind<Pol>>::Plan>,
-{
-    type Output = X::Output;
-    type Error = X::Error;
-    fn try_run_mut(x: X, layer: &mut W) -> Result<X::Output, X::Error> {
-        x.try_run_linear(layer)
-    }
-}
-
-/// Runs a linear layer `M` on `self` by plan `Pl`: typed-amp's fused op for the plans that keep
-/// the layer's own precision, O1's per-pass cast for [`plan::Autocast`].
-pub trait RunLinear<M, Pl>: Sized {
-    /// The layer's output.
-    type Output;
-    /// The error the forward can return.
-    type Error: Debug;
-    /// Runs `layer` on `self`.
-    fn try_run_linear(self, layer: &M) -> Result<Self::Output, Self::Error>;
-}
-
-impl<X, S, const I: usize, const O: usize, E, D, T, P>
-    RunLinear<dfdx::nn::modules::Linear<I, O, E, D>, plan::In<P>> for X
-where
-    P: Precision<Elem = E>,
-    X: CastTo<P, Output = Tensor<S, E, D, T>, Error = D::Err>,
-    S: LinearInput<I, O>,
-    E: AmpElem,
-    D: AmpDevice + Kernels<E>,
-    T: crate::tape::AmpTape<D>,
-    dfdx::nn::modules::Linear<I, O, E, D>:
-        Module<Tensor<S, E, D, T>, Output = Tensor<S::Output, E, D, T>, Error = D::Err>,
-{
-    type Output = Tensor<S::Output, E, D, T>;
-    type Error = D::Err;
-    fn try_run_linear(
-        self,
-        layer: &dfdx::nn::modules::Linear<I, O, E, D>,
-    ) -> Result<Self::Output, D::Err> {
-        crate::ops::linear::try_linear(layer, self.try_cast_to()?)
-    }
-}
-
-impl<S, const I: usize, const O: usize, E, D, T, P>
-    RunLinear<dfdx::nn::modules::Linear<I, O, E, D>, plan::Pass<P>> for Tensor<S, E, D, T>
-where
-    S: LinearInput<I, O>,
-    E: AmpElem,
-    D: AmpDevice + Kernels<E>,
-    T: crate::tape::AmpTape<D>,
-    dfdx::nn::modules::Linear<I, O, E, D>:
-        Module<Tensor<S, E, D, T>, Output = Tensor<S::Output, E, D, T>, Error = D::Err>,
-{
-    type Output = Tensor<S::Output, E, D, T>;
-    type Error = D::Err;
-    fn try_run_linear(
-        self,
-        layer: &dfdx::nn::modules::Linear<I, O, E, D>,
-    ) -> Result<Self::Output, D::Err> {
-        crate::ops::linear::try_linear(layer, self)
-    }
-}
-
-impl<X: AutocastForward<M, P>, M, P: LowPrecision> RunLinear<M, plan::Autocast<P>> for X {
-    type Output = X::Output;
-    type Error = X::Error;
-    fn try_run_linear(self, layer: &M) -> Result<X::Output, X::Error> {
-        self.try_autocast_forward(layer)
-    }
-}
-
-impl<W, Pol, X: RunActivation<W>> KindRun<W, Pol, X> for kind::Activation {
-    type Output = X::Output;
-    type Error = X::Error;
-    fn try_run(x: X, layer: &W) -> Result<X::Output, X::Error> {
-        x.try_activate(layer)
-    }
-}
-
-impl<W, Pol, X: RunActivation<W>> KindRunMut<W, Pol, X> for kind::Activation {
-    type Output = X::Output;
-    type Error = X::Error;
-    fn try_run_mut(x: X, layer: &mut W) -> Result<X::Output, X::Error> {
-        x.try_activate(layer)
-    }
-}
-
-/// Runs the activation layer `W` on `self` with typed-amp's op (fused where it can be).
-pub trait RunActivation<W>: Sized {
-    /// The activation's output.
-    type Output;
-    /// The error the forward can return.
-    type Error: Debug;
-    /// Runs `layer` on `self`.
-    fn try_activate(self, layer: &W) -> Result<Self::Output, Self::Error>;
-}
-
-impl<S, E, D, T> RunActivation<dfdx::nn::modules::ReLU> for Tensor<S, E, D, T>
-where
-    S: Shape,
-    E: AmpElem,
-    D: AmpDevice + Kernels<E>,
-    T: crate::tape::AmpTape<D> + dfdx::prelude::Tape<E, D>,
-{
-    type Output = Tensor<S, E, D, T>;
-    type Error = D::Err;
-    fn try_activate(self, _layer: &dfdx::nn::modules::ReLU) -> Result<Self, D::Err> {
-        crate::ops::relu::try_relu(self)
-    }
-}
-
 impl<W: CompositeRun<Pol, X>, Pol, X> KindRun<W, Pol, X> for kind::Composite {
     type Output = W::Output;
     type Error = W::Error;
@@ -532,248 +403,5 @@ impl<W: ModuleMut<X>, Pol, X, A> KindRunMut<W, Pol, X> for kind::Nested<A> {
     type Error = W::Error;
     fn try_run_mut(x: X, layer: &mut W) -> Result<W::Output, W::Error> {
         layer.try_forward_mut(x)
-    }
-}
-
-impl<X, M, P> RunPlanned<M, plan::In<P>> for X
-where
-    P: Precision,
-    X: CastTo<P>,
-    M: Module<X::Output, Error = X::Error>,
-{
-    type Output = M::Output;
-    type Error = X::Error;
-    fn try_run_planned(self, layer: &M) -> Result<M::Output, X::Error> {
-        layer.try_forward(self.try_cast_to()?)
-    }
-}
-
-impl<X, M, P> RunPlannedMut<M, plan::In<P>> for X
-where
-    P: Precision,
-    X: CastTo<P>,
-    M: ModuleMut<X::Output, Error = X::Error>,
-{
-    type Output = M::Output;
-    type Error = X::Error;
-    fn try_run_planned_mut(self, layer: &mut M) -> Result<M::Output, X::Error> {
-        layer.try_forward_mut(self.try_cast_to()?)
-    }
-}
-
-impl<X: AutocastForward<M, P>, M, P: LowPrecision> RunPlanned<M, plan::Autocast<P>> for X {
-    type Output = X::Output;
-    type Error = X::Error;
-    fn try_run_planned(self, layer: &M) -> Result<X::Output, X::Error> {
-        self.try_autocast_forward(layer)
-    }
-}
-
-// Autocast makes a fresh 16-bit copy of the layer for the pass, so training and inference run
-// the same forward (O1 keeps batch norm in FP32, outside autocast).
-impl<X: AutocastForward<M, P>, M, P: LowPrecision> RunPlannedMut<M, plan::Autocast<P>> for X {
-    type Output = X::Output;
-    type Error = X::Error;
-    fn try_run_planned_mut(self, layer: &mut M) -> Result<X::Output, X::Error> {
-        self.try_autocast_forward(layer)
-    }
-}
-
-impl<X, M, P> RunPlanned<M, plan::KeepFp32<P>> for X
-where
-    P: LowPrecision,
-    X: CastTo<P>,
-    M: MixedNorm<X::Output, Error = X::Error>,
-{
-    type Output = M::Output;
-    type Error = X::Error;
-    fn try_run_planned(self, layer: &M) -> Result<M::Output, X::Error> {
-        layer.try_forward_mixed(self.try_cast_to()?)
-    }
-}
-
-impl<X, M, P> RunPlannedMut<M, plan::KeepFp32<P>> for X
-where
-    P: LowPrecision,
-    X: CastTo<P>,
-    M: MixedNormMut<X::Output, Error = X::Error>,
-{
-    type Output = M::Output;
-    type Error = X::Error;
-    fn try_run_planned_mut(self, layer: &mut M) -> Result<M::Output, X::Error> {
-        layer.try_forward_mixed_mut(self.try_cast_to()?)
-    }
-}
-
-impl<X, M: Module<X>, P> RunPlanned<M, plan::Pass<P>> for X {
-    type Output = M::Output;
-    type Error = M::Error;
-    fn try_run_planned(self, layer: &M) -> Result<M::Output, M::Error> {
-        layer.try_forward(self)
-    }
-}
-
-impl<X, M: ModuleMut<X>, P> RunPlannedMut<M, plan::Pass<P>> for X {
-    type Output = M::Output;
-    type Error = M::Error;
-    fn try_run_planned_mut(self, layer: &mut M) -> Result<M::Output, M::Error> {
-        layer.try_forward_mut(self)
-    }
-}
-
-macro_rules! tuple_layers {
-    ($([$($input:ident => $part:ident $idx:tt => $out:ident),+] -> $last:ident;)*) => {$(
-        impl<$($part),+> AmpLayer for ($($part,)+) {
-            type Kind = kind::Composite;
-        }
-
-        impl<Pol, D: AmpDevice, $($part: WorkingUnder<Pol, D>),+> CompositeWorking<Pol, D> for ($($part,)+) {
-            type Working = ($($part::Working,)+);
-            fn try_working_from(&self) -> Result<Self::Working, AmpError> {
-                Ok(($(self.$idx.try_working_from()?,)+))
-            }
-        }
-
-        // Each part's output feeds the next; the chain's intermediate types are parameters so
-        // that the bounds grow linearly with the number of parts.
-        impl<Pol, X, Err: Debug, $($part, $out),+> CompositeRun<Pol, X> for ($($part,)+)
-        where
-            $($input: RunLayer<$part, Pol, Output = $out, Error = Err>,)+
-        {
-            type Output = $last;
-            type Error = Err;
-            fn try_run(&self, x: X) -> Result<$last, Err> {
-                $(let x = RunLayer::<$part, Pol>::try_run(x, &self.$idx)?;)+
-                Ok(x)
-            }
-        }
-
-        impl<Pol, X, Err: Debug, $($part, $out),+> CompositeRunMut<Pol, X> for ($($part,)+)
-        where
-            $($input: RunLayerMut<$part, Pol, Output = $out, Error = Err>,)+
-        {
-            type Output = $last;
-            type Error = Err;
-            fn try_run_mut(&mut self, x: X) -> Result<$last, Err> {
-                $(let x = RunLayerMut::<$part, Pol>::try_run_mut(x, &mut self.$idx)?;)+
-                Ok(x)
-            }
-        }
-    )*};
-}
-
-tuple_layers! {
-    [X => A 0 => Ya] -> Ya;
-    [X => A 0 => Ya, Ya => B 1 => Yb] -> Yb;
-    [X => A 0 => Ya, Ya => B 1 => Yb, Yb => C 2 => Yc] -> Yc;
-    [X => A 0 => Ya, Ya => B 1 => Yb, Yb => C 2 => Yc, Yc => F 3 => Yf] -> Yf;
-    [X => A 0 => Ya, Ya => B 1 => Yb, Yb => C 2 => Yc, Yc => F 3 => Yf, Yf => G 4 => Yg] -> Yg;
-    [X => A 0 => Ya, Ya => B 1 => Yb, Yb => C 2 => Yc, Yc => F 3 => Yf, Yf => G 4 => Yg, Yg => H 5 => Yh] -> Yh;
-}
-
-impl<T, const N: usize> AmpLayer for Repeated<T, N> {
-    type Kind = kind::Composite;
-}
-
-impl<Pol, D: AmpDevice, T: WorkingUnder<Pol, D>, const N: usize> CompositeWorking<Pol, D>
-    for Repeated<T, N>
-{
-    type Working = Repeated<T::Working, N>;
-    fn try_working_from(&self) -> Result<Self::Working, AmpError> {
-        let modules = self
-            .modules
-            .iter()
-            .map(T::try_working_from)
-            .collect::<Result<_, _>>()?;
-        Ok(Repeated { modules })
-    }
-}
-
-// The first repetition may change the input's precision (a block ending in an FP32 layer
-// turns FP16 input into FP32); every later one must keep it.
-impl<Pol, X, Y, T, const N: usize> CompositeRun<Pol, X> for Repeated<T, N>
-where
-    X: RunLayer<T, Pol, Output = Y>,
-    Y: RunLayer<T, Pol, Output = Y, Error = X::Error>,
-{
-    type Output = Y;
-    type Error = X::Error;
-    fn try_run(&self, x: X) -> Result<Y, X::Error> {
-        const { assert!(N > 0, "`Repeated<_, 0>` has no layer to run") };
-        let mut y = x.try_run(&self.modules[0])?;
-        for module in &self.modules[1..] {
-            y = y.try_run(module)?;
-        }
-        Ok(y)
-    }
-}
-
-impl<Pol, X, Y, T, const N: usize> CompositeRunMut<Pol, X> for Repeated<T, N>
-where
-    X: RunLayerMut<T, Pol, Output = Y>,
-    Y: RunLayerMut<T, Pol, Output = Y, Error = X::Error>,
-{
-    type Output = Y;
-    type Error = X::Error;
-    fn try_run_mut(&mut self, x: X) -> Result<Y, X::Error> {
-        const { assert!(N > 0, "`Repeated<_, 0>` has no layer to run") };
-        let (first, rest) = self.modules.split_at_mut(1);
-        let mut y = x.try_run_mut(&mut first[0])?;
-        for module in rest {
-            y = y.try_run_mut(module)?;
-        }
-        Ok(y)
-    }
-}
-
-impl<F> AmpLayer for Residual<F> {
-    type Kind = kind::Composite;
-}
-
-impl<Pol, D: AmpDevice, F: WorkingUnder<Pol, D>> CompositeWorking<Pol, D> for Residual<F> {
-    type Working = Residual<F::Working>;
-    fn try_working_from(&self) -> Result<Self::Working, AmpError> {
-        Ok(Residual(self.0.try_working_from()?))
-    }
-}
-
-// `x + f(x)`: `f` may compute in another precision than `x` (an FP32 norm inside an FP16
-// block), so its output is cast back to the input's precision before the sum.
-impl<Pol, S, E, D, T, Y, F> CompositeRun<Pol, Tensor<S, E, D, T>> for Residual<F>
-where
-    S: Shape,
-    E: AmpElem,
-    D: AmpDevice + Storage<E>,
-    Tensor<S, E, D, T>: WithEmptyTape,
-    Tensor<S, E, D, T>: RunLayer<F, Pol, Output = Y, Error = D::Err>,
-    Y: CastTo<E::Precision, Output = Tensor<S, E, D, T>, Error = D::Err>,
-    Tensor<S, E, D, T>: TryAdd<Tensor<S, E, D, T>, Err = D::Err>,
-{
-    type Output = Tensor<S, E, D, T>;
-    type Error = D::Err;
-    fn try_run(&self, x: Tensor<S, E, D, T>) -> Result<Self::Output, D::Err> {
-        let y = x.with_empty_tape().try_run(&self.0)?.try_cast_to()?;
-        y.try_add(x)
-    }
-}
-
-impl<Pol, S, E, D, T, Y, F> CompositeRunMut<Pol, Tensor<S, E, D, T>> for Residual<F>
-where
-    S: Shape,
-    E: AmpElem,
-    D: AmpDevice + Storage<E>,
-    Tensor<S, E, D, T>: WithEmptyTape,
-    Tensor<S, E, D, T>: RunLayerMut<F, Pol, Output = Y, Error = D::Err>,
-    Y: CastTo<E::Precision, Output = Tensor<S, E, D, T>, Error = D::Err>,
-    Tensor<S, E, D, T>: TryAdd<Tensor<S, E, D, T>, Err = D::Err>,
-{
-    type Output = Tensor<S, E, D, T>;
-    type Error = D::Err;
-    fn try_run_mut(&mut self, x: Tensor<S, E, D, T>) -> Result<Self::Output, D::Err> {
-        let y = x
-            .with_empty_tape()
-            .try_run_mut(&mut self.0)?
-            .try_cast_to()?;
-        y.try_add(x)
     }
 }

@@ -13,16 +13,21 @@
 //! The attribute itself lives in the `typed-amp-macros` crate and is re-exported as
 //! [`crate::amp`](macro@crate::amp); its documentation, with the policy table, is on the crate root.
 
+mod composite;
 mod config;
 pub mod kind;
 pub mod layer;
 mod layer_kind;
+mod leaf_forward;
 mod model;
 pub mod norm;
+mod planned;
 
 pub use config::{AmpConfig, LossScale, OptLevel};
 pub(crate) use layer_kind::amp_layers;
 pub use layer_kind::AmpLayer;
+// The run traits of the leaf rows with a forward of their own (`layer::KindRun` bounds).
+pub use leaf_forward::{RunActivation, RunLinear};
 pub use model::{
     try_convert, AmpModel, AutocastForward, Built, CastTo, Converted, MasterOf, TupleField,
     WorkingOf,

@@ -83,14 +83,19 @@ __device__ __forceinline__ void store(tamp_f16 *p, u64 i, float v) {
 impl CudaElem for half::bf16 {
     const TAG: &'static str = "bf16";
     const C_TYPE: &'static str = "tamp_bf16";
-    // BF16 is the upper half of an FP32: widening is a shift; narrowing rounds to nearest-even
+    // BF16 is the upper half of an FP32: widening is a shift (a NaN keeps its payload and comes
+    // out quiet, as typed_amp_kernels::convert's rule says); narrowing rounds to nearest-even
     // by adding 0x7fff plus the lowest kept bit (a carry rounds up into the exponent, and to
     // inf past the largest finite value), and keeps NaN a quiet NaN. Exact bit arithmetic, so
     // any GPU gives the CPU's bits.
     const HELPERS: &'static str = r#"
 struct tamp_bf16 { unsigned short bits; };
 __device__ __forceinline__ float load(const tamp_bf16 *p, u64 i) {
-    return __uint_as_float(((u32)p[i].bits) << 16);
+    u32 b = ((u32)p[i].bits) << 16;
+    if ((b & 0x7fffffffu) > 0x7f800000u) {
+        b |= 0x00400000u;
+    }
+    return __uint_as_float(b);
 }
 __device__ __forceinline__ void store(tamp_bf16 *p, u64 i, float v) {
     u32 b = __float_as_uint(v);

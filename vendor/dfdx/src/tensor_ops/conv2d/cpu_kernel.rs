@@ -308,114 +308,110 @@ impl Cpu {
         let (full, half) = if is_f32 { (1, 0) } else { (0, 1) };
         let lens_e = [op.groups * k * width, full * op.groups * k * width, dy_len];
         let lens_f = [half * op.groups * k * width, half * img_len];
-        with_scratch::<E, f32, _, 3, 2>(
-            lens_e,
-            lens_f,
-            |[cols, dcols, dy], [dcols32, dimg32]| {
-                for ((imgs, grad_imgs), grad_outs) in img
-                    .chunks(group * img_len)
-                    .zip(grad_img.chunks_mut(group * img_len))
-                    .zip(grad_out.chunks(group * out_len))
-                {
-                    let nb = imgs.len() / img_len;
-                    let n = nb * ohw;
-                    let pointwise = nb == 1 && op.is_pointwise();
-                    let cols: &[E] = if pointwise {
-                        imgs
-                    } else {
-                        for (i, im) in imgs.chunks_exact(img_len).enumerate() {
-                            op.im2col(im, &mut cols[i * ohw..], n);
-                        }
-                        &*cols
-                    };
-                    let dy: &[E] = if nb == 1 {
-                        grad_outs
-                    } else {
-                        for (i, go) in grad_outs.chunks_exact(out_len).enumerate() {
-                            for (o, row) in go.chunks_exact(ohw).enumerate() {
-                                dy[o * n + i * ohw..][..ohw].copy_from_slice(row);
-                            }
-                        }
-                        &*dy
-                    };
-                    for g in 0..op.groups {
-                        // dW[g] (m × k) += dY[g] (m × n) · cols[g]ᵀ (n × k)
-                        let dyp = dy[g * m * n..].as_ptr();
-                        let c = cols[g * k * n..].as_ptr();
-                        if is_f32 {
-                            Self::matmul(
-                                (m, n, k),
-                                true,
-                                dyp,
-                                [n, 1],
-                                c,
-                                [1, n],
-                                grad_w[g * m * k..].as_mut_ptr() as *mut E,
-                                [k, 1],
-                            );
-                        } else {
-                            Self::matmul_f32_out(
-                                (m, n, k),
-                                true,
-                                dyp,
-                                [n, 1],
-                                c,
-                                [1, n],
-                                grad_w[g * m * k..].as_mut_ptr(),
-                                [k, 1],
-                            );
-                        }
-                        // dcols[g] (k × n) = W[g]ᵀ (k × m) · dY[g] (m × n)
-                        let w = filters[g * m * k..].as_ptr();
-                        if is_f32 {
-                            Self::matmul(
-                                (k, m, n),
-                                false,
-                                w,
-                                [1, k],
-                                dyp,
-                                [n, 1],
-                                dcols[g * k * n..].as_mut_ptr(),
-                                [n, 1],
-                            );
-                        } else {
-                            Self::matmul_f32_out(
-                                (k, m, n),
-                                false,
-                                w,
-                                [1, k],
-                                dyp,
-                                [n, 1],
-                                dcols32[g * k * n..].as_mut_ptr(),
-                                [n, 1],
-                            );
+        with_scratch::<E, f32, _, 3, 2>(lens_e, lens_f, |[cols, dcols, dy], [dcols32, dimg32]| {
+            for ((imgs, grad_imgs), grad_outs) in img
+                .chunks(group * img_len)
+                .zip(grad_img.chunks_mut(group * img_len))
+                .zip(grad_out.chunks(group * out_len))
+            {
+                let nb = imgs.len() / img_len;
+                let n = nb * ohw;
+                let pointwise = nb == 1 && op.is_pointwise();
+                let cols: &[E] = if pointwise {
+                    imgs
+                } else {
+                    for (i, im) in imgs.chunks_exact(img_len).enumerate() {
+                        op.im2col(im, &mut cols[i * ohw..], n);
+                    }
+                    &*cols
+                };
+                let dy: &[E] = if nb == 1 {
+                    grad_outs
+                } else {
+                    for (i, go) in grad_outs.chunks_exact(out_len).enumerate() {
+                        for (o, row) in go.chunks_exact(ohw).enumerate() {
+                            dy[o * n + i * ohw..][..ohw].copy_from_slice(row);
                         }
                     }
-                    let dcols_len = op.groups * k * n;
-                    let dcols32: &mut [f32] = if is_f32 {
-                        as_f32_mut(&mut dcols[..dcols_len]).unwrap()
+                    &*dy
+                };
+                for g in 0..op.groups {
+                    // dW[g] (m × k) += dY[g] (m × n) · cols[g]ᵀ (n × k)
+                    let dyp = dy[g * m * n..].as_ptr();
+                    let c = cols[g * k * n..].as_ptr();
+                    if is_f32 {
+                        Self::matmul(
+                            (m, n, k),
+                            true,
+                            dyp,
+                            [n, 1],
+                            c,
+                            [1, n],
+                            grad_w[g * m * k..].as_mut_ptr() as *mut E,
+                            [k, 1],
+                        );
                     } else {
-                        &mut dcols32[..dcols_len]
-                    };
-                    for (i, grad_img) in grad_imgs.chunks_exact_mut(img_len).enumerate() {
-                        match as_f32_mut(grad_img) {
-                            Some(grad_img) if pointwise => {
-                                for (gi, v) in grad_img.iter_mut().zip(dcols32.iter()) {
-                                    *gi += *v;
-                                }
+                        Self::matmul_f32_out(
+                            (m, n, k),
+                            true,
+                            dyp,
+                            [n, 1],
+                            c,
+                            [1, n],
+                            grad_w[g * m * k..].as_mut_ptr(),
+                            [k, 1],
+                        );
+                    }
+                    // dcols[g] (k × n) = W[g]ᵀ (k × m) · dY[g] (m × n)
+                    let w = filters[g * m * k..].as_ptr();
+                    if is_f32 {
+                        Self::matmul(
+                            (k, m, n),
+                            false,
+                            w,
+                            [1, k],
+                            dyp,
+                            [n, 1],
+                            dcols[g * k * n..].as_mut_ptr(),
+                            [n, 1],
+                        );
+                    } else {
+                        Self::matmul_f32_out(
+                            (k, m, n),
+                            false,
+                            w,
+                            [1, k],
+                            dyp,
+                            [n, 1],
+                            dcols32[g * k * n..].as_mut_ptr(),
+                            [n, 1],
+                        );
+                    }
+                }
+                let dcols_len = op.groups * k * n;
+                let dcols32: &mut [f32] = if is_f32 {
+                    as_f32_mut(&mut dcols[..dcols_len]).unwrap()
+                } else {
+                    &mut dcols32[..dcols_len]
+                };
+                for (i, grad_img) in grad_imgs.chunks_exact_mut(img_len).enumerate() {
+                    match as_f32_mut(grad_img) {
+                        Some(grad_img) if pointwise => {
+                            for (gi, v) in grad_img.iter_mut().zip(dcols32.iter()) {
+                                *gi += *v;
                             }
-                            Some(grad_img) => op.col2im(&mut dcols32[i * ohw..], n, grad_img),
-                            None if pointwise => add_from_f32(&dcols32[..img_len], grad_img),
-                            None => {
-                                dimg32.fill(0.0);
-                                op.col2im(&mut dcols32[i * ohw..], n, dimg32);
-                                add_from_f32(dimg32, grad_img);
-                            }
+                        }
+                        Some(grad_img) => op.col2im(&mut dcols32[i * ohw..], n, grad_img),
+                        None if pointwise => add_from_f32(&dcols32[..img_len], grad_img),
+                        None => {
+                            dimg32.fill(0.0);
+                            op.col2im(&mut dcols32[i * ohw..], n, dimg32);
+                            add_from_f32(dimg32, grad_img);
                         }
                     }
                 }
-            },
-        )
+            }
+        })
     }
 }
 

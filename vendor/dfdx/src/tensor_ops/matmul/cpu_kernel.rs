@@ -68,7 +68,16 @@ pub(crate) trait MatMulImpl<E> {
             std::mem::size_of::<f32>(),
             "matmul_f32_out: a 16-bit type must run on typed-amp's kernels"
         );
-        Self::matmul(dims, accum, ap, a_strides, bp, b_strides, cp as *mut E, c_strides)
+        Self::matmul(
+            dims,
+            accum,
+            ap,
+            a_strides,
+            bp,
+            b_strides,
+            cp as *mut E,
+            c_strides,
+        )
     }
 }
 

@@ -1,78 +1,19 @@
-//! The loss scaler: PyTorch's `GradScaler` state machine, plus static and disabled modes.
-//!
-//! Multiplying the loss by a scale `S` before backward lifts small gradients out of FP16's
-//! underflow range; the gradients are divided by `S` again before the update. A dynamic scaler
-//! halves `S` and skips the step when a gradient is inf or NaN, and doubles `S` after
-//! `growth_interval` clean steps in a row. The arithmetic follows PyTorch's
-//! `torch._amp_update_scale_` exactly (FP32 scale, growth skipped if it would overflow), so a
-//! run reproduces PyTorch's scales step for step.
+//! [`GradScaler`]: one loss scale and PyTorch's rule for moving it.
 
 use crate::error::AmpError;
 
-/// PyTorch's default initial scale, 2^16.
-///
-/// Note that 65536 itself does not fit in FP16 (largest finite value 65504): the scale is kept
-/// in FP32 and multiplies the FP32 loss, never an FP16 tensor.
-pub const DEFAULT_INIT_SCALE: f32 = 65536.0;
-/// PyTorch's default growth factor.
-pub const DEFAULT_GROWTH_FACTOR: f32 = 2.0;
-/// PyTorch's default backoff factor.
-pub const DEFAULT_BACKOFF_FACTOR: f32 = 0.5;
-/// PyTorch's default number of clean steps between growths.
-pub const DEFAULT_GROWTH_INTERVAL: u32 = 2000;
-/// Apex's ceiling on the dynamic scale, 2^24.
-pub const APEX_MAX_SCALE: f32 = 16_777_216.0;
-/// Overflowing steps in a row at the floor before [`GradScaler::update`] reports an error, unless
-/// set with [`GradScaler::with_floor_patience`].
-pub const DEFAULT_FLOOR_PATIENCE: u32 = 10;
-
-/// How the scale evolves.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum ScaleMode {
-    /// PyTorch's dynamic loss scaling: back off on overflow (and skip the step), grow after
-    /// `growth_interval` clean steps.
-    Dynamic,
-    /// A fixed scale. Steps whose gradients overflow are still skipped; the scale never changes.
-    Static,
-    /// No scaling (scale 1) and no overflow check: every step is taken, as with PyTorch's
-    /// `GradScaler(enabled=False)`. For FP32 training (O0).
-    Disabled,
-}
-
-/// Everything needed to restore a [`GradScaler`] exactly: save it in checkpoints.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ScalerState {
-    /// How the scale evolves.
-    pub mode: ScaleMode,
-    /// Current scale.
-    pub scale: f32,
-    /// Factor applied after `growth_interval` clean steps.
-    pub growth_factor: f32,
-    /// Factor applied after an overflow.
-    pub backoff_factor: f32,
-    /// Clean steps between growths.
-    pub growth_interval: u32,
-    /// Clean steps since the last growth or backoff.
-    pub growth_tracker: u32,
-    /// Steps skipped because of non-finite gradients, since the scaler was created.
-    pub skipped_steps: u64,
-    /// The lowest scale a backoff may reach (none: PyTorch's behaviour).
-    pub min_scale: Option<f32>,
-    /// The highest scale growth may reach (none: PyTorch's; Apex uses 2^24).
-    pub max_scale: Option<f32>,
-    /// Overflowing steps in a row at `min_scale` that [`GradScaler::update`] tolerates.
-    pub floor_patience: u32,
-    /// Overflowing steps in a row taken at `min_scale` so far.
-    pub floor_hits: u32,
-}
+use super::state::{
+    ScaleMode, ScalerState, DEFAULT_BACKOFF_FACTOR, DEFAULT_FLOOR_PATIENCE, DEFAULT_GROWTH_FACTOR,
+    DEFAULT_GROWTH_INTERVAL, DEFAULT_INIT_SCALE,
+};
 
 /// The loss scaler.
 ///
 /// The low-level API ([`GradScaler::new`], [`GradScaler::get_scale`],
 /// [`GradScaler::growth_tracker`], [`GradScaler::state`] / [`GradScaler::load_state`]) mirrors
 /// PyTorch's so the two can be compared step by step; the typed training step
-/// ([`GradScaler::scale`], [`GradScaler::unscale`], [`GradScaler::step`]) lives in
-/// [`crate::step`].
+/// ([`GradScaler::scale`], [`GradScaler::unscale`], [`GradScaler::step`],
+/// [`GradScaler::update`]) is the scaler's `step` module, over [`crate::step`]'s values.
 ///
 /// ```rust
 /// # use typed_amp::GradScaler;
@@ -128,6 +69,11 @@ impl Default for GradScaler {
 /// here instead (a floor set with [`GradScaler::with_min_scale`] stops them earlier), and the
 /// non-finite check also runs on the unscaled gradients, so no scale lets inf or NaN through.
 pub const SMALLEST_SCALE: f32 = f32::MIN_POSITIVE;
+
+/// PyTorch computes the reciprocal of the scale in double precision, then rounds to float.
+pub(crate) fn inverse(scale: f32) -> f32 {
+    (1.0f64 / f64::from(scale)) as f32
+}
 
 fn check_scale(scale: f32) -> Result<(), AmpError> {
     if scale.is_finite() && scale >= SMALLEST_SCALE {
@@ -215,7 +161,7 @@ impl GradScaler {
         Ok(self)
     }
 
-    /// Sets a ceiling over the dynamic scale (Apex caps it at [`APEX_MAX_SCALE`]).
+    /// Sets a ceiling over the dynamic scale (Apex caps it at [`APEX_MAX_SCALE`](crate::scaler::APEX_MAX_SCALE)).
     pub fn with_max_scale(mut self, max_scale: f32) -> Result<Self, AmpError> {
         check_scale(max_scale)?;
         if let Some(min) = self.state.min_scale {
@@ -405,187 +351,5 @@ impl GradScaler {
     pub fn load_state(&mut self, state: ScalerState) -> Result<(), AmpError> {
         self.state = Self::from_state(state)?.state;
         Ok(())
-    }
-}
-
-/// One loss scaler per loss (Apex's `num_losses`): each loss is scaled, backward and unscaled
-/// with its own scaler, whose scale then follows only that loss's overflows. The unscaled
-/// gradients of the losses are summed with [`UnscaledGrads::merge`](crate::UnscaledGrads::merge)
-/// before one step.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LossScalers {
-    scalers: Vec<GradScaler>,
-}
-
-impl LossScalers {
-    /// `losses` scalers, each starting in `template`'s state.
-    pub fn new(losses: usize, template: GradScaler) -> Self {
-        Self {
-            scalers: (0..losses).map(|_| template.clone()).collect(),
-        }
-    }
-
-    /// The scaler of loss `loss`, if there is one.
-    pub fn get(&self, loss: usize) -> Option<&GradScaler> {
-        self.scalers.get(loss)
-    }
-
-    /// Number of losses.
-    pub fn len(&self) -> usize {
-        self.scalers.len()
-    }
-
-    /// Whether there are no losses.
-    pub fn is_empty(&self) -> bool {
-        self.scalers.is_empty()
-    }
-
-    /// The scalers, in loss order.
-    pub fn iter(&self) -> impl Iterator<Item = &GradScaler> {
-        self.scalers.iter()
-    }
-
-    /// Ends an iteration: `found_inf[i]` says whether loss `i`'s gradients overflowed. The typed
-    /// step calls it from [`LossScalers::update`].
-    pub(crate) fn record(&mut self, found_inf: &[bool]) -> Result<(), AmpError> {
-        if found_inf.len() != self.scalers.len() {
-            return Err(AmpError::InvalidScalerConfig(format!(
-                "{} overflow flags for {} losses",
-                found_inf.len(),
-                self.scalers.len()
-            )));
-        }
-        for (scaler, found) in self.scalers.iter_mut().zip(found_inf) {
-            scaler.record(*found)?;
-        }
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn defaults_are_pytorchs() {
-        let s = GradScaler::default().state();
-        assert_eq!(
-            (
-                s.scale,
-                s.growth_factor,
-                s.backoff_factor,
-                s.growth_interval
-            ),
-            (65536.0, 2.0, 0.5, 2000)
-        );
-        assert_eq!(s.mode, ScaleMode::Dynamic);
-    }
-
-    #[test]
-    fn invalid_settings_are_rejected() {
-        assert!(GradScaler::new(0.0, 2.0, 0.5, 10).is_err());
-        assert!(GradScaler::new(f32::INFINITY, 2.0, 0.5, 10).is_err());
-        assert!(GradScaler::new(1.0, 1.0, 0.5, 10).is_err());
-        assert!(GradScaler::new(1.0, 2.0, 1.0, 10).is_err());
-        assert!(GradScaler::new(1.0, 2.0, 0.5, 0).is_err());
-        assert!(GradScaler::with_static_scale(-1.0).is_err());
-    }
-
-    #[test]
-    fn growth_stops_before_overflowing_fp32() {
-        let mut scaler = GradScaler::new(f32::MAX / 1.5, 2.0, 0.5, 1).unwrap();
-        scaler.record(false).unwrap();
-        assert_eq!(scaler.get_scale(), f32::MAX / 1.5);
-        assert_eq!(scaler.growth_tracker(), 0);
-    }
-
-    #[test]
-    fn static_and_disabled_scales_never_change() {
-        let mut fixed = GradScaler::with_static_scale(128.0).unwrap();
-        let mut off = GradScaler::disabled();
-        for found_inf in [true, false, false, true] {
-            fixed.record(found_inf).unwrap();
-            off.record(found_inf).unwrap();
-        }
-        assert_eq!((fixed.get_scale(), fixed.skipped_steps()), (128.0, 2));
-        assert_eq!((off.get_scale(), off.skipped_steps()), (1.0, 0));
-        assert!(!off.is_enabled());
-    }
-
-    #[test]
-    fn state_round_trips_and_bad_state_is_refused() {
-        let mut scaler = GradScaler::new(1024.0, 2.0, 0.5, 5).unwrap();
-        scaler.record(false).unwrap();
-        scaler.record(true).unwrap();
-        scaler.record(false).unwrap();
-        let saved = scaler.state();
-        let mut restored = GradScaler::dynamic();
-        restored.load_state(saved).unwrap();
-        assert_eq!(restored, scaler);
-
-        let mut bad = saved;
-        bad.growth_tracker = 5;
-        assert!(restored.load_state(bad).is_err());
-        bad = saved;
-        bad.scale = f32::NAN;
-        assert!(restored.load_state(bad).is_err());
-        assert_eq!(
-            restored, scaler,
-            "a failed load leaves the scaler unchanged"
-        );
-    }
-}
-
-#[cfg(test)]
-mod bounds {
-    use super::*;
-
-    #[test]
-    fn the_ceiling_caps_growth_and_the_floor_caps_backoff() {
-        let mut scaler = GradScaler::new(4.0, 2.0, 0.5, 1)
-            .unwrap()
-            .with_max_scale(8.0)
-            .unwrap()
-            .with_min_scale(2.0)
-            .unwrap();
-        for _ in 0..3 {
-            scaler.record(false).unwrap();
-        }
-        assert_eq!(scaler.get_scale(), 8.0);
-        scaler.record(true).unwrap();
-        scaler.record(true).unwrap();
-        assert_eq!(scaler.get_scale(), 2.0);
-    }
-
-    #[test]
-    fn a_scale_stuck_at_its_floor_is_an_error() {
-        let mut scaler = GradScaler::new(2.0, 2.0, 0.5, 100)
-            .unwrap()
-            .with_min_scale(1.0)
-            .unwrap()
-            .with_floor_patience(3)
-            .unwrap();
-        scaler.record(true).unwrap(); // 2 -> 1: reaches the floor
-        scaler.record(true).unwrap(); // at the floor: 1
-        scaler.record(true).unwrap(); // 2
-        let err = scaler.record(true).unwrap_err(); // 3 in a row
-        assert!(
-            matches!(err, AmpError::ScaleFloor { steps: 3, .. }),
-            "{err}"
-        );
-        assert!(err.to_string().contains("floor"));
-        // A clean step resets the count.
-        scaler.record(false).unwrap();
-        scaler.record(true).unwrap();
-        assert_eq!(scaler.skipped_steps(), 5);
-    }
-
-    #[test]
-    fn pytorch_defaults_have_no_bounds() {
-        let mut scaler = GradScaler::new(1.0, 2.0, 0.5, 1).unwrap();
-        for _ in 0..200 {
-            scaler.record(true).unwrap();
-        }
-        assert!(scaler.get_scale() < 1e-30, "PyTorch's scale keeps halving");
     }
 }

@@ -1,0 +1,137 @@
+//! One instruction-set path (`Arch`): its block sizes and micro-kernels, chosen by element kind
+//! and CPU level.
+use std::sync::atomic::Ordering;
+
+use crate::level::Level;
+
+use super::entry::BF16_PAIR_EMULATION;
+use super::portable::{PAIR_EMULATION_KERNELS, PORTABLE_KERNELS};
+use super::types::Kind;
+
+/// Micro-kernel: multiplies a packed `kc`-long A micro-panel (`MR` per k step, the first `M`
+/// used) by a packed B micro-panel (`NR` per k step, the first `NV` vectors used) and writes
+/// (`load == false`) or adds (`load == true`) the `M × NV·VW` f32 result at `dst`, rows
+/// `dst_rs` apart, columns contiguous. `kc` counts k steps, or k pairs for the bf16-pair path.
+///
+/// # Safety
+/// `a` readable for `kc · MR` f32 (the path's `mr`), `b` for `kc · NR` f32; `dst` writable (and
+/// readable with `load`) for `M` rows of `NV · VW` f32, `dst_rs` apart; the CPU has the
+/// features of the path the kernel belongs to.
+pub(super) type KernFn =
+    unsafe fn(kc: usize, a: *const f32, b: *const f32, dst: *mut f32, dst_rs: isize, load: bool);
+
+/// One instruction-set path: block sizes and kernels.
+pub(super) struct Arch {
+    pub(super) level: Level,
+    /// Rows of the micro-tile.
+    pub(super) mr: usize,
+    /// f32 lanes in a vector.
+    pub(super) vw: usize,
+    /// Vectors across the micro-tile (`NR = nvmax · vw`).
+    pub(super) nvmax: usize,
+    /// k depth of a packed block (even for the pair path).
+    pub(super) kc: usize,
+    /// Rows of A packed at once (a multiple of `mr`); the A block lives in L3.
+    pub(super) mc: usize,
+    /// Columns of B packed at once (a multiple of `nr`); `kc × nc` f32 is sized to stay in L2
+    /// while each A micro-panel sweeps across it.
+    pub(super) nc: usize,
+    /// bf16 packed as (k, k+1) pairs for `vdpbf16ps`.
+    pub(super) pairs: bool,
+    /// `kernels[M - 1][NV - 1]`.
+    pub(super) kernels: &'static [[KernFn; 2]],
+}
+
+impl Arch {
+    pub(super) fn nr(&self) -> usize {
+        self.nvmax * self.vw
+    }
+
+    pub(super) fn select(kind: Kind, lvl: Level) -> Arch {
+        let pair_emulation = BF16_PAIR_EMULATION.load(Ordering::Relaxed);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if kind == Kind::Bf16 && lvl >= Level::Avx512Bf16 {
+                return Arch {
+                    level: lvl,
+                    mr: 12,
+                    vw: 16,
+                    nvmax: 2,
+                    kc: 512,
+                    mc: 480,
+                    nc: 256,
+                    pairs: true,
+                    kernels: &super::x86::KERNELS_AVX512_BF16,
+                };
+            }
+            if kind == Kind::Bf16 && pair_emulation {
+                return Arch::pair_emulation(lvl);
+            }
+            // 16-bit C needs an f32 running sum between k blocks (a round trip through
+            // memory per block), so its blocks are deeper and narrower: the same B block size,
+            // and the A micro-panel (12 × kc f32) still fits L1.
+            // A 16-bit operand widened to f32 while packing takes twice its own size there: its
+            // A block is half as tall, so that the per-thread packing buffers (kept between
+            // calls) are no larger than f32's.
+            let (kc, nc, mc) = if kind == Kind::F32 {
+                (256, 512, 480)
+            } else {
+                (512, 256, 240)
+            };
+            if lvl >= Level::Avx512 {
+                return Arch {
+                    level: lvl,
+                    mr: 12,
+                    vw: 16,
+                    nvmax: 2,
+                    kc,
+                    mc,
+                    nc,
+                    pairs: false,
+                    kernels: &super::x86::KERNELS_AVX512,
+                };
+            }
+            if lvl >= Level::Avx2 {
+                return Arch {
+                    level: lvl,
+                    mr: 6,
+                    vw: 8,
+                    nvmax: 2,
+                    kc,
+                    mc,
+                    nc,
+                    pairs: false,
+                    kernels: &super::x86::KERNELS_AVX2,
+                };
+            }
+        }
+        if kind == Kind::Bf16 && pair_emulation {
+            return Arch::pair_emulation(lvl);
+        }
+        Arch {
+            level: Level::Portable,
+            mr: 4,
+            vw: 8,
+            nvmax: 1,
+            kc: 256,
+            mc: 480,
+            nc: 512,
+            pairs: false,
+            kernels: &PORTABLE_KERNELS,
+        }
+    }
+
+    pub(super) fn pair_emulation(lvl: Level) -> Arch {
+        Arch {
+            level: lvl.min(Level::Avx512),
+            mr: 12,
+            vw: 16,
+            nvmax: 2,
+            kc: 512,
+            mc: 480,
+            nc: 256,
+            pairs: true,
+            kernels: &PAIR_EMULATION_KERNELS,
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! The entry points: safe slice products with checked views, the raw `unsafe` ones, and the
+//! bf16 pair-emulation switch.
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::problem::{drive, zero, Epi, Problem};
+use super::types::{Epilogue, GemmElem, GemmOut, GemmReport, MatMut, MatRef};
+
+/// A view's checked strides, as the raw entry points take them.
+#[derive(Clone, Copy)]
+pub(super) struct Strides {
+    pub(super) rs: isize,
+    pub(super) cs: isize,
+}
+
+/// Checks that a `rows × cols` view with strides `(rs, cs)` stays inside `len` elements, and
+/// returns its strides as `isize`. Panics, naming the operand, if it does not or if the last
+/// offset overflows `usize` (which unchecked arithmetic would wrap into a small, "valid"
+/// index). A dimension of length 0 or 1 never multiplies its stride by a non-zero index, so its
+/// stride is replaced by 0: any value is accepted there, including one above `isize::MAX`.
+pub(super) fn checked_view(
+    what: &str,
+    len: usize,
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+) -> Strides {
+    let rs = if rows <= 1 { 0 } else { rs };
+    let cs = if cols <= 1 { 0 } else { cs };
+    if rows > 0 && cols > 0 {
+        let last = (rows - 1)
+            .checked_mul(rs)
+            .and_then(|r| (cols - 1).checked_mul(cs).and_then(|c| r.checked_add(c)));
+        let Some(last) = last else {
+            panic!("gemm: {what}'s strides ({rs}, {cs}) overflow usize for a {rows} × {cols} view");
+        };
+        assert!(
+            last < len,
+            "gemm: {what} is indexed up to {last} but has {len} elements"
+        );
+    }
+    // Every stride left non-zero is at most `last < len <= isize::MAX` (a slice's length).
+    Strides {
+        rs: rs as isize,
+        cs: cs as isize,
+    }
+}
+
+/// Panics unless distinct `(i, j)` of a `rows × cols` view with strides `(rs, cs)` are
+/// distinct offsets: otherwise two threads (or two k blocks) would write one element.
+///
+/// Sufficient condition, over the dimensions longer than 1 (the others only ever see index 0):
+/// each has a non-zero stride, and with two of them, the larger stride is at least the smaller
+/// stride times its length. Then `i₁·s₁ ≤ (n₁ − 1)·s₁ < s₂`, so the offset `i₁·s₁ + i₂·s₂` is
+/// a mixed-radix number whose digits `(i₂, i₁)` it determines. (It rejects some injective
+/// interleavings, e.g. strides (2, 3) on a 2 × 2 view, which no caller produces.)
+pub(super) fn check_distinct(rows: usize, cols: usize, rs: usize, cs: usize) {
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    // (stride, length) of the dimensions that take more than one index, smaller stride first.
+    let mut dims = [(rs, rows), (cs, cols)];
+    dims.sort_unstable();
+    let ok = match dims {
+        [(_, 1), (_, 1)] => true,
+        [(s, _), (_, 1)] | [(_, 1), (s, _)] => s > 0,
+        [(s1, n1), (s2, _)] => s1 > 0 && s1.checked_mul(n1).is_some_and(|ext| s2 >= ext),
+    };
+    assert!(
+        ok,
+        "gemm: C's strides ({rs}, {cs}) map distinct elements of its {rows} × {cols} view to \
+         one location"
+    );
+}
+
+/// Safe [`gemm()`]: `C = A·B`, or `C += A·B` with `accumulate`, where `C` (`a.rows ×
+/// b.cols`) is `c[i * c_rs + j * c_cs]`.
+///
+/// # Panics
+/// If the inner dimensions differ; if an index of A, B or C falls outside its slice, or the
+/// largest index overflows `usize` (a huge stride); or if two elements of C could share a
+/// location (a zero stride on a dimension longer than 1, or strides that interleave), which
+/// would make the result depend on thread timing. C cannot overlap A or B: it is a `&mut`
+/// borrow, which the borrow checker keeps apart from every `&` borrow the views hold.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_slices<T: GemmElem>(
+    a: MatRef<'_, T>,
+    b: MatRef<'_, T>,
+    c: &mut [T],
+    c_rs: usize,
+    c_cs: usize,
+    accumulate: bool,
+    threads: usize,
+) {
+    assert_eq!(a.cols, b.rows, "gemm: inner dimensions differ");
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    let sa = checked_view("A", a.data.len(), m, k, a.rs, a.cs);
+    let sb = checked_view("B", b.data.len(), k, n, b.rs, b.cs);
+    let sc = checked_view("C", c.len(), m, n, c_rs, c_cs);
+    check_distinct(m, n, c_rs, c_cs);
+    // SAFETY: every element of the three views lies inside its slice (checked above, without
+    // overflow, and the strides fit isize); distinct (i, j) of C are distinct slots, so the
+    // writes (possibly from several threads, to disjoint tiles) cannot race; `c` is borrowed
+    // mutably, so it overlaps neither `a.data` nor `b.data`.
+    unsafe {
+        gemm(
+            m,
+            n,
+            k,
+            a.data.as_ptr(),
+            sa.rs,
+            sa.cs,
+            b.data.as_ptr(),
+            sb.rs,
+            sb.cs,
+            c.as_mut_ptr(),
+            sc.rs,
+            sc.cs,
+            accumulate,
+            threads,
+        )
+    }
+}
+
+/// Safe [`gemm_epilogue`]: `C = act(alpha·A·B (+ C_old) (+ bias))`, rounded once, for an
+/// `a.rows × b.cols` C; see [`Epilogue`] for the arithmetic.
+///
+/// # Panics
+/// As [`gemm_slices`] (C is a `&mut` borrow, so it can overlap neither A, B nor the bias), and
+/// if C's shape is not `a.rows × b.cols` or the bias's length is not `b.cols`.
+pub fn gemm_epilogue_slices<T: GemmElem, C: GemmOut<T>>(
+    a: MatRef<'_, T>,
+    b: MatRef<'_, T>,
+    c: MatMut<'_, C>,
+    epi: &Epilogue<'_>,
+    threads: usize,
+) -> GemmReport {
+    assert_eq!(a.cols, b.rows, "gemm: inner dimensions differ");
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    assert!(
+        c.rows == m && c.cols == n,
+        "gemm: C is {} × {}, the product {m} × {n}",
+        c.rows,
+        c.cols
+    );
+    let sa = checked_view("A", a.data.len(), m, k, a.rs, a.cs);
+    let sb = checked_view("B", b.data.len(), k, n, b.rs, b.cs);
+    let sc = checked_view("C", c.data.len(), m, n, c.rs, c.cs);
+    check_distinct(m, n, c.rs, c.cs);
+    // SAFETY: as in `gemm_slices`; C's `&mut` borrow also keeps it apart from the bias (a
+    // `&` borrow inside `epi`), whose length `gemm_epilogue` checks itself.
+    unsafe {
+        gemm_epilogue(
+            m,
+            n,
+            k,
+            a.data.as_ptr(),
+            sa.rs,
+            sa.cs,
+            b.data.as_ptr(),
+            sb.rs,
+            sb.cs,
+            c.data.as_mut_ptr(),
+            sc.rs,
+            sc.cs,
+            epi,
+            threads,
+        )
+    }
+}
+
+pub(super) static BF16_PAIR_EMULATION: AtomicBool = AtomicBool::new(false);
+
+/// Tests only: on a CPU without AVX512-BF16, run bf16 products through the bf16-pair packing
+/// that the `vdpbf16ps` kernel uses, with a scalar stand-in for the instruction, so that the
+/// packing is checked where the instruction cannot run.
+#[doc(hidden)]
+pub fn set_bf16_pair_emulation(on: bool) {
+    BF16_PAIR_EMULATION.store(on, Ordering::Relaxed);
+}
+
+/// `C = A·B`, or `C += A·B` with `accumulate`, for an `m × k` matrix `A` and a `k × n` matrix
+/// `B`; element `(i, j)` of `A` is `*a.offset(i * a_rs + j * a_cs)`, and likewise for `B`, `C`.
+/// Strides are in elements and may be anything (transposed views are just swapped strides).
+///
+/// `f16` and `bf16` products are accumulated in `f32` (with `accumulate`, `C`'s old value is
+/// widened and added to the finished sum) and rounded to nearest even once, when stored. An
+/// `f32` C is its own running sum: with `accumulate` its old value enters the sum first. The
+/// work is split over at most `threads` rayon tasks when it is large enough to gain from it.
+///
+/// # Safety
+/// Every element of `A` and `B` addressed by the shapes and strides (`i < m`, `p < k`,
+/// `j < n`) must be readable, and every element of `C` writable (and readable with
+/// `accumulate`), for the whole call; distinct `(i, j)` of `C` must be distinct locations,
+/// and `C` must not overlap `A` or `B`. Offsets in bytes must fit `isize` (as for
+/// `pointer::offset`). Nothing else may access `C` during the call.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm<T: GemmElem>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: *const T,
+    a_rs: isize,
+    a_cs: isize,
+    b: *const T,
+    b_rs: isize,
+    b_cs: isize,
+    c: *mut T,
+    c_rs: isize,
+    c_cs: isize,
+    accumulate: bool,
+    threads: usize,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let _timing = crate::timing::scope(crate::timing::Kind::Products);
+    if k == 0 {
+        if !accumulate {
+            for i in 0..m {
+                for j in 0..n {
+                    // SAFETY: (i, j) is an element of C, writable by the caller's contract.
+                    unsafe { *c.offset(i as isize * c_rs + j as isize * c_cs) = zero::<T>() };
+                }
+            }
+        }
+        return;
+    }
+    let p = Problem {
+        m,
+        n,
+        k,
+        a: a as *const u8,
+        a_rs,
+        a_cs,
+        b: b as *const u8,
+        b_rs,
+        b_cs,
+        c: c as *mut u8,
+        c_rs,
+        c_cs,
+        kind: T::KIND,
+        out: T::KIND,
+        epi: Epi::legacy(accumulate),
+    };
+    // SAFETY: the caller's contract is `drive`'s.
+    unsafe { drive(p, threads) };
+}
+
+/// The product with an [`Epilogue`]: `C[i, j] = round(act(alpha·(A·B)[i, j] + C_old[i, j] +
+/// bias[j]))`, rounded once (see [`Epilogue`] for the exact arithmetic), with C of element
+/// type `C`: `T`, or `f32` for 16-bit `T`. Shapes and strides are as for [`gemm()`].
+///
+/// The f32 accumulation runs across k blocks and threads as in [`gemm()`]; the epilogue is
+/// applied once per element, after the last k block, and C's old value is read once. Which
+/// threads computed which elements does not change any result.
+///
+/// Returns whether any element stored into C is ±inf or NaN. With a NaN `alpha`, or NaN in
+/// both an operand of an addition, which NaN's payload survives is unspecified (as in IEEE
+/// 754); NaN stays NaN.
+///
+/// # Panics
+/// If `epi.bias` is given and its length is not `n`.
+///
+/// # Safety
+/// As [`gemm()`], with `epi.accumulate` in place of `accumulate`; in addition, C must not
+/// overlap `epi.bias` (a shared borrow that C's writes would otherwise mutate).
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_epilogue<T: GemmElem, C: GemmOut<T>>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: *const T,
+    a_rs: isize,
+    a_cs: isize,
+    b: *const T,
+    b_rs: isize,
+    b_cs: isize,
+    c: *mut C,
+    c_rs: isize,
+    c_cs: isize,
+    epi: &Epilogue<'_>,
+    threads: usize,
+) -> GemmReport {
+    if let Some(bias) = epi.bias {
+        assert_eq!(
+            bias.len(),
+            n,
+            "gemm: the bias needs one element per column of C"
+        );
+    }
+    if m == 0 || n == 0 {
+        return GemmReport::default();
+    }
+    let _timing = crate::timing::scope(crate::timing::Kind::Products);
+    let p = Problem {
+        m,
+        n,
+        k,
+        a: a as *const u8,
+        a_rs,
+        a_cs,
+        b: b as *const u8,
+        b_rs,
+        b_cs,
+        c: c as *mut u8,
+        c_rs,
+        c_cs,
+        kind: T::KIND,
+        out: C::OUT,
+        epi: Epi::new(epi),
+    };
+    // SAFETY: the caller's contract is `drive`'s; the bias has `n` elements (checked above).
+    let non_finite = unsafe {
+        if k == 0 {
+            super::store::k_empty(&p)
+        } else {
+            drive(p, threads)
+        }
+    };
+    GemmReport { non_finite }
+}

@@ -1,0 +1,165 @@
+//! The AVX-512, AVX2 and AVX-512-BF16 micro-kernels and their tables.
+
+use std::arch::x86_64::*;
+
+use crate::gemm::{kernel_table, KernFn};
+
+// AVX-512 f32: a 12 × 32 tile is 24 zmm accumulators, plus 2 for the B row and the broadcast
+// A element folded into the FMA's memory operand: 26 of the 32 registers, no spills. Per k step
+// it issues 24 FMAs against 14 loads, so the two FMA ports, not the load ports, set the pace.
+const MR512: usize = 12;
+const NR512: usize = 32;
+
+/// # Safety
+/// As [`KernFn`]; the CPU has AVX-512F.
+#[target_feature(enable = "avx512f")]
+unsafe fn kernel_avx512<const M: usize, const NV: usize>(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    dst: *mut f32,
+    dst_rs: isize,
+    load: bool,
+) {
+    // SAFETY: the loads read `kc` steps of the packed panels and the stores write `M` rows of
+    // `NV` vectors at `dst`, all inside what the contract provides.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); NV]; M];
+        let (mut a, mut b) = (a, b);
+        for _ in 0..kc {
+            let mut bv = [_mm512_setzero_ps(); NV];
+            for (v, x) in bv.iter_mut().enumerate() {
+                *x = _mm512_loadu_ps(b.add(v * 16));
+            }
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = _mm512_set1_ps(*a.add(i));
+                for (x, &bx) in row.iter_mut().zip(bv.iter()) {
+                    *x = _mm512_fmadd_ps(av, bx, *x);
+                }
+            }
+            a = a.add(MR512);
+            b = b.add(NR512);
+        }
+        for (i, row) in acc.iter().enumerate() {
+            let d = dst.offset(i as isize * dst_rs);
+            for (v, &x) in row.iter().enumerate() {
+                let d = d.add(v * 16);
+                let x = if load {
+                    _mm512_add_ps(_mm512_loadu_ps(d), x)
+                } else {
+                    x
+                };
+                _mm512_storeu_ps(d, x);
+            }
+        }
+    }
+}
+
+pub(in crate::gemm) static KERNELS_AVX512: [[KernFn; 2]; MR512] =
+    kernel_table!(kernel_avx512; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12);
+
+// AVX2: the classic 6 × 16 tile, 12 ymm accumulators of 16.
+const MR256: usize = 6;
+const NR256: usize = 16;
+
+/// # Safety
+/// As [`KernFn`]; the CPU has AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn kernel_avx2<const M: usize, const NV: usize>(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    dst: *mut f32,
+    dst_rs: isize,
+    load: bool,
+) {
+    // SAFETY: the loads read `kc` steps of the packed panels and the stores write `M` rows of
+    // `NV` vectors at `dst`, all inside what the contract provides.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); NV]; M];
+        let (mut a, mut b) = (a, b);
+        for _ in 0..kc {
+            let mut bv = [_mm256_setzero_ps(); NV];
+            for (v, x) in bv.iter_mut().enumerate() {
+                *x = _mm256_loadu_ps(b.add(v * 8));
+            }
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = _mm256_set1_ps(*a.add(i));
+                for (x, &bx) in row.iter_mut().zip(bv.iter()) {
+                    *x = _mm256_fmadd_ps(av, bx, *x);
+                }
+            }
+            a = a.add(MR256);
+            b = b.add(NR256);
+        }
+        for (i, row) in acc.iter().enumerate() {
+            let d = dst.offset(i as isize * dst_rs);
+            for (v, &x) in row.iter().enumerate() {
+                let d = d.add(v * 8);
+                let x = if load {
+                    _mm256_add_ps(_mm256_loadu_ps(d), x)
+                } else {
+                    x
+                };
+                _mm256_storeu_ps(d, x);
+            }
+        }
+    }
+}
+
+pub(in crate::gemm) static KERNELS_AVX2: [[KernFn; 2]; MR256] =
+    kernel_table!(kernel_avx2; 1, 2, 3, 4, 5, 6);
+
+// AVX512-BF16: the same 12 × 32 tile, but each packed slot is a (k, k+1) bf16 pair and one
+// `vdpbf16ps` does two k steps per lane. Products of two bf16 are exact in f32; the instruction
+// adds them with round-to-nearest-even but flushes subnormal inputs and outputs to zero, unlike
+// the f32 kernels (the tests' tolerance carries an absolute term for that).
+/// # Safety
+/// As [`KernFn`] (with `kc` counting k pairs); the CPU has AVX-512F and AVX512-BF16.
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn kernel_avx512_bf16<const M: usize, const NV: usize>(
+    kp: usize,
+    a: *const f32,
+    b: *const f32,
+    dst: *mut f32,
+    dst_rs: isize,
+    load: bool,
+) {
+    // SAFETY: the loads read `kc` steps of the packed panels and the stores write `M` rows of
+    // `NV` vectors at `dst`, all inside what the contract provides.
+    // The transmutes reinterpret 512-bit integer vectors as `__m512bh`, the same size and
+    // any bit pattern valid.
+    unsafe {
+        let (mut a, mut b) = (a as *const i32, b as *const i32);
+        let mut acc = [[_mm512_setzero_ps(); NV]; M];
+        for _ in 0..kp {
+            let mut bv = [_mm512_setzero_si512(); NV];
+            for (v, x) in bv.iter_mut().enumerate() {
+                *x = _mm512_loadu_si512(b.add(v * 16) as *const _);
+            }
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a.add(i)));
+                for (x, &bx) in row.iter_mut().zip(bv.iter()) {
+                    *x = _mm512_dpbf16_ps(*x, av, std::mem::transmute::<__m512i, __m512bh>(bx));
+                }
+            }
+            a = a.add(MR512);
+            b = b.add(NR512);
+        }
+        for (i, row) in acc.iter().enumerate() {
+            let d = dst.offset(i as isize * dst_rs);
+            for (v, &x) in row.iter().enumerate() {
+                let d = d.add(v * 16);
+                let x = if load {
+                    _mm512_add_ps(_mm512_loadu_ps(d), x)
+                } else {
+                    x
+                };
+                _mm512_storeu_ps(d, x);
+            }
+        }
+    }
+}
+
+pub(in crate::gemm) static KERNELS_AVX512_BF16: [[KernFn; 2]; MR512] =
+    kernel_table!(kernel_avx512_bf16; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12);

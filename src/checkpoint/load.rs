@@ -1,0 +1,361 @@
+//! Loading a checkpoint: every check first (format, optimizer, policy, precisions, tensors),
+//! then the writes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use dfdx::prelude::{Shape, Tensor};
+use safetensors::SafeTensors;
+
+use crate::amp::AmpConfig;
+use crate::device::{AmpDevice, HostKernel, Kernels};
+use crate::error::AmpError;
+use crate::master::TrainTarget;
+use crate::optim::{OptimizerState, StateMut};
+use crate::params::{ParamVisitor, ParamVisitorMut, Parameters};
+use crate::precision::{AmpElem, Precision};
+use crate::scaler::{GradScaler, ScaleMode};
+
+use super::error::{format_detail, state_precision_mismatch, CheckpointError};
+use super::format::FORMAT;
+use super::policy::{layout_difference, policy_settings, saved_policy};
+use super::scaler_meta::parse_scaler;
+use super::validate::{tensor_values, CheckTensors};
+
+/// Writes `prefix.<path>` tensors of a checkpoint into the visited parameters.
+pub(super) struct LoadParams<'a> {
+    file: &'a Path,
+    tensors: &'a SafeTensors<'a>,
+    prefix: &'static str,
+}
+
+impl<D: AmpDevice> ParamVisitorMut<D> for LoadParams<'_> {
+    type Error = CheckpointError;
+    fn visit_mut<S: Shape, E: AmpElem>(
+        &mut self,
+        path: &str,
+        param: &mut Tensor<S, E, D>,
+        _trainable: bool,
+    ) -> Result<(), CheckpointError>
+    where
+        D: Kernels<E>,
+    {
+        let name = format!("{}.{path}", self.prefix);
+        let values = tensor_values(self.file, self.tensors, &name, &*param)?;
+        let dev = param.device().clone();
+        HostKernel::<E>::try_write(&dev, param.storage_mut(), &values)
+            .map_err(|e| CheckpointError::Amp(AmpError::device(e)))
+    }
+}
+
+/// Writes `optim.<store>.<path>` tensors into the optimizer's stores, per trainable parameter.
+pub(super) struct LoadState<'s, 'a> {
+    file: &'a Path,
+    tensors: &'a SafeTensors<'a>,
+    stores: &'s mut [(&'static str, StateMut<'s>)],
+}
+
+impl<D: AmpDevice> ParamVisitor<D> for LoadState<'_, '_> {
+    type Error = CheckpointError;
+    fn visit<S: Shape, E: AmpElem>(
+        &mut self,
+        path: &str,
+        param: &Tensor<S, E, D>,
+        trainable: bool,
+    ) -> Result<(), CheckpointError>
+    where
+        D: Kernels<E>,
+    {
+        if !trainable {
+            return Ok(());
+        }
+        let dev = param.device();
+        for (store_name, store) in self.stores.iter_mut() {
+            let name = format!("optim.{store_name}.{path}");
+            if self.tensors.tensor(&name).is_err() {
+                // Saved before the optimizer's first update of this parameter.
+                continue;
+            }
+            let values = tensor_values(self.file, self.tensors, &name, param)?;
+            let store = store
+                .get::<E, D>()
+                .ok_or_else(|| state_precision_mismatch(path))?;
+            let buf = store.get_or_alloc_mut(param).map_err(AmpError::device)?;
+            HostKernel::<E>::try_write(dev, buf, &values).map_err(AmpError::device)?;
+        }
+        Ok(())
+    }
+}
+
+/// The caller's metadata of a checkpoint written by [`save`](super::save) (what `extra` held), without
+/// loading anything: to check a run's settings against it before [`load`].
+pub fn read_metadata(path: &Path) -> Result<BTreeMap<String, String>, CheckpointError> {
+    let bytes = std::fs::read(path).map_err(|source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| CheckpointError::Format {
+        path: path.to_path_buf(),
+        detail: format_detail(&e, &bytes),
+    })?;
+    Ok(user_metadata(header.metadata().clone().unwrap_or_default()))
+}
+
+pub(super) fn user_metadata(meta: HashMap<String, String>) -> BTreeMap<String, String> {
+    meta.into_iter()
+        .filter_map(|(k, v)| k.strip_prefix("user.").map(|k| (k.to_string(), v)))
+        .collect()
+}
+
+/// Restores a checkpoint written by [`save`](super::save) into `target`, `optimizer` and `scaler`, and
+/// returns the caller's metadata. Everything is checked before anything is written: format,
+/// optimizer kind, the model's precision, the precision of every master and working parameter
+/// (a checkpoint of another policy, say O2 into O1 or another `keep_batchnorm_fp32`, is refused
+/// by name), the scaler's mode (and scale, if static), the optimizer's scalars, that its state
+/// is complete (every trainable parameter's, or none where the file records that the optimizer
+/// had none yet), and every tensor's precision, shape and finiteness.
+pub fn load<D, T, O>(
+    path: &Path,
+    target: &mut T,
+    optimizer: &mut O,
+    scaler: &mut GradScaler,
+) -> Result<BTreeMap<String, String>, CheckpointError>
+where
+    D: AmpDevice,
+    T: TrainTarget<D>,
+    O: OptimizerState<D>,
+{
+    load_checkpoint(path, target, optimizer, scaler, None)
+}
+
+/// [`load`] into a model declared with `#[amp]` under `policy` (`Model::AMP_CONFIG`): a
+/// checkpoint saved with [`save_with_policy`](super::save_with_policy) under another policy is refused, naming each
+/// setting that differs with both values. (One saved without a policy is checked as [`load`]
+/// checks it.)
+pub fn load_with_policy<D, T, O>(
+    path: &Path,
+    target: &mut T,
+    optimizer: &mut O,
+    scaler: &mut GradScaler,
+    policy: &AmpConfig,
+) -> Result<BTreeMap<String, String>, CheckpointError>
+where
+    D: AmpDevice,
+    T: TrainTarget<D>,
+    O: OptimizerState<D>,
+{
+    load_checkpoint(path, target, optimizer, scaler, Some(policy))
+}
+
+pub(super) fn load_checkpoint<D, T, O>(
+    path: &Path,
+    target: &mut T,
+    optimizer: &mut O,
+    scaler: &mut GradScaler,
+    policy: Option<&AmpConfig>,
+) -> Result<BTreeMap<String, String>, CheckpointError>
+where
+    D: AmpDevice,
+    T: TrainTarget<D>,
+    O: OptimizerState<D>,
+{
+    let bytes = std::fs::read(path).map_err(|source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let format_err = |detail: String| CheckpointError::Format {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let (_, header) =
+        SafeTensors::read_metadata(&bytes).map_err(|e| format_err(format_detail(&e, &bytes)))?;
+    let tensors =
+        SafeTensors::deserialize(&bytes).map_err(|e| format_err(format_detail(&e, &bytes)))?;
+    let meta = header.metadata().clone().unwrap_or_default();
+    let mismatch = |detail: String| CheckpointError::Mismatch {
+        path: path.to_path_buf(),
+        detail,
+    };
+    match meta.get("format") {
+        Some(f) if f == FORMAT => {}
+        Some(f) => {
+            return Err(mismatch(format!(
+                "checkpoint format `{f}`, expected `{FORMAT}`"
+            )))
+        }
+        None => {
+            return Err(mismatch(
+                "not a typed-amp checkpoint (no format tag)".to_string(),
+            ))
+        }
+    }
+    match meta.get("optim.kind") {
+        Some(kind) if kind == optimizer.kind() => {}
+        other => {
+            return Err(mismatch(format!(
+                "saved with optimizer `{}`, loading into `{}`",
+                other.map_or("?", String::as_str),
+                optimizer.kind()
+            )))
+        }
+    }
+    let precision = <T::Precision as Precision>::DTYPE;
+    match meta.get("model.precision").map(String::as_str) {
+        Some(saved) if saved == precision.name() => {}
+        Some(saved) => {
+            return Err(mismatch(format!(
+                "a checkpoint of a {saved} model cannot be loaded into a {precision} model"
+            )))
+        }
+        None => {
+            return Err(mismatch(
+                "the checkpoint does not say which precision its model trains in".to_string(),
+            ))
+        }
+    }
+    let saved = saved_policy(path, &meta)?;
+    if let (Some(saved), Some(policy)) = (&saved, policy) {
+        let differences: Vec<String> = policy_settings(saved)
+            .iter()
+            .zip(policy_settings(policy))
+            .filter(|((_, a), (_, b))| *a != *b)
+            .map(|((key, a), (_, b))| {
+                // A static scale's bit pattern is for exactness, not for people.
+                let shown = |v: &str| v.split(" bits ").next().unwrap_or_default().to_string();
+                format!(
+                    "{key} is {} in the checkpoint, {} here",
+                    shown(a),
+                    shown(&b)
+                )
+            })
+            .collect();
+        if !differences.is_empty() {
+            return Err(mismatch(format!(
+                "saved under {saved}, this model is {policy}: {}",
+                differences.join("; ")
+            )));
+        }
+    }
+    // What the policy decides about storage, checked even when neither side names a policy.
+    let saved_under = saved.as_ref().map_or(
+        "another policy (opt level, dtype, master weights or keep_batchnorm_fp32)".to_string(),
+        AmpConfig::to_string,
+    );
+    for (key, copy, layout) in [
+        ("model.master", "master weights", target.layout().to_vec()),
+        (
+            "model.working",
+            "working copy",
+            target.working().param_summary(),
+        ),
+    ] {
+        let Some(stored) = meta.get(key) else {
+            // Written before checkpoints recorded it.
+            continue;
+        };
+        if let Some((param, theirs, ours)) = layout_difference(stored, &layout) {
+            return Err(mismatch(format!(
+                "`{param}` is {theirs} in the checkpoint's {copy}, {ours} in this model's: it was saved under {saved_under}"
+            )));
+        }
+    }
+    let scaler_state = parse_scaler(path, &meta)?;
+    GradScaler::from_state(scaler_state).map_err(|e| mismatch(e.to_string()))?;
+    if scaler_state.mode != scaler.mode() {
+        // An O0 checkpoint would otherwise switch an O2 run's dynamic scaling off.
+        return Err(mismatch(format!(
+            "the checkpoint's loss scaler is {:?}, this run's is {:?}",
+            scaler_state.mode,
+            scaler.mode()
+        )));
+    }
+    let current = scaler.state();
+    if current.mode == ScaleMode::Static && current.scale != scaler_state.scale {
+        // A static scale is the policy's; loading would replace it.
+        return Err(mismatch(format!(
+            "the checkpoint's static loss scale is {}, this run's is {}",
+            scaler_state.scale, current.scale
+        )));
+    }
+    let mut scalars = Vec::new();
+    for (name, _) in optimizer.scalars() {
+        let key = format!("optim.scalar.{name}");
+        let value: i64 = meta
+            .get(&key)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| mismatch(format!("optimizer state `{key}` is missing or malformed")))?;
+        if value < 0 {
+            return Err(mismatch(format!(
+                "optimizer state `{key}` is {value}; it counts steps and cannot be negative"
+            )));
+        }
+        scalars.push((name, value));
+    }
+    let mut check = CheckTensors {
+        file: path,
+        tensors: &tensors,
+        stores: optimizer
+            .stores()
+            .into_iter()
+            .map(|(name, _)| (name, None, None, 0))
+            .collect(),
+    };
+    target.master().visit_params(&mut check)?;
+    for (store, with, without, present) in check.stores {
+        if let (Some(other), Some(missing)) = (&with, &without) {
+            return Err(CheckpointError::Tensor {
+                path: path.to_path_buf(),
+                name: missing.clone(),
+                detail: format!(
+                    "missing from the checkpoint, which has the optimizer's state for other parameters (`{other}`)"
+                ),
+            });
+        }
+        // How many entries `save` wrote (absent in files written before it said): state that
+        // is all missing was removed, not saved before the optimizer's first update.
+        let key = format!("optim.entries.{store}");
+        let Some(recorded) = meta.get(&key) else {
+            continue;
+        };
+        let recorded: usize = recorded
+            .parse()
+            .map_err(|_| mismatch(format!("optimizer state `{key}` is malformed")))?;
+        if recorded != present {
+            let kind = optimizer.kind();
+            return Err(match without {
+                Some(missing) if present < recorded => CheckpointError::Tensor {
+                    path: path.to_path_buf(),
+                    name: missing,
+                    detail: format!(
+                        "missing from the checkpoint, whose metadata records the `{kind}` optimizer's `{store}` state for {recorded} parameters (it holds {present})"
+                    ),
+                },
+                _ => mismatch(format!(
+                    "the checkpoint holds the `{kind}` optimizer's `{store}` state for {present} parameters, its metadata records {recorded}"
+                )),
+            });
+        }
+    }
+
+    target.master_mut().visit_params_mut(&mut LoadParams {
+        file: path,
+        tensors: &tensors,
+        prefix: "master",
+    })?;
+    target.reload_working()?;
+    {
+        let mut stores = optimizer.stores_mut();
+        target.master().visit_params(&mut LoadState {
+            file: path,
+            tensors: &tensors,
+            stores: &mut stores,
+        })?;
+    }
+    for (name, value) in scalars {
+        optimizer.set_scalar(name, value)?;
+    }
+    scaler
+        .load_state(scaler_state)
+        .map_err(|e| mismatch(e.to_string()))?;
+    Ok(user_metadata(meta))
+}

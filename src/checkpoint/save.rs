@@ -1,0 +1,227 @@
+//! Saving a checkpoint: master weights, optimizer state, scaler state and metadata.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use dfdx::prelude::{HasShape, Shape, Tensor};
+use safetensors::tensor::TensorView;
+
+use crate::amp::AmpConfig;
+use crate::device::{AmpDevice, HostKernel, Kernels};
+use crate::error::AmpError;
+use crate::master::TrainTarget;
+use crate::optim::{OptimizerState, StateRef};
+use crate::params::{ParamVisitor, Parameters};
+use crate::precision::{dtype_of, AmpElem, DType, Precision};
+use crate::scaler::GradScaler;
+
+use super::atomic::write_atomically;
+use super::error::{format_detail, state_precision_mismatch, CheckpointError};
+use super::format::st_dtype;
+use super::format::FORMAT;
+use super::policy::{layout_metadata, policy_settings};
+use super::scaler_meta::scaler_metadata;
+
+/// A tensor ready to serialise.
+pub(super) struct Entry {
+    dtype: DType,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+/// The entry for `values` of a tensor shaped like `param`, in its own precision, bit for bit.
+pub(super) fn entry<S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>>(
+    param: &Tensor<S, E, D>,
+    values: &[E],
+) -> Entry {
+    Entry {
+        dtype: dtype_of::<E>(),
+        shape: param.shape().concrete().into_iter().collect(),
+        bytes: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }
+}
+
+/// Collects `prefix.<path>` entries for every parameter of a model.
+pub(super) struct SaveParams<'e> {
+    prefix: &'static str,
+    entries: &'e mut BTreeMap<String, Entry>,
+}
+
+impl<D: AmpDevice> ParamVisitor<D> for SaveParams<'_> {
+    type Error = AmpError;
+    fn visit<S: Shape, E: AmpElem>(
+        &mut self,
+        path: &str,
+        param: &Tensor<S, E, D>,
+        _trainable: bool,
+    ) -> Result<(), AmpError>
+    where
+        D: Kernels<E>,
+    {
+        let values =
+            HostKernel::<E>::try_read(param.device(), param.storage()).map_err(AmpError::device)?;
+        self.entries
+            .insert(format!("{}.{path}", self.prefix), entry(param, &values));
+        Ok(())
+    }
+}
+
+/// Collects `optim.<store>.<path>` entries for every trainable master parameter.
+pub(super) struct SaveState<'s, 'e> {
+    stores: &'s [(&'static str, StateRef<'s>)],
+    entries: &'e mut BTreeMap<String, Entry>,
+}
+
+impl<D: AmpDevice> ParamVisitor<D> for SaveState<'_, '_> {
+    type Error = AmpError;
+    fn visit<S: Shape, E: AmpElem>(
+        &mut self,
+        path: &str,
+        param: &Tensor<S, E, D>,
+        trainable: bool,
+    ) -> Result<(), AmpError>
+    where
+        D: Kernels<E>,
+    {
+        if !trainable {
+            return Ok(());
+        }
+        let dev = param.device();
+        for (name, store) in self.stores {
+            let store = store
+                .get::<E, D>()
+                .ok_or_else(|| state_precision_mismatch(path))?;
+            // A parameter the optimizer has not updated yet has no state.
+            let Some(buf) = store.get_ref_checked(param) else {
+                continue;
+            };
+            let values = HostKernel::<E>::try_read(dev, buf).map_err(AmpError::device)?;
+            self.entries
+                .insert(format!("optim.{name}.{path}"), entry(param, &values));
+        }
+        Ok(())
+    }
+}
+
+/// Saves `target`'s master weights (buffers synced first), `optimizer`'s state, `scaler`'s
+/// state and the caller's `extra` metadata to `path`, atomically. Returns the file's size.
+///
+/// The file records the precision of every master and working parameter, which [`load`](super::load)
+/// checks; for an `#[amp]` model, [`save_with_policy`] records its whole policy too.
+pub fn save<D, T, O>(
+    path: &Path,
+    target: &mut T,
+    optimizer: &O,
+    scaler: &GradScaler,
+    extra: &BTreeMap<String, String>,
+) -> Result<u64, CheckpointError>
+where
+    D: AmpDevice,
+    T: TrainTarget<D>,
+    O: OptimizerState<D>,
+{
+    save_checkpoint(path, target, optimizer, scaler, None, extra)
+}
+
+/// [`save`] for a model declared with `#[amp]`, recording its `policy` (`Model::AMP_CONFIG`):
+/// opt level, dtype, master weights, FP32 batch norm, loss scale, output cast and low-precision
+/// updates, which [`load_with_policy`](super::load_with_policy) compares with the loading model's.
+pub fn save_with_policy<D, T, O>(
+    path: &Path,
+    target: &mut T,
+    optimizer: &O,
+    scaler: &GradScaler,
+    policy: &AmpConfig,
+    extra: &BTreeMap<String, String>,
+) -> Result<u64, CheckpointError>
+where
+    D: AmpDevice,
+    T: TrainTarget<D>,
+    O: OptimizerState<D>,
+{
+    save_checkpoint(path, target, optimizer, scaler, Some(policy), extra)
+}
+
+pub(super) fn save_checkpoint<D, T, O>(
+    path: &Path,
+    target: &mut T,
+    optimizer: &O,
+    scaler: &GradScaler,
+    policy: Option<&AmpConfig>,
+    extra: &BTreeMap<String, String>,
+) -> Result<u64, CheckpointError>
+where
+    D: AmpDevice,
+    T: TrainTarget<D>,
+    O: OptimizerState<D>,
+{
+    // Refuse to write what `load` would refuse to read.
+    let refuse = |detail: String| CheckpointError::Mismatch {
+        path: path.to_path_buf(),
+        detail: format!("not saved: {detail}"),
+    };
+    GradScaler::from_state(scaler.state()).map_err(|e| refuse(e.to_string()))?;
+    if let Some((name, value)) = optimizer.scalars().into_iter().find(|(_, v)| *v < 0) {
+        return Err(refuse(format!("optimizer state `{name}` is {value}")));
+    }
+    target.sync_buffers_to_master()?;
+    let mut entries = BTreeMap::new();
+    target.master().visit_params(&mut SaveParams {
+        prefix: "master",
+        entries: &mut entries,
+    })?;
+    let stores = optimizer.stores();
+    target.master().visit_params(&mut SaveState {
+        stores: &stores,
+        entries: &mut entries,
+    })?;
+
+    let mut meta: HashMap<String, String> = extra
+        .iter()
+        .map(|(k, v)| (format!("user.{k}"), v.clone()))
+        .collect();
+    meta.insert("format".into(), FORMAT.into());
+    meta.insert(
+        "model.precision".into(),
+        <T::Precision as Precision>::DTYPE.name().into(),
+    );
+    meta.insert("model.master".into(), layout_metadata(target.layout()));
+    meta.insert(
+        "model.working".into(),
+        layout_metadata(&target.working().param_summary()),
+    );
+    if let Some(policy) = policy {
+        for (key, value) in policy_settings(policy) {
+            meta.insert(format!("policy.{key}"), value);
+        }
+    }
+    meta.insert("optim.kind".into(), optimizer.kind().into());
+    // How many parameters each store holds state for (0 before the optimizer's first update):
+    // `load` then tells state that was never there from state that was removed.
+    for (store, _) in &stores {
+        let prefix = format!("optim.{store}.");
+        let count = entries.keys().filter(|k| k.starts_with(&prefix)).count();
+        meta.insert(format!("optim.entries.{store}"), count.to_string());
+    }
+    for (name, value) in optimizer.scalars() {
+        meta.insert(format!("optim.scalar.{name}"), value.to_string());
+    }
+    scaler_metadata(&scaler.state(), &mut meta);
+
+    let views: Vec<(String, TensorView<'_>)> = entries
+        .iter()
+        .map(|(name, e)| {
+            TensorView::new(st_dtype(e.dtype), e.shape.clone(), &e.bytes)
+                .map(|view| (name.clone(), view))
+                .map_err(|err| CheckpointError::Tensor {
+                    path: path.to_path_buf(),
+                    name: name.clone(),
+                    detail: format!("not saved: {}", format_detail(&err, &[])),
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    let bytes = safetensors::tensor::serialize(views, &Some(meta))
+        .map_err(|err| refuse(format_detail(&err, &[])))?;
+    write_atomically(path, &bytes)?;
+    Ok(bytes.len() as u64)
+}

@@ -1,0 +1,109 @@
+//! Validation of a checkpoint's tensors before anything is loaded: present, in the right
+//! precision and shape, and finite.
+
+use std::path::Path;
+
+use dfdx::prelude::{HasShape, Shape, Tensor};
+use safetensors::SafeTensors;
+
+use crate::device::{AmpDevice, Kernels};
+use crate::params::ParamVisitor;
+use crate::precision::{dtype_of, AmpElem};
+
+use super::error::CheckpointError;
+use super::format::{dtype_of_st, st_dtype_name};
+
+/// The values of tensor `name`, which must be stored in precision `E` with `param`'s shape.
+pub(super) fn tensor_values<S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>>(
+    file: &Path,
+    tensors: &SafeTensors<'_>,
+    name: &str,
+    param: &Tensor<S, E, D>,
+) -> Result<Vec<E>, CheckpointError> {
+    let err = |detail: String| CheckpointError::Tensor {
+        path: file.to_path_buf(),
+        name: name.to_string(),
+        detail,
+    };
+    let view = tensors
+        .tensor(name)
+        .map_err(|_| err("missing from the checkpoint".to_string()))?;
+    let want = dtype_of::<E>();
+    match dtype_of_st(view.dtype()) {
+        Some(stored) if stored == want => {}
+        Some(stored) => {
+            return Err(err(format!(
+                "stored in {stored}, the model's parameter is {want}"
+            )))
+        }
+        None => {
+            return Err(err(format!(
+                "stored in {}, which typed-amp does not train in",
+                st_dtype_name(view.dtype())
+            )))
+        }
+    }
+    let shape: Vec<usize> = param.shape().concrete().into_iter().collect();
+    if view.shape() != shape.as_slice() {
+        return Err(err(format!(
+            "has shape {:?}, the model's parameter has shape {shape:?}",
+            view.shape()
+        )));
+    }
+    let size = want.size_in_bytes();
+    let values: Vec<E> = view
+        .data()
+        .chunks_exact(size)
+        .map(E::from_le_bytes)
+        .collect();
+    // Masters, statistics and optimizer moments are finite in any state `save` writes: a step
+    // with a non-finite gradient is skipped before anything changes.
+    if let Some(i) = values.iter().position(|v| !AmpElem::to_f32(*v).is_finite()) {
+        return Err(err(format!(
+            "holds a non-finite value ({} at element {i})",
+            AmpElem::to_f32(values[i])
+        )));
+    }
+    Ok(values)
+}
+
+/// Checks, before anything is written, that the checkpoint holds every master tensor and a
+/// complete optimizer state (for each store, every trainable parameter's entry, or none where
+/// it was saved before the optimizer's first update: its `optim.entries.<store>` says 0), each
+/// in the right precision and shape, and finite.
+pub(super) struct CheckTensors<'a> {
+    pub(super) file: &'a Path,
+    pub(super) tensors: &'a SafeTensors<'a>,
+    /// Per optimizer store: its name, the first trainable path with and without an entry, and
+    /// how many have one.
+    pub(super) stores: Vec<(&'static str, Option<String>, Option<String>, usize)>,
+}
+
+impl<D: AmpDevice> ParamVisitor<D> for CheckTensors<'_> {
+    type Error = CheckpointError;
+    fn visit<S: Shape, E: AmpElem>(
+        &mut self,
+        path: &str,
+        param: &Tensor<S, E, D>,
+        trainable: bool,
+    ) -> Result<(), CheckpointError>
+    where
+        D: Kernels<E>,
+    {
+        tensor_values(self.file, self.tensors, &format!("master.{path}"), param)?;
+        if !trainable {
+            return Ok(());
+        }
+        for (store, with, without, present) in &mut self.stores {
+            let name = format!("optim.{store}.{path}");
+            if self.tensors.tensor(&name).is_ok() {
+                tensor_values(self.file, self.tensors, &name, param)?;
+                with.get_or_insert_with(|| name.clone());
+                *present += 1;
+            } else {
+                without.get_or_insert(name);
+            }
+        }
+        Ok(())
+    }
+}

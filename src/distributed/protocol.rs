@@ -1,0 +1,50 @@
+//! The step protocol across ranks: [`DataParallel`]'s stages (scale, backward, unscale,
+//! all-reduce, step, update) as one [`StepProtocol`] iteration.
+
+use crate::device::AmpDevice;
+use crate::error::AmpError;
+use crate::loss::Loss;
+use crate::master::TrainTarget;
+use crate::optim::MasterOptimizer;
+use crate::step::{sealed, StepProtocol};
+use crate::tape::MixedGradients;
+
+use super::collective::AllReduce;
+use super::data_parallel::DataParallel;
+
+impl<C> sealed::Sealed for DataParallel<C> {}
+
+impl<D: AmpDevice, C: AllReduce<D>> StepProtocol<D> for DataParallel<C> {
+    fn train_step<T, O, E, F>(
+        &mut self,
+        target: &mut T,
+        optimizer: &mut O,
+        grads: MixedGradients<D>,
+        mut forward: F,
+    ) -> Result<MixedGradients<D>, E>
+    where
+        T: TrainTarget<D>,
+        O: MasterOptimizer<T::Master, D>,
+        E: From<AmpError>,
+        F: FnMut(&mut T, usize, MixedGradients<D>) -> Result<Loss<D>, E>,
+    {
+        let loss = forward(target, 0, grads)?;
+        let scaled = self.scale(loss).backward()?;
+        let local = self.unscale(target, scaled)?;
+        let averaged = self.all_reduce(local)?;
+        let outcome = self.step(optimizer, averaged)?;
+        Ok(self.update(outcome)?)
+    }
+
+    fn sync_model<T: TrainTarget<D>>(&self, target: &mut T) -> Result<(), AmpError> {
+        self.broadcast_master(target)
+    }
+
+    fn sync_buffers<T: TrainTarget<D>>(&self, target: &mut T) -> Result<(), AmpError> {
+        DataParallel::sync_buffers(self, target)
+    }
+
+    fn check_in_sync<T: TrainTarget<D>>(&self, target: &T) -> Result<(), AmpError> {
+        DataParallel::check_in_sync(self, target)
+    }
+}

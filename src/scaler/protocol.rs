@@ -1,0 +1,84 @@
+//! The step protocol of one process: a [`GradScaler`] (one loss) and [`LossScalers`] (one scaler
+//! per loss, their gradients summed for one step).
+
+use crate::device::AmpDevice;
+use crate::error::AmpError;
+use crate::loss::Loss;
+use crate::master::TrainTarget;
+use crate::optim::MasterOptimizer;
+use crate::step::{sealed, StepProtocol};
+use crate::tape::MixedGradients;
+
+use super::grad_scaler::GradScaler;
+use super::loss_scalers::LossScalers;
+
+impl sealed::Sealed for GradScaler {}
+
+impl<D: AmpDevice> StepProtocol<D> for GradScaler {
+    fn train_step<T, O, E, F>(
+        &mut self,
+        target: &mut T,
+        optimizer: &mut O,
+        grads: MixedGradients<D>,
+        mut forward: F,
+    ) -> Result<MixedGradients<D>, E>
+    where
+        T: TrainTarget<D>,
+        O: MasterOptimizer<T::Master, D>,
+        E: From<AmpError>,
+        F: FnMut(&mut T, usize, MixedGradients<D>) -> Result<Loss<D>, E>,
+    {
+        let loss = forward(target, 0, grads)?;
+        let scaled = self.scale(loss).backward()?;
+        let unscaled = self.unscale(target, scaled)?;
+        let outcome = self.step(optimizer, unscaled)?;
+        Ok(self.update(outcome)?)
+    }
+}
+
+impl sealed::Sealed for LossScalers {}
+
+impl<D: AmpDevice> StepProtocol<D> for LossScalers {
+    fn losses(&self) -> usize {
+        self.len()
+    }
+
+    fn train_step<T, O, E, F>(
+        &mut self,
+        target: &mut T,
+        optimizer: &mut O,
+        grads: MixedGradients<D>,
+        mut forward: F,
+    ) -> Result<MixedGradients<D>, E>
+    where
+        T: TrainTarget<D>,
+        O: MasterOptimizer<T::Master, D>,
+        E: From<AmpError>,
+        F: FnMut(&mut T, usize, MixedGradients<D>) -> Result<Loss<D>, E>,
+    {
+        // Each loss is traced into gradients of its own, scaled and backward by its own scaler.
+        let mut scaled = Vec::with_capacity(self.len());
+        let mut first = Some(grads);
+        for (index, scaler) in self.iter().enumerate() {
+            let grads = match first.take() {
+                Some(grads) => grads,
+                None => target.alloc_grads()?,
+            };
+            let loss = forward(target, index, grads)?;
+            scaled.push(scaler.scale(loss).backward()?);
+        }
+        // Unscaled into one sum, each by its own scaler; one step.
+        let mut scalers = self.iter();
+        let mut scaled = scaled.into_iter();
+        let (Some(scaler), Some(grads)) = (scalers.next(), scaled.next()) else {
+            return Err(AmpError::InvalidScalerConfig("no losses to step on".to_string()).into());
+        };
+        let mut total = scaler.unscale(target, grads)?;
+        for (other, grads) in scalers.zip(scaled) {
+            total.merge(other, grads)?;
+        }
+        let outcome = scaler.step(optimizer, total)?;
+        // Each scaler backs off only if its own loss overflowed.
+        Ok(self.update(outcome)?)
+    }
+}

@@ -1,0 +1,55 @@
+//! The typed training step.
+//!
+//! With a loss scaler (FP16 models, and any model that wants one):
+//! scale → backward → unscale → (clip) → step → update.
+//!
+//! | stage | takes | gives |
+//! | --- | --- | --- |
+//! | [`GradScaler::scale`](crate::GradScaler::scale) | an FP32 [`Loss`](crate::loss::Loss) | [`ScaledLoss`] |
+//! | [`ScaledLoss::backward`] | | [`ScaledGrads`]: working-precision gradients, still × scale, tagged with the scaler |
+//! | [`GradScaler::unscale`](crate::GradScaler::unscale) | the model, [`ScaledGrads`] | [`UnscaledGrads`]: master gradients ÷ scale, checked for inf/NaN, borrowing the model |
+//! | [`clip_grad_norm`], [`clip_grad_value`] | [`UnscaledGrads`] | the total norm |
+//! | [`GradScaler::step`](crate::GradScaler::step) | an FP32-master optimizer, [`UnscaledGrads`] | [`StepOutcome`] |
+//! | [`GradScaler::update`](crate::GradScaler::update) | every [`StepOutcome`] of the iteration | the zeroed gradients for the next one |
+//!
+//! Without one (models whose working precision has FP32's exponent range: BF16 and FP32, rule
+//! [`FullRange`](crate::precision::FullRange)): backward → check → (clip) → step.
+//!
+//! | stage | takes | gives |
+//! | --- | --- | --- |
+//! | [`Loss::backward`](crate::loss::Loss::backward) | | [`RawGrads`]: working-precision gradients at scale 1 |
+//! | [`RawGrads::check`] | the model | [`UnscaledGrads`], checked for inf/NaN |
+//! | [`UnscaledGrads::step`] | an FP32-master optimizer | [`StepOutcome`], whose [`StepOutcome::into_grads`] gives the next gradients |
+//!
+//! Each stage returns a value only the next stage accepts, so the order is checked by the
+//! compiler: no optimizer accepts scaled gradients; unscaling consumes them, so they cannot be
+//! unscaled twice; clipping takes only unscaled gradients; stepping consumes those; the next
+//! iteration's gradients come only out of [`GradScaler::update`](crate::GradScaler::update) (or, without a scaler, out of
+//! the outcome), so an iteration cannot skip its update, and an outcome cannot be counted twice.
+//! Unscaled gradients borrow the model they were unscaled into, so clipping and the step need
+//! no second reference to it. What cannot be a type is checked before anything changes: the
+//! gradients must have been allocated by the model they are unscaled into, and unscaled by the
+//! scaler that scaled them.
+
+mod accumulation;
+mod backward;
+mod clip;
+mod kind;
+mod markers;
+mod merge;
+mod outcome;
+mod protocol;
+mod unscaled;
+mod update;
+
+pub use accumulation::Accumulation;
+pub use backward::{RawGrads, ScaledGrads, ScaledLoss};
+pub use clip::{clip_grad_norm, clip_grad_value};
+pub use kind::{AllReduced, FromScaler, ReadyForStep, ScaleFree, StepKind, Unreduced};
+pub use markers::{Scaled, Unscaled};
+pub(crate) use outcome::outcome_impls;
+pub use outcome::{StepOutcome, StepOutcomes};
+pub(crate) use protocol::sealed;
+pub use protocol::StepProtocol;
+pub(crate) use unscaled::into_master;
+pub use unscaled::UnscaledGrads;

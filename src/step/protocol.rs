@@ -1,0 +1,102 @@
+//! One step protocol for one process or many: [`StepProtocol`], which
+//! [`GradScaler`](crate::GradScaler), [`LossScalers`](crate::LossScalers) and
+//! [`DataParallel`](crate::distributed::DataParallel) implement, so that one training loop runs
+//! with any of them.
+//!
+//! ```rust
+//! # use typed_amp::prelude::*;
+//! use typed_amp::step::StepProtocol;
+//!
+//! type Mlp = (Linear<4, 8>, ReLU, Linear<8, 2>);
+//!
+//! /// A training loop that runs with a `GradScaler`, `LossScalers` or `DataParallel`.
+//! fn train<P: StepProtocol<Cpu>>(protocol: &mut P, steps: usize) -> Result<(), AmpError> {
+//!     let dev = Cpu::default();
+//!     let mut model = MasterWeights::build::<Mlp>(&dev)?;
+//!     let mut opt = typed_amp::optim::sgd(model.master(), SgdConfig::default());
+//!     protocol.sync_model(&mut model)?; // every rank starts from rank 0's model
+//!     let mut grads = model.alloc_grads()?;
+//!     for _ in 0..steps {
+//!         grads = protocol.train_step(&mut model, &mut opt, grads, |model, _loss, grads| {
+//!             let x: Tensor<Rank2<16, 4>, f16, _> = dev.zeros();
+//!             let logits = model.working().forward(x.traced_mixed(grads));
+//!             Ok::<_, AmpError>(mse_loss(logits.to_f32(), dev.zeros()))
+//!         })?;
+//!     }
+//!     protocol.check_in_sync(&model)
+//! }
+//!
+//! train(&mut GradScaler::dynamic(), 3)?;
+//! train(&mut typed_amp::LossScalers::new(2, GradScaler::dynamic()), 3)?;
+//! # Ok::<(), AmpError>(())
+//! ```
+
+use crate::device::AmpDevice;
+use crate::error::AmpError;
+use crate::loss::Loss;
+use crate::master::TrainTarget;
+use crate::optim::MasterOptimizer;
+use crate::tape::MixedGradients;
+
+/// The implementors of [`StepProtocol`] are the library's: the protocol's guarantees (the typed
+/// stages in order, the verdict back to the scaler that scaled) are theirs to keep.
+pub(crate) mod sealed {
+    /// Seals [`StepProtocol`](super::StepProtocol).
+    pub trait Sealed {}
+}
+
+/// One training iteration, whoever runs it: a [`GradScaler`](crate::GradScaler) in one
+/// process, [`LossScalers`](crate::LossScalers) (one scaler per loss), or
+/// [`DataParallel`](crate::distributed::DataParallel) across ranks. Each runs the typed stages
+/// of its own (scale → backward → unscale → [all-reduce] → step → update), so a loop written
+/// against this trait keeps every rule of the typed step.
+///
+/// Sealed: implemented by those three only.
+pub trait StepProtocol<D: AmpDevice>: sealed::Sealed {
+    /// The number of losses an iteration takes: one, or one per scaler of
+    /// [`LossScalers`](crate::LossScalers).
+    fn losses(&self) -> usize {
+        1
+    }
+
+    /// One iteration. For each loss `i` in `0..self.losses()`, `forward(target, i, grads)`
+    /// traces a forward pass into `grads` (the first loss into the `grads` given here, each
+    /// further loss into freshly allocated ones) and returns its FP32 loss; each loss is
+    /// scaled by its scaler and backward, the gradients are unscaled into `target`'s master
+    /// gradients (summed over the losses, averaged across ranks), `optimizer` steps unless a
+    /// gradient was inf or NaN, and the scale is updated. Returns the zeroed gradients for the
+    /// next iteration.
+    fn train_step<T, O, E, F>(
+        &mut self,
+        target: &mut T,
+        optimizer: &mut O,
+        grads: MixedGradients<D>,
+        forward: F,
+    ) -> Result<MixedGradients<D>, E>
+    where
+        T: TrainTarget<D>,
+        O: MasterOptimizer<T::Master, D>,
+        E: From<AmpError>,
+        F: FnMut(&mut T, usize, MixedGradients<D>) -> Result<Loss<D>, E>;
+
+    /// Makes every rank's model rank 0's (master weights and buffers), before training. One
+    /// process: nothing to do.
+    fn sync_model<T: TrainTarget<D>>(&self, target: &mut T) -> Result<(), AmpError> {
+        let _ = target;
+        Ok(())
+    }
+
+    /// Gives every rank rank 0's buffers (batch norm statistics, which follow each rank's
+    /// shard), before evaluating or saving. One process: nothing to do.
+    fn sync_buffers<T: TrainTarget<D>>(&self, target: &mut T) -> Result<(), AmpError> {
+        let _ = target;
+        Ok(())
+    }
+
+    /// Checks that every rank holds the same weights and scale, bit for bit. One process:
+    /// trivially true.
+    fn check_in_sync<T: TrainTarget<D>>(&self, target: &T) -> Result<(), AmpError> {
+        let _ = target;
+        Ok(())
+    }
+}

@@ -1,0 +1,132 @@
+//! One training loop, written once against `StepProtocol`, runs with a `GradScaler`, with
+//! `LossScalers` and with `DataParallel` (over `SingleProcess`; over MPI in `data_parallel.rs`'s
+//! worker): each gives bit for bit the weights, scale and skipped steps of the same iteration
+//! written out stage by stage.
+
+use typed_amp::distributed::{master_digest, DataParallel, SingleProcess};
+use typed_amp::prelude::*;
+use typed_amp::step::StepProtocol;
+use typed_amp::LossScalers;
+
+type Mlp = (Linear<6, 16>, ReLU, Linear<16, 3>);
+type Model = MasterWeights<
+    <Mlp as BuildOnDevice<Cpu, f32>>::Built,
+    <Mlp as BuildOnDevice<Cpu, f16>>::Built,
+    Cpu,
+>;
+
+const STEPS: usize = 12;
+
+/// Step `step`'s batch: its inputs and, per loss, its weight. Loss 1 is so large at some steps
+/// that FP16 overflows, so that the scalers back off and a step is skipped.
+fn batch(dev: &Cpu, step: usize) -> (Tensor<Rank2<8, 6>, f16, Cpu>, [f32; 2]) {
+    let x: Tensor<Rank2<8, 6>, f32, Cpu> = dev.sample_normal();
+    let blow_up = if step % 5 == 2 { 1e9 } else { 10.0 };
+    (x.to_dtype::<f16>(), [1.0, blow_up])
+}
+
+/// Loss `index` of a forward pass traced into `grads`.
+fn loss(
+    dev: &Cpu,
+    model: &Model,
+    x: Tensor<Rank2<8, 6>, f16, Cpu>,
+    weight: f32,
+    grads: MixedGradients<Cpu>,
+) -> Loss<Cpu> {
+    let out = model.working().forward(x.traced_mixed(grads));
+    mse_loss(out.to_f32(), dev.ones()) * weight
+}
+
+/// The one loop: `STEPS` iterations through `protocol`, each with as many losses as it takes.
+/// Returns the master weights' digest.
+fn train<P: StepProtocol<Cpu>>(protocol: &mut P) -> Result<u64, AmpError> {
+    let dev = Cpu::seed_from_u64(7);
+    let mut model = MasterWeights::build::<Mlp>(&dev)?;
+    let mut opt = typed_amp::optim::adam(model.master(), AdamConfig::default());
+    protocol.sync_model(&mut model)?;
+    let mut grads = model.alloc_grads()?;
+    for step in 0..STEPS {
+        let (x, weights) = batch(&dev, step);
+        grads = protocol.train_step(&mut model, &mut opt, grads, |model, index, grads| {
+            Ok::<_, AmpError>(loss(&dev, model, x.clone(), weights[index], grads))
+        })?;
+    }
+    protocol.sync_buffers(&mut model)?;
+    protocol.check_in_sync(&model)?;
+    master_digest(&model)
+}
+
+/// The same iterations with one scaler, stage by stage.
+fn by_stages(scaler: &mut GradScaler) -> Result<u64, AmpError> {
+    let dev = Cpu::seed_from_u64(7);
+    let mut model = MasterWeights::build::<Mlp>(&dev)?;
+    let mut opt = typed_amp::optim::adam(model.master(), AdamConfig::default());
+    let mut grads = model.alloc_grads()?;
+    for step in 0..STEPS {
+        let (x, weights) = batch(&dev, step);
+        let loss = loss(&dev, &model, x, weights[0], grads);
+        let scaled = scaler.scale(loss).backward()?;
+        let unscaled = scaler.unscale(&mut model, scaled)?;
+        let outcome = scaler.step(&mut opt, unscaled)?;
+        grads = scaler.update(outcome)?;
+    }
+    master_digest(&model)
+}
+
+/// The same iterations with one scaler per loss, stage by stage.
+fn by_stages_per_loss(scalers: &mut LossScalers) -> Result<u64, AmpError> {
+    let dev = Cpu::seed_from_u64(7);
+    let mut model = MasterWeights::build::<Mlp>(&dev)?;
+    let mut opt = typed_amp::optim::adam(model.master(), AdamConfig::default());
+    let mut grads = Some(model.alloc_grads()?);
+    for step in 0..STEPS {
+        let (x, weights) = batch(&dev, step);
+        let first = grads.take().expect("the last update's gradients");
+        let loss0 = loss(&dev, &model, x.clone(), weights[0], first);
+        let scaled0 = scalers.get(0).expect("0").scale(loss0).backward()?;
+        let loss1 = loss(&dev, &model, x, weights[1], model.alloc_grads()?);
+        let scaled1 = scalers.get(1).expect("1").scale(loss1).backward()?;
+        let (scaler0, scaler1) = (scalers.get(0).expect("0"), scalers.get(1).expect("1"));
+        let mut total = scaler0.unscale(&mut model, scaled0)?;
+        total.merge(scaler1, scaled1)?;
+        let outcome = scaler0.step(&mut opt, total)?;
+        grads = Some(scalers.update(outcome)?);
+    }
+    master_digest(&model)
+}
+
+fn scaler() -> GradScaler {
+    GradScaler::new(1024.0, 2.0, 0.5, 3).unwrap()
+}
+
+#[test]
+fn the_loop_through_a_grad_scaler_is_the_stages_bit_for_bit() -> Result<(), AmpError> {
+    let (mut looped, mut staged) = (scaler(), scaler());
+    assert_eq!(train(&mut looped)?, by_stages(&mut staged)?);
+    assert_eq!(looped.state(), staged.state());
+    // Loss 0 alone (weight 1) never overflows.
+    assert_eq!(looped.skipped_steps(), 0);
+    Ok(())
+}
+
+#[test]
+fn the_loop_through_loss_scalers_is_the_stages_bit_for_bit() -> Result<(), AmpError> {
+    let (mut looped, mut staged) = (LossScalers::new(2, scaler()), LossScalers::new(2, scaler()));
+    assert_eq!(StepProtocol::<Cpu>::losses(&looped), 2);
+    assert_eq!(train(&mut looped)?, by_stages_per_loss(&mut staged)?);
+    assert_eq!(looped, staged);
+    // Loss 1 overflowed at steps 2 and 7 and its scaler alone backed off.
+    let (s0, s1) = (looped.get(0).expect("0"), looped.get(1).expect("1"));
+    assert_eq!((s0.skipped_steps(), s1.skipped_steps()), (0, 2));
+    assert!(s1.get_scale() < s0.get_scale());
+    Ok(())
+}
+
+#[test]
+fn the_loop_through_data_parallel_on_one_process_is_the_grad_scalers() -> Result<(), AmpError> {
+    let mut dist = DataParallel::new(scaler(), SingleProcess)?;
+    let mut alone = scaler();
+    assert_eq!(train(&mut dist)?, train(&mut alone)?);
+    assert_eq!(dist.state(), alone.state());
+    Ok(())
+}
