@@ -244,7 +244,8 @@ pub use typed_amp_macros::amp;
 
 /// Everything a training script needs: dfdx's prelude (its layers, shapes, tensors, ops and
 /// optimizers; not its losses, which typed-amp's FP32-only losses of the same purpose replace,
-/// so no name means two things) and typed-amp's types.
+/// so no name means two things; its free functions `softmax` and `log_softmax` are replaced the
+/// same way by typed-amp's FP32-only ones) and typed-amp's types.
 pub mod prelude {
     pub use dfdx::nn::builders::*;
     pub use dfdx::optim::prelude::*;

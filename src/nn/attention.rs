@@ -106,16 +106,19 @@ impl<const H: usize, L: Parameters<D>, D: AmpDevice> Parameters<D> for SelfAtten
     }
 }
 
+/// `(batch, tokens, M)` tokens.
+type Tokens<B, S, const M: usize, E, D, T> = Tensor<(B, S, Const<M>), E, D, T>;
+
 /// The attention between projections: `q`, `k`, `v` are `(batch, tokens, M)` in one precision;
 /// `softmax` normalises the `(batch, H, tokens, tokens)` scores and returns them in that
 /// precision. Queries are scaled by `1/√(M/H)` before the product (as PyTorch does), so the
 /// scores stay in range when 16-bit.
 pub fn try_attend<B, S, const M: usize, const H: usize, E, D, T, F>(
-    q: Tensor<(B, S, Const<M>), E, D, T>,
-    k: Tensor<(B, S, Const<M>), E, D, T>,
-    v: Tensor<(B, S, Const<M>), E, D, T>,
+    q: Tokens<B, S, M, E, D, T>,
+    k: Tokens<B, S, M, E, D, T>,
+    v: Tokens<B, S, M, E, D, T>,
     softmax: F,
-) -> Result<Tensor<(B, S, Const<M>), E, D, T>, D::Err>
+) -> Result<Tokens<B, S, M, E, D, T>, D::Err>
 where
     B: Dim,
     S: Dim,
@@ -128,7 +131,7 @@ where
 {
     const {
         assert!(
-            H > 0 && M % H == 0,
+            H > 0 && M.is_multiple_of(H),
             "the width must be a multiple of the heads"
         )
     };
