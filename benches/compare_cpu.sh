@@ -11,7 +11,7 @@
 #                  torch.set_num_threads for PyTorch
 #   --out DIR      where the raw JSON lines go (default target/compare_cpu)
 #   --from DIR     print the table from an earlier run's DIR without running anything
-#   ARGS           passed to both benches: --only mlp|cnn|matmul, --steps N, --warmup W,
+#   ARGS           passed to both benches: --only mlp|cnn|vit|matmul, --steps N, --warmup W,
 #                  --min-time S, --max-steps N (and PyTorch-only ones, which the Rust bench
 #                  ignores: --max-time S, --min-steps N, --no-fp16)
 #
@@ -108,6 +108,7 @@ def fmt_ratio(a, b):
 titles = {
     "mlp": "MLP 784-512-512-10 (ReLU), batch 256, Adam, cross-entropy",
     "cnn": "CNN conv16-BN-ReLU-pool, conv32-BN-ReLU-pool, linear 1568-10, batch 128, Adam",
+    "vit": "ViT 7x7 patches, width 64, 4 heads, 4 pre-norm blocks, MLP 128, GELU, batch 128, Adam",
 }
 # Rows: (precision, typed-amp config, torch config on the same row or None).
 layout = [
@@ -117,6 +118,14 @@ layout = [
     ("bf16", "O1-BF16", None),
     ("fp16", "O2-FP16", "torch-fp16-autocast"),
 ]
+# The ViT has no plain-dfdx row (its attention is typed-amp's): O0 faces torch-fp32.
+layouts = {
+    "vit": [
+        ("fp32", "O0", "torch-fp32"),
+        ("bf16", "O2-BF16", "torch-bf16-autocast"),
+        ("fp16", "O2-FP16", "torch-fp16-autocast"),
+    ],
+}
 for model, title in titles.items():
     if not any(k[0] == model for k in list(ours) + list(torch)):
         continue
@@ -126,7 +135,7 @@ for model, title in titles.items():
     print(title)
     print(f"  {'':5} {'typed-amp':<10} {'ms (CPU ms)':>22}   {'PyTorch':<20} {'ms (CPU ms)':>22}")
     last = None
-    for prec, oc, tc in layout:
+    for prec, oc, tc in layouts.get(model, layout):
         name = prec if prec != last else ""
         last = prec
         tname = tc or ""

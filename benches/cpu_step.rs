@@ -5,7 +5,12 @@
 //!
 //! - `mlp`: MLP 784-512-512-10 with ReLU, batch 256;
 //! - `cnn`: the main job's CNN (`cli/src/models.rs`): conv(1→16, 3×3, pad 1)-BN-ReLU-maxpool 2,
-//!   conv(16→32, 3×3, pad 1)-BN-ReLU-maxpool 2, flatten, linear 1568→10; batch 128 of 1×28×28.
+//!   conv(16→32, 3×3, pad 1)-BN-ReLU-maxpool 2, flatten, linear 1568→10; batch 128 of 1×28×28;
+//! - `vit`: the main job's ViT (`cli/src/models.rs`): 28×28 images as 16 patches of 7×7, a
+//!   linear embedding 49→64, a class token and learned position embedding, 4 pre-norm blocks
+//!   (layer norm, 4-head self-attention, layer norm, MLP 64→128→64 with exact GELU), layer norm
+//!   and linear 64→10 on the class token; batch 128 (PyTorch: `nn.TransformerEncoderLayer` with
+//!   `norm_first=True`, `activation="gelu"`, dropout 0).
 //!
 //! Loss: cross-entropy with logits, in FP32. Optimizer: Adam (lr 1e-3, PyTorch's defaults).
 //! One fixed random batch, generated once (for `#[amp]` models, in the model's entry precision,
@@ -15,8 +20,10 @@
 //! Configurations per model:
 //!
 //! - `dfdx-fp32`: plain dfdx (`OwnedTape`, `loss.backward()`, `Adam::update`, `zero_grads`);
+//!   not for `vit`, whose attention is typed-amp's;
 //! - `O0`, `O2-FP16`, `O2-BF16`, `O1-BF16`: `#[typed_amp::amp]` models trained with the typed
-//!   step as the main job does (`scale` → `backward` → `unscale` → `step` → `update`).
+//!   step as the main job does (`scale` → `backward` → `unscale` → `step` → `update`); `vit`
+//!   has `O0`, `O2-FP16` and `O2-BF16`.
 //!
 //! and matrix products through dfdx's `matmul` on `(usize, usize)` tensors, 256³ and 1024³, in
 //! f32, f16 and bf16.
@@ -27,7 +34,7 @@
 //! median milliseconds per step (GFLOP/s of the median product time for matmul).
 //!
 //! ```text
-//! cargo bench --bench cpu_step [-- [--json] [--breakdown] [--only mlp|cnn|matmul] [--config NAME]
+//! cargo bench --bench cpu_step [-- [--json] [--breakdown] [--only mlp|cnn|vit|matmul] [--config NAME]
 //!                                   [--steps N] [--warmup W] [--min-time SECONDS] [--max-steps N]
 //!                                   [--default-malloc]]
 //! ```
@@ -49,9 +56,11 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use typed_amp::amp::{AmpModel, MasterOf, WorkingOf};
-use typed_amp::dfdx::nn::builders::BatchNorm2D;
+use typed_amp::dfdx::nn::builders::{AccurateGeLU, BatchNorm2D, LayerNorm1D, Repeated, Residual};
 use typed_amp::dfdx::optim::Adam;
-use typed_amp::nn::builders::{Conv2D, Flatten, MaxPool2D};
+use typed_amp::nn::builders::{
+    ClassPool, ClassToken, Conv2D, Flatten, MaxPool2D, Patches, SelfAttention,
+};
 use typed_amp::prelude::*;
 use typed_amp::{AmpError, MasterOptimizer, TrainTarget};
 use typed_amp_kernels::timing::{self, Phase};
@@ -59,6 +68,7 @@ use typed_amp_kernels::timing::{self, Phase};
 const CLASSES: usize = 10;
 const MLP_BATCH: usize = 256;
 const CNN_BATCH: usize = 128;
+const VIT_BATCH: usize = 128;
 /// Timed steps in a row for one configuration before the next one's turn.
 const BLOCK: usize = 10;
 
@@ -122,6 +132,36 @@ cnn!(CnnO0, policy = "O0");
 cnn!(CnnO2, policy = "O2");
 cnn!(CnnO2Bf16, policy = "O2", dtype = "bf16");
 cnn!(CnnO1Bf16, policy = "O1", dtype = "bf16");
+
+/// One pre-norm block of the ViT, as in `cli/src/models.rs`.
+type VitBlock = (
+    Residual<(LayerNorm1D<64>, SelfAttention<64, 4>)>,
+    Residual<(
+        LayerNorm1D<64>,
+        Linear<64, 128>,
+        AccurateGeLU,
+        Linear<128, 64>,
+    )>,
+);
+
+macro_rules! vit {
+    ($name:ident, $($policy:tt)*) => {
+        #[typed_amp::amp($($policy)*, cast_model_outputs = "fp32")]
+        struct $name {
+            patches: Patches<16, 49>,
+            embed: Linear<49, 64>,
+            tokens: ClassToken<16, 64>,
+            blocks: Repeated<VitBlock, 4>,
+            pool: ClassPool,
+            norm: LayerNorm1D<64>,
+            head: Linear<64, 10>,
+        }
+    };
+}
+
+vit!(VitO0, policy = "O0");
+vit!(VitO2, policy = "O2");
+vit!(VitO2Bf16, policy = "O2", dtype = "bf16");
 
 // ---------------------------------------------------------------------------------------------
 // Data
@@ -305,6 +345,21 @@ fn cnn_configs(dev: &Cpu) -> Vec<Config> {
     ]
 }
 
+fn vit_configs(dev: &Cpu) -> Vec<Config> {
+    let data = || batch(dev, (VIT_BATCH, Const::<784>), 3);
+    vec![
+        amp_config::<VitO0, MlpShape, _>("O0", dev, data(), |m| {
+            Adam::<_, f32, Cpu>::new(m, adam())
+        }),
+        amp_config::<VitO2, MlpShape, _>("O2-FP16", dev, data(), |m| {
+            Adam::<_, f32, Cpu>::new(m, adam())
+        }),
+        amp_config::<VitO2Bf16, MlpShape, _>("O2-BF16", dev, data(), |m| {
+            Adam::<_, f32, Cpu>::new(m, adam())
+        }),
+    ]
+}
+
 // ---------------------------------------------------------------------------------------------
 // Timing
 
@@ -349,8 +404,8 @@ impl Options {
                 "--default-malloc" => o.keep_freed_memory = false,
                 "--only" => {
                     let v = value("--only");
-                    if !["mlp", "cnn", "matmul"].contains(&v.as_str()) {
-                        usage(&format!("--only {v}: expected mlp, cnn or matmul"));
+                    if !["mlp", "cnn", "vit", "matmul"].contains(&v.as_str()) {
+                        usage(&format!("--only {v}: expected mlp, cnn, vit or matmul"));
                     }
                     o.only = Some(v);
                 }
@@ -389,7 +444,7 @@ fn usage(problem: &str) -> ! {
         eprintln!("error: {problem}");
     }
     eprintln!(
-        "usage: cargo bench --bench cpu_step -- [--json] [--breakdown] [--only mlp|cnn|matmul] \
+        "usage: cargo bench --bench cpu_step -- [--json] [--breakdown] [--only mlp|cnn|vit|matmul] \
          [--config NAME] [--steps N] [--warmup W] [--min-time SECONDS] [--max-steps N]"
     );
     std::process::exit(if problem.is_empty() { 0 } else { 2 });
@@ -722,6 +777,9 @@ fn print_table(rows: &[Row], opts: &Options) {
                 "cnn" => println!(
                     "CNN conv16-BN-ReLU-pool, conv32-BN-ReLU-pool, linear 1568-10, batch {CNN_BATCH}, Adam"
                 ),
+                "vit" => println!(
+                    "ViT 7x7 patches, width 64, 4 heads, 4 pre-norm blocks, MLP 128, GELU, batch {VIT_BATCH}, Adam"
+                ),
                 _ => println!("dfdx matmul, square n x n x n"),
             }
             if model == "matmul" {
@@ -797,6 +855,9 @@ fn main() {
     }
     if opts.runs("cnn") {
         run_models("cnn", cnn_configs(&dev), &opts, &mut rows);
+    }
+    if opts.runs("vit") {
+        run_models("vit", vit_configs(&dev), &opts, &mut rows);
     }
     if opts.runs("matmul") {
         run_matmul(&dev, &opts, &mut rows);

@@ -9,6 +9,7 @@
 //! | --- | --- |
 //! | an optimizer over FP16 or BF16 weights | [`UpdatablePrecision`], [`MasterOptimizer`] |
 //! | a loss over FP16 or BF16 values | [`LossPrecision`] |
+//! | a softmax or log-softmax over FP16 or BF16 values | [`ops::softmax::SoftmaxPrecision`] |
 //! | an FP16 model stepping without a loss scaler | [`FullRange`] |
 //! | stepping or clipping with gradients still × scale | [`step::Unscaled`] |
 //! | unscaling twice | [`step::Scaled`] (and ownership) |
@@ -245,7 +246,8 @@ pub use typed_amp_macros::amp;
 
 /// Everything a training script needs: dfdx's prelude (its layers, shapes, tensors, ops and
 /// optimizers; not its losses, which typed-amp's FP32-only losses of the same purpose replace,
-/// so no name means two things) and typed-amp's types.
+/// so no name means two things; its free functions `softmax` and `log_softmax` are replaced the
+/// same way by typed-amp's FP32-only ones) and typed-amp's types.
 pub mod prelude {
     pub use dfdx::nn::builders::*;
     pub use dfdx::optim::prelude::*;
@@ -258,6 +260,7 @@ pub mod prelude {
         binary_cross_entropy_with_logits_loss, cross_entropy_with_logits_loss, mse_loss, Loss,
     };
     pub use crate::ops::cast::{to_bf16, to_f16, to_f32, Cast};
+    pub use crate::ops::softmax::{log_softmax, softmax};
     pub use crate::{
         adamw_config, clip_grad_norm, clip_grad_value, AmpDevice, AmpError, Fp32Weights,
         GradScaler, MasterWeights, MixedGradients, MixedTape, Parameters, TraceMixed, TrainTarget,

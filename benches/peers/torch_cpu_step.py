@@ -6,7 +6,11 @@ Same models, batch sizes, data shapes, loss, optimizer and timing method as
 
 - mlp: MLP 784-512-512-10 with ReLU, batch 256;
 - cnn: conv(1->16, 3x3, pad 1)-BN-ReLU-maxpool 2, conv(16->32, 3x3, pad 1)-BN-ReLU-maxpool 2,
-  flatten, linear 1568->10; batch 128 of 1x28x28.
+  flatten, linear 1568->10; batch 128 of 1x28x28;
+- vit: 28x28 images as 16 patches of 7x7, linear 49->64, a class token and learned position
+  embedding, 4 `nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, dropout=0,
+  activation="gelu", norm_first=True, batch_first=True)`, layer norm and linear 64->10 on the
+  class token; batch 128 of 784.
 
 Loss: cross-entropy with logits in FP32 (`F.cross_entropy` on `logits.float()`, class-index
 targets: the same value as typed-amp's one-hot form). Optimizer: `torch.optim.Adam`, lr 1e-3,
@@ -27,7 +31,7 @@ products).
 Output: a table, or with --json one JSON object per line with `model`, `config`, `ms_per_step`
 (and `gflops` for products), like the Rust bench.
 
-    python3 benches/peers/torch_cpu_step.py [--json] [--only mlp|cnn|matmul] [--threads 2]
+    python3 benches/peers/torch_cpu_step.py [--json] [--only mlp|cnn|vit|matmul] [--threads 2]
         [--steps 30] [--warmup 5] [--min-time 2] [--max-steps 300] [--max-time 60]
         [--min-steps 5] [--no-fp16]
 """
@@ -53,6 +57,7 @@ import torch.nn.functional as F  # noqa: E402
 CLASSES = 10
 MLP_BATCH = 256
 CNN_BATCH = 128
+VIT_BATCH = 128
 BLOCK = 10
 
 
@@ -64,6 +69,36 @@ def mlp():
         nn.ReLU(),
         nn.Linear(512, 10),
     )
+
+
+class Vit(nn.Module):
+    """The main job's ViT (typed-amp's `cli/src/models.rs`), pre-norm, exact GELU."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(49, 64)
+        self.cls = nn.Parameter(torch.randn(1, 1, 64) * 0.02)
+        self.pos = nn.Parameter(torch.randn(1, 16, 64) * 0.02)
+        layer = nn.TransformerEncoderLayer(
+            64, 4, dim_feedforward=128, dropout=0.0, activation="gelu",
+            batch_first=True, norm_first=True,
+        )
+        self.blocks = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(64)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        b = x.shape[0]
+        # (batch, 784) -> 16 patches of 7x7, row-major, as typed-amp's `Patches<16, 49>`.
+        x = x.view(b, 4, 7, 4, 7).permute(0, 1, 3, 2, 4).reshape(b, 16, 49)
+        x = self.embed(x) + self.pos
+        x = torch.cat([self.cls.expand(b, -1, -1), x], dim=1)
+        x = self.blocks(x)
+        return self.head(self.norm(x[:, 0]))
+
+
+def vit():
+    return Vit()
 
 
 def cnn():
@@ -244,7 +279,7 @@ def row(model, config, s, **extra):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", action="store_true", help="one JSON object per line")
-    p.add_argument("--only", choices=["mlp", "cnn", "matmul"])
+    p.add_argument("--only", choices=["mlp", "cnn", "vit", "matmul"])
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
     p.add_argument("--steps", type=int, default=30, help="timed steps at least (default 30)")
     p.add_argument("--warmup", type=int, default=5, help="warm-up steps (default 5)")
@@ -270,6 +305,7 @@ def main():
     for model_name, build, shape, seed in [
         ("mlp", mlp, (MLP_BATCH, 784), 1),
         ("cnn", cnn, (CNN_BATCH, 1, 28, 28), 2),
+        ("vit", vit, (VIT_BATCH, 784), 3),
     ]:
         if args.only not in (None, model_name):
             continue
@@ -322,6 +358,8 @@ def print_table(rows, args):
         "mlp": f"MLP 784-512-512-10, batch {MLP_BATCH}, Adam, cross-entropy",
         "cnn": "CNN conv16-BN-ReLU-pool, conv32-BN-ReLU-pool, linear 1568-10, "
                f"batch {CNN_BATCH}, Adam",
+        "vit": "ViT 7x7 patches, width 64, 4 heads, 4 pre-norm blocks, MLP 128, GELU, "
+               f"batch {VIT_BATCH}, Adam",
         "matmul": "torch.mm, square n x n x n",
     }
     model = None

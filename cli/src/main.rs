@@ -28,7 +28,7 @@ USAGE:
     typed-amp train [OPTIONS]         train one model under one policy
 
 OPTIONS:
-    --model mlp|cnn        architecture                                  [default: mlp]
+    --model mlp|cnn|vit    architecture                                  [default: mlp]
     --policy O0|O1|O2|O3   policy (compare: the mixed one)               [default: O2]
     --dtype fp16|bf16      16-bit precision of O1-O3                     [default: fp16]
     --epochs N             epochs                                        [default: 5]

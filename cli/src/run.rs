@@ -62,6 +62,13 @@ macro_rules! for_each_model {
             (Arch::Cnn, OptLevel::O1, Bf16) => $train!(CnnO1Bf16, Image, f32),
             (Arch::Cnn, OptLevel::O2, Bf16) => $train!(CnnO2Bf16, Image, f32),
             (Arch::Cnn, OptLevel::O3, Bf16) => $train!(CnnO3Bf16, Image, bf16),
+            (Arch::Vit, OptLevel::O0, _) => $train!(VitO0, Flat, f32),
+            (Arch::Vit, OptLevel::O1, Fp16) => $train!(VitO1, Flat, f32),
+            (Arch::Vit, OptLevel::O2, Fp16) => $train!(VitO2, Flat, f32),
+            (Arch::Vit, OptLevel::O3, Fp16) => $train!(VitO3, Flat, f16),
+            (Arch::Vit, OptLevel::O1, Bf16) => $train!(VitO1Bf16, Flat, f32),
+            (Arch::Vit, OptLevel::O2, Bf16) => $train!(VitO2Bf16, Flat, f32),
+            (Arch::Vit, OptLevel::O3, Bf16) => $train!(VitO3Bf16, Flat, bf16),
         }
     }};
 }

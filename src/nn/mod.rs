@@ -5,6 +5,9 @@
 //!   run on stable, with image sizes as run-time `usize` dimensions.
 //! - [`modules::ToF16`] and [`modules::ToF32`]: differentiable casts as layers, to place inside
 //!   tuples at the boundary between FP16 and FP32 layers.
+//! - [`modules::SelfAttention`], [`modules::Patches`], [`modules::ClassToken`] and
+//!   [`modules::ClassPool`]: a vision transformer's parts; attention follows the policy table,
+//!   its softmax in FP32 except under O3.
 //!
 //! Build them like dfdx layers, from the types in [`builders`]:
 //!
@@ -18,24 +21,34 @@
 //! let y: Tensor<Rank2<2, 10>, f32, _> = cnn.forward(x);
 //! ```
 
+mod attention;
 mod cast;
+mod class_token;
 mod conv2d;
 mod flatten;
+mod patches;
 mod pool;
 
 /// The layers, generic over dtype and device (what [`builders`] build).
 pub mod modules {
+    pub use super::attention::{try_attend, SelfAttention};
     pub use super::cast::{CastLayer, ToBf16, ToF16, ToF32};
+    pub use super::class_token::{ClassPool, ClassToken};
     pub use super::conv2d::Conv2D;
     pub use super::flatten::Flatten;
+    pub use super::patches::Patches;
     pub use super::pool::MaxPool2D;
 }
 
 /// Architecture types to build with `dev.build_module::<Arch, E>()`.
 pub mod builders {
+    pub use super::attention::builder::SelfAttention;
     pub use super::cast::{ToBf16, ToF16, ToF32};
+    pub use super::class_token::builder::ClassToken;
+    pub use super::class_token::ClassPool;
     pub use super::conv2d::builder::Conv2D;
     pub use super::flatten::Flatten;
+    pub use super::patches::Patches;
     pub use super::pool::MaxPool2D;
 }
 
@@ -47,7 +60,12 @@ crate::amp::amp_layers! {
         ] modules::Conv2D<I, O, K, S, P, E, D>;
     crate::amp::kind::Neutral =>
         [const K: usize, const S: usize] modules::MaxPool2D<K, S>,
-        [const N: usize] modules::Flatten<N>;
+        [const N: usize] modules::Flatten<N>,
+        [const T: usize, const P: usize] modules::Patches<T, P>,
+        [] modules::ClassPool;
+    crate::amp::kind::Elementwise =>
+        [const N: usize, const M: usize, E: dfdx::prelude::Dtype, D: dfdx::prelude::Storage<E>]
+            modules::ClassToken<N, M, E, D>;
     crate::amp::kind::Cast<crate::F16> => [] modules::ToF16;
     crate::amp::kind::Cast<crate::BF16> => [] modules::ToBf16;
     crate::amp::kind::Cast<crate::F32> => [] modules::ToF32;

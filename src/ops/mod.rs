@@ -14,6 +14,7 @@
 //! - [`linear`]: the linear layer as one op, with its bias (and a following ReLU) in the
 //!   product's store and its weight gradient straight into FP32 ([`linear::LinearKernel`]);
 //! - [`relu`]: ReLU, fused into the linear op before it where it can be;
+//! - [`softmax`]: softmax and log-softmax in FP32 only (rule [`softmax::SoftmaxPrecision`]);
 //! - [`update`]: the optimizer's update fused with the refresh of the working copy
 //!   ([`update::UpdateKernel`]).
 //!
@@ -26,6 +27,7 @@ pub mod host;
 pub mod linear;
 pub mod reduce;
 pub mod relu;
+pub mod softmax;
 pub mod unscale;
 pub mod update;
 pub(crate) mod utilities;

@@ -24,7 +24,8 @@ template <typename T> __device__ T accurate_gelu_bwd(T x) {
 
     T left_derivative = half * right;
 
-    T right_derivative = left * normal_dist;
+    // typed-amp patch: d/dx erf(x/sqrt 2) carries the chain rule's 1/sqrt 2 (alpha).
+    T right_derivative = left * normal_dist * alpha;
 
     return left_derivative + right_derivative;
 }

@@ -63,7 +63,8 @@ impl<F: Float + FloatConst + Erf> UnaryDerivative<F> for super::AccurateGeLUKern
 
         let left_derivative = half * right;
 
-        let right_derivative = left * normal_dist;
+        // typed-amp patch: d/dx erf(x/sqrt 2) carries the chain rule's 1/sqrt 2 (alpha).
+        let right_derivative = left * normal_dist * alpha;
 
         left_derivative + right_derivative
     }
