@@ -198,6 +198,8 @@ pub(crate) unsafe fn f32_to_bf16_raw(lvl: Level, src: *const f32, dst: *mut bf16
 pub(crate) use x86::narrow_bf16_256 as narrow_bf16_avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use x86::narrow_bf16_512 as narrow_bf16_avx512;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use x86::widen_bf16_256 as widen_bf16_avx2;
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -328,6 +330,17 @@ mod x86 {
         }
     }
 
+    /// Eight bf16 bit patterns to f32 bit patterns, as `bf16_bits_to_f32_bits` does one (a
+    /// NaN comes back quiet, its payload kept).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(crate) fn widen_bf16_256(h: __m128i) -> __m256i {
+        let x = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h));
+        let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFF_FFFF));
+        let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F80_0000));
+        _mm256_or_si256(x, _mm256_and_si256(nan, _mm256_set1_epi32(0x0040_0000)))
+    }
+
     /// # Safety
     /// `src` readable and `dst` writable for `n` elements, not overlapping; the CPU has
     /// AVX2, FMA and F16C.
@@ -337,18 +350,10 @@ mod x86 {
         // vector fits, the tail one element at a time), inside the contract's buffers.
         unsafe {
             let (src, dst) = (src as *const u16, dst as *mut u32);
-            let abs_mask = _mm256_set1_epi32(0x7FFF_FFFF);
-            let inf = _mm256_set1_epi32(0x7F80_0000);
-            let quiet = _mm256_set1_epi32(0x0040_0000);
             let mut i = 0;
-            let widen8 = |h: __m128i| {
-                let x = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h));
-                let nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs_mask), inf);
-                _mm256_or_si256(x, _mm256_and_si256(nan, quiet))
-            };
             while i + 8 <= n {
                 let h = _mm_loadu_si128(src.add(i) as *const __m128i);
-                _mm256_storeu_si256(dst.add(i) as *mut __m256i, widen8(h));
+                _mm256_storeu_si256(dst.add(i) as *mut __m256i, widen_bf16_256(h));
                 i += 8;
             }
             if i < n {
@@ -356,7 +361,7 @@ mod x86 {
                 let mut h = [0u16; 8];
                 let mut w = [0u32; 8];
                 std::ptr::copy_nonoverlapping(src.add(i), h.as_mut_ptr(), n - i);
-                let x = widen8(_mm_loadu_si128(h.as_ptr() as *const __m128i));
+                let x = widen_bf16_256(_mm_loadu_si128(h.as_ptr() as *const __m128i));
                 _mm256_storeu_si256(w.as_mut_ptr() as *mut __m256i, x);
                 std::ptr::copy_nonoverlapping(w.as_ptr(), dst.add(i), n - i);
             }

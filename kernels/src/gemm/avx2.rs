@@ -182,11 +182,7 @@ unsafe fn load8_16(kind: Kind, s: *const u8) -> __m256 {
         if kind == Kind::F16 {
             _mm256_cvtph_ps(h)
         } else {
-            let x = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h));
-            let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFF_FFFF));
-            let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F80_0000));
-            let quiet = _mm256_and_si256(nan, _mm256_set1_epi32(0x0040_0000));
-            _mm256_castsi256_ps(_mm256_or_si256(x, quiet))
+            _mm256_castsi256_ps(crate::convert::widen_bf16_avx2(h))
         }
     }
 }
