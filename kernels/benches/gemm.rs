@@ -102,6 +102,32 @@ const SHAPES: &[Shape] = &[
     s("mlp gW1ᵀ xᵀ·g", 784, 512, 256, L::Col, L::Row, L::Col, true),
     s("mlp gW2ᵀ xᵀ·g", 512, 512, 256, L::Col, L::Row, L::Col, true),
     s("mlp gW3ᵀ xᵀ·g", 512, 10, 256, L::Col, L::Row, L::Col, true),
+    // The ViT (batch 128, 17 tokens, width 64, MLP 128): a linear layer's three products over
+    // 2176 token rows, and one head's attention products (128 × 4 of them per step).
+    s(
+        "vit fc1 x·W1ᵀ",
+        2176,
+        128,
+        64,
+        L::Row,
+        L::Col,
+        L::Row,
+        false,
+    ),
+    s(
+        "vit fc2 x·W2ᵀ",
+        2176,
+        64,
+        128,
+        L::Row,
+        L::Col,
+        L::Row,
+        false,
+    ),
+    s("vit gx1 g·W1", 2176, 64, 128, L::Row, L::Row, L::Row, true),
+    s("vit gW1ᵀ xᵀ·g", 64, 128, 2176, L::Col, L::Row, L::Col, true),
+    s("vit head q·kᵀ", 17, 17, 16, L::Row, L::Col, L::Row, false),
+    s("vit head p·v", 17, 16, 17, L::Row, L::Row, L::Row, false),
     s(
         "cnn conv1 im2col",
         16,

@@ -4,9 +4,9 @@
 //!
 //! Batch norm runs as typed-amp's mixed op ([`crate::ops::batchnorm`]): the 16-bit input is
 //! normalized with FP32 statistics into a 16-bit output, no FP32 copy of the activations made.
-//! Where that op cannot run (a device without its kernels, an input that is not contiguous),
-//! and for layer norm until it has a mixed op of its own, the layer runs in FP32 between two
-//! casts, as O2 ran every norm before.
+//! Layer norm runs as its mixed op ([`crate::ops::layernorm`]) the same way. Where an op cannot
+//! run (a device without its kernels, an input that is not contiguous), the layer runs in FP32
+//! between two casts, as O2 ran every norm before.
 
 use dfdx::nn::modules::{BatchNorm1D, BatchNorm2D, LayerNorm1D, Module, ModuleMut};
 use dfdx::prelude::{Axes2, Axes3, Axis, Const, Dim, NoneTape, Shape, Tape, Tensor};
@@ -17,6 +17,7 @@ use crate::ops::batchnorm::{
     fused_layout, try_batchnorm_infer, try_batchnorm_train, BatchNormParams,
 };
 use crate::ops::cast::Cast;
+use crate::ops::layernorm::{fused_rows, try_layernorm, LayerNormParams};
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
@@ -121,7 +122,7 @@ batch_norm!(BatchNorm2D, [B: Dim, H: Dim, W: Dim], (B, Const<C>, H, W), Axes3<0,
 batch_norm!(BatchNorm2D, [H: Dim, W: Dim], (Const<C>, H, W), Axes2<1, 2>);
 batch_norm!(BatchNorm1D, [B: Dim], (B, Const<C>), Axis<0>);
 
-// Layer norm: in FP32 between two casts (a mixed layer norm op is the transformers' work).
+// Layer norm: the mixed op where it can run, else in FP32 between two casts.
 impl<const M: usize, S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>, T: AmpTape<D>>
     MixedNorm<Tensor<S, E, D, T>> for LayerNorm1D<M, f32, D>
 where
@@ -130,20 +131,30 @@ where
     type Output = Tensor<S, E, D, T>;
     type Error = D::Err;
     fn try_forward_mixed(&self, x: Tensor<S, E, D, T>) -> Result<Self::Output, D::Err> {
+        if fused_rows::<M, S, E, D, T>(&x) {
+            return try_layernorm(
+                x,
+                LayerNormParams {
+                    gamma: &self.gamma,
+                    beta: &self.beta,
+                    epsilon: self.epsilon,
+                },
+            );
+        }
         self.try_forward(x.try_to_f32()?)?
             .try_cast::<E::Precision>()
     }
 }
 
+// Layer norm keeps no running statistics: training runs the inference forward.
 impl<const M: usize, S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>, T: AmpTape<D>>
     MixedNormMut<Tensor<S, E, D, T>> for LayerNorm1D<M, f32, D>
 where
-    Self: ModuleMut<Tensor<S, f32, D, T>, Output = Tensor<S, f32, D, T>, Error = D::Err>,
+    Self: MixedNorm<Tensor<S, E, D, T>, Output = Tensor<S, E, D, T>, Error = D::Err>,
 {
     type Output = Tensor<S, E, D, T>;
     type Error = D::Err;
     fn try_forward_mixed_mut(&mut self, x: Tensor<S, E, D, T>) -> Result<Self::Output, D::Err> {
-        self.try_forward_mut(x.try_to_f32()?)?
-            .try_cast::<E::Precision>()
+        self.try_forward_mixed(x)
     }
 }

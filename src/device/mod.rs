@@ -13,6 +13,7 @@
 //! | [`HostKernel`] | exact copies to and from the host (checkpoints) | [`crate::ops::host`] |
 //! | [`LinearKernel`] | the linear layer fused (bias, ReLU, FP32 weight gradient) | [`crate::ops::linear`] |
 //! | [`MixedBatchNormKernel`] | batch norm over 16-bit activations with FP32 statistics | [`crate::ops::batchnorm`] |
+//! | [`MixedLayerNormKernel`] | layer norm over 16-bit activations with FP32 statistics | [`crate::ops::layernorm`] |
 //! | [`ReluKernel`] | ReLU in place and its mask, for fusing it into the op before it | [`crate::ops::relu`] |
 //! | [`UpdateKernel`] | the optimizer's update fused with the working copy's refresh | [`crate::ops::update`] |
 //!
@@ -28,6 +29,7 @@ pub use crate::ops::batchnorm::MixedBatchNormKernel;
 pub use crate::ops::cast::CastKernel;
 pub use crate::ops::fill::FillKernel;
 pub use crate::ops::host::HostKernel;
+pub use crate::ops::layernorm::MixedLayerNormKernel;
 pub use crate::ops::linear::LinearKernel;
 pub use crate::ops::reduce::ReduceKernel;
 pub use crate::ops::relu::ReluKernel;
@@ -58,6 +60,7 @@ macro_rules! define_capabilities {
             + LinearKernel<E>
             + ReluKernel<E>
             + MixedBatchNormKernel<E>
+            + MixedLayerNormKernel<E>
             $(
                 + CastKernel<E, $elem>
                 + CastKernel<$elem, E>
@@ -82,6 +85,7 @@ macro_rules! define_capabilities {
                 + LinearKernel<E>
                 + ReluKernel<E>
                 + MixedBatchNormKernel<E>
+                + MixedLayerNormKernel<E>
                 $(
                     + CastKernel<E, $elem>
                     + CastKernel<$elem, E>

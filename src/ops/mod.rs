@@ -11,6 +11,8 @@
 //!   ([`reduce::ReduceKernel`]);
 //! - [`fill`]: fill, scale and clamp in place ([`fill::FillKernel`]);
 //! - [`host`]: exact copies between device buffers and the host ([`host::HostKernel`]);
+//! - [`layernorm`]: layer norm with 16-bit activations and FP32 parameters and statistics
+//!   ([`layernorm::MixedLayerNormKernel`]);
 //! - [`linear`]: the linear layer as one op, with its bias (and a following ReLU) in the
 //!   product's store and its weight gradient straight into FP32 ([`linear::LinearKernel`]);
 //! - [`relu`]: ReLU, fused into the linear op before it where it can be;
@@ -24,6 +26,7 @@ pub mod batchnorm;
 pub mod cast;
 pub mod fill;
 pub mod host;
+pub mod layernorm;
 pub mod linear;
 pub mod reduce;
 pub mod relu;

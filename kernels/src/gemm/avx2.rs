@@ -177,31 +177,48 @@ unsafe fn rows_k<const K: u8, const PLAIN: bool, const CHECK: bool>(
 #[inline]
 unsafe fn load8_16(kind: Kind, s: *const u8) -> __m256 {
     // SAFETY: the caller's contract.
-    unsafe {
-        let h = _mm_loadu_si128(s as *const __m128i);
-        if kind == Kind::F16 {
-            _mm256_cvtph_ps(h)
-        } else {
-            _mm256_castsi256_ps(crate::convert::widen_bf16_avx2(h))
-        }
+    widen8_16(kind, unsafe { _mm_loadu_si128(s as *const __m128i) })
+}
+
+/// The eight 16-bit elements of `h` widened to f32 as the slice conversions do.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn widen8_16(kind: Kind, h: __m128i) -> __m256 {
+    if kind == Kind::F16 {
+        _mm256_cvtph_ps(h)
+    } else {
+        _mm256_castsi256_ps(crate::convert::widen_bf16_avx2(h))
     }
 }
 
 /// Up to eight 16-bit elements (`n <= 8`) widened, zeros beyond `n`; reads only `n`.
+///
+/// In registers: the pairs through a masked 32-bit load (masked-out lanes are not read), an odd
+/// last element blended in. (Copying them to a stack buffer first cost a `memcpy` call and a
+/// failed store forward per call: an A micro-panel of six rows takes this path at every k step.)
 ///
 /// # Safety
 /// `s` readable for `n` elements; AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn load_n_16(kind: Kind, s: *const u8, n: usize) -> __m256 {
-    // SAFETY: `n <= 8` elements are copied into a buffer of eight.
+    // SAFETY: the masked load reads the first `n / 2` pairs, the scalar read element `n - 1`,
+    // all below `n`.
     unsafe {
         if n >= 8 {
             return load8_16(kind, s);
         }
-        let mut h = [0u16; 8];
-        std::ptr::copy_nonoverlapping(s as *const u16, h.as_mut_ptr(), n);
-        load8_16(kind, h.as_ptr() as *const u8)
+        let pairs = _mm_cmpgt_epi32(_mm_set1_epi32((n / 2) as i32), _mm_setr_epi32(0, 1, 2, 3));
+        let mut h = _mm_maskload_epi32(s as *const i32, pairs);
+        if n % 2 == 1 {
+            let last = (s as *const u16).add(n - 1).read_unaligned();
+            let at = _mm_cmpeq_epi16(
+                _mm_set1_epi16((n - 1) as i16),
+                _mm_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7),
+            );
+            h = _mm_blendv_epi8(h, _mm_set1_epi16(last as i16), at);
+        }
+        widen8_16(kind, h)
     }
 }
 

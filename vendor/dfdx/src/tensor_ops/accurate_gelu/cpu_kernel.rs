@@ -45,6 +45,18 @@ impl Erf for f32 {
 impl<F: Float + FloatConst + Erf> UnaryDerivative<F> for super::AccurateGeLUKernelOp {
     const DF_USES_FX: bool = false;
     const HAS_CONST_DF: bool = false;
+    // typed-amp patch: 16-bit values run the op in f32 (see UnaryDerivative::IN_F32).
+    const IN_F32: bool = true;
+    fn f_f32(&self, xs: &mut [f32]) {
+        for x in xs {
+            *x = <Self as UnaryDerivative<f32>>::f(self, x);
+        }
+    }
+    fn df_f32(&self, xs: &mut [f32]) {
+        for x in xs {
+            *x = <Self as UnaryDerivative<f32>>::df(self, x);
+        }
+    }
     #[inline(always)]
     fn f(&self, &x: &F) -> F {
         let alpha = F::FRAC_1_SQRT_2();

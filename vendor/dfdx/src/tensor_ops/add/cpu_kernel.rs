@@ -31,6 +31,18 @@ impl<F: Float> BinaryDerivative<F> for super::BinaryAddKernelOp {
 impl<F: Float> UnaryDerivative<F> for super::ScalarAddKernelOp<F> {
     const DF_USES_FX: bool = false;
     const HAS_CONST_DF: bool = true;
+    // typed-amp patch: 16-bit values run the op in f32 (see UnaryDerivative::IN_F32); the
+    // scalar is exact in f32, so each result is the one `half`'s operator rounds to.
+    const IN_F32: bool = true;
+    fn f_f32(&self, xs: &mut [f32]) {
+        let s = num_traits::ToPrimitive::to_f32(&self.scalar).unwrap_or(f32::NAN);
+        for x in xs {
+            *x = *x + s;
+        }
+    }
+    fn df_f32(&self, xs: &mut [f32]) {
+        xs.fill(1.0);
+    }
     #[inline(always)]
     fn f(&self, &x: &F) -> F {
         x + self.scalar

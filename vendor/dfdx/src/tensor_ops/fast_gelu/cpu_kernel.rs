@@ -4,6 +4,18 @@ use num_traits::{Float, FloatConst};
 impl<F: Float + FloatConst> UnaryDerivative<F> for super::FastGeLUKernelOp {
     const DF_USES_FX: bool = false;
     const HAS_CONST_DF: bool = false;
+    // typed-amp patch: 16-bit values run the op in f32 (see UnaryDerivative::IN_F32).
+    const IN_F32: bool = true;
+    fn f_f32(&self, xs: &mut [f32]) {
+        for x in xs {
+            *x = <Self as UnaryDerivative<f32>>::f(self, x);
+        }
+    }
+    fn df_f32(&self, xs: &mut [f32]) {
+        for x in xs {
+            *x = <Self as UnaryDerivative<f32>>::df(self, x);
+        }
+    }
     #[inline(always)]
     fn f(&self, &x: &F) -> F {
         let alpha = x + F::from(0.044715).unwrap() * x.powi(3);

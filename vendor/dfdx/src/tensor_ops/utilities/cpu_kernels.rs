@@ -35,6 +35,24 @@ pub trait UnaryDerivative<E> {
     fn const_df(&self) -> E {
         unimplemented!()
     }
+
+    /// typed-amp patch: whether [UnaryDerivative::f_f32] and [UnaryDerivative::df_f32] compute
+    /// this op on values widened to f32. 16-bit types then run the op a block at a time: one
+    /// vectorised widening, the op in f32, one rounding, instead of `half`'s scalar operators
+    /// (a conversion pair and a rounding after every arithmetic operation).
+    const IN_F32: bool = false;
+
+    /// typed-amp patch: `x ← f(x)` for a block of values widened to f32 (only called when
+    /// [UnaryDerivative::IN_F32]).
+    fn f_f32(&self, _x: &mut [f32]) {
+        unimplemented!()
+    }
+
+    /// typed-amp patch: `x ← df(x)` for a block of values widened to f32 (only called when
+    /// [UnaryDerivative::IN_F32]; receives `f(x)` if [UnaryDerivative::DF_USES_FX]).
+    fn df_f32(&self, _x: &mut [f32]) {
+        unimplemented!()
+    }
 }
 
 /// typed-amp patch: the arithmetic of the four basic binary ops. 16-bit types compute it in f32
@@ -191,6 +209,18 @@ impl<E: Dtype, Op: UnaryDerivative<E>> UnaryKernel<Op, E> for Cpu {
         };
         // NOTE: we can iterate over buf here because we know inp & out
         // have exact same strides due to clone.
+        if Op::IN_F32 && is_half::<E>() {
+            // typed-amp patch: widen a block, run the op in f32, round once.
+            let buf = std::sync::Arc::make_mut(&mut out.data);
+            let mut b = [0.0f32; BLOCK];
+            for chunk in buf.chunks_mut(BLOCK) {
+                let b = &mut b[..chunk.len()];
+                to_f32(chunk, b);
+                op.f_f32(b);
+                from_f32(b, chunk);
+            }
+            return Ok(out);
+        }
         for x in out.buf_iter_mut() {
             *x = op.f(x);
         }
@@ -219,15 +249,24 @@ impl<E: Dtype, Op: UnaryDerivative<E>> UnaryKernel<Op, E> for Cpu {
             for start in (0..grad_inp.len()).step_by(BLOCK) {
                 let n = BLOCK.min(grad_inp.len() - start);
                 match (const_df, data) {
-                    (Some(df), _) => d[..n].fill(df),
+                    (Some(df), _) => {
+                        d[..n].fill(df);
+                        to_f32(&d[..n], &mut d32[..n]);
+                    }
+                    // typed-amp patch: the derivative in f32 from the widened values, not
+                    // rounded to E before it multiplies the gradient.
+                    (None, Some(x)) if Op::IN_F32 => {
+                        to_f32(&x[start..start + n], &mut d32[..n]);
+                        op.df_f32(&mut d32[..n]);
+                    }
                     (None, Some(x)) => {
                         for (d, x) in d[..n].iter_mut().zip(&x[start..start + n]) {
                             *d = op.df(x);
                         }
+                        to_f32(&d[..n], &mut d32[..n]);
                     }
                     _ => unreachable!(),
                 }
-                to_f32(&d[..n], &mut d32[..n]);
                 to_f32(&grad_out[start..start + n], &mut go32[..n]);
                 accumulate_f32(grad_inp, start, 1, &d32[..n], &go32[..n]);
             }
