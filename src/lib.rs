@@ -7,20 +7,20 @@
 //!
 //! | mistake | caught by |
 //! | --- | --- |
-//! | an optimizer over FP16 or BF16 weights | [`UpdatablePrecision`], [`MasterOptimizer`] |
-//! | a loss over FP16 or BF16 values | [`LossPrecision`] |
+//! | an optimizer over FP16 or BF16 weights | [`UpdatablePrecision`](precision::UpdatablePrecision), [`MasterOptimizer`](optim::MasterOptimizer) |
+//! | a loss over FP16 or BF16 values | [`LossPrecision`](precision::LossPrecision) |
 //! | a softmax or log-softmax over FP16 or BF16 values | [`ops::softmax::SoftmaxPrecision`] |
-//! | an FP16 model stepping without a loss scaler | [`FullRange`] |
+//! | an FP16 model stepping without a loss scaler | [`FullRange`](precision::FullRange) |
 //! | stepping or clipping with gradients still × scale | [`step::Unscaled`] |
 //! | unscaling twice | [`step::Scaled`] (and ownership) |
 //! | an iteration that never updates the scaler, or updates it with a made-up flag | [`step::StepOutcomes`], `#[must_use]` |
 //! | FP32 data into a 16-bit layer (or FP16 into BF16) without a cast | dfdx's `Module`/`TryMatMul` bounds, with typed-amp's message |
-//! | a model with no FP32 master weights given to the step | [`TrainTarget`] |
+//! | a model with no FP32 master weights given to the step | [`TrainTarget`](master::TrainTarget) |
 //!
 //! What cannot be a type is checked at run time, before anything changes, with a typed error:
 //! gradients unscaled into a model that did not allocate them
-//! ([`AmpError::ForeignGradients`]), or by a scaler that did not scale them
-//! ([`AmpError::ScalerMismatch`]).
+//! ([`AmpError::ForeignGradients`](error::AmpError::ForeignGradients)), or by a scaler that did not scale them
+//! ([`AmpError::ScalerMismatch`](error::AmpError::ScalerMismatch)).
 //!
 //! # The training step
 //!
@@ -77,22 +77,22 @@
 //! # }
 //! ```
 //!
-//! The mixed-precision autograd underneath is [`MixedTape`]: one dfdx tape for every precision,
-//! with differentiable casts ([`to_f16`], [`to_bf16`], [`to_f32`], [`Cast::cast`]).
+//! The mixed-precision autograd underneath is [`MixedTape`](tape::MixedTape): one dfdx tape for every precision,
+//! with differentiable casts ([`to_f16`](ops::cast::to_f16), [`to_bf16`](ops::cast::to_bf16), [`to_f32`](ops::cast::to_f32), [`Cast::cast`](ops::cast::Cast::cast)).
 //!
-//! Beyond one step: [`GradScaler::accumulate`] opens a gradient-accumulation window (the scale
+//! Beyond one step: [`GradScaler::accumulate`](scaler::GradScaler::accumulate) opens a gradient-accumulation window (the scale
 //! cannot change inside it); several optimizers share a scaler by stepping their own targets and
-//! passing every outcome to one [`GradScaler::update`]; [`LossScalers`] and
-//! [`UnscaledGrads::merge`] give each loss its own scaler; [`MixedGradients::watch_layers`]
+//! passing every outcome to one [`GradScaler::update`](scaler::GradScaler::update); [`LossScalers`](scaler::LossScalers) and
+//! [`UnscaledGrads::merge`](step::UnscaledGrads::merge) give each loss its own scaler; [`MixedGradients::watch_layers`](tape::MixedGradients::watch_layers)
 //! makes a skipped step name the layer that overflowed ([`watch`]); [`checkpoint`] saves and
-//! restores a run exactly; [`step::StepProtocol`] runs a whole iteration with a [`GradScaler`],
-//! [`LossScalers`] or a [`distributed::DataParallel`], so that one training loop runs in one
+//! restores a run exactly; [`step::StepProtocol`] runs a whole iteration with a [`GradScaler`](scaler::GradScaler),
+//! [`LossScalers`](scaler::LossScalers) or a [`distributed::DataParallel`], so that one training loop runs in one
 //! process or in many.
 //!
 //! # Precisions
 //!
-//! [`with_precisions!`] is the one list of precisions (FP16, BF16, FP32); the [`DType`] enum,
-//! the per-precision gradient stores, the device capability bundle [`AmpDevice`] and the CUDA
+//! [`with_precisions!`] is the one list of precisions (FP16, BF16, FP32); the [`DType`](precision::DType) enum,
+//! the per-precision gradient stores, the device capability bundle [`AmpDevice`](device::AmpDevice) and the CUDA
 //! kernels' element types are generated from it (see [`precision`]).
 //!
 //! # Policies: `#[amp(policy = ...)]`
@@ -104,16 +104,16 @@
 //!
 //! | policy | `dtype` | matmul, conv | batch/layer norm | softmax, exp, log | weights the optimizer updates | input | loss scale | `build` returns |
 //! | --- | --- | --- | --- | --- | --- | --- | --- | --- |
-//! | `"O0"` | (none: a compile error) | FP32 | FP32 | FP32 | FP32 | FP32 | none | [`Fp32Weights`] |
-//! | `"O1"` | `"fp16"` (default) | FP16 (FP32 weights cast per pass) | FP32 | FP32 | FP32 | FP32 | dynamic | [`Fp32Weights`] computing in [`F16`] |
-//! | `"O1"` | `"bf16"` | BF16 (FP32 weights cast per pass) | FP32 | FP32 | FP32 | FP32 | none | [`Fp32Weights`] computing in [`BF16`] |
-//! | `"O2"` | `"fp16"` | FP16 | FP32 (`keep_batchnorm_fp32`) | FP32 | FP32 master copy | cast to FP16 | dynamic | [`MasterWeights`] |
-//! | `"O2"` | `"bf16"` | BF16 | FP32 (`keep_batchnorm_fp32`) | FP32 | FP32 master copy | cast to BF16 | none | [`MasterWeights`] |
-//! | `"O3"` | `"fp16"` | FP16 | FP16 | FP16 | FP16, opt-in only (`allow_fp16_updates`) | cast to FP16 | static 1.0 | [`Fp16Weights`] |
-//! | `"O3"` | `"bf16"` | BF16 | BF16 | BF16 | BF16, opt-in only (`allow_bf16_updates`) | cast to BF16 | none | [`Bf16Weights`] |
+//! | `"O0"` | (none: a compile error) | FP32 | FP32 | FP32 | FP32 | FP32 | none | [`Fp32Weights`](master::Fp32Weights) |
+//! | `"O1"` | `"fp16"` (default) | FP16 (FP32 weights cast per pass) | FP32 | FP32 | FP32 | FP32 | dynamic | [`Fp32Weights`](master::Fp32Weights) computing in [`F16`](precision::F16) |
+//! | `"O1"` | `"bf16"` | BF16 (FP32 weights cast per pass) | FP32 | FP32 | FP32 | FP32 | none | [`Fp32Weights`](master::Fp32Weights) computing in [`BF16`](precision::BF16) |
+//! | `"O2"` | `"fp16"` | FP16 | FP32 (`keep_batchnorm_fp32`) | FP32 | FP32 master copy | cast to FP16 | dynamic | [`MasterWeights`](master::MasterWeights) |
+//! | `"O2"` | `"bf16"` | BF16 | FP32 (`keep_batchnorm_fp32`) | FP32 | FP32 master copy | cast to BF16 | none | [`MasterWeights`](master::MasterWeights) |
+//! | `"O3"` | `"fp16"` | FP16 | FP16 | FP16 | FP16, opt-in only (`allow_fp16_updates`) | cast to FP16 | static 1.0 | [`Fp16Weights`](master::Fp16Weights) |
+//! | `"O3"` | `"bf16"` | BF16 | BF16 | BF16 | BF16, opt-in only (`allow_bf16_updates`) | cast to BF16 | none | [`Bf16Weights`](master::Bf16Weights) |
 //!
 //! BF16 has FP32's exponent range, so its policies need no loss scale, and their step compiles
-//! without a scaler (an FP16 one does not: rule [`FullRange`]); a model that pins any layer to
+//! without a scaler (an FP16 one does not: rule [`FullRange`](precision::FullRange)); a model that pins any layer to
 //! FP16 is scaled dynamically again.
 //!
 //! Properties override the policy, as in Apex: `dtype = "fp16" | "bf16"`,
@@ -174,7 +174,7 @@
 //! let y: Tensor<Rank2<4, 2>, f32, _> = model.working().forward(x);
 //! ```
 //!
-//! O3, pure FP16, only with its explicit opt-in; its optimizer is wrapped in [`LowPrecisionUpdates`]:
+//! O3, pure FP16, only with its explicit opt-in; its optimizer is wrapped in [`LowPrecisionUpdates`](optim::LowPrecisionUpdates):
 //!
 //! ```rust
 //! # use typed_amp::prelude::*;
@@ -185,8 +185,8 @@
 //!
 //! let model = Mlp::build(&Cpu::default()).unwrap(); // Fp16Weights<MlpWorking<Cpu>, Cpu>
 //! let _: &typed_amp::dfdx::nn::modules::Linear<8, 16, f16, Cpu> = &model.master().fc1;
-//! let opt: typed_amp::LowPrecisionUpdates<Sgd<_, f16, Cpu>> =
-//!     typed_amp::LowPrecisionUpdates(Sgd::new(model.master(), SgdConfig::default()));
+//! let opt: typed_amp::optim::LowPrecisionUpdates<Sgd<_, f16, Cpu>> =
+//!     typed_amp::optim::LowPrecisionUpdates(Sgd::new(model.master(), SgdConfig::default()));
 //! ```
 //!
 //! Without `allow_fp16_updates`, O3 does not compile, and the error says why:
@@ -223,31 +223,19 @@ pub mod step;
 pub mod tape;
 pub mod watch;
 
-pub use device::AmpDevice;
-pub use error::AmpError;
-pub use loss::Loss;
-pub use master::{
-    Bf16Weights, Fp16Weights, Fp32Weights, MasterWeights, SinglePrecision, TrainTarget,
-};
-pub use ops::cast::{to_bf16, to_f16, to_f32, Cast};
-pub use optim::{adamw_config, LowPrecisionUpdates, MasterOptimizer};
-pub use params::{ParamInfo, Parameters};
-pub use precision::{
-    AmpElem, AmpTensor, DType, FullRange, LossPrecision, LowPrecision, Precision,
-    UpdatablePrecision, BF16, F16, F32,
-};
-pub use scaler::{GradScaler, LossScalers, ScaleMode, ScalerState, SMALLEST_SCALE};
-pub use step::{
-    clip_grad_norm, clip_grad_value, Accumulation, RawGrads, ScaledGrads, ScaledLoss, StepOutcome,
-    UnscaledGrads,
-};
-pub use tape::{MixedGradients, MixedTape, TraceMixed};
 pub use typed_amp_macros::amp;
 
-/// Everything a training script needs: dfdx's prelude (its layers, shapes, tensors, ops and
-/// optimizers; not its losses, which typed-amp's FP32-only losses of the same purpose replace,
-/// so no name means two things; its free functions `softmax` and `log_softmax` are replaced the
-/// same way by typed-amp's FP32-only ones) and typed-amp's types.
+/// What a training loop needs, and nothing else: dfdx's prelude (its layers, shapes, tensors,
+/// ops and optimizers; not its losses, which typed-amp's FP32-only losses of the same purpose
+/// replace, so no name means two things; its free functions `softmax` and `log_softmax` are
+/// replaced the same way by typed-amp's FP32-only ones) and, of typed-amp, what the loop in the
+/// crate documentation names or calls a method of: the model wrappers ([`MasterWeights`] and
+/// [`TrainTarget`]'s `master()`/`working()`), [`TraceMixed`]'s `.traced_mixed(grads)`, [`Cast`]'s
+/// `.to_f16()`/`.to_bf16()`/`.to_f32()`, the losses, [`GradScaler`], clipping, [`AmpError`]
+/// and the precision markers [`F16`], [`BF16`] and [`F32`].
+///
+/// Everything else has one path, its module's: `typed_amp::scaler::LossScalers`,
+/// `typed_amp::step::UnscaledGrads`, `typed_amp::precision::DType`, `typed_amp::tape::MixedTape`.
 pub mod prelude {
     pub use dfdx::nn::builders::*;
     pub use dfdx::optim::prelude::*;
@@ -256,16 +244,17 @@ pub mod prelude {
     pub use dfdx::tensor_ops::*;
     pub use half::{bf16, f16};
 
+    pub use crate::error::AmpError;
     pub use crate::loss::{
-        binary_cross_entropy_with_logits_loss, cross_entropy_with_logits_loss, mse_loss, Loss,
+        binary_cross_entropy_with_logits_loss, cross_entropy_with_logits_loss, mse_loss,
     };
-    pub use crate::ops::cast::{to_bf16, to_f16, to_f32, Cast};
+    pub use crate::master::{MasterWeights, TrainTarget};
+    pub use crate::ops::cast::Cast;
     pub use crate::ops::softmax::{log_softmax, softmax};
-    pub use crate::{
-        adamw_config, clip_grad_norm, clip_grad_value, AmpDevice, AmpError, Fp32Weights,
-        GradScaler, MasterWeights, MixedGradients, MixedTape, Parameters, TraceMixed, TrainTarget,
-        BF16, F16, F32,
-    };
+    pub use crate::precision::{BF16, F16, F32};
+    pub use crate::scaler::GradScaler;
+    pub use crate::step::{clip_grad_norm, clip_grad_value};
+    pub use crate::tape::TraceMixed;
 }
 
 /// The README's Rust example, compiled and run as a doctest so that it stays true.

@@ -38,7 +38,7 @@ pub struct SinglePrecision<M, E: AmpElem, D: AmpDevice, P: Precision = <E as Amp
 ///
 /// `P` is the precision it computes in: FP32 (O0), or the 16-bit precision O1 casts its matrix
 /// products to.
-pub type Fp32Weights<M, D, P = crate::F32> = SinglePrecision<M, f32, D, P>;
+pub type Fp32Weights<M, D, P = crate::precision::F32> = SinglePrecision<M, f32, D, P>;
 
 /// A plain FP16 model with no FP32 master weights (Apex's O3).
 ///
