@@ -225,18 +225,20 @@ pub mod watch;
 
 pub use typed_amp_macros::amp;
 
-/// What a training loop needs, and nothing else: dfdx's prelude (its layers, shapes, tensors,
-/// ops and optimizers; not its losses, which typed-amp's FP32-only losses of the same purpose
-/// replace, so no name means two things; its free functions `softmax` and `log_softmax` are
-/// replaced the same way by typed-amp's FP32-only ones) and, of typed-amp, what the loop in the
-/// crate documentation names or calls a method of: the model wrappers ([`MasterWeights`] and
-/// [`TrainTarget`]'s `master()`/`working()`), [`TraceMixed`]'s `.traced_mixed(grads)`, [`Cast`]'s
-/// `.to_f16()`/`.to_bf16()`/`.to_f32()`, the losses, [`GradScaler`], clipping, [`AmpError`]
-/// and the precision markers [`F16`], [`BF16`] and [`F32`].
-///
-/// Everything else has one path, its module's: `typed_amp::scaler::LossScalers`,
-/// `typed_amp::step::UnscaledGrads`, `typed_amp::precision::DType`, `typed_amp::tape::MixedTape`.
 pub mod prelude {
+    //! What a training loop needs, and nothing else: dfdx's prelude (its layers, shapes, tensors,
+    //! ops and optimizers; not its losses, which typed-amp's FP32-only losses of the same purpose
+    //! replace, so no name means two things; its free functions `softmax` and `log_softmax` are
+    //! replaced the same way by typed-amp's FP32-only ones) and, of typed-amp, what the loop in the
+    //! crate documentation names or calls a method of: the model wrappers ([`MasterWeights`] and
+    //! [`TrainTarget`]'s `master()`/`working()`), [`TraceMixed`]'s `.traced_mixed(grads)`,
+    //! [`Cast`]'s `.to_f16()`/`.to_bf16()`/`.to_f32()`, the losses, [`GradScaler`], clipping,
+    //! [`AmpError`] and the precision markers [`F16`], [`BF16`] and [`F32`].
+    //!
+    //! Everything else has one path, its module's: `typed_amp::scaler::LossScalers`,
+    //! `typed_amp::step::UnscaledGrads`, `typed_amp::precision::DType`,
+    //! `typed_amp::tape::MixedTape`.
+
     pub use dfdx::nn::builders::*;
     pub use dfdx::optim::prelude::*;
     pub use dfdx::shapes::*;
