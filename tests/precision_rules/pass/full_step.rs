@@ -1,7 +1,9 @@
 use typed_amp::dfdx::optim::{Adam, Sgd};
 use typed_amp::dfdx::nn::builders::BatchNorm1D;
 use typed_amp::nn::builders::{ToF16, ToF32};
+use typed_amp::master::Fp32Weights;
 use typed_amp::prelude::*;
+use typed_amp::tape::MixedGradients;
 
 type Mlp = (Linear<4, 8>, ReLU, Linear<8, 2>);
 
