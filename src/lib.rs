@@ -7,20 +7,20 @@
 //!
 //! | mistake | caught by |
 //! | --- | --- |
-//! | an optimizer over FP16 or BF16 weights | [`UpdatablePrecision`](precision::UpdatablePrecision), [`MasterOptimizer`](optim::MasterOptimizer) |
-//! | a loss over FP16 or BF16 values | [`LossPrecision`](precision::LossPrecision) |
+//! | an optimizer over FP16 or BF16 weights | [`UpdatablePrecision`], [`MasterOptimizer`] |
+//! | a loss over FP16 or BF16 values | [`LossPrecision`] |
 //! | a softmax or log-softmax over FP16 or BF16 values | [`ops::softmax::SoftmaxPrecision`] |
-//! | an FP16 model stepping without a loss scaler | [`FullRange`](precision::FullRange) |
+//! | an FP16 model stepping without a loss scaler | [`FullRange`] |
 //! | stepping or clipping with gradients still × scale | [`step::Unscaled`] |
 //! | unscaling twice | [`step::Scaled`] (and ownership) |
 //! | an iteration that never updates the scaler, or updates it with a made-up flag | [`step::StepOutcomes`], `#[must_use]` |
 //! | FP32 data into a 16-bit layer (or FP16 into BF16) without a cast | dfdx's `Module`/`TryMatMul` bounds, with typed-amp's message |
-//! | a model with no FP32 master weights given to the step | [`TrainTarget`](master::TrainTarget) |
+//! | a model with no FP32 master weights given to the step | [`TrainTarget`] |
 //!
 //! What cannot be a type is checked at run time, before anything changes, with a typed error:
 //! gradients unscaled into a model that did not allocate them
-//! ([`AmpError::ForeignGradients`](error::AmpError::ForeignGradients)), or by a scaler that did not scale them
-//! ([`AmpError::ScalerMismatch`](error::AmpError::ScalerMismatch)).
+//! ([`AmpError::ForeignGradients`]), or by a scaler that did not scale them
+//! ([`AmpError::ScalerMismatch`]).
 //!
 //! # The training step
 //!
@@ -77,22 +77,22 @@
 //! # }
 //! ```
 //!
-//! The mixed-precision autograd underneath is [`MixedTape`](tape::MixedTape): one dfdx tape for every precision,
-//! with differentiable casts ([`to_f16`](ops::cast::to_f16), [`to_bf16`](ops::cast::to_bf16), [`to_f32`](ops::cast::to_f32), [`Cast::cast`](ops::cast::Cast::cast)).
+//! The mixed-precision autograd underneath is [`MixedTape`]: one dfdx tape for every precision,
+//! with differentiable casts ([`to_f16`], [`to_bf16`], [`to_f32`], [`Cast::cast`]).
 //!
-//! Beyond one step: [`GradScaler::accumulate`](scaler::GradScaler::accumulate) opens a gradient-accumulation window (the scale
+//! Beyond one step: [`GradScaler::accumulate`] opens a gradient-accumulation window (the scale
 //! cannot change inside it); several optimizers share a scaler by stepping their own targets and
-//! passing every outcome to one [`GradScaler::update`](scaler::GradScaler::update); [`LossScalers`](scaler::LossScalers) and
-//! [`UnscaledGrads::merge`](step::UnscaledGrads::merge) give each loss its own scaler; [`MixedGradients::watch_layers`](tape::MixedGradients::watch_layers)
+//! passing every outcome to one [`GradScaler::update`]; [`LossScalers`] and
+//! [`UnscaledGrads::merge`] give each loss its own scaler; [`MixedGradients::watch_layers`]
 //! makes a skipped step name the layer that overflowed ([`watch`]); [`checkpoint`] saves and
-//! restores a run exactly; [`step::StepProtocol`] runs a whole iteration with a [`GradScaler`](scaler::GradScaler),
-//! [`LossScalers`](scaler::LossScalers) or a [`distributed::DataParallel`], so that one training loop runs in one
+//! restores a run exactly; [`step::StepProtocol`] runs a whole iteration with a [`GradScaler`],
+//! [`LossScalers`] or a [`distributed::DataParallel`], so that one training loop runs in one
 //! process or in many.
 //!
 //! # Precisions
 //!
-//! [`with_precisions!`] is the one list of precisions (FP16, BF16, FP32); the [`DType`](precision::DType) enum,
-//! the per-precision gradient stores, the device capability bundle [`AmpDevice`](device::AmpDevice) and the CUDA
+//! [`with_precisions!`] is the one list of precisions (FP16, BF16, FP32); the [`DType`] enum,
+//! the per-precision gradient stores, the device capability bundle [`AmpDevice`] and the CUDA
 //! kernels' element types are generated from it (see [`precision`]).
 //!
 //! # Policies: `#[amp(policy = ...)]`
@@ -104,16 +104,16 @@
 //!
 //! | policy | `dtype` | matmul, conv | batch/layer norm | softmax, exp, log | weights the optimizer updates | input | loss scale | `build` returns |
 //! | --- | --- | --- | --- | --- | --- | --- | --- | --- |
-//! | `"O0"` | (none: a compile error) | FP32 | FP32 | FP32 | FP32 | FP32 | none | [`Fp32Weights`](master::Fp32Weights) |
-//! | `"O1"` | `"fp16"` (default) | FP16 (FP32 weights cast per pass) | FP32 | FP32 | FP32 | FP32 | dynamic | [`Fp32Weights`](master::Fp32Weights) computing in [`F16`](precision::F16) |
-//! | `"O1"` | `"bf16"` | BF16 (FP32 weights cast per pass) | FP32 | FP32 | FP32 | FP32 | none | [`Fp32Weights`](master::Fp32Weights) computing in [`BF16`](precision::BF16) |
-//! | `"O2"` | `"fp16"` | FP16 | FP32 (`keep_batchnorm_fp32`) | FP32 | FP32 master copy | cast to FP16 | dynamic | [`MasterWeights`](master::MasterWeights) |
-//! | `"O2"` | `"bf16"` | BF16 | FP32 (`keep_batchnorm_fp32`) | FP32 | FP32 master copy | cast to BF16 | none | [`MasterWeights`](master::MasterWeights) |
-//! | `"O3"` | `"fp16"` | FP16 | FP16 | FP16 | FP16, opt-in only (`allow_fp16_updates`) | cast to FP16 | static 1.0 | [`Fp16Weights`](master::Fp16Weights) |
-//! | `"O3"` | `"bf16"` | BF16 | BF16 | BF16 | BF16, opt-in only (`allow_bf16_updates`) | cast to BF16 | none | [`Bf16Weights`](master::Bf16Weights) |
+//! | `"O0"` | (none: a compile error) | FP32 | FP32 | FP32 | FP32 | FP32 | none | [`Fp32Weights`] |
+//! | `"O1"` | `"fp16"` (default) | FP16 (FP32 weights cast per pass) | FP32 | FP32 | FP32 | FP32 | dynamic | [`Fp32Weights`] computing in [`F16`] |
+//! | `"O1"` | `"bf16"` | BF16 (FP32 weights cast per pass) | FP32 | FP32 | FP32 | FP32 | none | [`Fp32Weights`] computing in [`BF16`] |
+//! | `"O2"` | `"fp16"` | FP16 | FP32 (`keep_batchnorm_fp32`) | FP32 | FP32 master copy | cast to FP16 | dynamic | [`MasterWeights`] |
+//! | `"O2"` | `"bf16"` | BF16 | FP32 (`keep_batchnorm_fp32`) | FP32 | FP32 master copy | cast to BF16 | none | [`MasterWeights`] |
+//! | `"O3"` | `"fp16"` | FP16 | FP16 | FP16 | FP16, opt-in only (`allow_fp16_updates`) | cast to FP16 | static 1.0 | [`Fp16Weights`] |
+//! | `"O3"` | `"bf16"` | BF16 | BF16 | BF16 | BF16, opt-in only (`allow_bf16_updates`) | cast to BF16 | none | [`Bf16Weights`] |
 //!
 //! BF16 has FP32's exponent range, so its policies need no loss scale, and their step compiles
-//! without a scaler (an FP16 one does not: rule [`FullRange`](precision::FullRange)); a model that pins any layer to
+//! without a scaler (an FP16 one does not: rule [`FullRange`]); a model that pins any layer to
 //! FP16 is scaled dynamically again.
 //!
 //! Properties override the policy, as in Apex: `dtype = "fp16" | "bf16"`,
@@ -174,7 +174,7 @@
 //! let y: Tensor<Rank2<4, 2>, f32, _> = model.working().forward(x);
 //! ```
 //!
-//! O3, pure FP16, only with its explicit opt-in; its optimizer is wrapped in [`LowPrecisionUpdates`](optim::LowPrecisionUpdates):
+//! O3, pure FP16, only with its explicit opt-in; its optimizer is wrapped in [`LowPrecisionUpdates`]:
 //!
 //! ```rust
 //! # use typed_amp::prelude::*;
@@ -196,6 +196,34 @@
 //! #[typed_amp::amp(policy = "O3")] // O3 without master weights would have the optimizer update FP16 weights ...
 //! struct Mlp { fc1: Linear<8, 16>, act: ReLU, fc2: Linear<16, 2> }
 //! ```
+//!
+//! [`UpdatablePrecision`]: precision::UpdatablePrecision
+//! [`MasterOptimizer`]: optim::MasterOptimizer
+//! [`LossPrecision`]: precision::LossPrecision
+//! [`FullRange`]: precision::FullRange
+//! [`TrainTarget`]: master::TrainTarget
+//! [`AmpError::ForeignGradients`]: error::AmpError::ForeignGradients
+//! [`AmpError::ScalerMismatch`]: error::AmpError::ScalerMismatch
+//! [`MixedTape`]: tape::MixedTape
+//! [`to_f16`]: ops::cast::to_f16
+//! [`to_bf16`]: ops::cast::to_bf16
+//! [`to_f32`]: ops::cast::to_f32
+//! [`Cast::cast`]: ops::cast::Cast::cast
+//! [`GradScaler::accumulate`]: scaler::GradScaler::accumulate
+//! [`GradScaler::update`]: scaler::GradScaler::update
+//! [`LossScalers`]: scaler::LossScalers
+//! [`UnscaledGrads::merge`]: step::UnscaledGrads::merge
+//! [`MixedGradients::watch_layers`]: tape::MixedGradients::watch_layers
+//! [`GradScaler`]: scaler::GradScaler
+//! [`DType`]: precision::DType
+//! [`AmpDevice`]: device::AmpDevice
+//! [`Fp32Weights`]: master::Fp32Weights
+//! [`F16`]: precision::F16
+//! [`BF16`]: precision::BF16
+//! [`MasterWeights`]: master::MasterWeights
+//! [`Fp16Weights`]: master::Fp16Weights
+//! [`Bf16Weights`]: master::Bf16Weights
+//! [`LowPrecisionUpdates`]: optim::LowPrecisionUpdates
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]

@@ -10,8 +10,7 @@ use typed_amp::{
     device::AmpDevice,
     error::AmpError,
     loss::Loss,
-    precision::AmpElem,
-    precision::Precision,
+    precision::{AmpElem, Precision},
     tape::{MixedGradients, MixedTape},
 };
 pub use typed_amp_data::Layout;

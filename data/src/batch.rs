@@ -139,7 +139,8 @@ impl Split {
     }
 
     /// The examples `indices` as a [`Batch`] on `dev`, images in precision `E` (the model's
-    /// entry precision, `<M::Input as typed_amp::precision::Precision>::Elem` for an `#[amp]` model `M`).
+    /// entry precision, `<M::Input as typed_amp::precision::Precision>::Elem` for an `#[amp]`
+    /// model `M`).
     pub fn batch<L: Layout, E: AmpElem, D: AmpDevice + Kernels<E>>(
         &self,
         dev: &D,

@@ -27,8 +27,8 @@ pub trait AmpModel<D: AmpDevice>: Sized {
     type Master: Parameters<D>;
     /// The model forward and backward run on, each layer in its policy's precision.
     type Working: Parameters<D>;
-    /// What the optimizer trains: [`crate::master::MasterWeights`], [`crate::master::Fp32Weights`] or
-    /// [`crate::master::Fp16Weights`].
+    /// What the optimizer trains: [`crate::master::MasterWeights`],
+    /// [`crate::master::Fp32Weights`] or [`crate::master::Fp16Weights`].
     type Weights: TrainTarget<D>;
     /// The precision inputs are cast to at the model's entry.
     type Input: Precision;
