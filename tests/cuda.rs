@@ -19,7 +19,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
 use typed_amp::device::{
-    CastKernel, FillKernel, HostKernel, Kernels, ReduceKernel, StatsDevice, UnscaleKernel,
+    AmpDevice, CastKernel, FillKernel, HostKernel, Kernels, ReduceKernel, StatsDevice,
+    UnscaleKernel,
 };
 use typed_amp::dfdx::nn::ToDevice;
 use typed_amp::dfdx::optim::Sgd;
