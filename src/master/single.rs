@@ -31,6 +31,7 @@ pub struct SinglePrecision<M, E: AmpElem, D: AmpDevice, P: Precision = <E as Amp
 ///
 /// ```rust
 /// # use typed_amp::prelude::*;
+/// use typed_amp::master::Fp32Weights;
 /// let dev = Cpu::default();
 /// let model = Fp32Weights::new(dev.build_module::<Linear<4, 2>, f32>(), &dev);
 /// assert_eq!(model.working().weight.shape(), &(Const::<2>, Const::<4>));

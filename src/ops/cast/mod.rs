@@ -177,6 +177,7 @@ impl<S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>, T: AmpTape<D>> Cast<S, E, 
 ///
 /// ```rust
 /// # use typed_amp::prelude::*;
+/// use typed_amp::ops::cast::to_f16;
 /// let dev = Cpu::default();
 /// let x: Tensor<Rank1<3>, f32, _> = dev.tensor([1.0, 1.0e-8, 70000.0]);
 /// let h = to_f16(x);
@@ -194,6 +195,7 @@ pub fn to_f16<S: Shape, E: AmpElem, D: AmpDevice + CastDevice<E, half::f16>, T: 
 ///
 /// ```rust
 /// # use typed_amp::prelude::*;
+/// use typed_amp::ops::cast::to_bf16;
 /// let dev = Cpu::default();
 /// let x: Tensor<Rank1<3>, f32, _> = dev.tensor([1.0, 1.0e-8, 70000.0]);
 /// let b = to_bf16(x);
@@ -211,6 +213,7 @@ pub fn to_bf16<S: Shape, E: AmpElem, D: AmpDevice + CastDevice<E, half::bf16>, T
 ///
 /// ```rust
 /// # use typed_amp::prelude::*;
+/// use typed_amp::ops::cast::to_f32;
 /// let dev = Cpu::default();
 /// let x: Tensor<Rank1<2>, f16, _> = dev.tensor([f16::from_f32(0.1), f16::MAX]);
 /// assert_eq!(to_f32(x).array(), [0.099975586, 65504.0]);
