@@ -6,10 +6,10 @@ src/ops/cast/mod.rs is `ops::cast`) and an edge A -> B for each path in A that n
 leaves of `use crate::...` declarations, `crate::B::...` paths in code, and paths relative to A
 (`super::`, `self::`, a child module A declares, a module A imported), each attributed to the
 deepest module that exists as a file (`crate::ops::cast::Cast` -> `ops::cast`). A path through
-a `use` re-export is followed to the module the item comes from (`crate::AmpError` -> `error`,
-not lib.rs; `super::Paired` in master/copy.rs -> `master::pair`; a `#[macro_export]` macro ->
+a `use` re-export is followed to the module the item comes from (`crate::prelude::AmpError` ->
+`error`, not lib.rs; `super::Paired` in master/copy.rs -> `master::pair`; a `#[macro_export]` macro ->
 the module defining it), while the re-exporting `use` line stays an edge of its own; without
-that, lib.rs's facade, which re-exports every module, would put nearly every module on a cycle
+that, lib.rs's prelude, which re-exports from most modules, would put nearly every module on a cycle
 (`--literal` shows that graph). Paths into other crates (`crate::dfdx::..`) are not edges.
 Comments (doc comments included), string literals, `pub(in path)` visibilities and items under
 `#[cfg(test)]` (the `mod tests` blocks) are not read; modules declared under `#[cfg(test)]` are

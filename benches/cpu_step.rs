@@ -62,7 +62,8 @@ use typed_amp::nn::builders::{
     ClassPool, ClassToken, Conv2D, Flatten, MaxPool2D, Patches, SelfAttention,
 };
 use typed_amp::prelude::*;
-use typed_amp::{AmpError, MasterOptimizer, TrainTarget};
+use typed_amp::tape::MixedTape;
+use typed_amp::{error::AmpError, master::TrainTarget, optim::MasterOptimizer};
 use typed_amp_kernels::timing::{self, Phase};
 
 const CLASSES: usize = 10;
@@ -170,7 +171,7 @@ type MlpShape = (usize, Const<784>);
 type CnnShape = (usize, Const<1>, Const<28>, Const<28>);
 type Logits<T> = Tensor<(usize, Const<CLASSES>), f32, Cpu, T>;
 /// The element type an `#[amp]` model's entry casts its input to.
-type InputElem<M> = <<M as AmpModel<Cpu>>::Input as typed_amp::Precision>::Elem;
+type InputElem<M> = <<M as AmpModel<Cpu>>::Input as typed_amp::precision::Precision>::Elem;
 
 /// One fixed batch: standard-normal inputs and one-hot labels drawn uniformly.
 struct Batch<S: Shape> {

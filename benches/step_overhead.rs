@@ -14,6 +14,7 @@
 use std::time::{Duration, Instant};
 
 use typed_amp::dfdx::optim::Sgd;
+use typed_amp::master::Fp32Weights;
 use typed_amp::prelude::*;
 
 const BATCH: usize = 256;

@@ -5,7 +5,7 @@
 //! Run with `cargo run --release --example 05_one_scaler_per_loss`.
 
 use typed_amp::prelude::*;
-use typed_amp::LossScalers;
+use typed_amp::scaler::LossScalers;
 
 type Mlp = (Linear<8, 32>, ReLU, Linear<32, 4>);
 

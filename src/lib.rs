@@ -185,8 +185,8 @@
 //!
 //! let model = Mlp::build(&Cpu::default()).unwrap(); // Fp16Weights<MlpWorking<Cpu>, Cpu>
 //! let _: &typed_amp::dfdx::nn::modules::Linear<8, 16, f16, Cpu> = &model.master().fc1;
-//! let opt: typed_amp::LowPrecisionUpdates<Sgd<_, f16, Cpu>> =
-//!     typed_amp::LowPrecisionUpdates(Sgd::new(model.master(), SgdConfig::default()));
+//! let opt: typed_amp::optim::LowPrecisionUpdates<Sgd<_, f16, Cpu>> =
+//!     typed_amp::optim::LowPrecisionUpdates(Sgd::new(model.master(), SgdConfig::default()));
 //! ```
 //!
 //! Without `allow_fp16_updates`, O3 does not compile, and the error says why:
@@ -196,6 +196,34 @@
 //! #[typed_amp::amp(policy = "O3")] // O3 without master weights would have the optimizer update FP16 weights ...
 //! struct Mlp { fc1: Linear<8, 16>, act: ReLU, fc2: Linear<16, 2> }
 //! ```
+//!
+//! [`UpdatablePrecision`]: precision::UpdatablePrecision
+//! [`MasterOptimizer`]: optim::MasterOptimizer
+//! [`LossPrecision`]: precision::LossPrecision
+//! [`FullRange`]: precision::FullRange
+//! [`TrainTarget`]: master::TrainTarget
+//! [`AmpError::ForeignGradients`]: error::AmpError::ForeignGradients
+//! [`AmpError::ScalerMismatch`]: error::AmpError::ScalerMismatch
+//! [`MixedTape`]: tape::MixedTape
+//! [`to_f16`]: ops::cast::to_f16
+//! [`to_bf16`]: ops::cast::to_bf16
+//! [`to_f32`]: ops::cast::to_f32
+//! [`Cast::cast`]: ops::cast::Cast::cast
+//! [`GradScaler::accumulate`]: scaler::GradScaler::accumulate
+//! [`GradScaler::update`]: scaler::GradScaler::update
+//! [`LossScalers`]: scaler::LossScalers
+//! [`UnscaledGrads::merge`]: step::UnscaledGrads::merge
+//! [`MixedGradients::watch_layers`]: tape::MixedGradients::watch_layers
+//! [`GradScaler`]: scaler::GradScaler
+//! [`DType`]: precision::DType
+//! [`AmpDevice`]: device::AmpDevice
+//! [`Fp32Weights`]: master::Fp32Weights
+//! [`F16`]: precision::F16
+//! [`BF16`]: precision::BF16
+//! [`MasterWeights`]: master::MasterWeights
+//! [`Fp16Weights`]: master::Fp16Weights
+//! [`Bf16Weights`]: master::Bf16Weights
+//! [`LowPrecisionUpdates`]: optim::LowPrecisionUpdates
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -223,32 +251,22 @@ pub mod step;
 pub mod tape;
 pub mod watch;
 
-pub use device::AmpDevice;
-pub use error::AmpError;
-pub use loss::Loss;
-pub use master::{
-    Bf16Weights, Fp16Weights, Fp32Weights, MasterWeights, SinglePrecision, TrainTarget,
-};
-pub use ops::cast::{to_bf16, to_f16, to_f32, Cast};
-pub use optim::{adamw_config, LowPrecisionUpdates, MasterOptimizer};
-pub use params::{ParamInfo, Parameters};
-pub use precision::{
-    AmpElem, AmpTensor, DType, FullRange, LossPrecision, LowPrecision, Precision,
-    UpdatablePrecision, BF16, F16, F32,
-};
-pub use scaler::{GradScaler, LossScalers, ScaleMode, ScalerState, SMALLEST_SCALE};
-pub use step::{
-    clip_grad_norm, clip_grad_value, Accumulation, RawGrads, ScaledGrads, ScaledLoss, StepOutcome,
-    UnscaledGrads,
-};
-pub use tape::{MixedGradients, MixedTape, TraceMixed};
 pub use typed_amp_macros::amp;
 
-/// Everything a training script needs: dfdx's prelude (its layers, shapes, tensors, ops and
-/// optimizers; not its losses, which typed-amp's FP32-only losses of the same purpose replace,
-/// so no name means two things; its free functions `softmax` and `log_softmax` are replaced the
-/// same way by typed-amp's FP32-only ones) and typed-amp's types.
 pub mod prelude {
+    //! What a training loop needs, and nothing else: dfdx's prelude (its layers, shapes, tensors,
+    //! ops and optimizers; not its losses, which typed-amp's FP32-only losses of the same purpose
+    //! replace, so no name means two things; its free functions `softmax` and `log_softmax` are
+    //! replaced the same way by typed-amp's FP32-only ones) and, of typed-amp, what the loop in the
+    //! crate documentation names or calls a method of: the model wrappers ([`MasterWeights`] and
+    //! [`TrainTarget`]'s `master()`/`working()`), [`TraceMixed`]'s `.traced_mixed(grads)`,
+    //! [`Cast`]'s `.to_f16()`/`.to_bf16()`/`.to_f32()`, the losses, [`GradScaler`], clipping,
+    //! [`AmpError`] and the precision markers [`F16`], [`BF16`] and [`F32`].
+    //!
+    //! Everything else has one path, its module's: `typed_amp::scaler::LossScalers`,
+    //! `typed_amp::step::UnscaledGrads`, `typed_amp::precision::DType`,
+    //! `typed_amp::tape::MixedTape`.
+
     pub use dfdx::nn::builders::*;
     pub use dfdx::optim::prelude::*;
     pub use dfdx::shapes::*;
@@ -256,16 +274,17 @@ pub mod prelude {
     pub use dfdx::tensor_ops::*;
     pub use half::{bf16, f16};
 
+    pub use crate::error::AmpError;
     pub use crate::loss::{
-        binary_cross_entropy_with_logits_loss, cross_entropy_with_logits_loss, mse_loss, Loss,
+        binary_cross_entropy_with_logits_loss, cross_entropy_with_logits_loss, mse_loss,
     };
-    pub use crate::ops::cast::{to_bf16, to_f16, to_f32, Cast};
+    pub use crate::master::{MasterWeights, TrainTarget};
+    pub use crate::ops::cast::Cast;
     pub use crate::ops::softmax::{log_softmax, softmax};
-    pub use crate::{
-        adamw_config, clip_grad_norm, clip_grad_value, AmpDevice, AmpError, Fp32Weights,
-        GradScaler, MasterWeights, MixedGradients, MixedTape, Parameters, TraceMixed, TrainTarget,
-        BF16, F16, F32,
-    };
+    pub use crate::precision::{BF16, F16, F32};
+    pub use crate::scaler::GradScaler;
+    pub use crate::step::{clip_grad_norm, clip_grad_value};
+    pub use crate::tape::TraceMixed;
 }
 
 /// The README's Rust example, compiled and run as a doctest so that it stays true.

@@ -1,5 +1,5 @@
 //! FP32 losses and the [`Loss`] value they produce, the only thing
-//! [`GradScaler::scale`](crate::GradScaler::scale) accepts.
+//! [`GradScaler::scale`](crate::scaler::GradScaler::scale) accepts.
 //!
 //! Every loss takes its inputs in FP32 (rule [`LossPrecision`]): log-softmax, the log inside
 //! binary cross-entropy and the mean over a batch lose accuracy or overflow in FP16. Cast a

@@ -17,7 +17,7 @@
 //!
 //! [`with_precisions!`](crate::with_precisions) is the one place that lists the precisions
 //! typed-amp trains in. Everything that must name each of them (the [`DType`] enum, the
-//! capability bundle [`AmpDevice`](crate::AmpDevice), the casts a tape records, the CUDA
+//! capability bundle [`AmpDevice`](crate::device::AmpDevice), the casts a tape records, the CUDA
 //! kernels' element types) is generated from it. Adding a precision means: a marker and its
 //! [`AmpElem`] impl here, a line in the list, and its kernels (a dfdx `Dtype`, and the CUDA
 //! load/store helpers in `device/cuda.rs`).

@@ -3,7 +3,7 @@
 //! A skipped step says which parameters' gradients were inf or NaN, but an overflow spreads:
 //! a layer whose activations explode makes the next layer's weight gradient overflow, and a
 //! layer that amplifies gradients makes every earlier layer's overflow. With
-//! [`MixedGradients::watch_layers`](crate::MixedGradients::watch_layers) on, `#[amp]` models
+//! [`MixedGradients::watch_layers`](crate::tape::MixedGradients::watch_layers) on, `#[amp]` models
 //! probe each layer's output: its largest magnitude in the forward pass, and the largest
 //! magnitude of its gradient in the backward pass. [`overflowing_layer`] reads the probes in
 //! order and names the layer where values first stop being finite: the first layer whose

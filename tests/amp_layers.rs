@@ -16,7 +16,8 @@ use typed_amp::dfdx::nn::{TensorCollection, TensorOptions};
 use typed_amp::params::{visit_collection, visit_collection_mut, ParamPath};
 use typed_amp::params::{ParamVisitor, ParamVisitorMut};
 use typed_amp::prelude::*;
-use typed_amp::{AmpElem, MasterOptimizer};
+use typed_amp::{device::AmpDevice, params::Parameters, tape::MixedTape};
+use typed_amp::{optim::MasterOptimizer, precision::AmpElem};
 
 mod common;
 use common::param_bytes;

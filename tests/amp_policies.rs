@@ -11,7 +11,10 @@ use typed_amp::dfdx::nn::builders::{BatchNorm2D, Linear};
 use typed_amp::dfdx::optim::{Adam, Sgd};
 use typed_amp::nn::builders::{Conv2D, Flatten, MaxPool2D};
 use typed_amp::prelude::*;
-use typed_amp::{DType, FullRange, LowPrecisionUpdates, MasterOptimizer};
+use typed_amp::{
+    optim::LowPrecisionUpdates, optim::MasterOptimizer, precision::DType, precision::FullRange,
+};
+use typed_amp::{params::Parameters, tape::MixedTape};
 
 mod common;
 use common::{inject, optimizer_bytes, param_bytes};
@@ -369,7 +372,7 @@ fn o2_stores_batch_norm_in_fp32_and_conv_and_linear_in_fp16() {
     use typed_amp::dfdx::nn::modules as dfdx_modules;
     use typed_amp::nn::modules as amp_modules;
     let dev = Cpu::default();
-    let model: typed_amp::MasterWeights<CnnO2Master<Cpu>, CnnO2Working<Cpu>, Cpu> =
+    let model: typed_amp::master::MasterWeights<CnnO2Master<Cpu>, CnnO2Working<Cpu>, Cpu> =
         CnnO2::build(&dev).unwrap();
 
     // The field types, named: this only compiles if O2 gave each layer these precisions.
@@ -428,11 +431,11 @@ fn bf16_policies_store_their_layers_in_bf16_and_need_no_loss_scale() {
     use typed_amp::dfdx::nn::modules as dfdx_modules;
     use typed_amp::nn::modules as amp_modules;
     let dev = Cpu::default();
-    let model: typed_amp::MasterWeights<
+    let model: typed_amp::master::MasterWeights<
         CnnO2Bf16Master<Cpu>,
         CnnO2Bf16Working<Cpu>,
         Cpu,
-        typed_amp::BF16,
+        typed_amp::precision::BF16,
     > = CnnO2Bf16::build(&dev).unwrap();
     let working = model.working();
     let _: &amp_modules::Conv2D<1, 8, 3, 1, 1, bf16, Cpu> = &working.conv1;
@@ -447,7 +450,8 @@ fn bf16_policies_store_their_layers_in_bf16_and_need_no_loss_scale() {
         assert_eq!(p.dtype, expected, "{}", p.path);
     }
     // O3 in BF16: every layer BF16, batch norm included, and no master copy.
-    let o3: typed_amp::Bf16Weights<CnnO3Bf16Working<Cpu>, Cpu> = CnnO3Bf16::build(&dev).unwrap();
+    let o3: typed_amp::master::Bf16Weights<CnnO3Bf16Working<Cpu>, Cpu> =
+        CnnO3Bf16::build(&dev).unwrap();
     assert!(o3
         .master()
         .param_summary()

@@ -8,7 +8,8 @@ use typed_amp::checkpoint::{self, CheckpointError};
 use typed_amp::dfdx::nn::builders::{BatchNorm1D, Linear};
 use typed_amp::dfdx::optim::Adam;
 use typed_amp::prelude::*;
-use typed_amp::{DType, LowPrecisionUpdates, MasterOptimizer};
+use typed_amp::tape::MixedTape;
+use typed_amp::{optim::LowPrecisionUpdates, optim::MasterOptimizer, precision::DType};
 
 #[typed_amp::amp(policy = "O2", cast_model_outputs = "fp32")]
 pub struct Net {
@@ -195,7 +196,7 @@ type ModelO3Bf16 = <NetO3Bf16 as typed_amp::amp::AmpModel<Cpu>>::Weights;
 fn train_steps_scale_free<T, O>(model: &mut T, opt: &mut O, steps: std::ops::Range<u64>)
 where
     T: TrainTarget<Cpu>,
-    T::Precision: typed_amp::FullRange,
+    T::Precision: typed_amp::precision::FullRange,
     T::Working: ModuleMut<
         Tensor<Rank2<5, 6>, f32, Cpu, MixedTape<Cpu>>,
         Output = Tensor<Rank2<5, 3>, f32, Cpu, MixedTape<Cpu>>,
@@ -471,7 +472,9 @@ fn incomplete_non_finite_or_out_of_range_state_is_refused_before_anything_change
     let err = refused(&|_, m| {
         m.insert(
             "scaler.scale_bits".into(),
-            (typed_amp::SMALLEST_SCALE / 4.0).to_bits().to_string(),
+            (typed_amp::scaler::SMALLEST_SCALE / 4.0)
+                .to_bits()
+                .to_string(),
         );
     });
     assert!(err.contains("2^-126"), "{err}");

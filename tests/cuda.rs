@@ -19,14 +19,15 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
 use typed_amp::device::{
-    CastKernel, FillKernel, HostKernel, Kernels, ReduceKernel, StatsDevice, UnscaleKernel,
+    AmpDevice, CastKernel, FillKernel, HostKernel, Kernels, ReduceKernel, StatsDevice,
+    UnscaleKernel,
 };
 use typed_amp::dfdx::nn::ToDevice;
 use typed_amp::dfdx::optim::Sgd;
 use typed_amp::loss::cross_entropy_with_logits_loss;
+use typed_amp::precision::AmpElem;
 use typed_amp::precision::{dtype_of, DType};
 use typed_amp::prelude::*;
-use typed_amp::AmpElem;
 
 /// Opens GPU 0, or says why not and returns `None`. cudarc panics, rather than erring, when the
 /// driver or the device is missing, so panics count as "no device" too.

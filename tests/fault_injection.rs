@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng};
 use typed_amp::dfdx::nn::builders::{BatchNorm1D, Linear};
 use typed_amp::dfdx::optim::Adam;
 use typed_amp::prelude::*;
-use typed_amp::{AmpError, DType};
+use typed_amp::{error::AmpError, precision::DType};
 
 mod common;
 use common::{inject, optimizer_bytes, param_bytes};
@@ -106,13 +106,16 @@ fn state(model: &Model, opt: &Adam<NetMaster<Cpu>, f32, Cpu>) -> impl PartialEq 
 
 /// Writes `value` into element `at` (modulo its size) of a working-copy tensor, in place: the
 /// tensor keeps its identity, so the gradients allocated for it still match.
-fn damage<S: Shape, E: typed_amp::AmpElem>(param: &mut Tensor<S, E, Cpu>, at: usize, value: f32)
-where
+fn damage<S: Shape, E: typed_amp::precision::AmpElem>(
+    param: &mut Tensor<S, E, Cpu>,
+    at: usize,
+    value: f32,
+) where
     Cpu: typed_amp::device::Kernels<E>,
 {
     let mut values = param.as_vec();
     let at = at % values.len();
-    values[at] = <E as typed_amp::AmpElem>::from_f32(value);
+    values[at] = <E as typed_amp::precision::AmpElem>::from_f32(value);
     param.copy_from(&values);
 }
 
@@ -246,7 +249,7 @@ fn campaign(seed: u64, steps: usize, rate: f64, burst_rate: f64, floor: bool, co
             }
             Err(e) => panic!("seed {seed}: {e}"),
         };
-        assert!(scaler.get_scale() >= typed_amp::SMALLEST_SCALE);
+        assert!(scaler.get_scale() >= typed_amp::scaler::SMALLEST_SCALE);
     }
 }
 

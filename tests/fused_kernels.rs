@@ -17,7 +17,8 @@ use typed_amp::dfdx::nn::modules::Linear as LinearModule;
 use typed_amp::ops::linear::try_linear;
 use typed_amp::ops::relu::try_relu;
 use typed_amp::prelude::*;
-use typed_amp::{AmpElem, MasterOptimizer, TrainTarget};
+use typed_amp::{loss::Loss, params::Parameters, tape::MixedGradients};
+use typed_amp::{master::TrainTarget, optim::MasterOptimizer, precision::AmpElem};
 
 /// Values of precision `E`, returned as FP32.
 fn sample<E: AmpElem>(dev: &Cpu, n: usize, scale: f32) -> Vec<f32> {
@@ -299,13 +300,13 @@ fn fused_adam_and_sgd_match_the_unfused_update_and_refresh_bit_for_bit() {
 
     macro_rules! compare {
         ($name:literal, $make:expr) => {{
-            let mut fused_model = MasterWeights::<_, _, _, typed_amp::BF16>::pair(
+            let mut fused_model = MasterWeights::<_, _, _, typed_amp::precision::BF16>::pair(
                 master.clone(),
                 working.clone(),
                 &dev,
             )
             .unwrap();
-            let mut plain_model = MasterWeights::<_, _, _, typed_amp::BF16>::pair(
+            let mut plain_model = MasterWeights::<_, _, _, typed_amp::precision::BF16>::pair(
                 master.clone(),
                 working.clone(),
                 &dev,

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 use typed_amp::dfdx::optim::Sgd;
 use typed_amp::loss::Loss;
+use typed_amp::master::Fp32Weights;
 use typed_amp::prelude::*;
 
 fn trace_path() -> PathBuf {

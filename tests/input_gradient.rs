@@ -6,9 +6,10 @@
 
 use typed_amp::dfdx::nn::builders::Linear;
 use typed_amp::loss::cross_entropy_with_logits_loss;
+use typed_amp::loss::Loss;
 use typed_amp::nn::builders::{ToF16, ToF32};
 use typed_amp::prelude::*;
-use typed_amp::{AmpElem, MixedGradients, ScaledGrads};
+use typed_amp::{precision::AmpElem, step::ScaledGrads, tape::MixedGradients};
 
 type Mlp = (Linear<12, 32>, ReLU, Linear<32, 5>);
 

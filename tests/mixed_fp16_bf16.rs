@@ -6,8 +6,9 @@
 use typed_amp::dfdx::nn::builders::Linear;
 use typed_amp::dfdx::optim::Adam;
 use typed_amp::nn::builders::{ToBf16, ToF32};
+use typed_amp::params::Parameters;
 use typed_amp::prelude::*;
-use typed_amp::{DType, BF16, F16};
+use typed_amp::{precision::DType, precision::BF16, precision::F16};
 
 /// FP16 linear → BF16 linear → FP32 linear, joined by casts.
 type Arch = (

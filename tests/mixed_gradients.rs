@@ -47,7 +47,8 @@ use typed_amp::params::ParamVisitorMut;
 use typed_amp::precision::dtype_of;
 use typed_amp::prelude::*;
 use typed_amp::step::StepKind;
-use typed_amp::{AmpElem, DType, Loss, UnscaledGrads};
+use typed_amp::{loss::Loss, precision::AmpElem, precision::DType, step::UnscaledGrads};
+use typed_amp::{master::Fp32Weights, params::Parameters};
 
 /// A power-of-two scale that keeps these small models' FP16 gradients far from overflow.
 const SCALE: f32 = 1024.0;
@@ -89,7 +90,7 @@ impl Low for f16 {
         loss: impl Fn(&mut T) -> Loss<Cpu>,
     ) -> Vec<(String, Vec<f32>)>
     where
-        T: TrainTarget<Cpu, Precision = typed_amp::F16>,
+        T: TrainTarget<Cpu, Precision = typed_amp::precision::F16>,
     {
         let scaler = GradScaler::with_static_scale(SCALE).unwrap();
         let grads = scaler.scale(loss(model)).backward().unwrap();
@@ -113,7 +114,7 @@ impl Low for bf16 {
         loss: impl Fn(&mut T) -> Loss<Cpu>,
     ) -> Vec<(String, Vec<f32>)>
     where
-        T: TrainTarget<Cpu, Precision = typed_amp::BF16>,
+        T: TrainTarget<Cpu, Precision = typed_amp::precision::BF16>,
     {
         let raw = loss(model).backward().unwrap();
         let scale_free = to_host(raw.check(model).unwrap());

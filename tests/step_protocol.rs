@@ -5,8 +5,9 @@
 
 use typed_amp::distributed::{master_digest, DataParallel, SingleProcess};
 use typed_amp::prelude::*;
+use typed_amp::scaler::LossScalers;
 use typed_amp::step::StepProtocol;
-use typed_amp::LossScalers;
+use typed_amp::{loss::Loss, tape::MixedGradients};
 
 type Mlp = (Linear<6, 16>, ReLU, Linear<16, 3>);
 type Model = MasterWeights<

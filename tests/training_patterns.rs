@@ -2,9 +2,10 @@
 //! one scaler per loss, overflow blame, a scale floor, and FP32 batch-norm statistics under O2.
 
 use typed_amp::dfdx::nn::builders::{BatchNorm1D, Linear};
+use typed_amp::params::Parameters;
 use typed_amp::prelude::*;
 use typed_amp::watch::Overflow;
-use typed_amp::{DType, LossScalers, UnscaledGrads};
+use typed_amp::{precision::DType, scaler::LossScalers, step::UnscaledGrads};
 
 /// FP16's machine epsilon, 2^-10.
 const F16_EPS: f32 = 1.0 / 1024.0;
@@ -114,7 +115,7 @@ fn accumulation_windows_used_out_of_order_are_errors() {
     );
 
     let mut window = scaler.accumulate(model.alloc_grads().unwrap());
-    let loss = typed_amp::Loss::new(dev.tensor(1.0f32).leaky_traced_mixed());
+    let loss = typed_amp::loss::Loss::new(dev.tensor(1.0f32).leaky_traced_mixed());
     assert!(
         window.backward(loss).is_err(),
         "backward without a traced micro-batch"

@@ -7,8 +7,9 @@
 use typed_amp::dfdx::nn::builders::{LayerNorm1D, Residual, Softmax};
 use typed_amp::nn::builders::SelfAttention;
 use typed_amp::params::ParamVisitor;
+use typed_amp::precision::AmpElem;
 use typed_amp::prelude::*;
-use typed_amp::AmpElem;
+use typed_amp::{params::Parameters, tape::MixedGradients};
 
 const U32: f64 = f32::EPSILON as f64 / 2.0;
 const U16: f64 = 1.0 / 2048.0;

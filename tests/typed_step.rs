@@ -5,7 +5,8 @@ use typed_amp::dfdx::nn::builders::Linear;
 use typed_amp::dfdx::optim::{Adam, Sgd};
 use typed_amp::loss::cross_entropy_with_logits_loss;
 use typed_amp::prelude::*;
-use typed_amp::ScaledGrads;
+use typed_amp::step::ScaledGrads;
+use typed_amp::tape::MixedGradients;
 
 mod common;
 use common::inject;
@@ -375,9 +376,9 @@ fn two_hundred_overflows_in_a_row_skip_every_step_and_the_scaler_recovers() {
             before,
             "step {step} changed the masters"
         );
-        assert!(scaler.get_scale() >= typed_amp::SMALLEST_SCALE);
+        assert!(scaler.get_scale() >= typed_amp::scaler::SMALLEST_SCALE);
     }
-    assert_eq!(scaler.get_scale(), typed_amp::SMALLEST_SCALE);
+    assert_eq!(scaler.get_scale(), typed_amp::scaler::SMALLEST_SCALE);
     assert_eq!(scaler.skipped_steps(), 200);
 
     // Clean data: the first 120 steps (scales 2^-126 to 2^-7, far below FP16's overflow) all
@@ -404,7 +405,7 @@ fn two_hundred_overflows_in_a_row_skip_every_step_and_the_scaler_recovers() {
 
 #[test]
 fn scales_whose_inverse_overflows_are_refused() {
-    let tiny = typed_amp::SMALLEST_SCALE / 2.0;
+    let tiny = typed_amp::scaler::SMALLEST_SCALE / 2.0;
     assert!(GradScaler::with_static_scale(tiny).is_err());
     assert!(GradScaler::dynamic().with_min_scale(tiny).is_err());
     let mut state = GradScaler::dynamic().state();

@@ -13,6 +13,7 @@ use typed_amp::dfdx::nn::builders::Linear;
 use typed_amp::dfdx::optim::Adam;
 use typed_amp::optim::MasterOptimizer;
 use typed_amp::prelude::*;
+use typed_amp::tape::MixedTape;
 use typed_amp_cli::models::{CnnO0, CnnO1, CnnO2};
 
 const MLP_BATCH: usize = 1024;

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use typed_amp::amp::OptLevel;
 use typed_amp::checkpoint::CheckpointError;
-use typed_amp::AmpError;
+use typed_amp::error::AmpError;
 use typed_amp_data::{BatchError, DataError};
 
 use crate::models::*;

@@ -6,7 +6,13 @@ use typed_amp::amp::AmpModel;
 use typed_amp::device::Kernels;
 use typed_amp::loss::try_cross_entropy_with_logits_loss;
 use typed_amp::prelude::*;
-use typed_amp::{AmpDevice, AmpElem, AmpError, Precision};
+use typed_amp::{
+    device::AmpDevice,
+    error::AmpError,
+    loss::Loss,
+    precision::{AmpElem, Precision},
+    tape::{MixedGradients, MixedTape},
+};
 pub use typed_amp_data::Layout;
 use typed_amp_data::{Normalize, Split, CLASSES};
 

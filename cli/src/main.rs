@@ -140,7 +140,7 @@ fn parse_args() -> Result<Option<Args>, String> {
                     .string()
                     .map_err(err)?
                     .parse()
-                    .map_err(|e: typed_amp::AmpError| e.to_string())?
+                    .map_err(|e: typed_amp::error::AmpError| e.to_string())?
             }
             Long("epochs") => config.epochs = number(&mut parser, "epochs")?,
             Long("batch") => config.batch = number(&mut parser, "batch")?,

@@ -16,7 +16,10 @@ use typed_amp::optim::{cosine_lr, LearningRate, MasterOptimizer, OptimizerState}
 use typed_amp::prelude::*;
 use typed_amp::scaler::ScalerState;
 use typed_amp::step::StepProtocol;
-use typed_amp::{AmpDevice, AmpError, LowPrecisionUpdates, Parameters, TrainTarget};
+use typed_amp::{
+    device::AmpDevice, error::AmpError, master::TrainTarget, optim::LowPrecisionUpdates,
+    params::Parameters, tape::MixedTape,
+};
 use typed_amp_data::FashionMnist;
 pub use typed_amp_data::{Flat, Image, Layout};
 
@@ -455,7 +458,7 @@ mod tests {
     use super::*;
     use crate::models::*;
     use typed_amp::precision::dtype_of;
-    use typed_amp::DType;
+    use typed_amp::precision::DType;
 
     /// Batches are built in each model's entry precision: FP32 under O0 and O1 (O1 casts
     /// per layer), the 16-bit precision under O2 and O3, which their entry cast then keeps.

@@ -23,7 +23,7 @@
 
 use typed_amp::device::Kernels;
 use typed_amp::dfdx::prelude::{Const, Shape, Tensor};
-use typed_amp::{AmpDevice, AmpElem, AmpError};
+use typed_amp::{device::AmpDevice, error::AmpError, precision::AmpElem};
 
 use crate::{Split, CLASSES, IMAGE_SIDE, IMAGE_SIZE};
 
@@ -139,7 +139,8 @@ impl Split {
     }
 
     /// The examples `indices` as a [`Batch`] on `dev`, images in precision `E` (the model's
-    /// entry precision, `<M::Input as typed_amp::Precision>::Elem` for an `#[amp]` model `M`).
+    /// entry precision, `<M::Input as typed_amp::precision::Precision>::Elem` for an `#[amp]`
+    /// model `M`).
     pub fn batch<L: Layout, E: AmpElem, D: AmpDevice + Kernels<E>>(
         &self,
         dev: &D,

@@ -2,8 +2,8 @@
 //! model's entry, bit for bit, and an entry cast that then records nothing.
 
 use typed_amp::amp::CastTo;
+use typed_amp::precision::AmpElem;
 use typed_amp::prelude::*;
-use typed_amp::AmpElem;
 use typed_amp_data::{
     Batch, BatchError, FashionMnist, Flat, Image, Normalize, Split, CLASSES, IMAGE_SIZE,
 };
@@ -46,8 +46,11 @@ fn split(images: Vec<u8>, labels: Vec<u8>) -> Split {
 
 /// The FP32 pixels cast to `E` by typed-amp's cast (what a model's entry does to an FP32
 /// batch), and the pixels built in `E` directly: equal bit for bit.
-fn direct_equals_cast<P: typed_amp::Precision>(split: &Split, indices: &[usize], norm: Normalize)
-where
+fn direct_equals_cast<P: typed_amp::precision::Precision>(
+    split: &Split,
+    indices: &[usize],
+    norm: Normalize,
+) where
     Cpu: typed_amp::device::Kernels<P::Elem>,
 {
     let dev = Cpu::default();

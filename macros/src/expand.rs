@@ -49,13 +49,13 @@ fn layers_struct(model: &Model, name: &Ident) -> TokenStream {
             #(#field_defs,)*
         }
 
-        impl<D: ::typed_amp::AmpDevice, #(#params: ::typed_amp::Parameters<D>),*> ::typed_amp::Parameters<D> for #name<#(#params),*> {
+        impl<D: ::typed_amp::device::AmpDevice, #(#params: ::typed_amp::params::Parameters<D>),*> ::typed_amp::params::Parameters<D> for #name<#(#params),*> {
             fn visit_params_at<V: ::typed_amp::params::ParamVisitor<D>>(
                 &self,
                 path: &mut ::typed_amp::params::ParamPath,
                 visitor: &mut V,
             ) -> ::core::result::Result<(), V::Error> {
-                #(path.within(#names, |path| ::typed_amp::Parameters::<D>::visit_params_at(&self.#idents, path, visitor))?;)*
+                #(path.within(#names, |path| ::typed_amp::params::Parameters::<D>::visit_params_at(&self.#idents, path, visitor))?;)*
                 ::core::result::Result::Ok(())
             }
 
@@ -64,12 +64,12 @@ fn layers_struct(model: &Model, name: &Ident) -> TokenStream {
                 path: &mut ::typed_amp::params::ParamPath,
                 visitor: &mut V,
             ) -> ::core::result::Result<(), V::Error> {
-                #(path.within(#names, |path| ::typed_amp::Parameters::<D>::visit_params_mut_at(&mut self.#idents, path, visitor))?;)*
+                #(path.within(#names, |path| ::typed_amp::params::Parameters::<D>::visit_params_mut_at(&mut self.#idents, path, visitor))?;)*
                 ::core::result::Result::Ok(())
             }
         }
 
-        impl<D: ::typed_amp::AmpDevice, #(#params,)* #(#working_params),*>
+        impl<D: ::typed_amp::device::AmpDevice, #(#params,)* #(#working_params),*>
             ::typed_amp::master::CompositePaired<#name<#(#working_params),*>, D> for #name<#(#params),*>
         where
             #(#params: ::typed_amp::master::Paired<#working_params, D>,)*
@@ -115,7 +115,7 @@ fn config_tokens(recipe: &Recipe) -> TokenStream {
         None => quote!(::core::option::Option::None),
         Some(p) => {
             let marker = marker(p);
-            quote!(::core::option::Option::Some(<#marker as ::typed_amp::Precision>::DTYPE))
+            quote!(::core::option::Option::Some(<#marker as ::typed_amp::precision::Precision>::DTYPE))
         }
     };
     let outputs = dtype(recipe.cast_model_outputs);
@@ -203,27 +203,30 @@ pub fn expand(recipe: &Recipe, model: &Model) -> TokenStream {
     let narrowest = marker(recipe.narrowest);
     let (weights_ty, build) = match recipe.target {
         Target::Fp32 => (
-            quote!(::typed_amp::Fp32Weights<#master_name<D>, D, #narrowest>),
+            quote!(::typed_amp::master::Fp32Weights<#master_name<D>, D, #narrowest>),
             quote!(::core::result::Result::Ok(
-                ::typed_amp::SinglePrecision::with_compute(Self::try_build_master(device)?, device)
+                ::typed_amp::master::SinglePrecision::with_compute(
+                    Self::try_build_master(device)?,
+                    device
+                )
             )),
         ),
         Target::MasterWeights => (
-            quote!(::typed_amp::MasterWeights<#master_name<D>, #working_name<D>, D, #narrowest>),
+            quote!(::typed_amp::master::MasterWeights<#master_name<D>, #working_name<D>, D, #narrowest>),
             quote! {
                 let master = Self::try_build_master(device)?;
                 let working = Self::try_working_from(&master)?;
-                ::typed_amp::MasterWeights::pair(master, working, device)
+                ::typed_amp::master::MasterWeights::pair(master, working, device)
             },
         ),
         Target::LowPrecision => {
             let low = elem(recipe.low);
             (
-                quote!(::typed_amp::SinglePrecision<#working_name<D>, #low, D>),
+                quote!(::typed_amp::master::SinglePrecision<#working_name<D>, #low, D>),
                 quote! {
                     // Initialised in FP32, like every policy, then converted.
                     let master = Self::try_build_master(device)?;
-                    ::core::result::Result::Ok(::typed_amp::SinglePrecision::new(Self::try_working_from(&master)?, device))
+                    ::core::result::Result::Ok(::typed_amp::master::SinglePrecision::new(Self::try_working_from(&master)?, device))
                 },
             )
         }
@@ -248,7 +251,7 @@ pub fn expand(recipe: &Recipe, model: &Model) -> TokenStream {
 
         #forward
 
-        impl<D: ::typed_amp::AmpDevice> ::typed_amp::amp::AmpModel<D> for #ident {
+        impl<D: ::typed_amp::device::AmpDevice> ::typed_amp::amp::AmpModel<D> for #ident {
             type Master = #master_name<D>;
             type Working = #working_name<D>;
             type Weights = #weights_ty;
@@ -256,16 +259,16 @@ pub fn expand(recipe: &Recipe, model: &Model) -> TokenStream {
 
             const CONFIG: ::typed_amp::amp::AmpConfig = #ident::AMP_CONFIG;
 
-            fn try_build_master(device: &D) -> ::core::result::Result<#master_name<D>, ::typed_amp::AmpError> {
+            fn try_build_master(device: &D) -> ::core::result::Result<#master_name<D>, ::typed_amp::error::AmpError> {
                 <#ident as ::typed_amp::dfdx::nn::BuildOnDevice<D, f32>>::try_build_on_device(device)
-                    .map_err(::typed_amp::AmpError::device)
+                    .map_err(::typed_amp::error::AmpError::device)
             }
 
-            fn try_working_from(master: &#master_name<D>) -> ::core::result::Result<#working_name<D>, ::typed_amp::AmpError> {
+            fn try_working_from(master: &#master_name<D>) -> ::core::result::Result<#working_name<D>, ::typed_amp::error::AmpError> {
                 #working_from_master
             }
 
-            fn try_build(device: &D) -> ::core::result::Result<Self::Weights, ::typed_amp::AmpError> {
+            fn try_build(device: &D) -> ::core::result::Result<Self::Weights, ::typed_amp::error::AmpError> {
                 #build
             }
         }
@@ -275,7 +278,7 @@ pub fn expand(recipe: &Recipe, model: &Model) -> TokenStream {
 
         // The architecture builds its FP32 master like any dfdx layer, so an `#[amp]` model can
         // be a field, a tuple element or a `Repeated` block of another.
-        impl<D: ::typed_amp::AmpDevice> ::typed_amp::dfdx::nn::BuildOnDevice<D, f32> for #ident {
+        impl<D: ::typed_amp::device::AmpDevice> ::typed_amp::dfdx::nn::BuildOnDevice<D, f32> for #ident {
             type Built = #master_name<D>;
 
             fn try_build_on_device(device: &D) -> ::core::result::Result<#master_name<D>, D::Err> {
@@ -293,14 +296,14 @@ pub fn expand(recipe: &Recipe, model: &Model) -> TokenStream {
             pub const AMP_CONFIG: ::typed_amp::amp::AmpConfig = #config;
 
             /// Builds the model on `device`, ready to train under its policy.
-            pub fn build<D: ::typed_amp::AmpDevice>(
+            pub fn build<D: ::typed_amp::device::AmpDevice>(
                 device: &D,
-            ) -> ::core::result::Result<#weights_name<D>, ::typed_amp::AmpError> {
+            ) -> ::core::result::Result<#weights_name<D>, ::typed_amp::error::AmpError> {
                 <Self as ::typed_amp::amp::AmpModel<D>>::try_build(device)
             }
 
             /// A loss scaler for this model's policy.
-            pub fn scaler() -> ::typed_amp::GradScaler {
+            pub fn scaler() -> ::typed_amp::scaler::GradScaler {
                 // `valid` accepted only finite, positive static scales below FP16's overflow.
                 ::typed_amp::amp::AmpConfig::try_scaler(&Self::AMP_CONFIG)
                     .expect("#[amp] validated the loss scale")

@@ -14,16 +14,16 @@ use crate::valid::{plan_layer, Compute, LayerPlan, Recipe, Row};
 /// The marker type of a precision.
 pub(crate) fn marker(p: Prec) -> TokenStream {
     match p {
-        Prec::F16 => quote!(::typed_amp::F16),
-        Prec::BF16 => quote!(::typed_amp::BF16),
-        Prec::F32 => quote!(::typed_amp::F32),
+        Prec::F16 => quote!(::typed_amp::precision::F16),
+        Prec::BF16 => quote!(::typed_amp::precision::BF16),
+        Prec::F32 => quote!(::typed_amp::precision::F32),
     }
 }
 
 /// The element type of a precision.
 pub(crate) fn elem(p: Prec) -> TokenStream {
     let marker = marker(p);
-    quote!(<#marker as ::typed_amp::Precision>::Elem)
+    quote!(<#marker as ::typed_amp::precision::Precision>::Elem)
 }
 
 /// A plan as a type (`typed_amp::amp::layer::plan`).

@@ -62,7 +62,7 @@ mod tests {
             .iter()
             .map(|p| {
                 let (plan, prec) = p.split_once(' ').unwrap();
-                format!(":: typed_amp :: amp :: layer :: plan :: {plan} < :: typed_amp :: {prec} >")
+                format!(":: typed_amp :: amp :: layer :: plan :: {plan} < :: typed_amp :: precision :: {prec} >")
             })
             .collect();
         format!(
@@ -93,10 +93,10 @@ mod tests {
             )),
             "{out}"
         );
-        assert!(out.contains("type Weights = :: typed_amp :: MasterWeights < CnnMaster < D > , CnnWorking < D > , D , :: typed_amp :: F16 >"));
+        assert!(out.contains("type Weights = :: typed_amp :: master :: MasterWeights < CnnMaster < D > , CnnWorking < D > , D , :: typed_amp :: precision :: F16 >"));
         // Input cast to FP16 at entry; each layer run by its row.
         assert!(out.contains(
-            "AmpX : :: typed_amp :: amp :: CastTo < :: typed_amp :: F16 , Output = AmpY0"
+            "AmpX : :: typed_amp :: amp :: CastTo < :: typed_amp :: precision :: F16 , Output = AmpY0"
         ));
         assert!(
             out.contains(&format!(
@@ -124,7 +124,7 @@ mod tests {
         assert!(out.contains("type MlpWorking < D > = MlpMaster < D >"));
         let o1 = table(["Autocast F16", "In F32", "In F32", "In F32", "Pass F32"]);
         assert!(out.contains(&o1), "{out}");
-        assert!(out.contains("type Weights = :: typed_amp :: Fp32Weights < MlpMaster < D > , D , :: typed_amp :: F16 >"));
+        assert!(out.contains("type Weights = :: typed_amp :: master :: Fp32Weights < MlpMaster < D > , D , :: typed_amp :: precision :: F16 >"));
     }
 
     #[test]
@@ -137,7 +137,7 @@ mod tests {
                 }
             ),
         );
-        assert!(out.contains("type Weights = :: typed_amp :: SinglePrecision < MlpWorking < D > , < :: typed_amp :: F16 as :: typed_amp :: Precision > :: Elem , D >"), "{out}");
+        assert!(out.contains("type Weights = :: typed_amp :: master :: SinglePrecision < MlpWorking < D > , < :: typed_amp :: precision :: F16 as :: typed_amp :: precision :: Precision > :: Elem , D >"), "{out}");
         let o3 = table(["In F16", "In F16", "In F16", "In F16", "Pass F16"]);
         assert!(out.contains(&o3), "{out}");
     }
@@ -155,7 +155,7 @@ mod tests {
             ),
         );
         assert!(out.contains(
-            "RunPlanned < L1 , :: typed_amp :: amp :: layer :: plan :: In < :: typed_amp :: F32 > , Output = AmpY2"
+            "RunPlanned < L1 , :: typed_amp :: amp :: layer :: plan :: In < :: typed_amp :: precision :: F32 > , Output = AmpY2"
         ), "{out}");
         // Stored in FP32: the working layer is the master's clone, needing no `AmpLayer`.
         assert!(

@@ -71,7 +71,7 @@ impl<P: Precision> Plan for plan::In<P> {
 }
 
 impl<P: LowPrecision> Plan for plan::Autocast<P> {
-    type Storage = crate::F32;
+    type Storage = crate::precision::F32;
 }
 
 impl<P: Precision> Plan for plan::Pass<P> {
@@ -79,7 +79,7 @@ impl<P: Precision> Plan for plan::Pass<P> {
 }
 
 impl<P: LowPrecision> Plan for plan::KeepFp32<P> {
-    type Storage = crate::F32;
+    type Storage = crate::precision::F32;
 }
 
 /// A policy: the plan for each row of the table. `#[amp]` writes one [`Table`] per model from

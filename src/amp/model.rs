@@ -27,8 +27,8 @@ pub trait AmpModel<D: AmpDevice>: Sized {
     type Master: Parameters<D>;
     /// The model forward and backward run on, each layer in its policy's precision.
     type Working: Parameters<D>;
-    /// What the optimizer trains: [`crate::MasterWeights`], [`crate::Fp32Weights`] or
-    /// [`crate::Fp16Weights`].
+    /// What the optimizer trains: [`crate::master::MasterWeights`],
+    /// [`crate::master::Fp32Weights`] or [`crate::master::Fp16Weights`].
     type Weights: TrainTarget<D>;
     /// The precision inputs are cast to at the model's entry.
     type Input: Precision;
@@ -252,8 +252,11 @@ mod tests {
         let x: Tensor<Rank2<1, 3>, f32, Cpu> = dev.tensor([[1.0, 1.0, 1.0]]);
         let grads = crate::tape::MixedGradients::for_params(&linear).unwrap();
         let y: Tensor<Rank2<1, 2>, f16, Cpu, _> =
-            AutocastForward::<_, crate::F16>::try_autocast_forward(x.traced_mixed(grads), &linear)
-                .unwrap();
+            AutocastForward::<_, crate::precision::F16>::try_autocast_forward(
+                x.traced_mixed(grads),
+                &linear,
+            )
+            .unwrap();
         assert_eq!(
             y.array()[0].map(f32::from),
             [6.1, -0.35].map(|v| f16::from_f32(v).to_f32())

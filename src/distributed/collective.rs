@@ -56,7 +56,7 @@ pub trait AllReduce<D: AmpDevice>: Collective {
 }
 
 /// One process alone: rank 0 of 1. Every operation returns its input; [`DataParallel`](super::DataParallel) over it
-/// trains exactly as a [`GradScaler`](crate::GradScaler) does (it is how tests and examples run the data-parallel
+/// trains exactly as a [`GradScaler`](crate::scaler::GradScaler) does (it is how tests and examples run the data-parallel
 /// stages without a launcher).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SingleProcess;

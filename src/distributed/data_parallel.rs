@@ -4,12 +4,12 @@ use std::cell::Cell;
 
 use crate::device::AmpDevice;
 use crate::error::AmpError;
+use crate::loss::Loss;
 use crate::master::TrainTarget;
 use crate::optim::MasterOptimizer;
 use crate::scaler::{GradScaler, ScalerState};
 use crate::step::{Accumulation, Scaled, ScaledLoss, StepOutcome, Unscaled, UnscaledGrads};
 use crate::tape::MixedGradients;
-use crate::Loss;
 
 use super::collective::{AllReduce, Collective};
 use super::digest::scaler_digest;

@@ -44,7 +44,7 @@ impl<D: AmpDevice> PairVisitor<D> for ReturnBuffers<'_, D> {
 /// BF16) or FP32 (FP16 linear layers with FP32 batch norm, say).
 ///
 /// `P` names the working copy's 16-bit precision: with [`F16`] the step needs a loss scaler;
-/// with [`BF16`](crate::BF16), whose exponent range is FP32's, it does not.
+/// with [`BF16`](crate::precision::BF16), whose exponent range is FP32's, it does not.
 ///
 /// ```rust
 /// # use typed_amp::prelude::*;

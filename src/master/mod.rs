@@ -4,7 +4,7 @@
 //!
 //! Forward and backward run on the working copy; unscaled gradients are written into gradients
 //! of the FP32 master; the optimizer updates the master and, in the same pass, the working copy
-//! ([`MasterOptimizer::try_update_paired`](crate::MasterOptimizer::try_update_paired)). Master
+//! ([`MasterOptimizer::try_update_paired`](crate::optim::MasterOptimizer::try_update_paired)). Master
 //! and working parameters are paired by type: the two models are walked together
 //! ([`Paired`]), tuple element by tuple element and layer by layer.
 //!

@@ -31,6 +31,7 @@ pub struct SinglePrecision<M, E: AmpElem, D: AmpDevice, P: Precision = <E as Amp
 ///
 /// ```rust
 /// # use typed_amp::prelude::*;
+/// use typed_amp::master::Fp32Weights;
 /// let dev = Cpu::default();
 /// let model = Fp32Weights::new(dev.build_module::<Linear<4, 2>, f32>(), &dev);
 /// assert_eq!(model.working().weight.shape(), &(Const::<2>, Const::<4>));
@@ -38,7 +39,7 @@ pub struct SinglePrecision<M, E: AmpElem, D: AmpDevice, P: Precision = <E as Amp
 ///
 /// `P` is the precision it computes in: FP32 (O0), or the 16-bit precision O1 casts its matrix
 /// products to.
-pub type Fp32Weights<M, D, P = crate::F32> = SinglePrecision<M, f32, D, P>;
+pub type Fp32Weights<M, D, P = crate::precision::F32> = SinglePrecision<M, f32, D, P>;
 
 /// A plain FP16 model with no FP32 master weights (Apex's O3).
 ///

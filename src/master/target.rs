@@ -17,15 +17,15 @@ use crate::tape::{MixedGradients, TargetId};
 )]
 pub trait TrainTarget<D: AmpDevice> {
     /// The module the optimizer updates: FP32, except for O3's 16-bit models
-    /// ([`Fp16Weights`](crate::Fp16Weights)).
+    /// ([`Fp16Weights`](crate::master::Fp16Weights)).
     type Master: Parameters<D>;
 
     /// The module forward and backward run on.
     type Working: Parameters<D>;
 
-    /// The narrowest precision of the working copy's parameters: [`F16`](crate::F16) needs a
-    /// loss scaler, [`BF16`](crate::BF16) and [`F32`](crate::F32) do not (rule
-    /// [`FullRange`](crate::FullRange)).
+    /// The narrowest precision of the working copy's parameters: [`F16`](crate::precision::F16) needs a
+    /// loss scaler, [`BF16`](crate::precision::BF16) and [`F32`](crate::precision::F32) do not (rule
+    /// [`FullRange`](crate::precision::FullRange)).
     type Precision: Precision;
 
     /// The master module.
@@ -102,7 +102,7 @@ pub trait TrainTarget<D: AmpDevice> {
     /// working copy as of the last step taken. So a batch whose gradients were inf or NaN leaves
     /// no trace in batch norm's running statistics (PyTorch keeps it), and a non-finite value
     /// written into a working weight between steps costs one skipped step instead of every
-    /// later one. A model that is its own master ([`SinglePrecision`](crate::SinglePrecision))
+    /// later one. A model that is its own master ([`SinglePrecision`](crate::master::SinglePrecision))
     /// has no earlier copy.
     fn reload_working(&mut self) -> Result<(), AmpError>;
 }

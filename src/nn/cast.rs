@@ -1,5 +1,5 @@
 //! Differentiable casts as layers, to place inside tuples at the boundary between layers of
-//! different precisions. They run [`Cast::cast`](crate::Cast::cast).
+//! different precisions. They run [`Cast::cast`](crate::ops::cast::Cast::cast).
 
 use dfdx::nn::{NonMutableModule, ZeroSizedModule};
 use dfdx::prelude::*;
@@ -45,7 +45,7 @@ macro_rules! cast_layers {
 }
 
 cast_layers! {
-    ToF16 => F16, "Casts its input to FP16 (see [`crate::to_f16`]).";
-    ToBf16 => BF16, "Casts its input to BF16 (see [`crate::to_bf16`]).";
-    ToF32 => F32, "Casts its input to FP32 (see [`crate::to_f32`]).";
+    ToF16 => F16, "Casts its input to FP16 (see [`crate::ops::cast::to_f16`]).";
+    ToBf16 => BF16, "Casts its input to BF16 (see [`crate::ops::cast::to_bf16`]).";
+    ToF32 => F32, "Casts its input to FP32 (see [`crate::ops::cast::to_f32`]).";
 }

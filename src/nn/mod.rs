@@ -66,7 +66,7 @@ crate::amp::amp_layers! {
     crate::amp::kind::Elementwise =>
         [const N: usize, const M: usize, E: dfdx::prelude::Dtype, D: dfdx::prelude::Storage<E>]
             modules::ClassToken<N, M, E, D>;
-    crate::amp::kind::Cast<crate::F16> => [] modules::ToF16;
-    crate::amp::kind::Cast<crate::BF16> => [] modules::ToBf16;
-    crate::amp::kind::Cast<crate::F32> => [] modules::ToF32;
+    crate::amp::kind::Cast<crate::precision::F16> => [] modules::ToF16;
+    crate::amp::kind::Cast<crate::precision::BF16> => [] modules::ToBf16;
+    crate::amp::kind::Cast<crate::precision::F32> => [] modules::ToF32;
 }

@@ -7,7 +7,7 @@
 //! `TensorCollection` in its own dtype; tuples, [`Repeated`] and the residual wrappers implement
 //! it field by field, so their fields may differ in precision. Two models built from the same
 //! architecture visit their parameters in the same order under the same names, which is how a
-//! master model and its working copy are paired (see [`crate::MasterWeights`]).
+//! master model and its working copy are paired (see [`crate::master::MasterWeights`]).
 
 use dfdx::nn::modules::*;
 use dfdx::prelude::{ConstDim, ConstShape, HasShape, Shape, Tensor};
@@ -28,7 +28,7 @@ pub use walker::{visit_collection, visit_collection_mut};
 /// tensor, typed-amp's own layers, and the structs `#[amp]` generates.
 #[diagnostic::on_unimplemented(
     message = "typed-amp cannot walk the parameters of `{Self}`",
-    note = "models are built from dfdx layers, tuples of them, typed-amp's layers and `#[amp]` structs; for your own layer, implement `typed_amp::Parameters` by visiting each field with `visit_params_at`"
+    note = "models are built from dfdx layers, tuples of them, typed-amp's layers and `#[amp]` structs; for your own layer, implement `typed_amp::params::Parameters` by visiting each field with `visit_params_at`"
 )]
 pub trait Parameters<D: AmpDevice> {
     /// Visits every parameter below `path`.

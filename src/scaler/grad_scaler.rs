@@ -16,7 +16,7 @@ use super::state::{
 /// [`GradScaler::update`]) is the scaler's `step` module, over [`crate::step`]'s values.
 ///
 /// ```rust
-/// # use typed_amp::GradScaler;
+/// # use typed_amp::scaler::GradScaler;
 /// let scaler = GradScaler::new(65536.0, 2.0, 0.5, 2).unwrap();
 /// assert_eq!((scaler.get_scale(), scaler.growth_tracker()), (65536.0, 0));
 /// ```

@@ -6,7 +6,7 @@ use super::grad_scaler::GradScaler;
 
 /// One loss scaler per loss (Apex's `num_losses`): each loss is scaled, backward and unscaled
 /// with its own scaler, whose scale then follows only that loss's overflows. The unscaled
-/// gradients of the losses are summed with [`UnscaledGrads::merge`](crate::UnscaledGrads::merge)
+/// gradients of the losses are summed with [`UnscaledGrads::merge`](crate::step::UnscaledGrads::merge)
 /// before one step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LossScalers {

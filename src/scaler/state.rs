@@ -14,8 +14,8 @@ pub const DEFAULT_BACKOFF_FACTOR: f32 = 0.5;
 pub const DEFAULT_GROWTH_INTERVAL: u32 = 2000;
 /// Apex's ceiling on the dynamic scale, 2^24.
 pub const APEX_MAX_SCALE: f32 = 16_777_216.0;
-/// Overflowing steps in a row at the floor before [`GradScaler::update`](crate::GradScaler::update) reports an error, unless
-/// set with [`GradScaler::with_floor_patience`](crate::GradScaler::with_floor_patience).
+/// Overflowing steps in a row at the floor before [`GradScaler::update`](crate::scaler::GradScaler::update) reports an error, unless
+/// set with [`GradScaler::with_floor_patience`](crate::scaler::GradScaler::with_floor_patience).
 pub const DEFAULT_FLOOR_PATIENCE: u32 = 10;
 
 /// How the scale evolves.
@@ -31,7 +31,7 @@ pub enum ScaleMode {
     Disabled,
 }
 
-/// Everything needed to restore a [`GradScaler`](crate::GradScaler) exactly: save it in checkpoints.
+/// Everything needed to restore a [`GradScaler`](crate::scaler::GradScaler) exactly: save it in checkpoints.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ScalerState {
     /// How the scale evolves.
@@ -52,7 +52,7 @@ pub struct ScalerState {
     pub min_scale: Option<f32>,
     /// The highest scale growth may reach (none: PyTorch's; Apex uses 2^24).
     pub max_scale: Option<f32>,
-    /// Overflowing steps in a row at `min_scale` that [`GradScaler::update`](crate::GradScaler::update) tolerates.
+    /// Overflowing steps in a row at `min_scale` that [`GradScaler::update`](crate::scaler::GradScaler::update) tolerates.
     pub floor_patience: u32,
     /// Overflowing steps in a row taken at `min_scale` so far.
     pub floor_hits: u32,

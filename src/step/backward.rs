@@ -88,7 +88,7 @@ impl<D: AmpDevice> RawGrads<D> {
     /// Writes these gradients into `target`'s master gradients, checking every one for inf and
     /// NaN, for clipping and [`UnscaledGrads::step`]. Only models whose working precision has
     /// FP32's exponent range qualify (rule [`FullRange`]); an FP16 model needs a
-    /// [`GradScaler`](crate::GradScaler).
+    /// [`GradScaler`](crate::scaler::GradScaler).
     pub fn check<T>(self, target: &mut T) -> Result<UnscaledGrads<'_, T, D, ScaleFree>, AmpError>
     where
         T: TrainTarget<D>,
@@ -101,7 +101,7 @@ impl<D: AmpDevice> RawGrads<D> {
 /// Gradients of the working model, still multiplied by the loss scale of the scaler that made
 /// them.
 ///
-/// No optimizer takes these: pass them to [`GradScaler::unscale`](crate::GradScaler::unscale).
+/// No optimizer takes these: pass them to [`GradScaler::unscale`](crate::scaler::GradScaler::unscale).
 #[must_use = "scaled gradients must be unscaled (`scaler.unscale(..)`) before a step"]
 #[derive(Debug)]
 pub struct ScaledGrads<D: AmpDevice> {

@@ -1,11 +1,11 @@
 //! Where unscaled gradients came from, as a type: the step kinds and the rule of which kinds
 //! may be clipped and stepped.
 
-/// Where unscaled gradients came from: a [`GradScaler`](crate::GradScaler) ([`FromScaler`]) or a backward pass
+/// Where unscaled gradients came from: a [`GradScaler`](crate::scaler::GradScaler) ([`FromScaler`]) or a backward pass
 /// without one ([`ScaleFree`]). It decides how the step's outcome is consumed.
 pub trait StepKind: sealed::Sealed + 'static {}
 
-/// Gradients unscaled by a [`GradScaler`](crate::GradScaler): the step's outcome goes to [`GradScaler::update`](crate::GradScaler::update).
+/// Gradients unscaled by a [`GradScaler`](crate::scaler::GradScaler): the step's outcome goes to [`GradScaler::update`](crate::scaler::GradScaler::update).
 #[derive(Debug)]
 pub struct FromScaler;
 

@@ -20,7 +20,7 @@ impl<'t, T: TrainTarget<D>, D: AmpDevice> UnscaledGrads<'t, T, D, FromScaler> {
     /// Adds another loss's gradients of the same model, scaled by its own scaler, into these
     /// (Apex's one scaler per loss: each loss is scaled and backward with its own scaler, then
     /// the gradients are unscaled into one sum for one step). The step is skipped if either
-    /// held inf or NaN; [`LossScalers::update`](crate::LossScalers::update) backs off only the
+    /// held inf or NaN; [`LossScalers::update`](crate::scaler::LossScalers::update) backs off only the
     /// scalers whose loss overflowed.
     pub fn merge(&mut self, scaler: &GradScaler, other: ScaledGrads<D>) -> Result<(), AmpError> {
         let ScaledGrads {

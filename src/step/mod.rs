@@ -5,12 +5,12 @@
 //!
 //! | stage | takes | gives |
 //! | --- | --- | --- |
-//! | [`GradScaler::scale`](crate::GradScaler::scale) | an FP32 [`Loss`](crate::loss::Loss) | [`ScaledLoss`] |
+//! | [`GradScaler::scale`](crate::scaler::GradScaler::scale) | an FP32 [`Loss`](crate::loss::Loss) | [`ScaledLoss`] |
 //! | [`ScaledLoss::backward`] | | [`ScaledGrads`]: working-precision gradients, still × scale, tagged with the scaler |
-//! | [`GradScaler::unscale`](crate::GradScaler::unscale) | the model, [`ScaledGrads`] | [`UnscaledGrads`]: master gradients ÷ scale, checked for inf/NaN, borrowing the model |
+//! | [`GradScaler::unscale`](crate::scaler::GradScaler::unscale) | the model, [`ScaledGrads`] | [`UnscaledGrads`]: master gradients ÷ scale, checked for inf/NaN, borrowing the model |
 //! | [`clip_grad_norm`], [`clip_grad_value`] | [`UnscaledGrads`] | the total norm |
-//! | [`GradScaler::step`](crate::GradScaler::step) | an FP32-master optimizer, [`UnscaledGrads`] | [`StepOutcome`] |
-//! | [`GradScaler::update`](crate::GradScaler::update) | every [`StepOutcome`] of the iteration | the zeroed gradients for the next one |
+//! | [`GradScaler::step`](crate::scaler::GradScaler::step) | an FP32-master optimizer, [`UnscaledGrads`] | [`StepOutcome`] |
+//! | [`GradScaler::update`](crate::scaler::GradScaler::update) | every [`StepOutcome`] of the iteration | the zeroed gradients for the next one |
 //!
 //! Without one (models whose working precision has FP32's exponent range: BF16 and FP32, rule
 //! [`FullRange`](crate::precision::FullRange)): backward → check → (clip) → step.
@@ -24,7 +24,7 @@
 //! Each stage returns a value only the next stage accepts, so the order is checked by the
 //! compiler: no optimizer accepts scaled gradients; unscaling consumes them, so they cannot be
 //! unscaled twice; clipping takes only unscaled gradients; stepping consumes those; the next
-//! iteration's gradients come only out of [`GradScaler::update`](crate::GradScaler::update) (or, without a scaler, out of
+//! iteration's gradients come only out of [`GradScaler::update`](crate::scaler::GradScaler::update) (or, without a scaler, out of
 //! the outcome), so an iteration cannot skip its update, and an outcome cannot be counted twice.
 //! Unscaled gradients borrow the model they were unscaled into, so clipping and the step need
 //! no second reference to it. What cannot be a type is checked before anything changes: the

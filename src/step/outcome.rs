@@ -11,7 +11,7 @@ use super::kind::{FromScaler, ScaleFree, StepKind};
 /// What a step did, and the gradients for the next iteration.
 ///
 /// With a scaler ([`FromScaler`]), the only way to the next gradients is
-/// [`GradScaler::update`](crate::GradScaler::update), which consumes every outcome of the iteration; without one
+/// [`GradScaler::update`](crate::scaler::GradScaler::update), which consumes every outcome of the iteration; without one
 /// ([`ScaleFree`]), [`StepOutcome::into_grads`].
 #[must_use = "pass the outcome to `scaler.update(..)`: it returns the gradients for the next iteration"]
 pub struct StepOutcome<D: AmpDevice, K: StepKind = FromScaler> {
@@ -62,7 +62,7 @@ impl<D: AmpDevice> StepOutcome<D, ScaleFree> {
     }
 }
 
-/// The outcomes of one iteration's steps, consumed by [`GradScaler::update`](crate::GradScaler::update): one
+/// The outcomes of one iteration's steps, consumed by [`GradScaler::update`](crate::scaler::GradScaler::update): one
 /// [`StepOutcome`], a tuple of them, an array or a `Vec` (several optimizers sharing a scaler).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not the outcome of a step taken with a loss scaler",
@@ -84,14 +84,14 @@ pub trait StepOutcomes<D: AmpDevice> {
 /// The traits stay apart so that each names its own rule when an outcome does not fit.
 macro_rules! outcome_impls {
     ($outcomes:ident, $kind:ty) => {
-        impl<D: $crate::AmpDevice> $outcomes<D> for $crate::StepOutcome<D, $kind> {
-            type Grads = $crate::MixedGradients<D>;
+        impl<D: $crate::device::AmpDevice> $outcomes<D> for $crate::step::StepOutcome<D, $kind> {
+            type Grads = $crate::tape::MixedGradients<D>;
             fn for_each_flag(&self, f: &mut dyn FnMut($crate::scaler::ScalerId, bool)) {
                 for (id, found) in self.scaler_flags() {
                     f(*id, *found);
                 }
             }
-            fn into_grads(self) -> $crate::MixedGradients<D> {
+            fn into_grads(self) -> $crate::tape::MixedGradients<D> {
                 self.into_next_grads()
             }
         }
@@ -100,7 +100,7 @@ macro_rules! outcome_impls {
         $crate::step::outcome_impls!(@tuple $outcomes [A 0, B 1, C 2]);
         $crate::step::outcome_impls!(@tuple $outcomes [A 0, B 1, C 2, F 3]);
 
-        impl<D: $crate::AmpDevice, O: $outcomes<D>, const N: usize> $outcomes<D> for [O; N] {
+        impl<D: $crate::device::AmpDevice, O: $outcomes<D>, const N: usize> $outcomes<D> for [O; N] {
             type Grads = [O::Grads; N];
             fn for_each_flag(&self, f: &mut dyn FnMut($crate::scaler::ScalerId, bool)) {
                 for o in self {
@@ -112,7 +112,7 @@ macro_rules! outcome_impls {
             }
         }
 
-        impl<D: $crate::AmpDevice, O: $outcomes<D>> $outcomes<D> for Vec<O> {
+        impl<D: $crate::device::AmpDevice, O: $outcomes<D>> $outcomes<D> for Vec<O> {
             type Grads = Vec<O::Grads>;
             fn for_each_flag(&self, f: &mut dyn FnMut($crate::scaler::ScalerId, bool)) {
                 for o in self {
@@ -125,7 +125,7 @@ macro_rules! outcome_impls {
         }
     };
     (@tuple $outcomes:ident [$($name:ident $idx:tt),+]) => {
-        impl<D: $crate::AmpDevice, $($name: $outcomes<D>),+> $outcomes<D> for ($($name,)+) {
+        impl<D: $crate::device::AmpDevice, $($name: $outcomes<D>),+> $outcomes<D> for ($($name,)+) {
             type Grads = ($($name::Grads,)+);
             fn for_each_flag(&self, f: &mut dyn FnMut($crate::scaler::ScalerId, bool)) {
                 $(self.$idx.for_each_flag(f);)+

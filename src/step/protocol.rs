@@ -1,5 +1,5 @@
 //! One step protocol for one process or many: [`StepProtocol`], which
-//! [`GradScaler`](crate::GradScaler), [`LossScalers`](crate::LossScalers) and
+//! [`GradScaler`](crate::scaler::GradScaler), [`LossScalers`](crate::scaler::LossScalers) and
 //! [`DataParallel`](crate::distributed::DataParallel) implement, so that one training loop runs
 //! with any of them.
 //!
@@ -27,7 +27,7 @@
 //! }
 //!
 //! train(&mut GradScaler::dynamic(), 3)?;
-//! train(&mut typed_amp::LossScalers::new(2, GradScaler::dynamic()), 3)?;
+//! train(&mut typed_amp::scaler::LossScalers::new(2, GradScaler::dynamic()), 3)?;
 //! # Ok::<(), AmpError>(())
 //! ```
 
@@ -45,8 +45,8 @@ pub(crate) mod sealed {
     pub trait Sealed {}
 }
 
-/// One training iteration, whoever runs it: a [`GradScaler`](crate::GradScaler) in one
-/// process, [`LossScalers`](crate::LossScalers) (one scaler per loss), or
+/// One training iteration, whoever runs it: a [`GradScaler`](crate::scaler::GradScaler) in one
+/// process, [`LossScalers`](crate::scaler::LossScalers) (one scaler per loss), or
 /// [`DataParallel`](crate::distributed::DataParallel) across ranks. Each runs the typed stages
 /// of its own (scale → backward → unscale → [all-reduce] → step → update), so a loop written
 /// against this trait keeps every rule of the typed step.
@@ -54,7 +54,7 @@ pub(crate) mod sealed {
 /// Sealed: implemented by those three only.
 pub trait StepProtocol<D: AmpDevice>: sealed::Sealed {
     /// The number of losses an iteration takes: one, or one per scaler of
-    /// [`LossScalers`](crate::LossScalers).
+    /// [`LossScalers`](crate::scaler::LossScalers).
     fn losses(&self) -> usize {
         1
     }

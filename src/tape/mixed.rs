@@ -26,7 +26,7 @@ pub(crate) fn next_op_order() -> u64 {
 /// A tape that records ops of every precision in one global order.
 ///
 /// Put it on an input with [`TraceMixed::traced_mixed`]; every dfdx op and module then records
-/// onto it. A loss's `backward` runs it (see [`crate::GradScaler::scale`]).
+/// onto it. A loss's `backward` runs it (see [`crate::scaler::GradScaler::scale`]).
 pub struct MixedTape<D: AmpDevice> {
     ops: Vec<(u64, BackwardOp<D>)>,
     grads: Option<MixedGradients<D>>,

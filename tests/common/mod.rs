@@ -43,7 +43,7 @@ use typed_amp::device::{HostKernel, Kernels};
 use typed_amp::optim::{OptimizerState, StateRef};
 use typed_amp::params::{ParamVisitor, Parameters};
 use typed_amp::prelude::{Cpu, Shape, Tensor};
-use typed_amp::{AmpElem, DType, MixedGradients};
+use typed_amp::{precision::AmpElem, precision::DType, tape::MixedGradients};
 
 /// Every parameter and buffer of a model, by path: its precision and the little-endian bytes of
 /// its values in that precision.

@@ -21,8 +21,9 @@ use rand::{Rng, SeedableRng};
 use typed_amp::device::HostKernel;
 use typed_amp::distributed::mpi::MpiCollective;
 use typed_amp::distributed::{master_digest, AllReduce, Collective, DataParallel};
+use typed_amp::precision::AmpElem;
 use typed_amp::prelude::*;
-use typed_amp::AmpElem;
+use typed_amp::{device::AmpDevice, master::Fp32Weights, tape::MixedGradients};
 
 /// Rows per rank and step.
 const B: usize = 8;

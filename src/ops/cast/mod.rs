@@ -1,7 +1,7 @@
 //! Differentiable precision casts: [`Cast::cast`] and its shorthands [`to_f16`], [`to_bf16`]
 //! and [`to_f32`].
 //!
-//! dfdx's `to_dtype` is not recorded on any tape. These casts are: on a [`MixedTape`](crate::MixedTape) the
+//! dfdx's `to_dtype` is not recorded on any tape. These casts are: on a [`MixedTape`](crate::tape::MixedTape) the
 //! backward pass converts the output's gradient into the input's precision and adds it to the
 //! input's gradient. Narrowing conversions round to nearest-even and overflow to ±inf beyond the
 //! target's range in both directions of the pass, exactly as a hardware cast does, so an FP32
@@ -93,7 +93,7 @@ where
     Ok(out.put_tape(tape))
 }
 
-/// Precision casts on tensors, differentiable on a [`MixedTape`](crate::MixedTape): the one cast abstraction.
+/// Precision casts on tensors, differentiable on a [`MixedTape`](crate::tape::MixedTape): the one cast abstraction.
 ///
 /// `x.cast::<BF16>()` casts to a precision named by its marker; `to_f16`, `to_bf16` and
 /// `to_f32` are shorthands. Casting to the precision a tensor already has is free and records
@@ -117,7 +117,7 @@ pub trait Cast<S: Shape, E: AmpElem, D: AmpDevice, T: AmpTape<D>>: Sized {
     where
         D: CastDevice<E, half::f16>,
     {
-        self.try_cast::<crate::F16>()
+        self.try_cast::<crate::precision::F16>()
     }
 
     /// Casts to FP16. See [`to_f16`].
@@ -125,7 +125,7 @@ pub trait Cast<S: Shape, E: AmpElem, D: AmpDevice, T: AmpTape<D>>: Sized {
     where
         D: CastDevice<E, half::f16>,
     {
-        self.cast::<crate::F16>()
+        self.cast::<crate::precision::F16>()
     }
 
     /// Casts to BF16. See [`to_bf16`].
@@ -133,7 +133,7 @@ pub trait Cast<S: Shape, E: AmpElem, D: AmpDevice, T: AmpTape<D>>: Sized {
     where
         D: CastDevice<E, half::bf16>,
     {
-        self.try_cast::<crate::BF16>()
+        self.try_cast::<crate::precision::BF16>()
     }
 
     /// Casts to BF16. See [`to_bf16`].
@@ -141,7 +141,7 @@ pub trait Cast<S: Shape, E: AmpElem, D: AmpDevice, T: AmpTape<D>>: Sized {
     where
         D: CastDevice<E, half::bf16>,
     {
-        self.cast::<crate::BF16>()
+        self.cast::<crate::precision::BF16>()
     }
 
     /// Casts to FP32. See [`to_f32`].
@@ -149,7 +149,7 @@ pub trait Cast<S: Shape, E: AmpElem, D: AmpDevice, T: AmpTape<D>>: Sized {
     where
         D: CastDevice<E, f32>,
     {
-        self.try_cast::<crate::F32>()
+        self.try_cast::<crate::precision::F32>()
     }
 
     /// Casts to FP32. See [`to_f32`].
@@ -157,7 +157,7 @@ pub trait Cast<S: Shape, E: AmpElem, D: AmpDevice, T: AmpTape<D>>: Sized {
     where
         D: CastDevice<E, f32>,
     {
-        self.cast::<crate::F32>()
+        self.cast::<crate::precision::F32>()
     }
 }
 
@@ -172,11 +172,12 @@ impl<S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>, T: AmpTape<D>> Cast<S, E, 
     }
 }
 
-/// Casts a tensor to FP16; on a [`MixedTape`](crate::MixedTape) its gradient flows back converted to the input's
+/// Casts a tensor to FP16; on a [`MixedTape`](crate::tape::MixedTape) its gradient flows back converted to the input's
 /// precision.
 ///
 /// ```rust
 /// # use typed_amp::prelude::*;
+/// use typed_amp::ops::cast::to_f16;
 /// let dev = Cpu::default();
 /// let x: Tensor<Rank1<3>, f32, _> = dev.tensor([1.0, 1.0e-8, 70000.0]);
 /// let h = to_f16(x);
@@ -189,11 +190,12 @@ pub fn to_f16<S: Shape, E: AmpElem, D: AmpDevice + CastDevice<E, half::f16>, T: 
     t.to_f16()
 }
 
-/// Casts a tensor to BF16 (FP32's exponent range, 8 significant bits); on a [`MixedTape`](crate::MixedTape) its
+/// Casts a tensor to BF16 (FP32's exponent range, 8 significant bits); on a [`MixedTape`](crate::tape::MixedTape) its
 /// gradient flows back converted to the input's precision.
 ///
 /// ```rust
 /// # use typed_amp::prelude::*;
+/// use typed_amp::ops::cast::to_bf16;
 /// let dev = Cpu::default();
 /// let x: Tensor<Rank1<3>, f32, _> = dev.tensor([1.0, 1.0e-8, 70000.0]);
 /// let b = to_bf16(x);
@@ -206,11 +208,12 @@ pub fn to_bf16<S: Shape, E: AmpElem, D: AmpDevice + CastDevice<E, half::bf16>, T
     t.to_bf16()
 }
 
-/// Casts a tensor to FP32 (exact from FP16 and BF16); on a [`MixedTape`](crate::MixedTape) its gradient flows
+/// Casts a tensor to FP32 (exact from FP16 and BF16); on a [`MixedTape`](crate::tape::MixedTape) its gradient flows
 /// back converted to the input's precision.
 ///
 /// ```rust
 /// # use typed_amp::prelude::*;
+/// use typed_amp::ops::cast::to_f32;
 /// let dev = Cpu::default();
 /// let x: Tensor<Rank1<2>, f16, _> = dev.tensor([f16::from_f32(0.1), f16::MAX]);
 /// assert_eq!(to_f32(x).array(), [0.099975586, 65504.0]);

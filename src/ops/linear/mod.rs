@@ -2,7 +2,7 @@
 //! see [`crate::ops::relu`]) applied as the product's output is stored, and a backward that
 //!
 //! - masks the output gradient by the ReLU and sums the bias gradient in one pass over it;
-//! - writes the weight gradient straight into an FP32 buffer ([`MixedGradients::param_grad`](crate::MixedGradients::param_grad)):
+//! - writes the weight gradient straight into an FP32 buffer ([`MixedGradients::param_grad`](crate::tape::MixedGradients::param_grad)):
 //!   the product accumulates in FP32 anyway, so a 16-bit weight's gradient is never rounded to
 //!   16 bits and widened again, and its buffer, reused from the last pass, is overwritten
 //!   rather than zeroed and added to;

@@ -27,7 +27,7 @@ pub use kernel::ReluKernel;
 /// overwrote it (empty if no ReLU came).
 pub(crate) type FusedRelu<S, E, D> = std::rc::Rc<RefCell<Option<Tensor<S, E, D>>>>;
 
-/// `max(x, 0)`, differentiable on a [`MixedTape`](crate::MixedTape), fused into the linear op
+/// `max(x, 0)`, differentiable on a [`MixedTape`](crate::tape::MixedTape), fused into the linear op
 /// before it where possible (see the module documentation).
 pub fn try_relu<S, E, D, T>(x: Tensor<S, E, D, T>) -> Result<Tensor<S, E, D, T>, D::Err>
 where

@@ -6,7 +6,7 @@ use typed_amp::dfdx::nn::{TensorCollection, TensorOptions};
 use typed_amp::params::{visit_collection, visit_collection_mut, ParamPath};
 use typed_amp::params::{ParamVisitor, ParamVisitorMut};
 use typed_amp::prelude::*;
-use typed_amp::AmpElem;
+use typed_amp::{device::AmpDevice, params::Parameters, precision::AmpElem};
 
 #[derive(Debug)]
 pub struct Shift;

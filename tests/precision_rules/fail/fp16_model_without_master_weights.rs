@@ -1,5 +1,5 @@
 use typed_amp::dfdx::optim::Sgd;
-use typed_amp::prelude::*;
+use typed_amp::{prelude::*, tape::MixedGradients};
 
 fn main() -> Result<(), AmpError> {
     let dev = Cpu::default();

@@ -1,6 +1,7 @@
 use typed_amp::dfdx::optim::Sgd;
 use typed_amp::distributed::{DataParallel, SingleProcess};
 use typed_amp::prelude::*;
+use typed_amp::tape::MixedGradients;
 
 type Mlp = (Linear<4, 8>, ReLU, Linear<8, 2>);
 

@@ -1,7 +1,9 @@
 use typed_amp::dfdx::optim::{Adam, Sgd};
 use typed_amp::dfdx::nn::builders::BatchNorm1D;
 use typed_amp::nn::builders::{ToF16, ToF32};
+use typed_amp::master::Fp32Weights;
 use typed_amp::prelude::*;
+use typed_amp::tape::MixedGradients;
 
 type Mlp = (Linear<4, 8>, ReLU, Linear<8, 2>);
 
@@ -32,7 +34,7 @@ fn fp16_layers_around_an_fp32_norm() -> Result<(), AmpError> {
         dev.build_module::<Linear<4, 2>, f16>(),
     );
     let mut model = MasterWeights::from_parts(master, working, &dev)?;
-    let mut opt = Adam::new(model.master(), typed_amp::adamw_config(1e-3, 1e-2));
+    let mut opt = Adam::new(model.master(), typed_amp::optim::adamw_config(1e-3, 1e-2));
     let mut scaler = GradScaler::default();
     let x: Tensor<Rank2<3, 4>, f16, _> = dev.zeros();
     let grads = model.alloc_grads()?;
