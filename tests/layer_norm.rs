@@ -14,8 +14,9 @@
 
 use typed_amp::amp::norm::MixedNorm;
 use typed_amp::dfdx::nn::modules::LayerNorm1D;
+use typed_amp::loss::Loss;
+use typed_amp::precision::AmpElem;
 use typed_amp::prelude::*;
-use typed_amp::AmpElem;
 
 const M: usize = 24;
 const U32: f64 = 1.0 / 16_777_216.0;
@@ -69,14 +70,17 @@ where
         .try_forward_mixed(x.clone().leaky_traced_mixed())
         .unwrap();
     let yv = f32s(&y.retaped::<NoneTape>());
-    let grads = typed_amp::Loss::new((y * r.clone()).to_f32().sum())
+    let grads = Loss::new((y * r.clone()).to_f32().sum())
         .backward()
         .unwrap()
         .grads()
         .clone();
     // The fused op ran: it writes γ's gradient straight into an FP32 parameter buffer (the
     // FP32 layer between casts leaves it in dfdx's store).
-    assert!(grads.param_grad(ln.gamma.id()).is_some(), "the mixed op ran");
+    assert!(
+        grads.param_grad(ln.gamma.id()).is_some(),
+        "the mixed op ran"
+    );
     [
         yv,
         f32s(&grads.get(x).unwrap()),
@@ -207,7 +211,7 @@ where
         .unwrap()
         .cast::<E::Precision>();
     let yv2 = f32s(&y2.retaped::<NoneTape>());
-    let grads = typed_amp::Loss::new((y2 * r.clone()).to_f32().sum())
+    let grads = Loss::new((y2 * r.clone()).to_f32().sum())
         .backward()
         .unwrap()
         .grads()
