@@ -6,6 +6,7 @@ use dfdx::prelude::{Shape, Tensor};
 use super::copy::{all_to_working, buffers_to_master, pair_and_load, refresh_pair};
 use super::flags::NonFiniteFlags;
 use super::pair::{PairVisitor, Paired};
+use super::target::sealed::Sealed;
 use super::target::TrainTarget;
 use super::unscale::UnscalePairs;
 use crate::device::{AmpDevice, Kernels};
@@ -189,6 +190,8 @@ where
         Self::convert(master, device)
     }
 }
+
+impl<M, W, D: AmpDevice, P: LowPrecision> Sealed for MasterWeights<M, W, D, P> {}
 
 impl<M, W, D, P> TrainTarget<D> for MasterWeights<M, W, D, P>
 where

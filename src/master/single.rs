@@ -4,6 +4,7 @@
 use dfdx::nn::{BuildOnDevice, DeviceBuildExt};
 
 use super::flags::NonFiniteFlags;
+use super::target::sealed::Sealed;
 use super::target::TrainTarget;
 use super::unscale::{release_grads, unscale_in_place};
 use crate::device::{AmpDevice, Kernels};
@@ -126,6 +127,8 @@ where
         self.layout.iter().map(ParamInfo::size_in_bytes).sum()
     }
 }
+
+impl<M, E: AmpElem, D: AmpDevice, P: Precision> Sealed for SinglePrecision<M, E, D, P> {}
 
 impl<M, E, D, P> TrainTarget<D> for SinglePrecision<M, E, D, P>
 where
