@@ -105,6 +105,19 @@ pub enum AmpError {
         losses: usize,
     },
 
+    /// A model trained across ranks (made rank 0's by a `DataParallel`) was given to a
+    /// single-process step, which never averages its gradients across ranks: each rank would
+    /// step on its own shard and the ranks' weights would part.
+    #[error(
+        "this model trains across ranks (a `DataParallel` synced it), but its gradients went to a \
+         single-process step (`grads.check(..)` or `scaler.unscale(..)`), which never all-reduces \
+         them, so each rank would step on its own shard; step it through the `DataParallel`: \
+         `dist.unscale(&mut model, dist.scale(loss).backward()?)?`, `dist.all_reduce(..)?`, \
+         `dist.step(..)?`, `dist.update(..)?` (for BF16 or FP32, \
+         `DataParallel::new(GradScaler::disabled(), comm)`)"
+    )]
+    NotAllReduced,
+
     /// Saved scaler state could not be restored.
     #[error("invalid loss-scaler state: {0}")]
     InvalidScalerState(String),

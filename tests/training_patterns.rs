@@ -276,10 +276,10 @@ fn one_scaler_per_loss_sums_gradients_and_backs_off_only_the_overflowing_loss() 
     let scaler0 = scalers.get(0).unwrap();
     let logits = model.working().forward(x.traced_mixed(grads));
     let loss = cross_entropy_with_logits_loss(logits.to_f32(), y);
+    let master_before = model.master().0.weight.as_vec();
     let unscaled = scaler0
         .unscale(&mut model, scaler0.scale(loss).backward().unwrap())
         .unwrap();
-    let master_before = model.master().0.weight.as_vec();
     let err = scaler0.step(&mut opt, unscaled).unwrap_err();
     assert!(
         matches!(err, AmpError::LossNotMerged { loss: 1, losses: 2 }),

@@ -65,6 +65,8 @@ pub struct MasterWeights<M, W, D: AmpDevice, P: LowPrecision = F16> {
     master_grads: Option<MixedGradients<D>>,
     flags: NonFiniteFlags<D>,
     id: TargetId,
+    /// Trained across ranks: stepped only through the data-parallel step.
+    data_parallel: bool,
     precision: std::marker::PhantomData<P>,
 }
 
@@ -95,6 +97,7 @@ where
             has_buffers,
             master_grads: None,
             id: TargetId::fresh(),
+            data_parallel: false,
             precision: std::marker::PhantomData,
         })
     }
@@ -278,6 +281,14 @@ where
         grads: &MixedGradients<D>,
     ) -> Result<(), AmpError> {
         optimizer.try_update_paired(&mut self.master, &mut self.working, grads)
+    }
+
+    fn mark_data_parallel(&mut self) {
+        self.data_parallel = true;
+    }
+
+    fn is_data_parallel(&self) -> bool {
+        self.data_parallel
     }
 
     fn refresh(&mut self) -> Result<(), AmpError> {

@@ -101,6 +101,16 @@ pub trait TrainTarget<D: AmpDevice>: sealed::Sealed {
         self.refresh()
     }
 
+    /// Marks this target as trained across ranks: a data-parallel run made it rank 0's
+    /// (`DataParallel::broadcast_master`, `StepProtocol::sync_model`). From then on it is stepped
+    /// only through the data-parallel step, which averages its gradients across ranks.
+    #[doc(hidden)]
+    fn mark_data_parallel(&mut self);
+
+    /// Whether this target trains across ranks ([`TrainTarget::mark_data_parallel`]).
+    #[doc(hidden)]
+    fn is_data_parallel(&self) -> bool;
+
     /// Copies the updated master weights into the working copy (and the working copy's buffers,
     /// such as batch norm running statistics, back into the master).
     fn refresh(&mut self) -> Result<(), AmpError>;

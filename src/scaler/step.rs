@@ -33,7 +33,9 @@ impl GradScaler {
     ///
     /// Errors, before anything changes, if the gradients were scaled by another scaler or
     /// allocated by another model, or with [`AmpError::OutcomeNotUpdated`] if that model took a
-    /// step with this scaler whose outcome never reached [`GradScaler::update`].
+    /// step with this scaler whose outcome never reached [`GradScaler::update`]; with
+    /// [`AmpError::NotAllReduced`] if the model trains across ranks (a `DataParallel` synced
+    /// it), whose gradients `DataParallel::unscale` and `all_reduce` take instead.
     pub fn unscale<'t, D, T, G>(
         &self,
         target: &'t mut T,
@@ -44,6 +46,9 @@ impl GradScaler {
         T: TrainTarget<D>,
         G: Scaled<D>,
     {
+        if target.is_data_parallel() {
+            return Err(AmpError::NotAllReduced);
+        }
         self.unscale_as(target, grads)
     }
 

@@ -107,11 +107,17 @@ impl<D: AmpDevice> RawGrads<D> {
     /// NaN, for clipping and [`UnscaledGrads::step`]. Only models whose working precision has
     /// FP32's exponent range qualify (rule [`FullRange`]); an FP16 model needs a
     /// [`GradScaler`](crate::GradScaler).
+    ///
+    /// Errors with [`AmpError::NotAllReduced`] if `target` trains across ranks (a
+    /// `DataParallel` synced it): this step would never average its gradients across ranks.
     pub fn check<T>(self, target: &mut T) -> Result<UnscaledGrads<'_, T, D, ScaleFree>, AmpError>
     where
         T: TrainTarget<D>,
         T::Precision: FullRange,
     {
+        if target.is_data_parallel() {
+            return Err(AmpError::NotAllReduced);
+        }
         into_master(target, self.grads, 1.0, Vec::new())
     }
 }

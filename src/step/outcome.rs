@@ -82,6 +82,10 @@ pub(crate) mod sealed {
     use crate::scaler::ScalerId;
 
     /// What an update reads of the outcomes it is given.
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` is not the outcome of a step",
+        note = "an update takes what the step returned: one outcome, or a tuple, array or Vec of the outcomes of every optimizer that shared the scaler"
+    )]
     pub trait OutcomeSet<D: AmpDevice> {
         /// The next iteration's gradients, one per outcome, in the outcomes' shape.
         type Grads;
