@@ -1,6 +1,6 @@
 use typed_amp::prelude::*;
-#[allow(unused_imports)]
 use typed_amp::step::StepOutcomes;
+use typed_amp::StepOutcome;
 
 type Mlp = (Linear<4, 8>, ReLU, Linear<8, 2>);
 
@@ -16,6 +16,7 @@ fn main() -> Result<(), AmpError> {
     let outcome = scaler.step(&mut opt, unscaled)?;
     // Wrong: the next gradients taken out of the outcome by the trait's helper, so that the
     // scaler never hears of the step. Only `scaler.update(outcome)` gives them.
-    let _grads: MixedGradients<Cpu> = outcome.into_grads();
+    let _grads: MixedGradients<Cpu> =
+        <StepOutcome<Cpu> as StepOutcomes<Cpu>>::into_grads(outcome);
     Ok(())
 }
