@@ -54,6 +54,70 @@ pub enum AmpError {
         steps: u32,
     },
 
+    /// A static loss scale above FP16's largest finite value, 65,504: the scale multiplies the
+    /// FP32 loss's gradient, so every FP16 gradient of a loss whose own gradient is 1 or more
+    /// comes out inf, and a static scaler never backs off, so every such step is skipped.
+    #[error(
+        "a static loss scale of {scale} is above 65504, FP16's largest finite value: the FP16 \
+         gradients it multiplies overflow and a static scale never backs off, so every such step \
+         is skipped; use a static scale of at most 65504, or a dynamic scaler (`GradScaler::dynamic()`), \
+         which starts at 65536 and backs off"
+    )]
+    StaticScaleOverflowsFp16 {
+        /// The refused scale.
+        scale: f32,
+    },
+
+    /// An update was given no step outcomes at all: it would count a clean step (and grow the
+    /// scale) for a step that was never taken.
+    #[error(
+        "`update` was given no step outcomes: pass it what `step` returned (one outcome, or a \
+         tuple, array or Vec of every outcome of the iteration), not an empty collection"
+    )]
+    NoOutcomes,
+
+    /// A step's outcome never reached the update of the scaler that scaled its gradients
+    /// (dropped, or passed to `std::mem::forget`): its overflow verdict is lost, so the scale
+    /// would never back off. Reported at the next backward or unscale of that model with that
+    /// scaler, or at an update given the iteration's other outcomes.
+    #[error(
+        "the outcome of step {step} of this loss scaler (its steps counted from 1 since it was built) \
+         never reached its `update`: it was dropped or forgotten, so whether that step overflowed \
+         was never counted and the scale would stop backing off; pass every outcome of an \
+         iteration to `scaler.update(..)` before the next backward"
+    )]
+    OutcomeNotUpdated {
+        /// The step, counted from 1 by the scaler that scaled its gradients.
+        step: u64,
+    },
+
+    /// One scaler per loss: the gradients about to be stepped hold no loss of one of the
+    /// scalers (its loss was never merged in), refused before the weights change.
+    #[error(
+        "the gradients about to be stepped hold no loss of scaler {loss} of these {losses} \
+         `LossScalers`: merge every loss's gradients (`total.merge(scalers.get(i), grads)?`) \
+         before the step, so that each scaler's verdict is known before any weight changes"
+    )]
+    LossNotMerged {
+        /// The index of the scaler whose loss is missing.
+        loss: usize,
+        /// The number of losses.
+        losses: usize,
+    },
+
+    /// A model trained across ranks (made rank 0's by a `DataParallel`) was given to a
+    /// single-process step, which never averages its gradients across ranks: each rank would
+    /// step on its own shard and the ranks' weights would part.
+    #[error(
+        "this model trains across ranks (a `DataParallel` synced it), but its gradients went to a \
+         single-process step (`grads.check(..)` or `scaler.unscale(..)`), which never all-reduces \
+         them, so each rank would step on its own shard; step it through the `DataParallel`: \
+         `dist.unscale(&mut model, dist.scale(loss).backward()?)?`, `dist.all_reduce(..)?`, \
+         `dist.step(..)?`, `dist.update(..)?` (for BF16 or FP32, \
+         `DataParallel::new(GradScaler::disabled(), comm)`)"
+    )]
+    NotAllReduced,
+
     /// Saved scaler state could not be restored.
     #[error("invalid loss-scaler state: {0}")]
     InvalidScalerState(String),

@@ -20,7 +20,12 @@
 //! What cannot be a type is checked at run time, before anything changes, with a typed error:
 //! gradients unscaled into a model that did not allocate them
 //! ([`AmpError::ForeignGradients`]), or by a scaler that did not scale them
-//! ([`AmpError::ScalerMismatch`]).
+//! ([`AmpError::ScalerMismatch`]); a static loss scale above FP16's largest value
+//! ([`AmpError::StaticScaleOverflowsFp16`]); an update given no outcomes
+//! ([`AmpError::NoOutcomes`]); an outcome dropped or forgotten before its update
+//! ([`AmpError::OutcomeNotUpdated`]); one-scaler-per-loss gradients missing a loss
+//! ([`AmpError::LossNotMerged`]); a data-parallel model stepped without its all-reduce
+//! ([`AmpError::NotAllReduced`]).
 //!
 //! # The training step
 //!

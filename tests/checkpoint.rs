@@ -484,6 +484,13 @@ fn incomplete_non_finite_or_out_of_range_state_is_refused_before_anything_change
         m.insert("scaler.scale_bits".into(), 1f32.to_bits().to_string());
     });
     assert!(err.contains("Disabled") && err.contains("Dynamic"), "{err}");
+    // A static scale above FP16's largest value, which no constructor accepts, is refused as
+    // the same rule (before the mode is compared).
+    let err = refused(&|_, m| {
+        m.insert("scaler.mode".into(), "static".into());
+        m.insert("scaler.scale_bits".into(), 70000f32.to_bits().to_string());
+    });
+    assert!(err.contains("70000") && err.contains("65504"), "{err}");
 
     // The untouched file still loads.
     std::fs::write(&path, &saved).unwrap();

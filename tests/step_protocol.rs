@@ -131,3 +131,59 @@ fn the_loop_through_data_parallel_on_one_process_is_the_grad_scalers() -> Result
     assert_eq!(dist.state(), alone.state());
     Ok(())
 }
+
+#[typed_amp::amp(policy = "O2", dtype = "bf16", cast_model_outputs = "fp32")]
+struct Bf16Mlp {
+    fc1: Linear<6, 16>,
+    act: ReLU,
+    fc2: Linear<16, 3>,
+}
+
+/// A BF16 model in a data-parallel run, stepped the README's scaler-free way (or with a
+/// single-process scaler), would never average its gradients across ranks: each rank would step
+/// on its own shard. Once a `DataParallel` synced it, those steps are refused before anything
+/// changes, and the data-parallel step trains it.
+#[test]
+fn a_model_synced_for_data_parallel_is_not_stepped_without_its_all_reduce() {
+    let dev = Cpu::seed_from_u64(9);
+    let mut model = Bf16Mlp::build(&dev).unwrap();
+    let mut opt = typed_amp::optim::adam(model.master(), AdamConfig::default());
+    let mut dist = DataParallel::new(GradScaler::disabled(), SingleProcess).unwrap();
+    dist.sync_model(&mut model).unwrap();
+    let x: Tensor<Rank2<8, 6>, f32, Cpu> = dev.sample_normal();
+    let before = master_digest(&model).unwrap();
+
+    let logits = model
+        .working()
+        .forward(x.clone().traced_mixed(model.alloc_grads().unwrap()));
+    let raw = mse_loss(logits, dev.ones()).backward().unwrap();
+    let err = raw.check(&mut model).unwrap_err();
+    assert!(matches!(err, AmpError::NotAllReduced), "{err}");
+    assert!(err.to_string().contains("all-reduce"), "{err}");
+
+    let scaler = GradScaler::disabled();
+    let logits = model
+        .working()
+        .forward(x.clone().traced_mixed(model.alloc_grads().unwrap()));
+    let scaled = scaler
+        .scale(mse_loss(logits, dev.ones()))
+        .backward()
+        .unwrap();
+    let err = scaler.unscale(&mut model, scaled).unwrap_err();
+    assert!(matches!(err, AmpError::NotAllReduced), "{err}");
+    assert_eq!(master_digest(&model).unwrap(), before, "nothing changed");
+
+    let logits = model
+        .working()
+        .forward(x.traced_mixed(model.alloc_grads().unwrap()));
+    let scaled = dist.scale(mse_loss(logits, dev.ones())).backward().unwrap();
+    let local = dist.unscale(&mut model, scaled).unwrap();
+    let averaged = dist.all_reduce(local).unwrap();
+    let outcome = dist.step(&mut opt, averaged).unwrap();
+    dist.update(outcome).unwrap();
+    assert_ne!(
+        master_digest(&model).unwrap(),
+        before,
+        "the data-parallel step trains"
+    );
+}

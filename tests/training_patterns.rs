@@ -272,15 +272,21 @@ fn one_scaler_per_loss_sums_gradients_and_backs_off_only_the_overflowing_loss() 
     assert_eq!(scalers.get(0).unwrap().get_scale(), 1024.0);
     assert_eq!(scalers.get(1).unwrap().get_scale(), 512.0);
 
-    // An iteration that leaves a loss out cannot update the scalers: one flag per loss.
+    // An iteration that leaves a loss out cannot step, let alone update the scalers (one flag
+    // per loss): it is refused at the step, before the weights change.
     let scaler0 = scalers.get(0).unwrap();
     let logits = model.working().forward(x.traced_mixed(grads));
     let loss = cross_entropy_with_logits_loss(logits.to_f32(), y);
+    let master_before = model.master().0.weight.as_vec();
     let unscaled = scaler0
         .unscale(&mut model, scaler0.scale(loss).backward().unwrap())
         .unwrap();
-    let outcome = scaler0.step(&mut opt, unscaled).unwrap();
-    assert!(scalers.update(outcome).is_err(), "one flag per loss");
+    let err = scaler0.step(&mut opt, unscaled).unwrap_err();
+    assert!(
+        matches!(err, AmpError::LossNotMerged { loss: 1, losses: 2 }),
+        "one flag per loss: {err}"
+    );
+    assert_eq!(model.master().0.weight.as_vec(), master_before);
 }
 
 /// A deliberately exploding layer is named: the parameters whose gradients overflow are its

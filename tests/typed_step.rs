@@ -182,6 +182,8 @@ fn a_skipped_step_leaves_master_weights_and_optimizer_state_untouched() {
     let unscaled = scaler.unscale(&mut model, grads).unwrap();
     let outcome = scaler.step(&mut opt, unscaled).unwrap();
     assert!(outcome.skipped());
+    // Every outcome reaches the update before the model's next backward.
+    scaler.update(outcome).unwrap();
     assert_eq!(
         master_bits(&model),
         before,
@@ -414,4 +416,55 @@ fn scales_whose_inverse_overflows_are_refused() {
     let mut state = GradScaler::dynamic().state();
     state.scale = tiny;
     assert!(GradScaler::from_state(state).is_err());
+}
+
+#[test]
+fn static_scales_above_fp16_max_are_refused_by_every_constructor() {
+    use typed_amp::scaler::{ScaleMode, MAX_STATIC_SCALE};
+    assert_eq!(MAX_STATIC_SCALE, 65504.0);
+    let refused = |result: Result<GradScaler, AmpError>| matches!(result, Err(AmpError::StaticScaleOverflowsFp16 { scale }) if scale > 65504.0);
+    assert!(GradScaler::with_static_scale(65504.0).is_ok());
+    for scale in [65505.0, 65536.0, 70000.0, 1e30] {
+        assert!(refused(GradScaler::with_static_scale(scale)), "{scale}");
+    }
+    // A floor above a static scale would raise it.
+    let fixed = GradScaler::with_static_scale(1024.0).unwrap();
+    assert!(refused(fixed.clone().with_min_scale(70000.0)));
+    assert_eq!(
+        fixed.clone().with_min_scale(2048.0).unwrap().get_scale(),
+        2048.0
+    );
+    // Saved state (a checkpoint's, or one written by hand) obeys the same rule.
+    let mut state = fixed.state();
+    state.scale = 70000.0;
+    assert!(refused(GradScaler::from_state(state)));
+    let mut loaded = fixed.clone();
+    let err = loaded.load_state(state).unwrap_err();
+    assert!(
+        matches!(err, AmpError::StaticScaleOverflowsFp16 { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("65504"), "{err}");
+    assert_eq!(
+        loaded.get_scale(),
+        1024.0,
+        "a refused state changes nothing"
+    );
+    // One scaler per loss starts from a scaler, and data parallel from its state.
+    let mut dist = typed_amp::distributed::DataParallel::new(
+        fixed.clone(),
+        typed_amp::distributed::SingleProcess,
+    )
+    .unwrap();
+    assert!(matches!(
+        dist.load_state(state),
+        Err(AmpError::StaticScaleOverflowsFp16 { .. })
+    ));
+    // Dynamic scales may start above it (PyTorch's 2^16): they back off.
+    let dynamic = GradScaler::new(65536.0, 2.0, 0.5, 2000).unwrap();
+    assert_eq!(dynamic.mode(), ScaleMode::Dynamic);
+    assert_eq!(GradScaler::dynamic().get_scale(), 65536.0);
+    let mut state = dynamic.state();
+    state.scale = 1e6;
+    assert!(GradScaler::from_state(state).is_ok());
 }

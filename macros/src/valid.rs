@@ -6,8 +6,9 @@ use syn::{Error, Result};
 use crate::ast::{Field, Model};
 use crate::attr::{AmpArgs, LossScaleSpec, OptLevel, Prec};
 
-/// FP16's largest finite value is 65504; 65520 is the first value that rounds to infinity.
-const FP16_OVERFLOW: f32 = 65520.0;
+/// FP16's largest finite value, and the largest static scale `GradScaler` accepts (for any
+/// model: the scaler does not know the model's precision).
+const MAX_STATIC_SCALE: f32 = 65504.0;
 
 /// The rows of the policy table: how a layer takes part in mixed precision. Which row a layer
 /// is in is its `typed_amp::amp::AmpLayer::Kind`; the macro only decides what each row does.
@@ -247,11 +248,15 @@ pub fn recipe(args: &AmpArgs, model: &Model) -> Result<Recipe> {
                         "a static loss scale must be finite and positive",
                     ));
                 }
-                if v >= FP16_OVERFLOW && recipe.narrowest == Prec::F16 {
-                    return Err(Error::new(
-                        scale.span,
-                        format!("a static loss scale of {value} overflows FP16 (largest finite value 65504): every FP16 gradient it multiplies becomes inf and every step is skipped; use a scale below 65520 or `loss_scale = \"dynamic\"`"),
-                    ));
+                if v > MAX_STATIC_SCALE {
+                    let message = if recipe.narrowest == Prec::F16 {
+                        format!("a static loss scale of {value} overflows FP16 (largest finite value 65504): every FP16 gradient it multiplies becomes inf and every step is skipped; use a scale of at most 65504 or `loss_scale = \"dynamic\"`")
+                    } else {
+                        // `GradScaler::with_static_scale` refuses it whatever the model: refused
+                        // here, `AmpModel::scaler()` cannot fail at run time.
+                        format!("a static loss scale of {value} is above 65504, FP16's largest finite value, which `GradScaler` refuses as a static scale; a BF16 model needs no loss scale: use a scale of at most 65504 or `loss_scale = \"dynamic\"`")
+                    };
+                    return Err(Error::new(scale.span, message));
                 }
                 LossScale::Static(v)
             }
@@ -484,6 +489,14 @@ mod tests {
             msg(quote::quote!(policy = "O2", loss_scale = 65519.999)).contains("overflows FP16")
         );
         assert!(msg(quote::quote!(policy = "O2", loss_scale = 1e40)).contains("overflows FP16"));
+        // Above 65504 but below 65520 (the first value FP16 rounds to inf): `GradScaler` refuses it.
+        assert!(msg(quote::quote!(policy = "O2", loss_scale = 65505)).contains("overflows FP16"));
+        assert!(msg(quote::quote!(
+            policy = "O2",
+            dtype = "bf16",
+            loss_scale = 70000.0
+        ))
+        .contains("is above 65504"));
         assert!(msg(quote::quote!(loss_scale = 8.0)).contains("needs a policy"));
         assert!(
             msg(quote::quote!(policy = "O0", dtype = "bf16")).contains("O0 trains in FP32 only")

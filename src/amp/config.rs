@@ -85,7 +85,8 @@ pub struct AmpConfig {
 }
 
 impl AmpConfig {
-    /// A loss scaler for this recipe; errors on a static scale that is not finite and positive.
+    /// A loss scaler for this recipe; errors on a static scale that is not finite and positive,
+    /// or is above 65,504 ([`AmpError::StaticScaleOverflowsFp16`]).
     pub fn try_scaler(&self) -> Result<GradScaler, AmpError> {
         match self.loss_scale {
             LossScale::None => Ok(GradScaler::disabled()),

@@ -50,7 +50,8 @@ pub trait AmpModel<D: AmpDevice>: Sized {
     /// # Panics
     ///
     /// If [`Self::CONFIG`](AmpModel::CONFIG) holds a static loss scale that is not finite and
-    /// positive, which `#[amp]` rejects at compile time.
+    /// positive, or is above 65,504 ([`MAX_STATIC_SCALE`](crate::scaler::MAX_STATIC_SCALE)),
+    /// which `#[amp]` rejects at compile time.
     fn scaler() -> GradScaler {
         Self::CONFIG
             .try_scaler()

@@ -260,7 +260,12 @@ where
         }
     }
     let scaler_state = parse_scaler(path, &meta)?;
-    GradScaler::from_state(scaler_state).map_err(|e| mismatch(e.to_string()))?;
+    match GradScaler::from_state(scaler_state) {
+        Ok(_) => {}
+        // The static-scale rule keeps its own error, as at every other way to a static scale.
+        Err(rule @ AmpError::StaticScaleOverflowsFp16 { .. }) => return Err(rule.into()),
+        Err(e) => return Err(mismatch(e.to_string())),
+    }
     if scaler_state.mode != scaler.mode() {
         // An O0 checkpoint would otherwise switch an O2 run's dynamic scaling off.
         return Err(mismatch(format!(

@@ -8,7 +8,9 @@ use crate::loss::Loss;
 use crate::master::TrainTarget;
 use crate::optim::MasterOptimizer;
 use crate::scaler::{GradScaler, ScalerState};
-use crate::step::{Accumulation, Scaled, ScaledLoss, StepOutcome, Unscaled, UnscaledGrads};
+use crate::step::{
+    verdicts, Accumulation, Scaled, ScaledLoss, StepOutcome, Unscaled, UnscaledGrads,
+};
 use crate::tape::MixedGradients;
 
 use super::collective::{AllReduce, Collective};
@@ -183,23 +185,15 @@ impl<C: Collective> DataParallel<C> {
     /// Ends the iteration on every rank alike: backs the scale off when any rank's gradients
     /// overflowed (the flag [`DataParallel::all_reduce`] reduced), else counts a clean step; returns
     /// the zeroed gradients for the next iteration.
+    ///
+    /// Errors, before the scale changes, as [`GradScaler::update`] does: with
+    /// [`AmpError::NoOutcomes`] if there are none, and with [`AmpError::OutcomeNotUpdated`] if a
+    /// step taken since the last update is missing from them.
     pub fn update<D: AmpDevice, O: ReducedOutcomes<D>>(
         &mut self,
         outcomes: O,
     ) -> Result<O::Grads, AmpError> {
-        let mut found_inf = false;
-        let mut foreign = false;
-        let id = self.scaler.id();
-        outcomes.for_each_flag(&mut |scaler, found| {
-            foreign |= scaler != id;
-            found_inf |= found;
-        });
-        if foreign {
-            return Err(AmpError::ScalerMismatch(
-                "an outcome of another scaler was passed to this one's update",
-            ));
-        }
-        self.scaler.record(found_inf)?;
+        self.scaler.count(&verdicts(&outcomes))?;
         Ok(outcomes.into_grads())
     }
 }

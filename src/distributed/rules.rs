@@ -3,7 +3,7 @@
 
 use crate::device::AmpDevice;
 
-use crate::step::{AllReduced, ReadyForStep};
+use crate::step::{AllReduced, OutcomeSet, ReadyForStep};
 
 /// Gradient kinds a data-parallel step takes: [`AllReduced`] alone.
 #[diagnostic::on_unimplemented(
@@ -16,20 +16,14 @@ impl ReducedAcrossRanks for AllReduced {}
 
 /// The outcomes of one data-parallel iteration's steps, consumed by [`DataParallel::update`](super::DataParallel::update):
 /// one [`StepOutcome`](crate::step::StepOutcome) of kind [`AllReduced`], a tuple of them, an array or a `Vec`.
+///
+/// Sealed, as [`StepOutcomes`](crate::step::StepOutcomes) is: implemented for those shapes
+/// only, and what an update reads of them is the crate's alone.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` carries an overflow flag of one rank alone: a data-parallel update takes the flag reduced across ranks",
     label = "not a data-parallel step's outcome",
     note = "`dist.update(..)` takes what `dist.step(..)` returned (one outcome, or a tuple, array or Vec of them), whose overflow flag `dist.all_reduce(..)` reduced across ranks, so that every rank skips and backs off alike"
 )]
-pub trait ReducedOutcomes<D: AmpDevice> {
-    /// The next iteration's gradients, one per outcome.
-    type Grads;
-    /// Calls `f` with each outcome's scaler and (reduced) flag.
-    #[doc(hidden)]
-    fn for_each_flag(&self, f: &mut dyn FnMut(crate::scaler::ScalerId, bool));
-    /// The gradients, in the same shape as the outcomes.
-    #[doc(hidden)]
-    fn into_grads(self) -> Self::Grads;
-}
+pub trait ReducedOutcomes<D: AmpDevice>: OutcomeSet<D> {}
 
 crate::step::outcome_impls!(ReducedOutcomes, AllReduced);

@@ -14,10 +14,16 @@ use super::digest::{fnv1a, master_digest, scaler_digest};
 impl<C: Collective> DataParallel<C> {
     /// Copies rank 0's master weights (and buffers) to every rank and refreshes the working
     /// copies, so that every rank starts from the same model. Collective.
+    ///
+    /// The model is marked as trained across ranks: a single-process step of it
+    /// ([`RawGrads::check`](crate::step::RawGrads::check), [`GradScaler::unscale`](crate::scaler::GradScaler::unscale)),
+    /// which would never all-reduce its gradients, is [`AmpError::NotAllReduced`] from then on.
     pub fn broadcast_master<D: AmpDevice, T: TrainTarget<D>>(
         &self,
         target: &mut T,
     ) -> Result<(), AmpError> {
+        // From here on, a step of this model that skips the all-reduce is refused.
+        target.mark_data_parallel();
         self.broadcast_params(target, Params::All)
     }
 

@@ -6,6 +6,7 @@ use dfdx::prelude::{Shape, Tensor};
 use super::copy::{all_to_working, buffers_to_master, pair_and_load, refresh_pair};
 use super::flags::NonFiniteFlags;
 use super::pair::{PairVisitor, Paired};
+use super::target::sealed::Sealed;
 use super::target::TrainTarget;
 use super::unscale::UnscalePairs;
 use crate::device::{AmpDevice, Kernels};
@@ -64,6 +65,8 @@ pub struct MasterWeights<M, W, D: AmpDevice, P: LowPrecision = F16> {
     master_grads: Option<MixedGradients<D>>,
     flags: NonFiniteFlags<D>,
     id: TargetId,
+    /// Trained across ranks: stepped only through the data-parallel step.
+    data_parallel: bool,
     precision: std::marker::PhantomData<P>,
 }
 
@@ -94,6 +97,7 @@ where
             has_buffers,
             master_grads: None,
             id: TargetId::fresh(),
+            data_parallel: false,
             precision: std::marker::PhantomData,
         })
     }
@@ -190,6 +194,8 @@ where
     }
 }
 
+impl<M, W, D: AmpDevice, P: LowPrecision> Sealed for MasterWeights<M, W, D, P> {}
+
 impl<M, W, D, P> TrainTarget<D> for MasterWeights<M, W, D, P>
 where
     D: AmpDevice,
@@ -275,6 +281,14 @@ where
         grads: &MixedGradients<D>,
     ) -> Result<(), AmpError> {
         optimizer.try_update_paired(&mut self.master, &mut self.working, grads)
+    }
+
+    fn mark_data_parallel(&mut self) {
+        self.data_parallel = true;
+    }
+
+    fn is_data_parallel(&self) -> bool {
+        self.data_parallel
     }
 
     fn refresh(&mut self) -> Result<(), AmpError> {

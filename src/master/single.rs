@@ -4,6 +4,7 @@
 use dfdx::nn::{BuildOnDevice, DeviceBuildExt};
 
 use super::flags::NonFiniteFlags;
+use super::target::sealed::Sealed;
 use super::target::TrainTarget;
 use super::unscale::{release_grads, unscale_in_place};
 use crate::device::{AmpDevice, Kernels};
@@ -24,6 +25,8 @@ pub struct SinglePrecision<M, E: AmpElem, D: AmpDevice, P: Precision = <E as Amp
     layout: Vec<ParamInfo>,
     flags: NonFiniteFlags<D>,
     id: TargetId,
+    /// Trained across ranks: stepped only through the data-parallel step.
+    data_parallel: bool,
     elem: std::marker::PhantomData<(E, P)>,
 }
 
@@ -93,6 +96,7 @@ where
             flags: NonFiniteFlags::new(device, &layout),
             layout,
             id: TargetId::fresh(),
+            data_parallel: false,
             elem: std::marker::PhantomData,
         }
     }
@@ -127,6 +131,8 @@ where
         self.layout.iter().map(ParamInfo::size_in_bytes).sum()
     }
 }
+
+impl<M, E: AmpElem, D: AmpDevice, P: Precision> Sealed for SinglePrecision<M, E, D, P> {}
 
 impl<M, E, D, P> TrainTarget<D> for SinglePrecision<M, E, D, P>
 where
@@ -186,6 +192,14 @@ where
         *working.store_mut::<E>() = master_grads.take_store::<E>();
         release_grads(&self.module, &mut working)?;
         Ok(working)
+    }
+
+    fn mark_data_parallel(&mut self) {
+        self.data_parallel = true;
+    }
+
+    fn is_data_parallel(&self) -> bool {
+        self.data_parallel
     }
 
     fn refresh(&mut self) -> Result<(), AmpError> {

@@ -7,15 +7,27 @@ use crate::params::{ParamInfo, Parameters};
 use crate::precision::Precision;
 use crate::tape::{MixedGradients, TargetId};
 
+/// The seal of [`TrainTarget`]: a trait public in a private module, which no other crate can
+/// name or implement.
+pub(crate) mod sealed {
+    /// Only the library's training targets implement [`TrainTarget`](super::TrainTarget).
+    pub trait Sealed {}
+}
+
 /// Something the typed training step can train: it holds the master module the optimizer
 /// updates (FP32, except for O3), turns the working gradients into master gradients, and
 /// refreshes its working copy after an update.
+///
+/// Sealed: implemented by [`MasterWeights`](crate::master::MasterWeights) and
+/// [`SinglePrecision`](crate::master::SinglePrecision) (`Fp32Weights`, `Fp16Weights`, `Bf16Weights`)
+/// only, whose precision and pairing the step's rules rely on. (Its hidden methods stay
+/// callable: they reach nothing [`TrainTarget::master_mut`] does not already give.)
 #[diagnostic::on_unimplemented(
     message = "`{Self}` has no FP32 master weights for an optimizer to update",
     label = "not a `MasterWeights` or `Fp32Weights`",
     note = "optimizers update FP32 master weights only: wrap a 16-bit model as `MasterWeights::build::<Arch>(&dev)` (or `MasterWeights::from_parts`), and an FP32 model as `Fp32Weights::new(model, &dev)`"
 )]
-pub trait TrainTarget<D: AmpDevice> {
+pub trait TrainTarget<D: AmpDevice>: sealed::Sealed {
     /// The module the optimizer updates: FP32, except for O3's 16-bit models
     /// ([`Fp16Weights`](crate::master::Fp16Weights)).
     type Master: Parameters<D>;
@@ -88,6 +100,16 @@ pub trait TrainTarget<D: AmpDevice> {
         optimizer.try_update(self.master_mut(), grads)?;
         self.refresh()
     }
+
+    /// Marks this target as trained across ranks: a data-parallel run made it rank 0's
+    /// (`DataParallel::broadcast_master`, `StepProtocol::sync_model`). From then on it is stepped
+    /// only through the data-parallel step, which averages its gradients across ranks.
+    #[doc(hidden)]
+    fn mark_data_parallel(&mut self);
+
+    /// Whether this target trains across ranks ([`TrainTarget::mark_data_parallel`]).
+    #[doc(hidden)]
+    fn is_data_parallel(&self) -> bool;
 
     /// Copies the updated master weights into the working copy (and the working copy's buffers,
     /// such as batch norm running statistics, back into the master).

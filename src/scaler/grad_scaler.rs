@@ -2,9 +2,10 @@
 
 use crate::error::AmpError;
 
+use super::ledger::Ledger;
 use super::state::{
     ScaleMode, ScalerState, DEFAULT_BACKOFF_FACTOR, DEFAULT_FLOOR_PATIENCE, DEFAULT_GROWTH_FACTOR,
-    DEFAULT_GROWTH_INTERVAL, DEFAULT_INIT_SCALE,
+    DEFAULT_GROWTH_INTERVAL, DEFAULT_INIT_SCALE, MAX_STATIC_SCALE,
 };
 
 /// The loss scaler.
@@ -24,6 +25,12 @@ use super::state::{
 pub struct GradScaler {
     state: ScalerState,
     id: ScalerId,
+    /// The steps taken with gradients this scaler scaled whose outcomes its update has not
+    /// counted yet.
+    pub(crate) ledger: Ledger,
+    /// With [`LossScalers`](crate::scaler::LossScalers): every scaler of the group, in loss order (this
+    /// one included), whose losses a step must hold. Empty for a scaler of its own.
+    pub(crate) group: Vec<ScalerId>,
 }
 
 /// Identifies a [`GradScaler`]: the gradients it scales carry it, so that only it unscales them
@@ -41,10 +48,7 @@ impl ScalerId {
 impl Clone for GradScaler {
     /// A new scaler in the same state: gradients scaled by one are not the other's to unscale.
     fn clone(&self) -> Self {
-        Self {
-            state: self.state,
-            id: ScalerId::fresh(),
-        }
+        Self::with_state(self.state)
     }
 }
 
@@ -85,26 +89,42 @@ fn check_scale(scale: f32) -> Result<(), AmpError> {
     }
 }
 
+/// The static-scale rule: at most FP16's largest finite value ([`MAX_STATIC_SCALE`]).
+fn check_static_scale(scale: f32) -> Result<(), AmpError> {
+    if scale > MAX_STATIC_SCALE {
+        Err(AmpError::StaticScaleOverflowsFp16 { scale })
+    } else {
+        Ok(())
+    }
+}
+
 impl GradScaler {
+    /// A new scaler (a fresh identity, nothing in flight, no group) in `state`.
+    fn with_state(state: ScalerState) -> Self {
+        Self {
+            state,
+            id: ScalerId::fresh(),
+            ledger: Ledger::default(),
+            group: Vec::new(),
+        }
+    }
+
     /// A dynamic scaler with PyTorch's defaults: scale 2^16, growth ×2 every 2000 clean steps,
     /// backoff ×0.5.
     pub fn dynamic() -> Self {
-        Self {
-            id: ScalerId::fresh(),
-            state: ScalerState {
-                mode: ScaleMode::Dynamic,
-                scale: DEFAULT_INIT_SCALE,
-                growth_factor: DEFAULT_GROWTH_FACTOR,
-                backoff_factor: DEFAULT_BACKOFF_FACTOR,
-                growth_interval: DEFAULT_GROWTH_INTERVAL,
-                growth_tracker: 0,
-                skipped_steps: 0,
-                min_scale: None,
-                max_scale: None,
-                floor_patience: DEFAULT_FLOOR_PATIENCE,
-                floor_hits: 0,
-            },
-        }
+        Self::with_state(ScalerState {
+            mode: ScaleMode::Dynamic,
+            scale: DEFAULT_INIT_SCALE,
+            growth_factor: DEFAULT_GROWTH_FACTOR,
+            backoff_factor: DEFAULT_BACKOFF_FACTOR,
+            growth_interval: DEFAULT_GROWTH_INTERVAL,
+            growth_tracker: 0,
+            skipped_steps: 0,
+            min_scale: None,
+            max_scale: None,
+            floor_patience: DEFAULT_FLOOR_PATIENCE,
+            floor_hits: 0,
+        })
     }
 
     /// A dynamic scaler with the given settings, as PyTorch's
@@ -156,8 +176,13 @@ impl GradScaler {
                 )));
             }
         }
+        let scale = self.state.scale.max(min_scale);
+        if self.state.mode == ScaleMode::Static {
+            // A floor above a static scale raises it: the raised scale obeys the static rule.
+            check_static_scale(scale)?;
+        }
         self.state.min_scale = Some(min_scale);
-        self.state.scale = self.state.scale.max(min_scale);
+        self.state.scale = scale;
         Ok(self)
     }
 
@@ -189,8 +214,23 @@ impl GradScaler {
     }
 
     /// A scaler with a fixed scale (Apex's `loss_scale=<number>`).
+    ///
+    /// Errors unless `scale` is finite and at least 2^-126, and with
+    /// [`AmpError::StaticScaleOverflowsFp16`] if it is above FP16's largest finite value,
+    /// [`MAX_STATIC_SCALE`] (65,504): a static scale never backs off, so one above it would
+    /// skip every step whose FP16 gradients it overflows.
+    ///
+    /// ```rust
+    /// # use typed_amp::{error::AmpError, scaler::GradScaler};
+    /// assert!(GradScaler::with_static_scale(65504.0).is_ok());
+    /// assert!(matches!(
+    ///     GradScaler::with_static_scale(70000.0),
+    ///     Err(AmpError::StaticScaleOverflowsFp16 { .. })
+    /// ));
+    /// ```
     pub fn with_static_scale(scale: f32) -> Result<Self, AmpError> {
         check_scale(scale)?;
+        check_static_scale(scale)?;
         let mut scaler = Self::dynamic();
         scaler.state.mode = ScaleMode::Static;
         scaler.state.scale = scale;
@@ -294,9 +334,15 @@ impl GradScaler {
         self.state
     }
 
-    /// A scaler restored from saved state, after checking it.
+    /// A scaler restored from saved state, after checking it: a static scale above
+    /// [`MAX_STATIC_SCALE`] is [`AmpError::StaticScaleOverflowsFp16`], as in
+    /// [`GradScaler::with_static_scale`]; any other inconsistency is
+    /// [`AmpError::InvalidScalerState`].
     pub fn from_state(state: ScalerState) -> Result<Self, AmpError> {
         let invalid = |what: String| Err(AmpError::InvalidScalerState(what));
+        if state.mode == ScaleMode::Static {
+            check_static_scale(state.scale)?;
+        }
         if state.mode == ScaleMode::Disabled {
             if state.scale != 1.0 {
                 return invalid(format!(
@@ -340,10 +386,7 @@ impl GradScaler {
                 ));
             }
         }
-        Ok(Self {
-            state,
-            id: ScalerId::fresh(),
-        })
+        Ok(Self::with_state(state))
     }
 
     /// Restores saved state into this scaler (which keeps its identity); on error the scaler is

@@ -8,17 +8,34 @@ use super::grad_scaler::GradScaler;
 /// with its own scaler, whose scale then follows only that loss's overflows. The unscaled
 /// gradients of the losses are summed with [`UnscaledGrads::merge`](crate::step::UnscaledGrads::merge)
 /// before one step.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// The scalers know each other: a step with any of them is refused, before the weights change,
+/// unless the gradients hold every loss ([`AmpError::LossNotMerged`]).
+#[derive(Debug, PartialEq)]
 pub struct LossScalers {
     scalers: Vec<GradScaler>,
+}
+
+impl Clone for LossScalers {
+    /// New scalers in the same states, a group of their own.
+    fn clone(&self) -> Self {
+        Self::grouped(self.scalers.clone())
+    }
 }
 
 impl LossScalers {
     /// `losses` scalers, each starting in `template`'s state.
     pub fn new(losses: usize, template: GradScaler) -> Self {
-        Self {
-            scalers: (0..losses).map(|_| template.clone()).collect(),
+        Self::grouped((0..losses).map(|_| template.clone()).collect())
+    }
+
+    /// `scalers` as one group: each knows every scaler whose loss a step must hold.
+    fn grouped(mut scalers: Vec<GradScaler>) -> Self {
+        let group: Vec<_> = scalers.iter().map(GradScaler::id).collect();
+        for scaler in &mut scalers {
+            scaler.group = group.clone();
         }
+        Self { scalers }
     }
 
     /// The scaler of loss `loss`, if there is one.

@@ -8,10 +8,12 @@
 //! run reproduces PyTorch's scales step for step.
 
 mod grad_scaler;
+mod ledger;
 mod loss_scalers;
 mod protocol;
 mod state;
 mod step;
+mod tag;
 #[cfg(test)]
 mod tests;
 
@@ -20,5 +22,6 @@ pub use grad_scaler::{GradScaler, ScalerId, SMALLEST_SCALE};
 pub use loss_scalers::LossScalers;
 pub use state::{
     ScaleMode, ScalerState, APEX_MAX_SCALE, DEFAULT_BACKOFF_FACTOR, DEFAULT_FLOOR_PATIENCE,
-    DEFAULT_GROWTH_FACTOR, DEFAULT_GROWTH_INTERVAL, DEFAULT_INIT_SCALE,
+    DEFAULT_GROWTH_FACTOR, DEFAULT_GROWTH_INTERVAL, DEFAULT_INIT_SCALE, MAX_STATIC_SCALE,
 };
+pub(crate) use tag::{ScalerTag, StepVerdict};

@@ -6,6 +6,11 @@
 /// Note that 65536 itself does not fit in FP16 (largest finite value 65504): the scale is kept
 /// in FP32 and multiplies the FP32 loss, never an FP16 tensor.
 pub const DEFAULT_INIT_SCALE: f32 = 65536.0;
+/// The largest static loss scale a scaler accepts: FP16's largest finite value, 65,504. A
+/// static scale never backs off, so one above it would overflow the FP16 gradients of every
+/// step whose loss gradient is 1 or more, and skip each of them. Dynamic scales may start
+/// higher ([`DEFAULT_INIT_SCALE`] is 2^16): they back off on the first overflow.
+pub const MAX_STATIC_SCALE: f32 = 65504.0;
 /// PyTorch's default growth factor.
 pub const DEFAULT_GROWTH_FACTOR: f32 = 2.0;
 /// PyTorch's default backoff factor.

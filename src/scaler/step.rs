@@ -8,11 +8,13 @@ use crate::loss::Loss;
 use crate::master::TrainTarget;
 use crate::optim::MasterOptimizer;
 use crate::step::{
-    into_master, FromScaler, Scaled, ScaledGrads, ScaledLoss, StepKind, StepOutcome, StepOutcomes,
-    Unscaled, UnscaledGrads,
+    into_master, verdicts, FromScaler, Scaled, ScaledGrads, ScaledLoss, StepKind, StepOutcome,
+    StepOutcomes, Unscaled, UnscaledGrads,
 };
 
 use super::grad_scaler::{inverse, GradScaler, ScalerId};
+use super::loss_scalers::LossScalers;
+use super::tag::{ScalerTag, StepVerdict};
 
 impl GradScaler {
     /// Scales a loss for backward by the current scale (1 when the scaler is disabled).
@@ -20,7 +22,7 @@ impl GradScaler {
         ScaledLoss {
             loss,
             scale: self.get_scale(),
-            scaler: self.id(),
+            scaler: self.tag(),
         }
     }
 
@@ -30,7 +32,10 @@ impl GradScaler {
     /// gradients are unscaled even when one overflowed.
     ///
     /// Errors, before anything changes, if the gradients were scaled by another scaler or
-    /// allocated by another model.
+    /// allocated by another model, or with [`AmpError::OutcomeNotUpdated`] if that model took a
+    /// step with this scaler whose outcome never reached [`GradScaler::update`]; with
+    /// [`AmpError::NotAllReduced`] if the model trains across ranks (a `DataParallel` synced
+    /// it), whose gradients `DataParallel::unscale` and `all_reduce` take instead.
     pub fn unscale<'t, D, T, G>(
         &self,
         target: &'t mut T,
@@ -41,6 +46,9 @@ impl GradScaler {
         T: TrainTarget<D>,
         G: Scaled<D>,
     {
+        if target.is_data_parallel() {
+            return Err(AmpError::NotAllReduced);
+        }
         self.unscale_as(target, grads)
     }
 
@@ -48,6 +56,10 @@ impl GradScaler {
     /// gradient was inf or NaN, in which case master weights and optimizer state are left
     /// exactly as they were, and the working copy's buffers (batch norm running statistics) are
     /// put back as they were after the last step taken ([`TrainTarget::reload_working`]). Pass the outcome to [`GradScaler::update`].
+    ///
+    /// Errors, before anything changes, if the gradients were unscaled by another scaler, or,
+    /// for a scaler of [`LossScalers`], with [`AmpError::LossNotMerged`] unless they hold every
+    /// loss of the group.
     pub fn step<'t, D, O, G>(
         &self,
         optimizer: &mut O,
@@ -59,10 +71,17 @@ impl GradScaler {
         O: MasterOptimizer<<G::Target as TrainTarget<D>>::Master, D>,
     {
         let grads = grads.into_unscaled();
-        if !grads.scalers.iter().any(|(id, _)| *id == self.id()) {
+        let holds = |id: ScalerId| grads.scalers.iter().any(|(tag, _)| tag.id == id);
+        if !holds(self.id()) {
             return Err(AmpError::ScalerMismatch(
                 "these gradients were unscaled by another scaler",
             ));
+        }
+        if let Some(loss) = self.group.iter().position(|id| !holds(*id)) {
+            return Err(AmpError::LossNotMerged {
+                loss,
+                losses: self.group.len(),
+            });
         }
         grads.take_step(optimizer)
     }
@@ -71,26 +90,41 @@ impl GradScaler {
     /// or NaN, else counts a clean step towards growth, and returns the zeroed gradients for
     /// the next iteration, one per outcome.
     ///
-    /// Errors if an outcome came from another scaler, or with [`AmpError::ScaleFloor`] when
-    /// the scale is stuck at its floor (see [`GradScaler::with_min_scale`]).
+    /// Errors, before the scale changes, if an outcome came from another scaler, with
+    /// [`AmpError::NoOutcomes`] if there are none (an empty `Vec` or array), and with
+    /// [`AmpError::OutcomeNotUpdated`] if a step taken with this scaler since the last update is
+    /// missing from them (its outcome was dropped or forgotten); with [`AmpError::ScaleFloor`]
+    /// when the scale is stuck at its floor (see [`GradScaler::with_min_scale`]).
     pub fn update<D: AmpDevice, O: StepOutcomes<D>>(
         &mut self,
         outcomes: O,
     ) -> Result<O::Grads, AmpError> {
-        let mut found_inf = false;
-        let mut foreign = false;
-        let id = self.id();
-        outcomes.for_each_flag(&mut |scaler, found| {
-            foreign |= scaler != id;
-            found_inf |= found;
-        });
-        if foreign {
+        self.count(&verdicts(&outcomes))?;
+        Ok(outcomes.into_grads())
+    }
+
+    /// The update's verdict: every check first, then the ledger and the scale.
+    pub(crate) fn count(&mut self, verdicts: &[StepVerdict]) -> Result<(), AmpError> {
+        if verdicts.is_empty() {
+            return Err(AmpError::NoOutcomes);
+        }
+        if verdicts.iter().any(|v| v.scaler != self.id()) {
             return Err(AmpError::ScalerMismatch(
                 "an outcome of another scaler was passed to this one's update",
             ));
         }
-        self.record(found_inf)?;
-        Ok(outcomes.into_grads())
+        let steps: Vec<u64> = verdicts.iter().map(|v| v.step).collect();
+        self.ledger.check_settled(&steps)?;
+        self.ledger.settle(&steps);
+        self.record(verdicts.iter().any(|v| v.found_inf))
+    }
+
+    /// What the step's values carry of this scaler.
+    pub(crate) fn tag(&self) -> ScalerTag {
+        ScalerTag {
+            id: self.id(),
+            ledger: self.ledger.clone(),
+        }
     }
 
     /// Errors unless gradients tagged `id` were scaled by this scaler.
@@ -105,34 +139,51 @@ impl GradScaler {
     }
 }
 
-impl crate::scaler::LossScalers {
+impl LossScalers {
     /// Ends an iteration of one-scaler-per-loss training: each scaler backs off if its own
     /// loss's gradients held inf or NaN, and counts a clean step otherwise. Every scaler must
     /// have a loss in the outcomes.
+    ///
+    /// Errors, before any scale changes, with [`AmpError::NoOutcomes`] if there are no outcomes,
+    /// [`AmpError::ScalerMismatch`] if a scaler has no loss in them or they hold a loss of
+    /// another scaler, and [`AmpError::OutcomeNotUpdated`] if a step taken with one of these
+    /// scalers since the last update is missing from them.
     pub fn update<D: AmpDevice, O: StepOutcomes<D>>(
         &mut self,
         outcomes: O,
     ) -> Result<O::Grads, AmpError> {
-        let mut flags: Vec<(ScalerId, bool)> = Vec::new();
-        outcomes.for_each_flag(&mut |id, found| flags.push((id, found)));
-        let mut found = Vec::with_capacity(self.len());
-        for scaler in self.iter() {
-            let flag = flags
-                .iter()
-                .filter(|(id, _)| *id == scaler.id())
-                .fold(None, |acc: Option<bool>, (_, f)| Some(acc.unwrap_or(false) | f))
-                .ok_or(AmpError::ScalerMismatch(
-                    "a scaler of these losses has no loss in the outcomes: each loss is unscaled (or merged) before the step",
-                ))?;
-            found.push(flag);
+        let verdicts = verdicts(&outcomes);
+        if verdicts.is_empty() {
+            return Err(AmpError::NoOutcomes);
         }
-        if flags
+        let mut found = Vec::with_capacity(self.len());
+        let mut steps = Vec::with_capacity(self.len());
+        for scaler in self.iter() {
+            let own: Vec<&StepVerdict> = verdicts
+                .iter()
+                .filter(|v| v.scaler == scaler.id())
+                .collect();
+            if own.is_empty() {
+                return Err(AmpError::ScalerMismatch(
+                    "a scaler of these losses has no loss in the outcomes: each loss is unscaled (or merged) before the step",
+                ));
+            }
+            found.push(own.iter().any(|v| v.found_inf));
+            steps.push(own.iter().map(|v| v.step).collect::<Vec<u64>>());
+        }
+        if verdicts
             .iter()
-            .any(|(id, _)| !self.iter().any(|s| s.id() == *id))
+            .any(|v| !self.iter().any(|s| s.id() == v.scaler))
         {
             return Err(AmpError::ScalerMismatch(
                 "an outcome holds a loss of a scaler that is not one of these",
             ));
+        }
+        for (scaler, steps) in self.iter().zip(&steps) {
+            scaler.ledger.check_settled(steps)?;
+        }
+        for (scaler, steps) in self.iter().zip(&steps) {
+            scaler.ledger.settle(steps);
         }
         self.record(&found)?;
         Ok(outcomes.into_grads())
@@ -157,7 +208,8 @@ impl GradScaler {
             scale,
             scaler,
         } = grads.into_scaled();
-        self.check_tag(scaler)?;
-        into_master(target, grads, inverse(scale), vec![(scaler, false)])
+        self.check_tag(scaler.id)?;
+        self.ledger.check_target(target.id().key())?;
+        into_master(target, grads, inverse(scale), vec![scaler])
     }
 }

@@ -8,10 +8,10 @@ use crate::device::AmpDevice;
 use crate::error::AmpError;
 use crate::loss::Loss;
 use crate::precision::AmpElem;
-use crate::scaler::{GradScaler, ScalerId};
+use crate::scaler::{GradScaler, ScalerTag};
 use crate::tape::MixedGradients;
 
-use super::backward::{backward_seeded, ScaledGrads};
+use super::backward::{backward_seeded, check_in_flight, ScaledGrads};
 
 /// A gradient-accumulation window: the scaled gradients of several micro-batches (or of several
 /// losses, backward one after another) add up in one store at one scale, then are unscaled and
@@ -46,7 +46,7 @@ use super::backward::{backward_seeded, ScaledGrads};
 #[derive(Debug)]
 pub struct Accumulation<'s, D: AmpDevice> {
     scaler: PhantomData<&'s GradScaler>,
-    id: ScalerId,
+    tag: ScalerTag,
     scale: f32,
     grads: Option<MixedGradients<D>>,
     micro_batches: usize,
@@ -70,13 +70,18 @@ impl<D: AmpDevice> Accumulation<'_, D> {
 
     /// Backward of a micro-batch's loss at the window's scale; its gradients add to the
     /// window's. Weigh the loss (e.g. `loss * 0.25` for four micro-batches) for a mean.
+    ///
+    /// Errors with [`AmpError::OutcomeNotUpdated`] if the model of the window's gradients took
+    /// a step with this scaler whose outcome never reached the scaler's update.
     pub fn backward(&mut self, loss: Loss<D>) -> Result<(), AmpError> {
         if self.grads.is_some() {
             return Err(AmpError::AccumulationOrder(
                 "backward was called without a traced micro-batch (trace inputs with `window.trace(x)`)",
             ));
         }
-        self.grads = Some(backward_seeded(loss, self.scale)?);
+        let grads = backward_seeded(loss, self.scale)?;
+        check_in_flight(&self.tag, &grads)?;
+        self.grads = Some(grads);
         self.micro_batches += 1;
         Ok(())
     }
@@ -99,7 +104,7 @@ impl<D: AmpDevice> Accumulation<'_, D> {
         Ok(ScaledGrads {
             grads,
             scale: self.scale,
-            scaler: self.id,
+            scaler: self.tag,
         })
     }
 }
@@ -111,7 +116,7 @@ impl GradScaler {
     pub fn accumulate<D: AmpDevice>(&self, grads: MixedGradients<D>) -> Accumulation<'_, D> {
         Accumulation {
             scaler: PhantomData,
-            id: self.id(),
+            tag: self.tag(),
             scale: self.get_scale(),
             grads: Some(grads),
             micro_batches: 0,

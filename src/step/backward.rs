@@ -9,7 +9,7 @@ use crate::loss::Loss;
 use crate::master::TrainTarget;
 use crate::ops::fill::FillKernel;
 use crate::precision::FullRange;
-use crate::scaler::ScalerId;
+use crate::scaler::ScalerTag;
 use crate::tape::MixedGradients;
 
 use super::kind::ScaleFree;
@@ -21,7 +21,7 @@ use super::unscaled::{into_master, UnscaledGrads};
 pub struct ScaledLoss<D: AmpDevice> {
     pub(crate) loss: Loss<D>,
     pub(crate) scale: f32,
-    pub(crate) scaler: ScalerId,
+    pub(crate) scaler: ScalerTag,
 }
 
 impl<D: AmpDevice> ScaledLoss<D> {
@@ -38,13 +38,31 @@ impl<D: AmpDevice> ScaledLoss<D> {
     /// Runs backward, seeding the loss's gradient with the scale (rather than multiplying the
     /// loss, which would round it once more). Every parameter's gradient lands in that
     /// parameter's own precision, multiplied by the scale.
+    ///
+    /// Errors with [`AmpError::OutcomeNotUpdated`] if the model these gradients belong to took
+    /// a step with this scaler whose outcome never reached the scaler's update (dropped, or
+    /// forgotten): that step's verdict would be lost.
     pub fn backward(self) -> Result<ScaledGrads<D>, AmpError> {
         let grads = backward_seeded(self.loss, self.scale)?;
+        check_in_flight(&self.scaler, &grads)?;
         Ok(ScaledGrads {
             grads,
             scale: self.scale,
             scaler: self.scaler,
         })
+    }
+}
+
+/// Errors if the model `grads` belong to has a step with `scaler` whose outcome never reached
+/// the scaler's update: the next iteration of a model starts only after the last one's verdict
+/// was counted.
+pub(crate) fn check_in_flight<D: AmpDevice>(
+    scaler: &ScalerTag,
+    grads: &MixedGradients<D>,
+) -> Result<(), AmpError> {
+    match grads.owner {
+        Some(owner) => scaler.ledger.check_target(owner.key()),
+        None => Ok(()),
     }
 }
 
@@ -89,11 +107,17 @@ impl<D: AmpDevice> RawGrads<D> {
     /// NaN, for clipping and [`UnscaledGrads::step`]. Only models whose working precision has
     /// FP32's exponent range qualify (rule [`FullRange`]); an FP16 model needs a
     /// [`GradScaler`](crate::scaler::GradScaler).
+    ///
+    /// Errors with [`AmpError::NotAllReduced`] if `target` trains across ranks (a
+    /// `DataParallel` synced it): this step would never average its gradients across ranks.
     pub fn check<T>(self, target: &mut T) -> Result<UnscaledGrads<'_, T, D, ScaleFree>, AmpError>
     where
         T: TrainTarget<D>,
         T::Precision: FullRange,
     {
+        if target.is_data_parallel() {
+            return Err(AmpError::NotAllReduced);
+        }
         into_master(target, self.grads, 1.0, Vec::new())
     }
 }
@@ -107,7 +131,7 @@ impl<D: AmpDevice> RawGrads<D> {
 pub struct ScaledGrads<D: AmpDevice> {
     pub(crate) grads: MixedGradients<D>,
     pub(crate) scale: f32,
-    pub(crate) scaler: ScalerId,
+    pub(crate) scaler: ScalerTag,
 }
 
 impl<D: AmpDevice> ScaledGrads<D> {

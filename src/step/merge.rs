@@ -26,15 +26,16 @@ impl<'t, T: TrainTarget<D>, D: AmpDevice> UnscaledGrads<'t, T, D, FromScaler> {
         let ScaledGrads {
             mut grads,
             scale,
-            scaler: id,
+            scaler: tag,
         } = other;
-        scaler.check_tag(id)?;
-        if self.scalers.iter().any(|(s, _)| *s == id) {
+        scaler.check_tag(tag.id)?;
+        if self.scalers.iter().any(|(s, _)| s.id == tag.id) {
             return Err(AmpError::ScalerMismatch(
                 "these gradients already hold a loss of this scaler: accumulate one scaler's losses in one backward (or an accumulation window)",
             ));
         }
         check_owner(&*self.target, &grads)?;
+        tag.ledger.check_target(self.target.id().key())?;
         let (other_master, flags) = self
             .target
             .unscale_into_master(&mut grads, inverse(scale))?;
@@ -55,7 +56,7 @@ impl<'t, T: TrainTarget<D>, D: AmpDevice> UnscaledGrads<'t, T, D, FromScaler> {
                 self.non_finite.push(path);
             }
         }
-        self.scalers.push((id, other_inf));
+        self.scalers.push((tag, other_inf));
         Ok(())
     }
 }

@@ -3,7 +3,7 @@
 use std::marker::PhantomData;
 
 use crate::device::AmpDevice;
-use crate::scaler::ScalerId;
+use crate::scaler::{ScalerId, StepVerdict};
 use crate::tape::MixedGradients;
 
 use super::kind::{FromScaler, ScaleFree, StepKind};
@@ -19,7 +19,8 @@ pub struct StepOutcome<D: AmpDevice, K: StepKind = FromScaler> {
     pub(crate) non_finite_params: Vec<String>,
     pub(crate) layers: Vec<crate::watch::LayerReport>,
     pub(crate) overflow: Option<crate::watch::Overflow>,
-    pub(crate) scalers: Vec<(ScalerId, bool)>,
+    /// Each scaler's part in the step (one, or one per loss merged in).
+    pub(crate) verdicts: Vec<StepVerdict>,
     pub(crate) grads: MixedGradients<D>,
     pub(crate) kind: PhantomData<K>,
 }
@@ -64,76 +65,124 @@ impl<D: AmpDevice> StepOutcome<D, ScaleFree> {
 
 /// The outcomes of one iteration's steps, consumed by [`GradScaler::update`](crate::scaler::GradScaler::update): one
 /// [`StepOutcome`], a tuple of them, an array or a `Vec` (several optimizers sharing a scaler).
+///
+/// Sealed: implemented for those shapes of [`StepOutcome`]s only, and what an update reads of
+/// them (the overflow verdicts, the next gradients) is the crate's alone, so that no value
+/// other than a step's own outcome can clear a verdict or give the next gradients.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not the outcome of a step taken with a loss scaler",
     note = "`scaler.update(..)` takes what `scaler.step(..)` returned: one outcome, or a tuple, array or Vec of the outcomes of every optimizer that shared the scaler"
 )]
-pub trait StepOutcomes<D: AmpDevice> {
-    /// The next iteration's gradients, one per outcome.
-    type Grads;
-    /// Calls `f` with each outcome's scalers and flags.
-    #[doc(hidden)]
-    fn for_each_flag(&self, f: &mut dyn FnMut(ScalerId, bool));
-    /// The gradients, in the same shape as the outcomes.
-    #[doc(hidden)]
-    fn into_grads(self) -> Self::Grads;
+pub trait StepOutcomes<D: AmpDevice>: sealed::OutcomeSet<D> {}
+
+/// The seal of [`StepOutcomes`] and the data-parallel `ReducedOutcomes`: a trait public in a
+/// private module, which no other crate can name, implement or call.
+pub(crate) mod sealed {
+    use crate::device::AmpDevice;
+    use crate::scaler::ScalerId;
+
+    /// What an update reads of the outcomes it is given.
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` is not the outcome of a step",
+        note = "an update takes what the step returned: one outcome, or a tuple, array or Vec of the outcomes of every optimizer that shared the scaler"
+    )]
+    pub trait OutcomeSet<D: AmpDevice> {
+        /// The next iteration's gradients, one per outcome, in the outcomes' shape.
+        type Grads;
+        /// Calls `f` with each scaler's part in each step: the scaler, its number for the step,
+        /// and whether that scaler's loss overflowed.
+        fn for_each_verdict(&self, f: &mut dyn FnMut(ScalerId, u64, bool));
+        /// The gradients, in the same shape as the outcomes.
+        fn into_grads(self) -> Self::Grads;
+    }
 }
 
-/// Implements an outcomes trait ([`StepOutcomes`], or the data-parallel `ReducedOutcomes`)
-/// for one [`StepOutcome`] of step kind `$kind`, and for tuples, arrays and `Vec`s of outcomes.
-/// The traits stay apart so that each names its own rule when an outcome does not fit.
-macro_rules! outcome_impls {
-    ($outcomes:ident, $kind:ty) => {
-        impl<D: $crate::device::AmpDevice> $outcomes<D> for $crate::step::StepOutcome<D, $kind> {
-            type Grads = $crate::tape::MixedGradients<D>;
-            fn for_each_flag(&self, f: &mut dyn FnMut($crate::scaler::ScalerId, bool)) {
-                for (id, found) in self.scaler_flags() {
-                    f(*id, *found);
-                }
-            }
-            fn into_grads(self) -> $crate::tape::MixedGradients<D> {
-                self.into_next_grads()
-            }
-        }
+use sealed::OutcomeSet;
 
-        $crate::step::outcome_impls!(@tuple $outcomes [A 0, B 1]);
-        $crate::step::outcome_impls!(@tuple $outcomes [A 0, B 1, C 2]);
-        $crate::step::outcome_impls!(@tuple $outcomes [A 0, B 1, C 2, F 3]);
-
-        impl<D: $crate::device::AmpDevice, O: $outcomes<D>, const N: usize> $outcomes<D> for [O; N] {
-            type Grads = [O::Grads; N];
-            fn for_each_flag(&self, f: &mut dyn FnMut($crate::scaler::ScalerId, bool)) {
-                for o in self {
-                    o.for_each_flag(f);
-                }
-            }
-            fn into_grads(self) -> Self::Grads {
-                self.map($outcomes::into_grads)
-            }
+impl<D: AmpDevice, K: StepKind> OutcomeSet<D> for StepOutcome<D, K> {
+    type Grads = MixedGradients<D>;
+    fn for_each_verdict(&self, f: &mut dyn FnMut(ScalerId, u64, bool)) {
+        for v in &self.verdicts {
+            f(v.scaler, v.step, v.found_inf);
         }
+    }
+    fn into_grads(self) -> MixedGradients<D> {
+        self.grads
+    }
+}
 
-        impl<D: $crate::device::AmpDevice, O: $outcomes<D>> $outcomes<D> for Vec<O> {
-            type Grads = Vec<O::Grads>;
-            fn for_each_flag(&self, f: &mut dyn FnMut($crate::scaler::ScalerId, bool)) {
-                for o in self {
-                    o.for_each_flag(f);
-                }
-            }
-            fn into_grads(self) -> Self::Grads {
-                self.into_iter().map($outcomes::into_grads).collect()
-            }
-        }
-    };
-    (@tuple $outcomes:ident [$($name:ident $idx:tt),+]) => {
-        impl<D: $crate::device::AmpDevice, $($name: $outcomes<D>),+> $outcomes<D> for ($($name,)+) {
+macro_rules! tuple_outcome_set {
+    ($($name:ident $idx:tt),+) => {
+        impl<D: AmpDevice, $($name: OutcomeSet<D>),+> OutcomeSet<D> for ($($name,)+) {
             type Grads = ($($name::Grads,)+);
-            fn for_each_flag(&self, f: &mut dyn FnMut($crate::scaler::ScalerId, bool)) {
-                $(self.$idx.for_each_flag(f);)+
+            fn for_each_verdict(&self, f: &mut dyn FnMut(ScalerId, u64, bool)) {
+                $(self.$idx.for_each_verdict(f);)+
             }
             fn into_grads(self) -> Self::Grads {
                 ($(self.$idx.into_grads(),)+)
             }
         }
+    };
+}
+tuple_outcome_set!(A 0, B 1);
+tuple_outcome_set!(A 0, B 1, C 2);
+tuple_outcome_set!(A 0, B 1, C 2, F 3);
+
+impl<D: AmpDevice, O: OutcomeSet<D>, const N: usize> OutcomeSet<D> for [O; N] {
+    type Grads = [O::Grads; N];
+    fn for_each_verdict(&self, f: &mut dyn FnMut(ScalerId, u64, bool)) {
+        for o in self {
+            o.for_each_verdict(f);
+        }
+    }
+    fn into_grads(self) -> Self::Grads {
+        self.map(OutcomeSet::into_grads)
+    }
+}
+
+impl<D: AmpDevice, O: OutcomeSet<D>> OutcomeSet<D> for Vec<O> {
+    type Grads = Vec<O::Grads>;
+    fn for_each_verdict(&self, f: &mut dyn FnMut(ScalerId, u64, bool)) {
+        for o in self {
+            o.for_each_verdict(f);
+        }
+    }
+    fn into_grads(self) -> Self::Grads {
+        self.into_iter().map(OutcomeSet::into_grads).collect()
+    }
+}
+
+/// The verdicts of `outcomes`: each scaler's part in each step.
+pub(crate) fn verdicts<D: AmpDevice, O: OutcomeSet<D>>(outcomes: &O) -> Vec<StepVerdict> {
+    let mut verdicts = Vec::new();
+    outcomes.for_each_verdict(&mut |scaler, step, found_inf| {
+        verdicts.push(StepVerdict {
+            scaler,
+            step,
+            found_inf,
+        })
+    });
+    verdicts
+}
+
+/// Implements an outcomes trait ([`StepOutcomes`], or the data-parallel `ReducedOutcomes`)
+/// for one [`StepOutcome`] of step kind `$kind`, and for tuples, arrays and `Vec`s of outcomes.
+/// The traits stay apart so that each names its own rule when an outcome does not fit; what
+/// an update reads of them is their sealed supertrait's.
+macro_rules! outcome_impls {
+    ($outcomes:ident, $kind:ty) => {
+        impl<D: $crate::device::AmpDevice> $outcomes<D> for $crate::step::StepOutcome<D, $kind> {}
+
+        $crate::step::outcome_impls!(@tuple $outcomes [A, B]);
+        $crate::step::outcome_impls!(@tuple $outcomes [A, B, C]);
+        $crate::step::outcome_impls!(@tuple $outcomes [A, B, C, F]);
+
+        impl<D: $crate::device::AmpDevice, O: $outcomes<D>, const N: usize> $outcomes<D> for [O; N] {}
+
+        impl<D: $crate::device::AmpDevice, O: $outcomes<D>> $outcomes<D> for Vec<O> {}
+    };
+    (@tuple $outcomes:ident [$($name:ident),+]) => {
+        impl<D: $crate::device::AmpDevice, $($name: $outcomes<D>),+> $outcomes<D> for ($($name,)+) {}
     };
 }
 
@@ -149,7 +198,7 @@ impl<D: AmpDevice, K: StepKind> StepOutcome<D, K> {
             non_finite_params,
             layers,
             overflow,
-            scalers,
+            verdicts,
             grads,
             ..
         } = self;
@@ -158,19 +207,9 @@ impl<D: AmpDevice, K: StepKind> StepOutcome<D, K> {
             non_finite_params,
             layers,
             overflow,
-            scalers,
+            verdicts,
             grads,
             kind: PhantomData,
         }
-    }
-
-    /// The scalers of the step, with their overflow flags.
-    pub(crate) fn scaler_flags(&self) -> &[(ScalerId, bool)] {
-        &self.scalers
-    }
-
-    /// The zeroed gradients for the next iteration.
-    pub(crate) fn into_next_grads(self) -> MixedGradients<D> {
-        self.grads
     }
 }

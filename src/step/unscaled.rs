@@ -10,7 +10,7 @@ use crate::error::AmpError;
 use crate::master::{for_each_trainable_grad, GradOp, TrainTarget};
 use crate::ops::host::HostKernel;
 use crate::precision::AmpElem;
-use crate::scaler::ScalerId;
+use crate::scaler::{ScalerId, ScalerTag};
 use crate::tape::MixedGradients;
 
 use super::kind::{FromScaler, StepKind};
@@ -21,7 +21,7 @@ pub(crate) fn into_master<T, D, K>(
     target: &mut T,
     mut grads: MixedGradients<D>,
     inv_scale: f32,
-    scalers: Vec<(ScalerId, bool)>,
+    scalers: Vec<ScalerTag>,
 ) -> Result<UnscaledGrads<'_, T, D, K>, AmpError>
 where
     D: AmpDevice,
@@ -41,7 +41,7 @@ where
         .map(|(p, _)| p.path.clone())
         .collect();
     let found_inf = !non_finite.is_empty();
-    let scalers = scalers.into_iter().map(|(id, _)| (id, found_inf)).collect();
+    let scalers = scalers.into_iter().map(|tag| (tag, found_inf)).collect();
     let layers = std::mem::take(&mut grads.layer_report);
     Ok(UnscaledGrads {
         target,
@@ -83,7 +83,7 @@ pub struct UnscaledGrads<'t, T: TrainTarget<D>, D: AmpDevice, K: StepKind = From
     pub(crate) layers: Vec<crate::watch::LayerReport>,
     /// The scalers whose losses these gradients hold, with whether that loss's gradients held
     /// inf or NaN (one entry, or one per loss after [`UnscaledGrads::merge`]).
-    pub(crate) scalers: Vec<(ScalerId, bool)>,
+    pub(crate) scalers: Vec<(ScalerTag, bool)>,
     pub(crate) kind: PhantomData<K>,
 }
 
@@ -180,7 +180,7 @@ impl<'t, T: TrainTarget<D>, D: AmpDevice, K: StepKind> UnscaledGrads<'t, T, D, K
 
     /// The scalers these gradients hold losses of.
     pub(crate) fn scaler_ids(&self) -> impl Iterator<Item = ScalerId> + '_ {
-        self.scalers.iter().map(|(id, _)| *id)
+        self.scalers.iter().map(|(tag, _)| tag.id)
     }
 
     /// The same gradients as kind `K2`, with `found_inf` as the overflow flag of the step (and of
@@ -202,7 +202,10 @@ impl<'t, T: TrainTarget<D>, D: AmpDevice, K: StepKind> UnscaledGrads<'t, T, D, K
             found_inf,
             non_finite,
             layers,
-            scalers: scalers.into_iter().map(|(id, _)| (id, found_inf)).collect(),
+            scalers: scalers
+                .into_iter()
+                .map(|(tag, _)| (tag, found_inf))
+                .collect(),
             kind: PhantomData,
         }
     }

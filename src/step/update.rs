@@ -7,6 +7,7 @@ use crate::device::AmpDevice;
 use crate::error::AmpError;
 use crate::master::TrainTarget;
 use crate::optim::MasterOptimizer;
+use crate::scaler::StepVerdict;
 
 use super::kind::{ScaleFree, StepKind};
 use super::outcome::StepOutcome;
@@ -41,12 +42,23 @@ impl<'t, T: TrainTarget<D>, D: AmpDevice, K: StepKind> UnscaledGrads<'t, T, D, K
             target.update_with(optimizer, &master)?;
         }
         let grads = target.recycle(master, working)?;
+        // Each scaler whose loss the step held writes it down until the outcome reaches its
+        // update: an outcome dropped or forgotten is found at that model's next backward.
+        let model = target.id().key();
+        let verdicts = scalers
+            .into_iter()
+            .map(|(tag, found_inf)| StepVerdict {
+                scaler: tag.id,
+                step: tag.ledger.record_step(model),
+                found_inf,
+            })
+            .collect();
         Ok(StepOutcome {
             found_inf,
             non_finite_params: non_finite,
             overflow: crate::watch::overflowing_layer(&layers),
             layers,
-            scalers,
+            verdicts,
             grads,
             kind: PhantomData,
         })

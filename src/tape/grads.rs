@@ -25,6 +25,11 @@ impl TargetId {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         TargetId(NEXT.fetch_add(1, Ordering::Relaxed))
     }
+
+    /// The id as a number, for bookkeeping below `tape` (a scaler's ledger of steps in flight).
+    pub(crate) fn key(self) -> u64 {
+        self.0
+    }
 }
 
 /// A gradient store of one precision, with its element type erased so that stores of every
