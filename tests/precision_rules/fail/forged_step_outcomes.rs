@@ -1,4 +1,4 @@
-use typed_amp::prelude::*;
+use typed_amp::{prelude::*, tape::MixedGradients};
 use typed_amp::scaler::ScalerId;
 use typed_amp::step::StepOutcomes;
 

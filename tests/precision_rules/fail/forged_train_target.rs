@@ -1,4 +1,4 @@
-use typed_amp::params::ParamInfo;
+use typed_amp::{master::Fp32Weights, params::ParamInfo, tape::MixedGradients};
 use typed_amp::prelude::*;
 use typed_amp::tape::TargetId;
 
