@@ -53,6 +53,9 @@ impl Bits for bf16 {
     }
 }
 
+/// An op's name, what the tensor op gave, and `half`'s scalar operator.
+type Case<E> = (&'static str, Vec<E>, fn(E, E) -> E);
+
 /// Every bit pattern of `E`, in order.
 fn every<E: Bits>() -> Vec<E> {
     (0..=u16::MAX).map(E::from_bits16).collect()
@@ -76,9 +79,13 @@ fn assert_same<E: Bits>(what: &str, xs: &[E], got: &[E], want: &[E]) {
     }
 }
 
-fn scalar_ops_match_half<E: Bits + std::ops::Mul<Output = E>>()
+fn scalar_ops_match_half<E>()
 where
-    E: std::ops::Add<Output = E> + std::ops::Sub<Output = E> + std::ops::Div<Output = E>,
+    E: Bits
+        + std::ops::Mul<Output = E>
+        + std::ops::Add<Output = E>
+        + std::ops::Sub<Output = E>
+        + std::ops::Div<Output = E>,
     Cpu: Device<E>,
     Tensor<(usize,), E, Cpu>: TryMul<E> + TryAdd<E> + TrySub<E> + TryDiv<E>,
 {
@@ -87,7 +94,7 @@ where
     // A scalar whose products and quotients round (not a power of two) and one that overflows.
     for s in [E::round(0.3), E::round(3.0e4)] {
         let t = || dev.tensor_from_vec(xs.clone(), (xs.len(),));
-        let cases: [(&str, Vec<E>, fn(E, E) -> E); 4] = [
+        let cases: [Case<E>; 4] = [
             ("x * s", t().try_mul(s).unwrap().as_vec(), |x, s| x * s),
             ("x + s", t().try_add(s).unwrap().as_vec(), |x, s| x + s),
             ("x - s", t().try_sub(s).unwrap().as_vec(), |x, s| x - s),
@@ -110,16 +117,15 @@ fn scalar_ops_on_bf16_give_halfs_bits() {
     scalar_ops_match_half::<bf16>();
 }
 
+/// A 1-d tensor recording onto dfdx's own tape.
+type Taped<E> = Tensor<(usize,), E, Cpu, OwnedTape<E, Cpu>>;
+
 /// `op` forward and backward on every pattern of `E` against the f32 op on the widened values,
 /// rounded once.
 fn gelu_matches_f32_rounded_once<E: Bits>(
     name: &str,
-    op16: fn(
-        Tensor<(usize,), E, Cpu, OwnedTape<E, Cpu>>,
-    ) -> Tensor<(usize,), E, Cpu, OwnedTape<E, Cpu>>,
-    op32: fn(
-        Tensor<(usize,), f32, Cpu, OwnedTape<f32, Cpu>>,
-    ) -> Tensor<(usize,), f32, Cpu, OwnedTape<f32, Cpu>>,
+    op16: fn(Taped<E>) -> Taped<E>,
+    op32: fn(Taped<f32>) -> Taped<f32>,
 ) where
     Cpu: Device<E>,
 {
