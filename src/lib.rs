@@ -209,6 +209,11 @@
 //! [`TrainTarget`]: master::TrainTarget
 //! [`AmpError::ForeignGradients`]: error::AmpError::ForeignGradients
 //! [`AmpError::ScalerMismatch`]: error::AmpError::ScalerMismatch
+//! [`AmpError::StaticScaleOverflowsFp16`]: error::AmpError::StaticScaleOverflowsFp16
+//! [`AmpError::NoOutcomes`]: error::AmpError::NoOutcomes
+//! [`AmpError::OutcomeNotUpdated`]: error::AmpError::OutcomeNotUpdated
+//! [`AmpError::LossNotMerged`]: error::AmpError::LossNotMerged
+//! [`AmpError::NotAllReduced`]: error::AmpError::NotAllReduced
 //! [`MixedTape`]: tape::MixedTape
 //! [`to_f16`]: ops::cast::to_f16
 //! [`to_bf16`]: ops::cast::to_bf16
