@@ -5,6 +5,8 @@ use crate::tensor::{Cpu, Tensor, ZerosTensor};
 
 use std::sync::Arc;
 
+use crate::tensor_ops::utilities::cpu_f32::{par_for, SendPtr};
+
 #[allow(unused)]
 #[allow(clippy::too_many_arguments)]
 fn naive_gemm<F: num_traits::Float + std::ops::AddAssign, M: Dim, K: Dim, N: Dim>(
@@ -577,6 +579,36 @@ where
     }
 }
 
+/// typed-amp patch: whether a 4-d layout maps every index to its own element (no broadcast, no
+/// overlap), so that parallel tasks writing the sub-matrices of different `(i, j)` never write
+/// one element twice: sorted by stride, each stride must reach past the extent of the ones
+/// below it.
+fn injective(dims: [usize; 4], strides: [usize; 4]) -> bool {
+    let mut d: Vec<(usize, usize)> = dims
+        .into_iter()
+        .zip(strides)
+        .filter(|(n, _)| *n > 1)
+        .map(|(n, s)| (s, n))
+        .collect();
+    d.sort_unstable();
+    let mut reach = 1usize;
+    for (s, n) in d {
+        if s < reach {
+            return false;
+        }
+        reach = match s.checked_mul(n) {
+            Some(r) => r,
+            None => return false,
+        };
+    }
+    true
+}
+
+// typed-amp patch: the batch × heads products run in parallel (rayon, through `par_for`): at a
+// transformer's sizes each is a few microseconds of work, far below the GEMM's own threshold
+// for threads, so they ran one after another on one core. Each task computes whole products,
+// the same as before, so results do not change; the backward runs in parallel only when the
+// gradients' layouts give every task its own elements (`injective`), else serially as before.
 impl<E: Dtype> super::MatMatBatch4Kernel<E> for Cpu
 where
     Self: MatMulImpl<E>,
@@ -589,21 +621,32 @@ where
         let (b, s, m, k) = lhs.shape;
         let n = rhs.shape.3;
         let mut out = self.try_zeros_like(&(b, s, m, n))?;
-        let cp = Arc::get_mut(&mut out.data).unwrap();
-        for i in 0..b.size() {
-            for j in 0..s.size() {
+        let (ls, rs, os) = (lhs.strides, rhs.strides, out.strides);
+        let data: &mut [E] = Arc::get_mut(&mut out.data).unwrap();
+        let cp = SendPtr(data.as_mut_ptr());
+        let (ap, bp) = (
+            SendPtr(lhs.data.as_ptr() as *mut E),
+            SendPtr(rhs.data.as_ptr() as *mut E),
+        );
+        let heads = s.size();
+        par_for(b.size() * heads, |t| {
+            let (i, j) = (t / heads, t % heads);
+            let (ap, bp, cp) = (ap, bp, cp);
+            // SAFETY: offsets of the (i, j) sub-matrices inside each buffer (as the serial loop
+            // formed them); `out` is fresh and contiguous, so tasks write disjoint blocks.
+            unsafe {
                 Self::matmul(
                     (m, k, n),
                     false,
-                    lhs.data[i * lhs.strides[0] + j * lhs.strides[1]..].as_ptr(),
-                    [lhs.strides[2], lhs.strides[3]],
-                    rhs.data[i * rhs.strides[0] + j * rhs.strides[1]..].as_ptr(),
-                    [rhs.strides[2], rhs.strides[3]],
-                    cp[i * out.strides[0] + j * out.strides[1]..].as_mut_ptr(),
-                    [out.strides[2], out.strides[3]],
+                    ap.0.add(i * ls[0] + j * ls[1]),
+                    [ls[2], ls[3]],
+                    bp.0.add(i * rs[0] + j * rs[1]),
+                    [rs[2], rs[3]],
+                    cp.0.add(i * os[0] + j * os[1]),
+                    [os[2], os[3]],
                 );
             }
-        }
+        });
         Ok(out)
     }
     fn backward<B: Dim, S: Dim, M: Dim, K: Dim, N: Dim>(
@@ -617,29 +660,50 @@ where
         let (b, s, m, k) = lhs.shape;
         let n = rhs.shape.3;
         let strides = (b, s, m, n).strides();
-        for i in 0..b.size() {
-            for j in 0..s.size() {
+        let (ls, rs) = (lhs.strides, rhs.strides);
+        let (go, a, bm) = (
+            SendPtr(grad_out.as_ptr() as *mut E),
+            SendPtr(lhs.data.as_ptr() as *mut E),
+            SendPtr(rhs.data.as_ptr() as *mut E),
+        );
+        let (gl, gr) = (
+            SendPtr(grad_lhs.as_mut_ptr()),
+            SendPtr(grad_rhs.as_mut_ptr()),
+        );
+        let heads = s.size();
+        let task = move |t: usize| {
+            let (i, j) = (t / heads, t % heads);
+            let (go, a, bm, gl, gr) = (go, a, bm, gl, gr);
+            // SAFETY: offsets of the (i, j) sub-matrices, as the serial loop formed them.
+            unsafe {
                 Self::matmul(
                     (m, n, k),
                     true,
-                    grad_out[i * strides[0] + j * strides[1]..].as_ptr(),
+                    go.0.add(i * strides[0] + j * strides[1]),
                     [strides[2], strides[3]],
-                    rhs.data[i * rhs.strides[0] + j * rhs.strides[1]..].as_ptr(),
-                    [rhs.strides[3], rhs.strides[2]],
-                    grad_lhs[i * lhs.strides[0] + j * lhs.strides[1]..].as_mut_ptr(),
-                    [lhs.strides[2], lhs.strides[3]],
+                    bm.0.add(i * rs[0] + j * rs[1]),
+                    [rs[3], rs[2]],
+                    gl.0.add(i * ls[0] + j * ls[1]),
+                    [ls[2], ls[3]],
                 );
                 Self::matmul(
                     (k, m, n),
                     true,
-                    lhs.data[i * lhs.strides[0] + j * lhs.strides[1]..].as_ptr(),
-                    [lhs.strides[3], lhs.strides[2]],
-                    grad_out[i * strides[0] + j * strides[1]..].as_ptr(),
+                    a.0.add(i * ls[0] + j * ls[1]),
+                    [ls[3], ls[2]],
+                    go.0.add(i * strides[0] + j * strides[1]),
                     [strides[2], strides[3]],
-                    grad_rhs[i * rhs.strides[0] + j * rhs.strides[1]..].as_mut_ptr(),
-                    [rhs.strides[2], rhs.strides[3]],
+                    gr.0.add(i * rs[0] + j * rs[1]),
+                    [rs[2], rs[3]],
                 );
             }
+        };
+        let disjoint = injective([b.size(), heads, m.size(), k.size()], ls)
+            && injective([b.size(), heads, k.size(), n.size()], rs);
+        if disjoint {
+            par_for(b.size() * heads, task);
+        } else {
+            (0..b.size() * heads).for_each(task);
         }
         Ok(())
     }
