@@ -158,19 +158,8 @@ where
         // d scale = Σ dy·(x − mean) / std, d bias = Σ dy: each added in f64, rounded once.
         let dscale: Vec<f64> = (0..lay.chan).map(|c| sums[c][1] * inv_std[c]).collect();
         let dbias: Vec<f64> = sums.iter().map(|s| s[0]).collect();
-        for (id, values) in [(scale_id, dscale), (bias_id, dbias)] {
-            if let Some((g, fresh)) = grads.param_grad_mut(id, C, &dev)? {
-                let mut host = if fresh {
-                    vec![0f32; C]
-                } else {
-                    HostKernelF32::read(&dev, g)?
-                };
-                for (h, v) in host.iter_mut().zip(&values) {
-                    *h = (f64::from(*h) + v) as f32;
-                }
-                HostKernelF32::write(&dev, g, &host)?;
-            }
-        }
+        grads.add_to_param_grad(scale_id, &dscale, &dev)?;
+        grads.add_to_param_grad(bias_id, &dbias, &dev)?;
         Ok(())
     });
     tape.offer_activation(y.id(), fused);
@@ -203,21 +192,4 @@ where
         [&channels(p.running_mean), &a32, &channels(p.bias)],
     )?;
     Ok(y)
-}
-
-/// Exact host copies of FP32 device buffers (per-channel gradients).
-struct HostKernelF32;
-
-impl HostKernelF32 {
-    fn read<D: AmpDevice>(dev: &D, buf: &<D as Storage<f32>>::Vec) -> Result<Vec<f32>, D::Err> {
-        crate::ops::host::HostKernel::<f32>::try_read(dev, buf)
-    }
-
-    fn write<D: AmpDevice>(
-        dev: &D,
-        buf: &mut <D as Storage<f32>>::Vec,
-        values: &[f32],
-    ) -> Result<(), D::Err> {
-        crate::ops::host::HostKernel::<f32>::try_write(dev, buf, values)
-    }
 }

@@ -91,20 +91,8 @@ where
             &gamma,
             &stats,
         )?;
-        // Each parameter gradient added to the one it has, in f64, rounded once.
-        for (id, values) in [(gamma_id, &sums[0]), (beta_id, &sums[1])] {
-            if let Some((g, fresh)) = grads.param_grad_mut(id, M, &dev)? {
-                let mut host = if fresh {
-                    vec![0f32; M]
-                } else {
-                    HostKernel::<f32>::try_read(&dev, g)?
-                };
-                for (h, v) in host.iter_mut().zip(values) {
-                    *h = (f64::from(*h) + v) as f32;
-                }
-                HostKernel::<f32>::try_write(&dev, g, &host)?;
-            }
-        }
+        grads.add_to_param_grad(gamma_id, &sums[0], &dev)?;
+        grads.add_to_param_grad(beta_id, &sums[1], &dev)?;
         Ok(())
     });
     Ok(y.put_tape(tape))
