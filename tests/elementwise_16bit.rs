@@ -9,6 +9,9 @@
 //! - exact and tanh GELU give `round(f32_op(widen(x)))`: the f32 op run on the widened values,
 //!   rounded once, and their gradients `round(f32_df(widen(x)) · 1)`.
 //!
+//! - large tensors, whose elementwise ops run in pieces on rayon's pool, give the bits their rows
+//!   give one at a time (f32, FP16 and BF16; forward and gradients).
+//!
 //! Every comparison is exact (bit for bit, or both NaN): the two computations make the same f32
 //! operations on the same values, so no tolerance is needed or allowed.
 
@@ -178,4 +181,104 @@ fn exact_gelu_on_f16_and_bf16_is_the_f32_op_rounded_once() {
 fn tanh_gelu_on_f16_and_bf16_is_the_f32_op_rounded_once() {
     gelu_matches_f32_rounded_once::<f16>("f16 fast_gelu", |t| t.fast_gelu(), |t| t.fast_gelu());
     gelu_matches_f32_rounded_once::<bf16>("bf16 fast_gelu", |t| t.fast_gelu(), |t| t.fast_gelu());
+}
+
+// Large elementwise ops run in pieces on rayon's pool (the vendored patch's `par_elementwise`:
+// unary ops forward and backward, binary ops forward, and their backward when neither operand
+// is broadcast or permuted). Each element is computed by the same expressions as on one thread,
+// so a large tensor must give, bit for bit, what its rows give one at a time (each row far below
+// the size at which the pieces start).
+
+/// Rows × columns: 81,920 elements, above the 65,536 at which ops split into pieces.
+const ROWS: usize = 160;
+const COLS: usize = 512;
+
+/// `gelu(x)² · y + wᵀ + b` summed, for `x`, `y` of shape `S`, `wt` (`w` transposed, a
+/// permuted view) and `b` (broadcast over rows) untraced: its value and the gradients of `x`
+/// and `y`.
+fn pieces_case<E: Dtype, S: Shape>(
+    x: Tensor<S, E, Cpu>,
+    y: Tensor<S, E, Cpu>,
+    wt: Tensor<S, E, Cpu>,
+    b: Tensor<S, E, Cpu>,
+) -> (Vec<E>, Vec<E>, Vec<E>)
+where
+    Cpu: Device<E>,
+{
+    let z = x.leaky_trace().accurate_gelu().square() * y.leaky_trace() + wt + b;
+    let value = z.retaped::<NoneTape>().as_vec();
+    let grads = z.sum().backward();
+    (value, grads.get(&x).as_vec(), grads.get(&y).as_vec())
+}
+
+/// The whole `ROWS × COLS` case against the same case row by row, bit for bit.
+fn pieces_match_rows<E: Dtype>(name: &str)
+where
+    Cpu: Device<E>,
+{
+    let dev = Cpu::seed_from_u64(7);
+    let sample = |n: usize| -> Vec<E> {
+        let t: Tensor<(usize,), f32, Cpu> = SampleTensor::<f32>::sample_normal_like(&dev, &(n,));
+        t.as_vec()
+            .into_iter()
+            .map(|v| E::from_f32(v * 2.0).unwrap())
+            .collect()
+    };
+    let (xs, ys, ws, bs) = (
+        sample(ROWS * COLS),
+        sample(ROWS * COLS),
+        sample(ROWS * COLS),
+        sample(COLS),
+    );
+
+    let shape = (ROWS, COLS);
+    let x = dev.tensor_from_vec(xs.clone(), shape);
+    let y = dev.tensor_from_vec(ys.clone(), shape);
+    // `w` stored as COLS × ROWS; its transpose is a permuted view (strides [1, ROWS]).
+    let w = dev.tensor_from_vec(ws.clone(), (COLS, ROWS));
+    let wt = w.permute::<_, Axes2<1, 0>>();
+    let b = dev
+        .tensor_from_vec(bs.clone(), (COLS,))
+        .broadcast_like::<(usize, usize), Axis<0>>(&shape);
+    let (whole, gx, gy) = pieces_case(x, y, wt, b);
+
+    let (mut row_value, mut row_gx, mut row_gy) = (Vec::new(), Vec::new(), Vec::new());
+    for r in 0..ROWS {
+        let row = |v: &[E]| dev.tensor_from_vec(v[r * COLS..(r + 1) * COLS].to_vec(), (COLS,));
+        let w_row: Vec<E> = (0..COLS).map(|c| ws[c * ROWS + r]).collect();
+        let (v, gx_r, gy_r) = pieces_case(
+            row(&xs),
+            row(&ys),
+            dev.tensor_from_vec(w_row, (COLS,)),
+            dev.tensor_from_vec(bs.clone(), (COLS,)),
+        );
+        row_value.extend(v);
+        row_gx.extend(gx_r);
+        row_gy.extend(gy_r);
+    }
+
+    let bits = |v: &[E]| -> Vec<u32> { v.iter().map(|e| e.to_f32().unwrap().to_bits()).collect() };
+    for (what, got, want) in [
+        ("value", &whole, &row_value),
+        ("gradient of x", &gx, &row_gx),
+        ("gradient of y", &gy, &row_gy),
+    ] {
+        let (got, want) = (bits(got), bits(want));
+        if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
+            panic!(
+                "{name} {what}: element {i} (row {}, column {}) is {:e} in pieces, {:e} row by row",
+                i / COLS,
+                i % COLS,
+                f32::from_bits(got[i]),
+                f32::from_bits(want[i])
+            );
+        }
+    }
+}
+
+#[test]
+fn large_elementwise_ops_in_parallel_pieces_give_the_bits_of_their_rows_one_at_a_time() {
+    pieces_match_rows::<f32>("f32");
+    pieces_match_rows::<f16>("f16");
+    pieces_match_rows::<bf16>("bf16");
 }

@@ -181,6 +181,31 @@ where
     }
 }
 
+/// Elements an elementwise kernel's parallel piece covers at least: below twice this a kernel
+/// runs on the calling thread, where handing pieces to the pool would cost more than it saves.
+pub(crate) const PAR_MIN_ELEMS: usize = 1 << 15;
+
+/// Calls `f(offset, piece)` for pieces of `data` that cover it in order: one piece, on the
+/// calling thread, below `2 · PAR_MIN_ELEMS` elements; else pieces of at least
+/// [PAR_MIN_ELEMS] elements (whole multiples of `unit`, the last may be shorter), in parallel
+/// on rayon's pool with the `cpu` feature. For elementwise work, whose results do not depend on
+/// how it is split.
+#[inline]
+pub(crate) fn par_elementwise<T: Send, F>(data: &mut [T], unit: usize, f: F)
+where
+    F: Fn(usize, &mut [T]) + Send + Sync,
+{
+    let n = data.len();
+    let unit = unit.max(1);
+    if n < 2 * PAR_MIN_ELEMS || n < 2 * unit {
+        f(0, data);
+        return;
+    }
+    let pieces = (n / PAR_MIN_ELEMS).min(16);
+    let chunk = n.div_ceil(pieces).div_ceil(unit) * unit;
+    par_chunks_mut(data, chunk, |i, c| f(i * chunk, c));
+}
+
 /// Calls `f(i)` for `i` in `0..n`, in parallel on rayon's pool with the `cpu` feature.
 #[inline]
 pub(crate) fn par_for<F>(n: usize, f: F)

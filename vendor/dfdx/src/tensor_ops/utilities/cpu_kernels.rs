@@ -1,6 +1,6 @@
 use std::borrow::Cow;
 
-use super::cpu_f32::{from_f32, is_half, load_f32, to_f32, BLOCK};
+use super::cpu_f32::{from_f32, is_half, load_f32, par_elementwise, to_f32, BLOCK};
 use super::ops::{BinaryKernel, UnaryKernel};
 use crate::{
     shapes::{Dtype, Shape},
@@ -17,6 +17,9 @@ use crate::{
 // `grad += df · grad_out`) in f32 a block at a time instead of through `half`'s scalar
 // operators. Results are bit-identical to upstream's except for the broadcast reductions (a
 // different summation order) and the 16-bit accumulations (one rounding instead of two).
+// Large elementwise ops run in pieces on rayon's pool ([par_elementwise]): unary ops' forward and
+// backward, binary ops' forward, and their backward where neither operand is broadcast or
+// permuted; every element is computed as on one thread, so results do not change.
 
 pub trait UnaryDerivative<E> {
     /// Whether the [UnaryDerivative::df] function can re-use the output
@@ -180,7 +183,7 @@ fn accumulate_f32<E: Dtype>(g: &mut [E], off: usize, step: usize, d: &[f32], go:
     }
 }
 
-impl<E: Dtype, Op: UnaryDerivative<E>> UnaryKernel<Op, E> for Cpu {
+impl<E: Dtype, Op: UnaryDerivative<E> + Sync> UnaryKernel<Op, E> for Cpu {
     const BACKWARD_WITHOUT_INP: bool = Op::DF_USES_FX;
     const BACKWARD_WITHOUT_DATA: bool = Op::HAS_CONST_DF;
 
@@ -209,21 +212,25 @@ impl<E: Dtype, Op: UnaryDerivative<E>> UnaryKernel<Op, E> for Cpu {
         };
         // NOTE: we can iterate over buf here because we know inp & out
         // have exact same strides due to clone.
+        let buf: &mut [E] = &mut std::sync::Arc::make_mut(&mut out.data)[..];
         if Op::IN_F32 && is_half::<E>() {
             // typed-amp patch: widen a block, run the op in f32, round once.
-            let buf = std::sync::Arc::make_mut(&mut out.data);
-            let mut b = [0.0f32; BLOCK];
-            for chunk in buf.chunks_mut(BLOCK) {
-                let b = &mut b[..chunk.len()];
-                to_f32(chunk, b);
-                op.f_f32(b);
-                from_f32(b, chunk);
-            }
+            par_elementwise(buf, BLOCK, |_, piece| {
+                let mut b = [0.0f32; BLOCK];
+                for chunk in piece.chunks_mut(BLOCK) {
+                    let b = &mut b[..chunk.len()];
+                    to_f32(chunk, b);
+                    op.f_f32(b);
+                    from_f32(b, chunk);
+                }
+            });
             return Ok(out);
         }
-        for x in out.buf_iter_mut() {
-            *x = op.f(x);
-        }
+        par_elementwise(buf, 1, |_, piece| {
+            for x in piece {
+                *x = op.f(x);
+            }
+        });
         Ok(out)
     }
     fn backward<S: Shape>(
@@ -236,62 +243,77 @@ impl<E: Dtype, Op: UnaryDerivative<E>> UnaryKernel<Op, E> for Cpu {
     ) -> Result<(), Self::Err> {
         let grad_inp: &mut [E] = grad_inp;
         let grad_out: &[E] = grad_out;
+        let data: Option<&[E]> = match (inp.data(), out.data()) {
+            (None, None) => None,
+            (None, Some(out)) => Some(out),
+            (Some(inp), None) => Some(inp),
+            _ => unreachable!(),
+        };
         if is_half::<E>() {
             // df in E, then grad_inp += df · grad_out in f32, a block at a time.
-            let (mut d, mut d32, mut go32) = ([E::default(); BLOCK], [0.0; BLOCK], [0.0; BLOCK]);
-            let data = match (inp.data(), out.data()) {
-                (None, None) => None,
-                (None, Some(out)) => Some(out),
-                (Some(inp), None) => Some(inp),
-                _ => unreachable!(),
-            };
             let const_df = data.is_none().then(|| op.const_df());
-            for start in (0..grad_inp.len()).step_by(BLOCK) {
-                let n = BLOCK.min(grad_inp.len() - start);
-                match (const_df, data) {
-                    (Some(df), _) => {
-                        d[..n].fill(df);
-                        to_f32(&d[..n], &mut d32[..n]);
-                    }
-                    // typed-amp patch: the derivative in f32 from the widened values, not
-                    // rounded to E before it multiplies the gradient.
-                    (None, Some(x)) if Op::IN_F32 => {
-                        to_f32(&x[start..start + n], &mut d32[..n]);
-                        op.df_f32(&mut d32[..n]);
-                    }
-                    (None, Some(x)) => {
-                        for (d, x) in d[..n].iter_mut().zip(&x[start..start + n]) {
-                            *d = op.df(x);
-                        }
-                        to_f32(&d[..n], &mut d32[..n]);
-                    }
-                    _ => unreachable!(),
-                }
-                to_f32(&grad_out[start..start + n], &mut go32[..n]);
-                accumulate_f32(grad_inp, start, 1, &d32[..n], &go32[..n]);
-            }
+            par_elementwise(grad_inp, BLOCK, |off, grad_inp| {
+                let data = data.map(|x| &x[off..off + grad_inp.len()]);
+                let grad_out = &grad_out[off..off + grad_inp.len()];
+                half_unary_backward(&op, const_df, data, grad_out, grad_inp);
+            });
             return Ok(());
         }
-        match (inp.data(), out.data()) {
-            (None, None) => {
-                let df = op.const_df();
-                for (x, go) in grad_inp.iter_mut().zip(grad_out) {
-                    *x += df * *go;
+        par_elementwise(grad_inp, 1, |off, grad_inp| {
+            let grad_out = &grad_out[off..off + grad_inp.len()];
+            match data {
+                None => {
+                    let df = op.const_df();
+                    for (x, go) in grad_inp.iter_mut().zip(grad_out) {
+                        *x += df * *go;
+                    }
+                }
+                Some(data) => {
+                    // `f(x)` if the derivative uses it, else `x`.
+                    let data = &data[off..off + grad_inp.len()];
+                    for ((x, v), go) in grad_inp.iter_mut().zip(data).zip(grad_out) {
+                        *x += op.df(v) * *go;
+                    }
                 }
             }
-            (None, Some(out)) => {
-                for ((x, o), go) in grad_inp.iter_mut().zip(out.iter()).zip(grad_out) {
-                    *x += op.df(o) * *go;
-                }
+        });
+        Ok(())
+    }
+}
+
+/// A 16-bit unary op's backward over one piece: `df` in `E` (or in f32 from widened values for
+/// [UnaryDerivative::IN_F32] ops), then `grad_inp += df · grad_out` in f32, a block at a time.
+fn half_unary_backward<E: Dtype, Op: UnaryDerivative<E>>(
+    op: &Op,
+    const_df: Option<E>,
+    data: Option<&[E]>,
+    grad_out: &[E],
+    grad_inp: &mut [E],
+) {
+    let (mut d, mut d32, mut go32) = ([E::default(); BLOCK], [0.0; BLOCK], [0.0; BLOCK]);
+    for start in (0..grad_inp.len()).step_by(BLOCK) {
+        let n = BLOCK.min(grad_inp.len() - start);
+        match (const_df, data) {
+            (Some(df), _) => {
+                d[..n].fill(df);
+                to_f32(&d[..n], &mut d32[..n]);
             }
-            (Some(inp), None) => {
-                for ((x, i), go) in grad_inp.iter_mut().zip(inp.iter()).zip(grad_out) {
-                    *x += op.df(i) * *go;
+            // typed-amp patch: the derivative in f32 from the widened values, not
+            // rounded to E before it multiplies the gradient.
+            (None, Some(x)) if Op::IN_F32 => {
+                to_f32(&x[start..start + n], &mut d32[..n]);
+                op.df_f32(&mut d32[..n]);
+            }
+            (None, Some(x)) => {
+                for (d, x) in d[..n].iter_mut().zip(&x[start..start + n]) {
+                    *d = op.df(x);
                 }
+                to_f32(&d[..n], &mut d32[..n]);
             }
             _ => unreachable!(),
         }
-        Ok(())
+        to_f32(&grad_out[start..start + n], &mut go32[..n]);
+        accumulate_f32(grad_inp, start, 1, &d32[..n], &go32[..n]);
     }
 }
 
@@ -405,6 +427,42 @@ fn binary_forward<E: Dtype, Op: BinaryDerivative<E>>(
     });
 }
 
+/// [binary_forward] in pieces along the first dimension longer than one, in parallel for large
+/// outputs ([par_elementwise]): `out` is contiguous, so each piece of that dimension's indices
+/// owns one contiguous part of it, and reads its operands from their own offsets.
+fn binary_forward_par<E: Dtype, Op: BinaryDerivative<E> + Sync>(
+    op: &Op,
+    dims: &[usize],
+    lhs: (&[E], &[usize]),
+    rhs: (&[E], &[usize]),
+    out: &mut [E],
+    dst: Dst,
+) {
+    let Some(axis) = dims.iter().position(|&d| d > 1) else {
+        return binary_forward(op, dims, lhs, rhs, out, dst);
+    };
+    let inner: usize = dims[axis + 1..].iter().product();
+    par_elementwise(out, inner, |off, piece| {
+        let first = off / inner;
+        let mut sub = dims.to_vec();
+        sub[axis] = piece.len() / inner;
+        // An operand written over is `out` itself: its buffer argument is not read.
+        let (l, r) = (
+            if dst == Dst::OverLhs {
+                lhs.0
+            } else {
+                &lhs.0[first * lhs.1[axis]..]
+            },
+            if dst == Dst::OverRhs {
+                rhs.0
+            } else {
+                &rhs.0[first * rhs.1[axis]..]
+            },
+        );
+        binary_forward(op, &sub, (l, lhs.1), (r, rhs.1), piece, dst);
+    });
+}
+
 /// typed-amp patch: a binary op's backward for 16-bit `E`: the derivatives in `E`, then
 /// `grad += d · grad_out` in f32, a block at a time, into gradients stored as `G` (`E` itself,
 /// or f32 buffers that the caller rounds once).
@@ -449,7 +507,9 @@ fn binary_backward_f32<E: Dtype, G: Dtype, Op: BinaryDerivative<E>>(
 }
 
 // typed-amp patch: `CpuCompute` bound (bf16 accumulates its gradients in f32).
-impl<E: Dtype + crate::dtypes::CpuCompute, Op: BinaryDerivative<E>> BinaryKernel<Op, E> for Cpu {
+impl<E: Dtype + crate::dtypes::CpuCompute, Op: BinaryDerivative<E> + Sync> BinaryKernel<Op, E>
+    for Cpu
+{
     const BACKWARD_WITHOUT_DATA: bool = Op::HAS_CONST_DF;
     fn forward<S: Shape>(
         &self,
@@ -461,7 +521,7 @@ impl<E: Dtype + crate::dtypes::CpuCompute, Op: BinaryDerivative<E>> BinaryKernel
             (Cow::Borrowed(lhs), Cow::Borrowed(rhs)) => {
                 let mut out = self.try_zeros_like(&lhs.shape)?;
                 let dims = lhs.shape.concrete();
-                binary_forward(
+                binary_forward_par(
                     &op,
                     dims.as_ref(),
                     (&lhs.data, lhs.strides.as_ref()),
@@ -481,7 +541,7 @@ impl<E: Dtype + crate::dtypes::CpuCompute, Op: BinaryDerivative<E>> BinaryKernel
                     if rhs_valid && (rhs_count == 1 || !lhs_valid || lhs_count != 1) {
                         rhs.id = unique_id();
                         let strides = rhs.strides;
-                        binary_forward(
+                        binary_forward_par(
                             &op,
                             dims.as_ref(),
                             (&lhs.data, lhs.strides.as_ref()),
@@ -493,7 +553,7 @@ impl<E: Dtype + crate::dtypes::CpuCompute, Op: BinaryDerivative<E>> BinaryKernel
                     } else {
                         lhs.id = unique_id();
                         let strides = lhs.strides;
-                        binary_forward(
+                        binary_forward_par(
                             &op,
                             dims.as_ref(),
                             (&[], strides.as_ref()),
@@ -531,113 +591,134 @@ impl<E: Dtype + crate::dtypes::CpuCompute, Op: BinaryDerivative<E>> BinaryKernel
         let grad_out: &[E] = grad_out;
         // NOTE: grad_out is contiguous: the outcome of this op's forward.
         let data = match (lhs.data(), rhs.data()) {
-            (Some(l), Some(r)) => Some((l, r)),
+            (Some(l), Some(r)) => Some((&l[..], &r[..])),
             (None, None) => {
                 assert!(Op::HAS_CONST_DF);
                 None
             }
             _ => unreachable!(),
         };
-        if is_half::<E>() {
-            use crate::dtypes::CpuCompute;
-            let data = data.map(|(l, r)| (&l[..], &r[..]));
-            if E::WIDENS {
-                // A broadcast operand (a bias, a batch statistic) receives one gradient term
-                // per output element, one run of them at a time. In bf16 a running sum stops
-                // growing at 2^8 times its terms, so bf16 accumulates the whole gradient in
-                // f32 and rounds each element once; f16 (11 bits) rounds once per run.
-                let mut gl32 = std::vec![0.0f32; grad_lhs.len()];
-                let mut gr32 = std::vec![0.0f32; grad_rhs.len()];
-                to_f32(grad_lhs, &mut gl32);
-                to_f32(grad_rhs, &mut gr32);
-                binary_backward_f32(
+        let contiguous = lhs.shape().strides();
+        let n = grad_out.len();
+        if ls == contiguous && rs == contiguous && grad_lhs.len() == n && grad_rhs.len() == n {
+            // Both operands laid out as the output: one flat run, split into pieces that own
+            // their parts of both gradients.
+            let go = grad_out;
+            let gr = super::cpu_f32::SendPtr(grad_rhs.as_mut_ptr());
+            par_elementwise(grad_lhs, 1, |off, gl| {
+                let len = gl.len();
+                let gr = gr;
+                // SAFETY: `grad_rhs` has `n` elements like `grad_lhs` (checked above), and each
+                // piece takes the same range `off..off + len` of both, disjoint from the others'.
+                let gr = unsafe { std::slice::from_raw_parts_mut(gr.0.add(off), len) };
+                let data = data.map(|(l, r)| (&l[off..off + len], &r[off..off + len]));
+                binary_backward_slices(
                     &op,
-                    dims.as_ref(),
-                    [ls.as_ref(), rs.as_ref()],
+                    &[len],
+                    [&[1], &[1]],
                     data,
-                    grad_out,
-                    &mut gl32,
-                    &mut gr32,
+                    &go[off..off + len],
+                    gl,
+                    gr,
                 );
-                from_f32(&gl32, grad_lhs);
-                from_f32(&gr32, grad_rhs);
-            } else {
-                binary_backward_f32(
-                    &op,
-                    dims.as_ref(),
-                    [ls.as_ref(), rs.as_ref()],
-                    data,
-                    grad_out,
-                    grad_lhs,
-                    grad_rhs,
-                );
-            }
+            });
             return Ok(());
         }
-        match data {
-            Some((lhs_buf, rhs_buf)) => {
-                for_each_run(
-                    dims.as_ref(),
-                    [ls.as_ref(), rs.as_ref()],
-                    |o, [ol, or], len, [sl, sr]| {
-                        let go = &grad_out[o..o + len];
-                        match (sl, sr) {
-                            (1, 1) => {
-                                let l = &lhs_buf[ol..ol + len];
-                                let r = &rhs_buf[or..or + len];
-                                let gl = &mut grad_lhs[ol..ol + len];
-                                let gr = &mut grad_rhs[or..or + len];
-                                for ((((l, r), go), gl), gr) in
-                                    l.iter().zip(r).zip(go).zip(gl).zip(gr)
-                                {
-                                    *gl += op.dfdx(l, r) * *go;
-                                    *gr += op.dfdy(l, r) * *go;
-                                }
+        binary_backward_slices(
+            &op,
+            dims.as_ref(),
+            [ls.as_ref(), rs.as_ref()],
+            data,
+            grad_out,
+            grad_lhs,
+            grad_rhs,
+        );
+        Ok(())
+    }
+}
+
+/// A binary op's backward over gradients and operands read through `strides` (`grad_out`
+/// contiguous over `dims`).
+fn binary_backward_slices<E: Dtype + crate::dtypes::CpuCompute, Op: BinaryDerivative<E>>(
+    op: &Op,
+    dims: &[usize],
+    strides: [&[usize]; 2],
+    data: Option<(&[E], &[E])>,
+    grad_out: &[E],
+    grad_lhs: &mut [E],
+    grad_rhs: &mut [E],
+) {
+    if is_half::<E>() {
+        use crate::dtypes::CpuCompute;
+        if E::WIDENS {
+            // A broadcast operand (a bias, a batch statistic) receives one gradient term
+            // per output element, one run of them at a time. In bf16 a running sum stops
+            // growing at 2^8 times its terms, so bf16 accumulates the whole gradient in
+            // f32 and rounds each element once; f16 (11 bits) rounds once per run.
+            let mut gl32 = std::vec![0.0f32; grad_lhs.len()];
+            let mut gr32 = std::vec![0.0f32; grad_rhs.len()];
+            to_f32(grad_lhs, &mut gl32);
+            to_f32(grad_rhs, &mut gr32);
+            binary_backward_f32(op, dims, strides, data, grad_out, &mut gl32, &mut gr32);
+            from_f32(&gl32, grad_lhs);
+            from_f32(&gr32, grad_rhs);
+        } else {
+            binary_backward_f32(op, dims, strides, data, grad_out, grad_lhs, grad_rhs);
+        }
+        return;
+    }
+    match data {
+        Some((lhs_buf, rhs_buf)) => {
+            for_each_run(dims, strides, |o, [ol, or], len, [sl, sr]| {
+                let go = &grad_out[o..o + len];
+                match (sl, sr) {
+                    (1, 1) => {
+                        let l = &lhs_buf[ol..ol + len];
+                        let r = &rhs_buf[or..or + len];
+                        let gl = &mut grad_lhs[ol..ol + len];
+                        let gr = &mut grad_rhs[or..or + len];
+                        for ((((l, r), go), gl), gr) in l.iter().zip(r).zip(go).zip(gl).zip(gr) {
+                            *gl += op.dfdx(l, r) * *go;
+                            *gr += op.dfdy(l, r) * *go;
+                        }
+                    }
+                    _ => {
+                        // Accumulate a stride-0 gradient in a register, in the same order
+                        // as element by element in memory.
+                        let (mut al, mut ar) = (grad_lhs[ol], grad_rhs[or]);
+                        for (j, go) in go.iter().enumerate() {
+                            let (il, ir) = (ol + j * sl, or + j * sr);
+                            let (l, r) = (&lhs_buf[il], &rhs_buf[ir]);
+                            let (dl, dr) = (op.dfdx(l, r) * *go, op.dfdy(l, r) * *go);
+                            if sl == 0 {
+                                al += dl;
+                            } else {
+                                grad_lhs[il] += dl;
                             }
-                            _ => {
-                                // Accumulate a stride-0 gradient in a register, in the same order
-                                // as element by element in memory.
-                                let (mut al, mut ar) = (grad_lhs[ol], grad_rhs[or]);
-                                for (j, go) in go.iter().enumerate() {
-                                    let (il, ir) = (ol + j * sl, or + j * sr);
-                                    let (l, r) = (&lhs_buf[il], &rhs_buf[ir]);
-                                    let (dl, dr) = (op.dfdx(l, r) * *go, op.dfdy(l, r) * *go);
-                                    if sl == 0 {
-                                        al += dl;
-                                    } else {
-                                        grad_lhs[il] += dl;
-                                    }
-                                    if sr == 0 {
-                                        ar += dr;
-                                    } else {
-                                        grad_rhs[ir] += dr;
-                                    }
-                                }
-                                if sl == 0 {
-                                    grad_lhs[ol] = al;
-                                }
-                                if sr == 0 {
-                                    grad_rhs[or] = ar;
-                                }
+                            if sr == 0 {
+                                ar += dr;
+                            } else {
+                                grad_rhs[ir] += dr;
                             }
                         }
-                    },
-                );
-            }
-            None => {
-                let dx = op.const_dfdx();
-                let dy = op.const_dfdy();
-                for_each_run(
-                    dims.as_ref(),
-                    [ls.as_ref(), rs.as_ref()],
-                    |o, [ol, or], len, [sl, sr]| {
-                        let go = &grad_out[o..o + len];
-                        accumulate(grad_lhs, ol, sl, dx, go);
-                        accumulate(grad_rhs, or, sr, dy, go);
-                    },
-                );
-            }
+                        if sl == 0 {
+                            grad_lhs[ol] = al;
+                        }
+                        if sr == 0 {
+                            grad_rhs[or] = ar;
+                        }
+                    }
+                }
+            });
         }
-        Ok(())
+        None => {
+            let dx = op.const_dfdx();
+            let dy = op.const_dfdy();
+            for_each_run(dims, strides, |o, [ol, or], len, [sl, sr]| {
+                let go = &grad_out[o..o + len];
+                accumulate(grad_lhs, ol, sl, dx, go);
+                accumulate(grad_rhs, or, sr, dy, go);
+            });
+        }
     }
 }
