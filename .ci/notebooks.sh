@@ -9,6 +9,11 @@ cd "$(dirname "$0")/.."
 step() { printf '\n==> %s\n' "$*"; }
 started=$SECONDS
 
+# evcxr compiles each cell incrementally: with CARGO_INCREMENTAL=0 (which .ci/run sets for its
+# own builds) every cell after the first fails with "Subprocess terminated with status: exit
+# status: 99".
+unset CARGO_INCREMENTAL
+
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/typed-amp-notebooks"
 mkdir -p "$cache"
 
