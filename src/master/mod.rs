@@ -34,7 +34,7 @@ pub use master_weights::MasterWeights;
 pub use pair::{zip_layer, CompositePaired, KindPaired, PairVisitor, Paired};
 pub use single::{Bf16Weights, Fp16Weights, Fp32Weights, SinglePrecision};
 pub use target::TrainTarget;
-pub use working_copy::WorkingCopy;
+pub use working_copy::{UpdatableByAnOptimizer, WorkingCopy};
 
 pub(crate) use copy::refresh_pair;
 pub(crate) use grads::{for_each_trainable_grad, GradOp};

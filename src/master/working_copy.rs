@@ -1,7 +1,8 @@
 //! [`WorkingCopy`]: the view of a training target's working copy that runs forward passes but
 //! that no optimizer can update.
 
-use dfdx::nn::{Module, ModuleMut};
+use dfdx::nn::{Module, ModuleMut, ModuleVisitor, TensorCollection};
+use dfdx::prelude::{Device, Dtype};
 
 use crate::device::AmpDevice;
 use crate::params::{ParamPath, ParamVisitor, ParamVisitorMut, Parameters};
@@ -14,9 +15,10 @@ use crate::params::{ParamPath, ParamVisitor, ParamVisitorMut, Parameters};
 /// step; an optimizer that updated it directly (dfdx's own `Adam::update(model.working_mut(),
 /// ..)`) would make it diverge from the masters, and the next refresh would silently undo the
 /// update. So this type runs `forward` ([`Module`]) and `forward_mut` ([`ModuleMut`]) as the
-/// model does and reads through to the model's fields and parameters (`Deref`), but does not
-/// implement dfdx's `TensorCollection`, which every dfdx optimizer's `update` requires: updating
-/// a working copy does not compile. Optimizers update `model.master()`.
+/// model does and reads through to the model's fields and parameters (`Deref`), but is a dfdx
+/// `TensorCollection` (which every dfdx optimizer's `update` requires) only under the rule
+/// [`UpdatableByAnOptimizer`], which no working copy meets: updating a working copy does not
+/// compile. Optimizers update `model.master()`.
 ///
 /// ```rust
 /// # use typed_amp::prelude::*;
@@ -36,7 +38,7 @@ use crate::params::{ParamPath, ParamVisitor, ParamVisitorMut, Parameters};
 /// let mut model = MasterWeights::build::<Mlp>(&dev).unwrap();
 /// let mut opt = Adam::new(model.working(), AdamConfig::default());
 /// let grads = model.working().alloc_grads();
-/// opt.update(model.working_mut(), &grads); // does not compile: not a `TensorCollection`
+/// opt.update(model.working_mut(), &grads); // does not compile: rule `UpdatableByAnOptimizer`
 /// ```
 #[derive(Debug, Clone)]
 pub struct WorkingCopy<W>(W);
@@ -114,5 +116,41 @@ impl<D: AmpDevice, W: Parameters<D>> Parameters<D> for WorkingCopy<W> {
         visitor: &mut V,
     ) -> Result<(), V::Error> {
         self.0.visit_params_mut_at(path, visitor)
+    }
+}
+
+mod sealed {
+    /// Nothing implements it: no type outside this module can meet [`super::UpdatableByAnOptimizer`].
+    pub trait Sealed {}
+}
+
+/// Rule: an optimizer updates the FP32 master weights, never a working copy. No type meets it;
+/// it is the bound under which a [`WorkingCopy`] would be a dfdx `TensorCollection`, so that an
+/// optimizer over a working copy fails on it, with this message.
+#[diagnostic::on_unimplemented(
+    message = "optimizers update FP32 master weights only, never the working copy `{Self}`",
+    label = "an optimizer over the working copy",
+    note = "the working copy is the FP32 masters rounded to 16 bits and refreshed after every step: an update of it would make it diverge from them (and the next refresh would undo it); build the optimizer on `model.master()` and step with `scaler.step(&mut opt, grads)`"
+)]
+pub trait UpdatableByAnOptimizer: sealed::Sealed {}
+
+// The one impl of dfdx's `TensorCollection` for a working copy, under a bound no type meets:
+// dfdx's blanket impl for zero-sized modules would otherwise be the only candidate, and an
+// optimizer over a working copy would fail on `ZeroSizedModule`, which says nothing of the rule.
+// `W: TensorCollection` first, so that the working copy's dtype is inferred from the model (an
+// optimizer built with `Adam::new(model.working(), ..)` names none) and the rule below is what
+// fails, rather than an ambiguous `TensorCollection<_, _>`.
+impl<E: Dtype, D: Device<E>, W> TensorCollection<E, D> for WorkingCopy<W>
+where
+    W: TensorCollection<E, D>,
+    Self: UpdatableByAnOptimizer,
+{
+    type To<E2: Dtype, D2: Device<E2>> = WorkingCopy<W>;
+
+    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
+        _visitor: &mut V,
+    ) -> Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
+        // Never called: no working copy meets the bound.
+        Ok(None)
     }
 }
