@@ -211,6 +211,7 @@
 //! [`LossPrecision`]: precision::LossPrecision
 //! [`FullRange`]: precision::FullRange
 //! [`TrainTarget`]: master::TrainTarget
+//! [`AmpError::Fp16GradientsNeedALossScale`]: error::AmpError::Fp16GradientsNeedALossScale
 //! [`AmpError::ForeignGradients`]: error::AmpError::ForeignGradients
 //! [`AmpError::ScalerMismatch`]: error::AmpError::ScalerMismatch
 //! [`AmpError::StaticScaleOverflowsFp16`]: error::AmpError::StaticScaleOverflowsFp16
