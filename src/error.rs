@@ -68,6 +68,22 @@ pub enum AmpError {
         scale: f32,
     },
 
+    /// Gradients that need a loss scale reached a step without one (rule `FullRange`): the
+    /// model's working precision is FP16 and its scaler is disabled, or a backward pass computed
+    /// gradients in FP16 (an FP16 op on the tape of a model that declares BF16 or FP32) and
+    /// no enabled scaler scaled the loss. Refused before anything is unscaled or stepped.
+    #[error(
+        "FP16 gradients need a loss scaler (rule `FullRange`: FP16's exponent range is too \
+         narrow to step on raw gradients, which flush to zero below 2^-24): {reason}; scale the \
+         loss with an enabled scaler (`let scaled = scaler.scale(loss).backward()?;` \
+         `scaler.unscale(&mut model, scaled)?` with `GradScaler::dynamic()`), or compute in \
+         BF16 (`.to_bf16()`, `dtype = \"bf16\"`), whose exponent range is FP32's"
+    )]
+    Fp16GradientsNeedALossScale {
+        /// Why these gradients need one: the declared precision, or an FP16 op on the tape.
+        reason: &'static str,
+    },
+
     /// An update was given no step outcomes at all: it would count a clean step (and grow the
     /// scale) for a step that was never taken.
     #[error(

@@ -16,8 +16,12 @@
 //! | an iteration that never updates the scaler, or updates it with a made-up flag | [`step::StepOutcomes`], `#[must_use]` |
 //! | FP32 data into a 16-bit layer (or FP16 into BF16) without a cast | dfdx's `Module`/`TryMatMul` bounds, with typed-amp's message |
 //! | a model with no FP32 master weights given to the step | [`TrainTarget`] |
+//! | a model declaring a compute precision wider than its weights' | [`precision::NoWiderThan`] |
+//! | dfdx's own optimizer updating the 16-bit working copy | [`master::WorkingCopy`] (no `TensorCollection`) |
 //!
 //! What cannot be a type is checked at run time, before anything changes, with a typed error:
+//! FP16 gradients (of an FP16 model, or computed in FP16 inside one that declares FP32 or BF16)
+//! with no enabled loss scaler ([`AmpError::Fp16GradientsNeedALossScale`]);
 //! gradients unscaled into a model that did not allocate them
 //! ([`AmpError::ForeignGradients`]), or by a scaler that did not scale them
 //! ([`AmpError::ScalerMismatch`]); a static loss scale above FP16's largest value
@@ -207,6 +211,7 @@
 //! [`LossPrecision`]: precision::LossPrecision
 //! [`FullRange`]: precision::FullRange
 //! [`TrainTarget`]: master::TrainTarget
+//! [`AmpError::Fp16GradientsNeedALossScale`]: error::AmpError::Fp16GradientsNeedALossScale
 //! [`AmpError::ForeignGradients`]: error::AmpError::ForeignGradients
 //! [`AmpError::ScalerMismatch`]: error::AmpError::ScalerMismatch
 //! [`AmpError::StaticScaleOverflowsFp16`]: error::AmpError::StaticScaleOverflowsFp16

@@ -21,6 +21,13 @@ pub struct Loss<D: AmpDevice> {
 
 impl<D: AmpDevice> Loss<D> {
     /// Wraps a scalar computed by the caller, e.g. a custom objective. Only FP32 qualifies.
+    ///
+    /// What is checked is the scalar's precision (rule [`LossPrecision`]), not how it was
+    /// computed: the tape records the ops that lead to it, not which of them reduced into it, so
+    /// a sum or mean computed in FP16 and cast to FP32 (`x16.sum().to_f32()`) passes as an FP32
+    /// loss. Compute custom losses from FP32 values (`.to_f32()` before the reduction), as the
+    /// losses of this module do. (An FP16 op anywhere on the tape still makes the step require
+    /// an enabled loss scaler: [`AmpError::Fp16GradientsNeedALossScale`](crate::error::AmpError::Fp16GradientsNeedALossScale).)
     pub fn new<E: AmpElem>(tensor: Tensor<Rank0, E, D, MixedTape<D>>) -> Self
     where
         E::Precision: LossPrecision,

@@ -10,6 +10,7 @@
 //! | a loss is computed in FP32 | [`LossPrecision`] | [`F32`] |
 //! | a working copy is 16-bit | [`LowPrecision`] | [`F16`], [`BF16`] |
 //! | a step without a loss scaler needs FP32's exponent range | [`FullRange`] | [`F32`], [`BF16`] |
+//! | a model computes in its weights' precision or a narrower one | [`NoWiderThan`] | [`F16`] over any, [`BF16`] over BF16 and FP32, [`F32`] over FP32 |
 //!
 //! Breaking a rule is a compile error whose message names the rule and the fix.
 //!
@@ -383,6 +384,28 @@ pub trait FullRange: Precision {}
 
 impl FullRange for F32 {}
 impl FullRange for BF16 {}
+
+/// Rule: a model computes in its weights' precision or a narrower one, never a wider one.
+///
+/// Whether a step needs a loss scaler is decided by the precision its gradients are computed
+/// in (rule [`FullRange`]). A model declares that precision
+/// ([`SinglePrecision::with_compute`](crate::master::SinglePrecision::with_compute): O1's FP32
+/// weights computing in FP16 or BF16); declaring one wider than the weights (BF16 or FP32 over
+/// FP16 weights) would let FP16 gradients skip the scaler. `Self` is the declared compute
+/// precision, `W` the weights'. (FP16 is the narrowest: its exponent range is the smallest.)
+#[diagnostic::on_unimplemented(
+    message = "a model with `{W}` weights cannot declare that it computes in `{Self}`: the gradients of `{W}` weights are computed in `{W}` or narrower",
+    label = "a compute precision wider than the weights'",
+    note = "the scaler a step needs is decided by the precision the gradients are computed in: declare the weights' own precision (`SinglePrecision::new`, `Fp16Weights::new`) or a narrower one (O1: FP32 weights computing in `F16`, with a loss scaler, or `BF16`)"
+)]
+pub trait NoWiderThan<W: Precision>: Precision {}
+
+impl NoWiderThan<F16> for F16 {}
+impl NoWiderThan<BF16> for F16 {}
+impl NoWiderThan<F32> for F16 {}
+impl NoWiderThan<BF16> for BF16 {}
+impl NoWiderThan<F32> for BF16 {}
+impl NoWiderThan<F32> for F32 {}
 
 #[cfg(test)]
 mod tests {

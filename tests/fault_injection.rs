@@ -190,9 +190,10 @@ fn campaign(seed: u64, steps: usize, rate: f64, burst_rate: f64, floor: bool, co
         };
         let before = state(&model, &opt);
         let (x, y) = batch(&dev, &mut rng, fault);
-        // Between steps, as a bit flip or a stray write would.
+        // Between steps, as a bit flip or a stray write would: past the working copy's rule that
+        // only the master is updated, on purpose.
         let at = rng.gen_range(0..128);
-        let w = model.working_mut();
+        let w = model.working_mut().diverging_from_master_mut();
         match fault {
             Fault::NanWorkingWeight => damage(&mut w.fc1.weight, at, f32::NAN),
             Fault::InfWorkingWeight => damage(&mut w.fc2.weight, at, f32::INFINITY),

@@ -72,7 +72,7 @@ fn replay(trace: &Value) {
 
         let w = [1.0, if inf { f32::INFINITY } else { 0.5 }, -0.25, 2.0];
         let w: Tensor<Rank1<4>, f32, Cpu> = dev.tensor(w);
-        let p = model.working().clone().traced_mixed(grads);
+        let p = model.working().clone().into_inner().traced_mixed(grads);
         let loss = Loss::new((p * w).sum());
 
         let scaled = scaler.scale(loss).backward().unwrap();

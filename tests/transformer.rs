@@ -42,7 +42,7 @@ fn layer_norm_keeps_fp32_parameters_and_statistics_on_fp16_activations() {
     let mut model = NormO2::build(&dev).unwrap();
     // FP32 parameters in the working copy: O2's `keep_batchnorm_fp32` row.
     let norm: &mut typed_amp::dfdx::nn::modules::LayerNorm1D<37, f32, Cpu> =
-        &mut model.working_mut().norm;
+        &mut model.working_mut().diverging_from_master_mut().norm;
     norm.gamma = dev.sample_normal();
     norm.beta = dev.sample_normal();
     let (gamma, beta) = (norm.gamma.as_vec(), norm.beta.as_vec());
@@ -240,8 +240,9 @@ fn the_policy_runs_a_softmax_over_a_thousand_elevens_in_fp32() {
         identity[i * 1000 + i] = 1.0;
     }
     let identity: Tensor<Rank2<1000, 1000>, f32, _> = dev.tensor(identity);
-    model.working_mut().scores.weight = identity.to_dtype::<f16>();
-    model.working_mut().scores.bias = dev.zeros();
+    let scores = &mut model.working_mut().diverging_from_master_mut().scores;
+    scores.weight = identity.to_dtype::<f16>();
+    scores.bias = dev.zeros();
     let x: Tensor<Rank2<1, 1000>, f32, _> = dev.ones() * 11.0;
     let p = model.working().forward(x).as_vec();
     for v in p {

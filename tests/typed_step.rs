@@ -4,12 +4,16 @@
 use typed_amp::dfdx::nn::builders::Linear;
 use typed_amp::dfdx::optim::{Adam, Sgd};
 use typed_amp::loss::cross_entropy_with_logits_loss;
+use typed_amp::master::Fp32Weights;
+use typed_amp::nn::builders::{ToF16, ToF32};
+use typed_amp::params::Parameters;
+use typed_amp::precision::DType;
 use typed_amp::prelude::*;
 use typed_amp::step::ScaledGrads;
 use typed_amp::tape::MixedGradients;
 
 mod common;
-use common::inject;
+use common::{inject, param_bytes};
 
 type Mlp = (Linear<6, 8>, ReLU, Linear<8, 8>, ReLU, Linear<8, 3>);
 type Model = MasterWeights<
@@ -171,8 +175,12 @@ fn a_skipped_step_leaves_master_weights_and_optimizer_state_untouched() {
     scaler.update(outcome).unwrap();
 
     // A twin that will never see the overflowing step.
-    let mut twin_model =
-        MasterWeights::from_parts(model.master().clone(), model.working().clone(), &dev).unwrap();
+    let mut twin_model = MasterWeights::from_parts(
+        model.master().clone(),
+        model.working().clone().into_inner(),
+        &dev,
+    )
+    .unwrap();
     let mut twin_opt = opt.clone();
     let before = master_bits(&model);
 
@@ -335,23 +343,135 @@ fn gradients_are_unscaled_only_into_the_model_that_allocated_them() {
 }
 
 /// The inf/NaN check runs whatever the scaler's mode: a disabled scaler (scale 1, no scale
-/// changes) still skips a step whose gradients hold NaN.
+/// changes) still skips a step whose gradients hold NaN. (Disabled scalers are for models with
+/// FP32's exponent range: an FP16 model through one is refused, see
+/// `fp16_gradients_without_an_enabled_scaler_are_refused_before_anything_changes`.)
 #[test]
 fn a_disabled_scaler_still_skips_a_non_finite_step() {
-    let (dev, mut model) = model(18);
+    let dev = Cpu::seed_from_u64(18);
+    let mut model = Fp32Weights::build::<Mlp>(&dev).unwrap();
     let mut opt = Sgd::new(model.master(), SgdConfig::default());
     let mut scaler = GradScaler::disabled();
     let (x, y) = batch(&dev);
-    let mut grads = backward(&scaler, &model, x, y);
+    let x = x.to_dtype::<f32>();
+    let logits = model
+        .working()
+        .forward(x.traced_mixed(model.alloc_grads().unwrap()));
+    let loss = cross_entropy_with_logits_loss(logits, y);
+    let mut grads = scaler.scale(loss).backward().unwrap();
     inject(grads.grads_mut(), &model.working().0.weight, f32::NAN);
-    let before = master_bits(&model);
+    let before = fp32_bits(&model);
     let unscaled = scaler.unscale(&mut model, grads).unwrap();
     assert_eq!(unscaled.non_finite_params(), ["0.weight".to_string()]);
     let outcome = scaler.step(&mut opt, unscaled).unwrap();
     assert!(outcome.skipped());
     scaler.update(outcome).unwrap();
-    assert_eq!(master_bits(&model), before);
+    assert_eq!(fp32_bits(&model), before);
     assert_eq!(scaler.get_scale(), 1.0, "a disabled scaler keeps scale 1");
+}
+
+type Fp32Mlp = Fp32Weights<<Mlp as BuildOnDevice<Cpu, f32>>::Built, Cpu>;
+
+fn fp32_bits<M: Parameters<Cpu>>(model: &Fp32Weights<M, Cpu>) -> Vec<(String, DType, Vec<u8>)> {
+    param_bytes(model.master())
+}
+
+/// Rule `FullRange` is decided by the precision the gradients were computed in, not by what a
+/// model declares: gradients that a backward pass computed in FP16 need an enabled loss scaler
+/// (dynamic, or static), and without one the step is refused before anything is unscaled, so
+/// weights and optimizer state are untouched. Three ways to get FP16 gradients without a scale:
+/// an FP16 model through `GradScaler::disabled()`, and an FP32 model with FP16 layers inside
+/// (`ToF16` … `ToF32`) through the scaler-free `check` or a disabled scaler.
+#[test]
+fn fp16_gradients_without_an_enabled_scaler_are_refused_before_anything_changes() {
+    fn refused<T>(result: Result<T, AmpError>) -> String {
+        let Err(err) = result else {
+            panic!("FP16 gradients without a loss scale were accepted")
+        };
+        let message = err.to_string();
+        assert!(
+            matches!(err, AmpError::Fp16GradientsNeedALossScale { .. }),
+            "{message}"
+        );
+        assert!(
+            message.contains("rule `FullRange`") && message.contains("GradScaler::dynamic()"),
+            "the message names the rule and the fix: {message}"
+        );
+        message
+    }
+
+    // An FP16 model through a disabled scaler.
+    let (dev, mut model) = model(31);
+    let scaler = GradScaler::disabled();
+    let (x, y) = batch(&dev);
+    let grads = backward(&scaler, &model, x.clone(), y.clone());
+    let before = master_bits(&model);
+    let working_before = param_bytes(model.working());
+    let message = refused(scaler.unscale(&mut model, grads));
+    assert!(message.contains("working precision is F16"), "{message}");
+    assert_eq!(master_bits(&model), before);
+    assert_eq!(param_bytes(model.working()), working_before);
+    // A static scale of 1 is a scaler (it checks and skips): the same step is taken.
+    let mut scaler = GradScaler::with_static_scale(1.0).unwrap();
+    let mut opt = Sgd::new(model.master(), SgdConfig::default());
+    let grads = backward(&scaler, &model, x, y);
+    let outcome = scaler
+        .step(&mut opt, scaler.unscale(&mut model, grads).unwrap())
+        .unwrap();
+    assert!(!outcome.skipped());
+    scaler.update(outcome).unwrap();
+    assert_ne!(master_bits(&model), before);
+
+    // An FP32 model (rule `FullRange` holds for its declared F32) with FP16 activations inside.
+    type CastInside = (Linear<6, 8>, ToF16, ReLU, ToF32, Linear<8, 3>);
+    let dev = Cpu::seed_from_u64(32);
+    type CastModel = Fp32Weights<<CastInside as BuildOnDevice<Cpu, f32>>::Built, Cpu>;
+    let mut model: CastModel = Fp32Weights::build::<CastInside>(&dev).unwrap();
+    let mut opt = Sgd::new(model.master(), SgdConfig::default());
+    let (x, y) = batch(&dev);
+    let x = x.to_dtype::<f32>();
+    let forward = |model: &CastModel| {
+        let logits = model
+            .working()
+            .forward(x.clone().traced_mixed(model.alloc_grads().unwrap()));
+        cross_entropy_with_logits_loss(logits, y.clone())
+    };
+    let before = fp32_bits(&model);
+    // The scaler-free path: the compiler accepts it (F32 is `FullRange`), the gradients do not.
+    let raw = forward(&model).backward().unwrap();
+    assert_eq!(raw.grads().computed_in_narrow_range(), Some(DType::F16));
+    let message = refused(raw.check(&mut model));
+    assert!(message.contains("computed gradients in FP16"), "{message}");
+    // A disabled scaler.
+    let scaler = GradScaler::disabled();
+    let grads = scaler.scale(forward(&model)).backward().unwrap();
+    refused(scaler.unscale(&mut model, grads));
+    assert_eq!(fp32_bits(&model), before, "nothing changed");
+    // With a dynamic scaler it trains.
+    let mut scaler = GradScaler::dynamic();
+    let grads = scaler.scale(forward(&model)).backward().unwrap();
+    let outcome = scaler
+        .step(&mut opt, scaler.unscale(&mut model, grads).unwrap())
+        .unwrap();
+    assert!(!outcome.skipped());
+    scaler.update(outcome).unwrap();
+    assert_ne!(fp32_bits(&model), before);
+
+    // The same FP32 model without the casts computes nothing in FP16 and steps scaler-free.
+    let dev = Cpu::seed_from_u64(33);
+    let mut model: Fp32Mlp = Fp32Weights::build::<Mlp>(&dev).unwrap();
+    let mut opt = Sgd::new(model.master(), SgdConfig::default());
+    let (x, y) = batch(&dev);
+    let logits = model.working().forward(
+        x.to_dtype::<f32>()
+            .traced_mixed(model.alloc_grads().unwrap()),
+    );
+    let raw = cross_entropy_with_logits_loss(logits, y)
+        .backward()
+        .unwrap();
+    assert_eq!(raw.grads().computed_in_narrow_range(), None);
+    let outcome = raw.check(&mut model).unwrap().step(&mut opt).unwrap();
+    assert!(!outcome.skipped());
 }
 
 #[test]

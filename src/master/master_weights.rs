@@ -9,6 +9,7 @@ use super::pair::{PairVisitor, Paired};
 use super::target::sealed::Sealed;
 use super::target::TrainTarget;
 use super::unscale::UnscalePairs;
+use super::working_copy::WorkingCopy;
 use crate::device::{AmpDevice, Kernels};
 use crate::error::AmpError;
 use crate::optim::MasterOptimizer;
@@ -59,7 +60,7 @@ impl<D: AmpDevice> PairVisitor<D> for ReturnBuffers<'_, D> {
 /// ```
 pub struct MasterWeights<M, W, D: AmpDevice, P: LowPrecision = F16> {
     master: M,
-    working: W,
+    working: WorkingCopy<W>,
     layout: Vec<ParamInfo>,
     has_buffers: bool,
     master_grads: Option<MixedGradients<D>>,
@@ -91,7 +92,7 @@ where
         let has_buffers = layout.iter().any(|p| !p.trainable);
         Ok(Self {
             master,
-            working,
+            working: WorkingCopy::new(working),
             flags: NonFiniteFlags::new(device, &layout),
             layout,
             has_buffers,
@@ -107,14 +108,16 @@ where
         &self.master
     }
 
-    /// The working copy, on which forward and backward run.
-    pub fn working(&self) -> &W {
+    /// The working copy, on which forward and backward run: a [`WorkingCopy`], which runs
+    /// `forward` and reads through to the model's fields, but which no optimizer updates (build
+    /// optimizers on [`MasterWeights::master`]).
+    pub fn working(&self) -> &WorkingCopy<W> {
         &self.working
     }
 
     /// The working copy, mutably: for training forwards that update buffers (`forward_mut` of
-    /// batch norm).
-    pub fn working_mut(&mut self) -> &mut W {
+    /// batch norm). Still a [`WorkingCopy`]: no optimizer updates it.
+    pub fn working_mut(&mut self) -> &mut WorkingCopy<W> {
         &mut self.working
     }
 
@@ -125,7 +128,7 @@ where
 
     /// Splits into the master module and the working copy.
     pub fn into_parts(self) -> (M, W) {
-        (self.master, self.working)
+        (self.master, self.working.into_inner())
     }
 
     /// Bytes held by master and working parameters together.
@@ -215,11 +218,11 @@ where
         &mut self.master
     }
 
-    fn working(&self) -> &W {
+    fn working(&self) -> &WorkingCopy<W> {
         &self.working
     }
 
-    fn working_mut(&mut self) -> &mut W {
+    fn working_mut(&mut self) -> &mut WorkingCopy<W> {
         &mut self.working
     }
 
@@ -240,7 +243,7 @@ where
             Some(grads) => grads,
             None => MixedGradients::for_params(&self.master)?,
         };
-        let (master, working_model) = (&mut self.master, &mut self.working);
+        let (master, working_model) = (&mut self.master, self.working.model_mut());
         let flags = self.flags.record(|stats| {
             master.visit_pairs(
                 working_model,
@@ -268,7 +271,7 @@ where
         // gradient buffer per parameter, not one here and one there.
         let mut master_grads = master_grads;
         self.master.visit_pairs(
-            &mut self.working,
+            self.working.model_mut(),
             &mut ReturnBuffers(&mut master_grads, &mut working),
         )?;
         self.master_grads = Some(master_grads);
@@ -280,7 +283,7 @@ where
         optimizer: &mut O,
         grads: &MixedGradients<D>,
     ) -> Result<(), AmpError> {
-        optimizer.try_update_paired(&mut self.master, &mut self.working, grads)
+        optimizer.try_update_paired(&mut self.master, self.working.model_mut(), grads)
     }
 
     fn mark_data_parallel(&mut self) {
@@ -292,18 +295,18 @@ where
     }
 
     fn refresh(&mut self) -> Result<(), AmpError> {
-        refresh_pair(&mut self.master, &mut self.working)
+        refresh_pair(&mut self.master, self.working.model_mut())
     }
 
     fn sync_buffers_to_master(&mut self) -> Result<(), AmpError> {
         if self.has_buffers {
-            buffers_to_master(&mut self.master, &mut self.working)?;
+            buffers_to_master(&mut self.master, self.working.model_mut())?;
         }
         Ok(())
     }
 
     fn reload_working(&mut self) -> Result<(), AmpError> {
-        all_to_working(&mut self.master, &mut self.working)
+        all_to_working(&mut self.master, self.working.model_mut())
     }
 }
 
@@ -339,7 +342,7 @@ mod tests {
         );
         let mut model = MasterWeights::from_parts(master, working, &dev).unwrap();
         model.master.0.weight = model.master.0.weight.clone() + 1.0;
-        model.working.1.running_mean = dev.tensor([1.0, 2.0, 3.0, 4.0]);
+        model.working.model_mut().1.running_mean = dev.tensor([1.0, 2.0, 3.0, 4.0]);
         model.refresh().unwrap();
         let expected = model
             .master

@@ -18,6 +18,7 @@
 //! | `grads.rs` | operations on every trainable parameter's gradient |
 //! | `master_weights.rs` | [`MasterWeights`] |
 //! | `single.rs` | [`SinglePrecision`] and its aliases |
+//! | `working_copy.rs` | [`WorkingCopy`]: the working model, which runs forward but no optimizer updates |
 
 mod copy;
 mod flags;
@@ -27,11 +28,13 @@ mod pair;
 mod single;
 mod target;
 mod unscale;
+mod working_copy;
 
 pub use master_weights::MasterWeights;
 pub use pair::{zip_layer, CompositePaired, KindPaired, PairVisitor, Paired};
 pub use single::{Bf16Weights, Fp16Weights, Fp32Weights, SinglePrecision};
 pub use target::TrainTarget;
+pub use working_copy::{UpdatableByAnOptimizer, WorkingCopy};
 
 pub(crate) use copy::refresh_pair;
 pub(crate) use grads::{for_each_trainable_grad, GradOp};

@@ -7,10 +7,11 @@ use super::flags::NonFiniteFlags;
 use super::target::sealed::Sealed;
 use super::target::TrainTarget;
 use super::unscale::{release_grads, unscale_in_place};
+use super::working_copy::WorkingCopy;
 use crate::device::{AmpDevice, Kernels};
 use crate::error::AmpError;
 use crate::params::{ParamInfo, Parameters};
-use crate::precision::{AmpElem, Precision};
+use crate::precision::{AmpElem, NoWiderThan, Precision};
 use crate::tape::{MixedGradients, TargetId};
 
 /// A model trained in a single precision, with no separate master copy: the module is its own
@@ -21,7 +22,7 @@ use crate::tape::{MixedGradients, TargetId};
 /// scaler: the weights' own precision, except under O1, whose FP32 weights are cast to FP16
 /// (or BF16) for every matrix product ([`SinglePrecision::with_compute`]).
 pub struct SinglePrecision<M, E: AmpElem, D: AmpDevice, P: Precision = <E as AmpElem>::Precision> {
-    module: M,
+    module: WorkingCopy<M>,
     layout: Vec<ParamInfo>,
     flags: NonFiniteFlags<D>,
     id: TargetId,
@@ -63,7 +64,7 @@ where
 {
     /// Wraps a module whose parameters are all of precision `E`, computing in `E`.
     pub fn new(module: M, device: &D) -> Self {
-        Self::with_compute(module, device)
+        Self::wrap(module, device)
     }
 
     /// Builds an architecture `A` in precision `E`.
@@ -89,10 +90,23 @@ where
     /// Wraps a module whose parameters are all of precision `E` and that computes in `P`: O1's
     /// FP32 weights cast to FP16 or BF16 for every matrix product, whose step needs a loss
     /// scaler if `P` is FP16.
-    pub fn with_compute(module: M, device: &D) -> Self {
+    ///
+    /// `P` is the weights' precision or a narrower one (rule [`NoWiderThan`]): BF16 or FP32 over
+    /// FP16 weights does not compile. (A module that computes in FP16 below a wider declaration,
+    /// through casts inside it, is caught at run time: its gradients record that they were
+    /// computed in FP16, and a step without a loss scale refuses them with
+    /// [`AmpError::Fp16GradientsNeedALossScale`].)
+    pub fn with_compute(module: M, device: &D) -> Self
+    where
+        P: NoWiderThan<E::Precision>,
+    {
+        Self::wrap(module, device)
+    }
+
+    fn wrap(module: M, device: &D) -> Self {
         let layout = module.param_summary();
         Self {
-            module,
+            module: WorkingCopy::new(module),
             flags: NonFiniteFlags::new(device, &layout),
             layout,
             id: TargetId::fresh(),
@@ -101,13 +115,14 @@ where
         }
     }
 
-    /// The module (forward and backward run on it).
-    pub fn working(&self) -> &M {
+    /// The module (forward and backward run on it), as a [`WorkingCopy`]: an optimizer updates
+    /// [`SinglePrecision::master`], the same module.
+    pub fn working(&self) -> &WorkingCopy<M> {
         &self.module
     }
 
     /// The module, mutably: for training forwards that update buffers.
-    pub fn working_mut(&mut self) -> &mut M {
+    pub fn working_mut(&mut self) -> &mut WorkingCopy<M> {
         &mut self.module
     }
 
@@ -123,7 +138,7 @@ where
 
     /// Unwraps the module.
     pub fn into_inner(self) -> M {
-        self.module
+        self.module.into_inner()
     }
 
     /// Bytes held by the parameters.
@@ -150,14 +165,14 @@ where
     }
 
     fn master_mut(&mut self) -> &mut M {
-        &mut self.module
+        self.module.model_mut()
     }
 
-    fn working(&self) -> &M {
+    fn working(&self) -> &WorkingCopy<M> {
         &self.module
     }
 
-    fn working_mut(&mut self) -> &mut M {
+    fn working_mut(&mut self) -> &mut WorkingCopy<M> {
         &mut self.module
     }
 

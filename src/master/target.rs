@@ -7,6 +7,8 @@ use crate::params::{ParamInfo, Parameters};
 use crate::precision::Precision;
 use crate::tape::{MixedGradients, TargetId};
 
+use super::working_copy::WorkingCopy;
+
 /// The seal of [`TrainTarget`]: a trait public in a private module, which no other crate can
 /// name or implement.
 pub(crate) mod sealed {
@@ -46,12 +48,13 @@ pub trait TrainTarget<D: AmpDevice>: sealed::Sealed {
     /// The master module, mutably (for the optimizer).
     fn master_mut(&mut self) -> &mut Self::Master;
 
-    /// The working module.
-    fn working(&self) -> &Self::Working;
+    /// The working module, which runs forward passes but which no optimizer updates
+    /// ([`WorkingCopy`]).
+    fn working(&self) -> &WorkingCopy<Self::Working>;
 
     /// The working module, mutably: for training forwards that update buffers (`forward_mut`
-    /// of batch norm).
-    fn working_mut(&mut self) -> &mut Self::Working;
+    /// of batch norm). Still a [`WorkingCopy`].
+    fn working_mut(&mut self) -> &mut WorkingCopy<Self::Working>;
 
     /// This target's identity: the gradients it allocates carry it, and unscaling gradients of
     /// another target is refused.

@@ -35,7 +35,10 @@ impl GradScaler {
     /// allocated by another model, or with [`AmpError::OutcomeNotUpdated`] if that model took a
     /// step with this scaler whose outcome never reached [`GradScaler::update`]; with
     /// [`AmpError::NotAllReduced`] if the model trains across ranks (a `DataParallel` synced
-    /// it), whose gradients `DataParallel::unscale` and `all_reduce` take instead.
+    /// it), whose gradients `DataParallel::unscale` and `all_reduce` take instead; with
+    /// [`AmpError::Fp16GradientsNeedALossScale`] if this scaler is disabled and the gradients
+    /// are FP16 (the model's working precision is F16, or the backward pass computed them in
+    /// FP16 whatever the model declares).
     pub fn unscale<'t, D, T, G>(
         &self,
         target: &'t mut T,
@@ -124,6 +127,7 @@ impl GradScaler {
         ScalerTag {
             id: self.id(),
             ledger: self.ledger.clone(),
+            scaling: self.is_enabled(),
         }
     }
 

@@ -1,5 +1,5 @@
 //! What the step's values carry of the scaler that scaled them: its identity and its ledger
-//! ([`ScalerTag`]), and, once stepped, the step's verdict for it ([`StepVerdict`]).
+//! and whether it scales ([`ScalerTag`]), and, once stepped, the step's verdict for it ([`StepVerdict`]).
 
 use super::grad_scaler::ScalerId;
 use super::ledger::Ledger;
@@ -10,6 +10,8 @@ use super::ledger::Ledger;
 pub(crate) struct ScalerTag {
     pub(crate) id: ScalerId,
     pub(crate) ledger: Ledger,
+    /// Whether the scaler scales (not disabled): FP16 gradients need it to.
+    pub(crate) scaling: bool,
 }
 
 /// One scaler's part in a step, as the outcome carries it to the update: which scaler, which of

@@ -109,7 +109,10 @@ impl<D: AmpDevice> RawGrads<D> {
     /// [`GradScaler`](crate::scaler::GradScaler).
     ///
     /// Errors with [`AmpError::NotAllReduced`] if `target` trains across ranks (a
-    /// `DataParallel` synced it): this step would never average its gradients across ranks.
+    /// `DataParallel` synced it): this step would never average its gradients across ranks; with
+    /// [`AmpError::Fp16GradientsNeedALossScale`] if the backward pass computed gradients in FP16
+    /// although the model declares BF16 or FP32 (an FP16 layer, `ToF16` layer or `.to_f16()`
+    /// cast on the tape): the rule is decided by the precision the gradients were computed in.
     pub fn check<T>(self, target: &mut T) -> Result<UnscaledGrads<'_, T, D, ScaleFree>, AmpError>
     where
         T: TrainTarget<D>,

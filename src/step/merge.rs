@@ -14,6 +14,7 @@ use crate::tape::MixedGradients;
 
 use super::backward::ScaledGrads;
 use super::kind::FromScaler;
+use super::loss_scale::check_loss_scale;
 use super::unscaled::{check_owner, UnscaledGrads};
 
 impl<'t, T: TrainTarget<D>, D: AmpDevice> UnscaledGrads<'t, T, D, FromScaler> {
@@ -36,6 +37,7 @@ impl<'t, T: TrainTarget<D>, D: AmpDevice> UnscaledGrads<'t, T, D, FromScaler> {
         }
         check_owner(&*self.target, &grads)?;
         tag.ledger.check_target(self.target.id().key())?;
+        check_loss_scale::<T, D>(&grads, tag.scaling)?;
         let (other_master, flags) = self
             .target
             .unscale_into_master(&mut grads, inverse(scale))?;

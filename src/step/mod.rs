@@ -29,12 +29,14 @@
 //! Unscaled gradients borrow the model they were unscaled into, so clipping and the step need
 //! no second reference to it. What cannot be a type is checked before anything changes: the
 //! gradients must have been allocated by the model they are unscaled into, and unscaled by the
-//! scaler that scaled them.
+//! scaler that scaled them; and gradients that a backward pass computed in FP16 (whatever the
+//! model declares), or of an FP16 model, need an enabled scaler (`loss_scale.rs`).
 
 mod accumulation;
 mod backward;
 mod clip;
 mod kind;
+mod loss_scale;
 mod markers;
 mod merge;
 mod outcome;

@@ -14,6 +14,7 @@ use crate::scaler::{ScalerId, ScalerTag};
 use crate::tape::MixedGradients;
 
 use super::kind::{FromScaler, StepKind};
+use super::loss_scale::check_loss_scale;
 
 /// Divides `grads` by the scale they carry into `target`'s master gradients, after checking
 /// that they belong to it.
@@ -29,6 +30,8 @@ where
     K: StepKind,
 {
     check_owner(target, &grads)?;
+    check_loss_scale::<T, D>(&grads, scalers.iter().any(|tag| tag.scaling))?;
+    grads.computed.clear();
     let timing = typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::UnscaleCheck);
     let (master, flags) = target.unscale_into_master(&mut grads, inv_scale)?;
     drop(timing);

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use dfdx::prelude::{Device, Gradients, HasShape, NoneTape, Shape, Storage, Tensor, TryAdd};
 use dfdx::tensor::UniqueId;
 
+use super::computed::ComputedPrecisions;
 use super::probe::{report, ActivationRecord, LayerReport};
 use crate::device::AmpDevice;
 use crate::error::AmpError;
@@ -94,6 +95,8 @@ pub struct MixedGradients<D: AmpDevice> {
     /// Buffers of earlier passes' parameter gradients, kept for reuse: a fused op overwrites
     /// one instead of adding into a zeroed buffer.
     spare_param_grads: BTreeMap<UniqueId, <D as Storage<f32>>::Vec>,
+    /// The precisions backward passes computed gradients in since the last unscale.
+    pub(crate) computed: ComputedPrecisions,
     device: std::marker::PhantomData<D>,
 }
 
@@ -109,6 +112,7 @@ impl<D: AmpDevice> Clone for MixedGradients<D> {
             layer_report: self.layer_report.clone(),
             param_grads: self.param_grads.clone(),
             spare_param_grads: BTreeMap::new(),
+            computed: self.computed,
             device: std::marker::PhantomData,
         }
     }
@@ -142,8 +146,16 @@ impl<D: AmpDevice> MixedGradients<D> {
             layer_report: Vec::new(),
             param_grads: BTreeMap::new(),
             spare_param_grads: BTreeMap::new(),
+            computed: ComputedPrecisions::default(),
             device: std::marker::PhantomData,
         }
+    }
+
+    /// The first precision without FP32's exponent range (FP16) that a backward pass into
+    /// these gradients computed in since they were last unscaled, whatever the model declares:
+    /// such gradients need a loss scale (rule [`FullRange`](crate::precision::FullRange)).
+    pub fn computed_in_narrow_range(&self) -> Option<crate::precision::DType> {
+        self.computed.narrow_range()
     }
 
     /// Turns per-layer watching on or off for the passes traced with these gradients: each
@@ -221,11 +233,13 @@ impl<D: AmpDevice> MixedGradients<D> {
         store.as_any().downcast_ref()
     }
 
-    /// The gradients of precision `E`, mutably, created (empty) if there were none.
+    /// The gradients of precision `E`, mutably, created (empty) if there were none. Inside a
+    /// backward pass, notes that gradients were computed in `E`.
     pub fn store_mut<E: AmpElem>(&mut self) -> &mut Gradients<E, D>
     where
         D: Device<E>,
     {
+        self.computed.note(E::INDEX);
         let (retained, unwanted) = (&self.retained, &self.unwanted);
         let store = self.stores[E::INDEX].get_or_insert_with(|| {
             let mut store = Gradients::<E, D>::leaky();
@@ -390,6 +404,7 @@ impl<D: AmpDevice> MixedGradients<D> {
     /// Marks gradients nobody reads, in every store (see [`MixedTape`]'s traced input).
     /// Starts a backward pass in which nobody reads the gradients of `unwanted`.
     pub(super) fn begin_pass(&mut self, unwanted: &[UniqueId]) {
+        self.computed.begin_pass();
         self.probe_grads.clear();
         self.mark_unwanted(unwanted);
     }
@@ -398,6 +413,7 @@ impl<D: AmpDevice> MixedGradients<D> {
     /// (they name this pass's tensors; the stores live on), and joins the probes' records
     /// into the layer report.
     pub(super) fn end_pass(&mut self, activations: Vec<ActivationRecord>) {
+        self.computed.end_pass();
         self.drop_non_leafs();
         self.unwanted.clear();
         for store in self.stores.iter_mut().flatten() {

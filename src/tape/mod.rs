@@ -13,11 +13,13 @@
 //! | file | concept |
 //! | --- | --- |
 //! | `grads.rs` | [`MixedGradients`], the gradients of every precision |
+//! | `computed.rs` | the precisions a backward pass computed gradients in (FP16 needs a loss scale) |
 //! | `mixed.rs` | [`MixedTape`] and [`TraceMixed`] |
 //! | `amp_tape.rs` | [`AmpTape`], what typed-amp's ops record onto (`MixedTape` or dfdx's `NoneTape`) |
 //! | `probe.rs` | what layer probes record ([`ActivationRecord`], [`LayerReport`]) |
 
 mod amp_tape;
+mod computed;
 mod grads;
 mod mixed;
 mod probe;

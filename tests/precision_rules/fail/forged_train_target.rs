@@ -1,4 +1,5 @@
-use typed_amp::{master::Fp32Weights, params::ParamInfo, tape::MixedGradients};
+use typed_amp::master::{Fp32Weights, WorkingCopy};
+use typed_amp::{params::ParamInfo, tape::MixedGradients};
 use typed_amp::prelude::*;
 use typed_amp::tape::TargetId;
 
@@ -19,10 +20,10 @@ impl TrainTarget<Cpu> for Forged {
     fn master_mut(&mut self) -> &mut Self::Master {
         self.0.master_mut()
     }
-    fn working(&self) -> &Self::Working {
+    fn working(&self) -> &WorkingCopy<Self::Working> {
         self.0.working()
     }
-    fn working_mut(&mut self) -> &mut Self::Working {
+    fn working_mut(&mut self) -> &mut WorkingCopy<Self::Working> {
         self.0.working_mut()
     }
     fn id(&self) -> TargetId {

@@ -49,6 +49,14 @@ use super::{ModuleField, ModuleFields, ScalarField, TensorField};
 /// assert_eq!(132, model.num_trainable_params());
 ///
 /// ```
+// typed-amp patch: a message naming the rule for the type typed-amp keeps out of this trait on
+// purpose, its working copy (whose only impl has a bound no type meets, so the error lands here
+// rather than on the blanket impl's `ZeroSizedModule`).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a `TensorCollection`, so no optimizer updates it: optimizers update FP32 master weights only, never a typed-amp working copy",
+    label = "not a collection an optimizer can update",
+    note = "a typed-amp working copy (`WorkingCopy`) is the FP32 masters rounded to 16 bits and refreshed after every step, so an update of it would diverge from them: build the optimizer on `model.master()` and step with `scaler.step(&mut opt, grads)`"
+)]
 pub trait TensorCollection<E: Dtype, D: Device<E>>: Sized {
     /// Type alias that specifies the how a module's type changes when using a different dtype and/or
     /// device.
