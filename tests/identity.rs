@@ -94,7 +94,6 @@ fn a_forward_through_another_model_with_these_gradients_is_refused_at_backward()
         .backward(mse_loss(out.to_f32(), dev.ones()))
         .unwrap_err();
     assert!(matches!(err, AmpError::ForeignForward), "{err:?}");
-    drop(window);
     assert_eq!(
         (snapshot(&a, &opt_a, &scaler), snapshot(&b, &opt_b, &scaler)),
         before,
@@ -152,7 +151,6 @@ fn a_copy_of_last_steps_scaled_gradients_is_refused_in_a_later_step() {
         .backward(mse_loss(out.to_f32(), dev.ones()))
         .unwrap_err();
     assert!(matches!(err, AmpError::StaleGradients { .. }), "{err:?}");
-    drop(window);
     // Swapped into this iteration's scaled gradients: refused at unscale.
     let mut scaled = scaler
         .scale(loss(&dev, &model, fresh.clone()))
