@@ -146,6 +146,36 @@ pub enum AmpError {
     #[error("loss scaler mismatch: {0}")]
     ScalerMismatch(&'static str),
 
+    /// A backward pass reached none of the parameters of the model its gradients were
+    /// allocated for: the forward ran through another model (`x.traced_mixed(a_grads)` then
+    /// `model_b.forward(..)`), which would never train while the first stepped on zeros.
+    /// Reported by the backward, before anything changes.
+    #[error(
+        "no parameter of the model these gradients were allocated for received a gradient in \
+         this backward pass: the forward ran through another model, which would never train \
+         while this one stepped on zeros; trace a model's input with that model's own gradients \
+         (`x.traced_mixed(grads)` with `grads = model.alloc_grads()?` or what its last update \
+         returned)"
+    )]
+    ForeignForward,
+
+    /// Gradients kept from an earlier iteration (a clone of last step's scaled gradients)
+    /// reached a loss scaler's backward or unscale after that scaler's update: they hold the
+    /// earlier iteration's gradients, which this step would add in again. Reported before
+    /// anything changes.
+    #[error(
+        "these gradients are stale: a backward pass of this loss scaler wrote them after its \
+         update {scaled_after} and it has counted {updates} updates since it was built, so they \
+         hold an earlier iteration's gradients; trace every iteration with the gradients the \
+         last `scaler.update(..)` returned, not with a copy kept from an earlier one"
+    )]
+    StaleGradients {
+        /// The updates the scaler had counted when its backward pass wrote the gradients.
+        scaled_after: u64,
+        /// The updates the scaler has counted now.
+        updates: u64,
+    },
+
     /// The optimizer failed to update the master weights.
     #[error("optimizer update failed: {0}")]
     Optimizer(String),

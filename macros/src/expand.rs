@@ -269,7 +269,12 @@ pub fn expand(recipe: &Recipe, model: &Model) -> TokenStream {
             }
 
             fn try_build(device: &D) -> ::core::result::Result<Self::Weights, ::typed_amp::error::AmpError> {
-                #build
+                let build = || -> ::core::result::Result<Self::Weights, ::typed_amp::error::AmpError> { #build };
+                let weights = build()?;
+                // A checkpoint then compares a file's policy with the one this model was built
+                // under, whatever policy value its caller passes.
+                ::typed_amp::amp::record_built_policy(&weights, #ident::AMP_CONFIG);
+                ::core::result::Result::Ok(weights)
             }
         }
 

@@ -70,3 +70,10 @@ amp_layers! {
         [] dm::MaxPoolGlobal,
         [] dm::MinPoolGlobal;
 }
+
+// dfdx's deprecated `GeLU` (the tanh approximation, as `FastGeLU`) is still a correct layer:
+// models written against dfdx's older name train like `FastGeLU` ones.
+#[allow(deprecated)]
+impl AmpLayer for dm::GeLU {
+    type Kind = kind::Neutral;
+}

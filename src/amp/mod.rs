@@ -13,6 +13,7 @@
 //! The attribute itself lives in the `typed-amp-macros` crate and is re-exported as
 //! [`crate::amp`](macro@crate::amp); its documentation, with the policy table, is on the crate root.
 
+mod built;
 mod composite;
 mod config;
 pub mod kind;
@@ -23,6 +24,9 @@ mod model;
 pub mod norm;
 mod planned;
 
+pub(crate) use built::built_policy;
+#[doc(hidden)]
+pub use built::record_built_policy;
 pub use config::{AmpConfig, LossScale, OptLevel};
 pub(crate) use layer_kind::amp_layers;
 pub use layer_kind::AmpLayer;

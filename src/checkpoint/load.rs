@@ -7,7 +7,7 @@ use std::path::Path;
 use dfdx::prelude::{Shape, Tensor};
 use safetensors::SafeTensors;
 
-use crate::amp::AmpConfig;
+use crate::amp::{built_policy, AmpConfig};
 use crate::device::{AmpDevice, HostKernel, Kernels};
 use crate::error::AmpError;
 use crate::master::TrainTarget;
@@ -18,7 +18,7 @@ use crate::scaler::{GradScaler, ScaleMode};
 
 use super::error::{format_detail, state_precision_mismatch, CheckpointError};
 use super::format::FORMAT;
-use super::policy::{layout_difference, policy_settings, saved_policy};
+use super::policy::{layout_difference, model_policy, policy_differences, saved_policy};
 use super::scaler_meta::parse_scaler;
 use super::validate::{tensor_values, CheckTensors};
 
@@ -131,7 +131,8 @@ where
 /// [`load`] into a model declared with `#[amp]` under `policy` (`Model::AMP_CONFIG`): a
 /// checkpoint saved with [`save_with_policy`](super::save_with_policy) under another policy is refused, naming each
 /// setting that differs with both values. (One saved without a policy is checked as [`load`]
-/// checks it.)
+/// checks it.) A `policy` other than the one `#[amp]` built `target` under (another model's
+/// `AMP_CONFIG`) is refused too, before the file is read.
 pub fn load_with_policy<D, T, O>(
     path: &Path,
     target: &mut T,
@@ -152,13 +153,14 @@ pub(super) fn load_checkpoint<D, T, O>(
     target: &mut T,
     optimizer: &mut O,
     scaler: &mut GradScaler,
-    policy: Option<&AmpConfig>,
+    given: Option<&AmpConfig>,
 ) -> Result<BTreeMap<String, String>, CheckpointError>
 where
     D: AmpDevice,
     T: TrainTarget<D>,
     O: OptimizerState<D>,
 {
+    let policy = model_policy(path, built_policy(target.id()), given)?;
     let bytes = std::fs::read(path).map_err(|source| CheckpointError::Io {
         path: path.to_path_buf(),
         source,
@@ -214,27 +216,22 @@ where
         }
     }
     let saved = saved_policy(path, &meta)?;
-    if let (Some(saved), Some(policy)) = (&saved, policy) {
-        let differences: Vec<String> = policy_settings(saved)
-            .iter()
-            .zip(policy_settings(policy))
-            .filter(|((_, a), (_, b))| *a != *b)
-            .map(|((key, a), (_, b))| {
-                // A static scale's bit pattern is for exactness, not for people.
-                let shown = |v: &str| v.split(" bits ").next().unwrap_or_default().to_string();
-                format!(
-                    "{key} is {} in the checkpoint, {} here",
-                    shown(a),
-                    shown(&b)
-                )
-            })
-            .collect();
-        if !differences.is_empty() {
-            return Err(mismatch(format!(
-                "saved under {saved}, this model is {policy}: {}",
-                differences.join("; ")
-            )));
+    let differences = |policy: &AmpConfig| match &saved {
+        Some(saved) => {
+            let differences = policy_differences(saved, policy, "in the checkpoint", "here");
+            if differences.is_empty() {
+                Ok(())
+            } else {
+                Err(mismatch(format!(
+                    "saved under {saved}, this model is {policy}: {}",
+                    differences.join("; ")
+                )))
+            }
         }
+        None => Ok(()),
+    };
+    if let Some(given) = given {
+        differences(given)?;
     }
     // What the policy decides about storage, checked even when neither side names a policy.
     let saved_under = saved.as_ref().map_or(
@@ -258,6 +255,12 @@ where
                 "`{param}` is {theirs} in the checkpoint's {copy}, {ours} in this model's: it was saved under {saved_under}"
             )));
         }
+    }
+    // A model `#[amp]` built is its policy's whatever the caller names: loaded without one,
+    // every setting is compared too, after the stored precisions (whose messages name the
+    // parameter).
+    if let (None, Some(policy)) = (given, &policy) {
+        differences(policy)?;
     }
     let scaler_state = parse_scaler(path, &meta)?;
     match GradScaler::from_state(scaler_state) {

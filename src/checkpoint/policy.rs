@@ -74,6 +74,58 @@ pub(super) fn policy_settings(config: &AmpConfig) -> [(&'static str, String); 7]
     ]
 }
 
+/// Each setting in which `theirs` (named `theirs_are`) and `ours` (named `ours_are`) differ,
+/// as `key is A in the checkpoint, B here`.
+pub(super) fn policy_differences(
+    theirs: &AmpConfig,
+    ours: &AmpConfig,
+    theirs_are: &str,
+    ours_are: &str,
+) -> Vec<String> {
+    policy_settings(theirs)
+        .iter()
+        .zip(policy_settings(ours))
+        .filter(|((_, a), (_, b))| *a != *b)
+        .map(|((key, a), (_, b))| {
+            // A static scale's bit pattern is for exactness, not for people.
+            let shown = |v: &str| v.split(" bits ").next().unwrap_or_default().to_string();
+            format!(
+                "{key} is {} {theirs_are}, {} {ours_are}",
+                shown(a),
+                shown(&b)
+            )
+        })
+        .collect()
+}
+
+/// The policy a model is checked against: the one `#[amp]` built it under (`built`), else the
+/// one its caller passed (`given`). Errors, before anything is read or written, if both are
+/// known and differ: the caller passed another model's policy.
+pub(super) fn model_policy(
+    path: &Path,
+    built: Option<AmpConfig>,
+    given: Option<&AmpConfig>,
+) -> Result<Option<AmpConfig>, CheckpointError> {
+    match (built, given) {
+        (Some(built), Some(given)) => {
+            let differences =
+                policy_differences(given, &built, "in the policy passed", "in the model");
+            if differences.is_empty() {
+                Ok(Some(built))
+            } else {
+                Err(CheckpointError::Mismatch {
+                    path: path.to_path_buf(),
+                    detail: format!(
+                        "the policy passed ({given}) is not this model's: it was built under {built} ({}); pass the model's own `AMP_CONFIG`",
+                        differences.join("; ")
+                    ),
+                })
+            }
+        }
+        (built, given) => Ok(built.or(given.copied())),
+    }
+}
+
 /// The policy a checkpoint was saved under: `None` for a checkpoint saved without one
 /// ([`save`], or before checkpoints recorded it).
 pub(super) fn saved_policy(

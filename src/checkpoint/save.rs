@@ -6,7 +6,7 @@ use std::path::Path;
 use dfdx::prelude::{HasShape, Shape, Tensor};
 use safetensors::tensor::TensorView;
 
-use crate::amp::AmpConfig;
+use crate::amp::{built_policy, AmpConfig};
 use crate::device::{AmpDevice, HostKernel, Kernels};
 use crate::error::AmpError;
 use crate::master::TrainTarget;
@@ -19,7 +19,7 @@ use super::atomic::write_atomically;
 use super::error::{format_detail, state_precision_mismatch, CheckpointError};
 use super::format::st_dtype;
 use super::format::FORMAT;
-use super::policy::{layout_metadata, policy_settings};
+use super::policy::{layout_metadata, model_policy, policy_settings};
 use super::scaler_meta::scaler_metadata;
 
 /// A tensor ready to serialise.
@@ -126,6 +126,8 @@ where
 /// [`save`] for a model declared with `#[amp]`, recording its `policy` (`Model::AMP_CONFIG`):
 /// opt level, dtype, master weights, FP32 batch norm, loss scale, output cast and low-precision
 /// updates, which [`load_with_policy`](super::load_with_policy) compares with the loading model's.
+/// A `policy` other than the one `#[amp]` built `target` under (another model's
+/// `AMP_CONFIG`) is refused with [`CheckpointError::Mismatch`] before anything is written.
 pub fn save_with_policy<D, T, O>(
     path: &Path,
     target: &mut T,
@@ -155,6 +157,8 @@ where
     T: TrainTarget<D>,
     O: OptimizerState<D>,
 {
+    // Another model's policy value would be recorded as this model's.
+    model_policy(path, built_policy(target.id()), policy)?;
     // Refuse to write what `load` would refuse to read.
     let refuse = |detail: String| CheckpointError::Mismatch {
         path: path.to_path_buf(),

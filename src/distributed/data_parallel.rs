@@ -16,7 +16,7 @@ use crate::tape::MixedGradients;
 use super::collective::{AllReduce, Collective};
 use super::digest::scaler_digest;
 use super::reduce::average_master_grads;
-use super::rules::{ReducedAcrossRanks, ReducedOutcomes};
+use super::rules::{AllReducedOnce, ReducedAcrossRanks, ReducedOutcomes};
 use super::{AllReduced, Unreduced};
 
 /// A loss scaler for data-parallel training over the collective `C`: the typed step of a
@@ -133,13 +133,14 @@ impl<C: Collective> DataParallel<C> {
     /// skip the step.
     ///
     /// Collective: every rank calls it once per optimizer step.
-    pub fn all_reduce<'t, D, T>(
+    pub fn all_reduce<'t, D, T, K>(
         &self,
-        mut grads: UnscaledGrads<'t, T, D, Unreduced>,
+        mut grads: UnscaledGrads<'t, T, D, K>,
     ) -> Result<UnscaledGrads<'t, T, D, AllReduced>, AmpError>
     where
         D: AmpDevice,
         T: TrainTarget<D>,
+        K: AllReducedOnce,
         C: AllReduce<D>,
     {
         if grads.scaler_ids().any(|id| id != self.scaler.id()) {

@@ -94,7 +94,7 @@ pub use collective::{AllReduce, Collective, SingleProcess};
 pub use data_parallel::DataParallel;
 pub use digest::master_digest;
 pub use metadata::{check_world_size, record_world_size, WORLD_SIZE_KEY};
-pub use rules::{ReducedAcrossRanks, ReducedOutcomes};
+pub use rules::{AllReducedOnce, ReducedAcrossRanks, ReducedOutcomes};
 pub use shard::shard;
 
 pub use crate::step::{AllReduced, ReadyForStep, Unreduced};

@@ -3,7 +3,7 @@
 
 use crate::device::AmpDevice;
 
-use crate::step::{AllReduced, OutcomeSet, ReadyForStep};
+use crate::step::{AllReduced, OutcomeSet, ReadyForStep, StepKind, Unreduced};
 
 /// Gradient kinds a data-parallel step takes: [`AllReduced`] alone.
 #[diagnostic::on_unimplemented(
@@ -13,6 +13,17 @@ use crate::step::{AllReduced, OutcomeSet, ReadyForStep};
 )]
 pub trait ReducedAcrossRanks: ReadyForStep {}
 impl ReducedAcrossRanks for AllReduced {}
+
+/// Gradient kinds [`DataParallel::all_reduce`](super::DataParallel::all_reduce) takes:
+/// [`Unreduced`] alone, a rank's own gradients, so that each is all-reduced exactly once (a
+/// second all-reduce would divide the average by the number of ranks again).
+#[diagnostic::on_unimplemented(
+    message = "gradients are all-reduced across ranks exactly once, from a rank's own gradients (`Unreduced`), but these are of kind `{Self}`",
+    label = "not a rank's own, unreduced gradients",
+    note = "`dist.all_reduce(..)` takes what `dist.unscale(..)` returned; what it returns (`AllReduced`) is averaged already: clip it or pass it to `dist.step(..)`. A single-process scaler's (`FromScaler`) or scaler-free (`ScaleFree`) gradients go through `dist.unscale(&mut model, dist.scale(loss).backward()?)?` instead"
+)]
+pub trait AllReducedOnce: StepKind {}
+impl AllReducedOnce for Unreduced {}
 
 /// The outcomes of one data-parallel iteration's steps, consumed by [`DataParallel::update`](super::DataParallel::update):
 /// one [`StepOutcome`](crate::step::StepOutcome) of kind [`AllReduced`], a tuple of them, an array or a `Vec`.

@@ -200,6 +200,15 @@ parameterless_params! {
     [] MinPoolGlobal;
 }
 
+// dfdx's deprecated `GeLU` (`FastGeLU` under its older name) is a correct layer without
+// parameters, as its row of the policy table says (`amp::layer_kind`).
+#[allow(deprecated)]
+mod deprecated_gelu {
+    super::parameterless_params! {
+        [] dfdx::nn::modules::GeLU;
+    }
+}
+
 macro_rules! tuple_params {
     ($([$($name:ident $idx:tt),+])*) => {$(
         impl<D: AmpDevice, $($name: Parameters<D>),+> Parameters<D> for ($($name,)+) {

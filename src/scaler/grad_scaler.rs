@@ -39,6 +39,11 @@ pub struct GradScaler {
 pub struct ScalerId(u64);
 
 impl ScalerId {
+    /// The id as a number, for what gradients record of the scaler that last scaled them.
+    pub(crate) fn key(self) -> u64 {
+        self.0
+    }
+
     fn fresh() -> Self {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         ScalerId(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))

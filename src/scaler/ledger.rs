@@ -18,6 +18,8 @@ struct Pending {
 #[derive(Debug, Default)]
 struct Book {
     steps: u64,
+    /// Updates counted (calls of [`Ledger::settle`]).
+    updates: u64,
     pending: Vec<Pending>,
 }
 
@@ -69,6 +71,14 @@ impl Ledger {
 
     /// Crosses out the steps whose outcomes an update counted.
     pub(crate) fn settle(&self, steps: &[u64]) {
-        self.book().pending.retain(|p| !steps.contains(&p.step));
+        let mut book = self.book();
+        book.pending.retain(|p| !steps.contains(&p.step));
+        book.updates += 1;
+    }
+
+    /// The updates counted so far: gradients a backward pass wrote before the last of them are
+    /// an earlier iteration's.
+    pub(crate) fn updates(&self) -> u64 {
+        self.book().updates
     }
 }

@@ -8,8 +8,8 @@ use crate::loss::Loss;
 use crate::master::TrainTarget;
 use crate::optim::MasterOptimizer;
 use crate::step::{
-    into_master, verdicts, FromScaler, Scaled, ScaledGrads, ScaledLoss, StepKind, StepOutcome,
-    StepOutcomes, Unscaled, UnscaledGrads,
+    check_fresh, into_master, verdicts, FromScaler, Scaled, ScaledGrads, ScaledLoss, StepKind,
+    StepOutcome, StepOutcomes, Unscaled, UnscaledGrads,
 };
 
 use super::grad_scaler::{inverse, GradScaler, ScalerId};
@@ -32,7 +32,8 @@ impl GradScaler {
     /// gradients are unscaled even when one overflowed.
     ///
     /// Errors, before anything changes, if the gradients were scaled by another scaler or
-    /// allocated by another model, or with [`AmpError::OutcomeNotUpdated`] if that model took a
+    /// allocated by another model, with [`AmpError::StaleGradients`] if they are a copy kept
+    /// from before this scaler's last update, or with [`AmpError::OutcomeNotUpdated`] if that model took a
     /// step with this scaler whose outcome never reached [`GradScaler::update`]; with
     /// [`AmpError::NotAllReduced`] if the model trains across ranks (a `DataParallel` synced
     /// it), whose gradients `DataParallel::unscale` and `all_reduce` take instead; with
@@ -214,6 +215,7 @@ impl GradScaler {
         } = grads.into_scaled();
         self.check_tag(scaler.id)?;
         self.ledger.check_target(target.id().key())?;
+        check_fresh(&scaler, &grads)?;
         into_master(target, grads, inverse(scale), vec![scaler])
     }
 }

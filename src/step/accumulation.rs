@@ -11,7 +11,7 @@ use crate::precision::AmpElem;
 use crate::scaler::{GradScaler, ScalerTag};
 use crate::tape::MixedGradients;
 
-use super::backward::{backward_seeded, check_in_flight, ScaledGrads};
+use super::backward::{backward_seeded, check_in_flight, stamp_fresh, ScaledGrads};
 
 /// A gradient-accumulation window: the scaled gradients of several micro-batches (or of several
 /// losses, backward one after another) add up in one store at one scale, then are unscaled and
@@ -72,15 +72,19 @@ impl<D: AmpDevice> Accumulation<'_, D> {
     /// window's. Weigh the loss (e.g. `loss * 0.25` for four micro-batches) for a mean.
     ///
     /// Errors with [`AmpError::OutcomeNotUpdated`] if the model of the window's gradients took
-    /// a step with this scaler whose outcome never reached the scaler's update.
+    /// a step with this scaler whose outcome never reached the scaler's update, with
+    /// [`AmpError::ForeignForward`] if the micro-batch ran through another model, and with
+    /// [`AmpError::StaleGradients`] if the window was opened over a copy of gradients kept
+    /// from before the scaler's last update.
     pub fn backward(&mut self, loss: Loss<D>) -> Result<(), AmpError> {
         if self.grads.is_some() {
             return Err(AmpError::AccumulationOrder(
                 "backward was called without a traced micro-batch (trace inputs with `window.trace(x)`)",
             ));
         }
-        let grads = backward_seeded(loss, self.scale)?;
+        let mut grads = backward_seeded(loss, self.scale)?;
         check_in_flight(&self.tag, &grads)?;
+        stamp_fresh(&self.tag, &mut grads)?;
         self.grads = Some(grads);
         self.micro_batches += 1;
         Ok(())

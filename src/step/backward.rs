@@ -10,7 +10,7 @@ use crate::master::TrainTarget;
 use crate::ops::fill::FillKernel;
 use crate::precision::FullRange;
 use crate::scaler::ScalerTag;
-use crate::tape::MixedGradients;
+use crate::tape::{MixedGradients, ScaledAt};
 
 use super::kind::ScaleFree;
 use super::unscaled::{into_master, UnscaledGrads};
@@ -42,9 +42,15 @@ impl<D: AmpDevice> ScaledLoss<D> {
     /// Errors with [`AmpError::OutcomeNotUpdated`] if the model these gradients belong to took
     /// a step with this scaler whose outcome never reached the scaler's update (dropped, or
     /// forgotten): that step's verdict would be lost.
+    ///
+    /// Errors with [`AmpError::ForeignForward`] if the forward pass ran through a model other
+    /// than the one the traced gradients were allocated for, and with
+    /// [`AmpError::StaleGradients`] if the traced gradients are a copy kept from before this
+    /// scaler's last update (an earlier iteration's).
     pub fn backward(self) -> Result<ScaledGrads<D>, AmpError> {
-        let grads = backward_seeded(self.loss, self.scale)?;
+        let mut grads = backward_seeded(self.loss, self.scale)?;
         check_in_flight(&self.scaler, &grads)?;
+        stamp_fresh(&self.scaler, &mut grads)?;
         Ok(ScaledGrads {
             grads,
             scale: self.scale,
@@ -64,6 +70,38 @@ pub(crate) fn check_in_flight<D: AmpDevice>(
         Some(owner) => scaler.ledger.check_target(owner.key()),
         None => Ok(()),
     }
+}
+
+/// Errors with [`AmpError::StaleGradients`] if `scaler`'s backward pass last wrote `grads`
+/// before the scaler's latest update: they are a copy kept from an earlier iteration (the
+/// gradients an update returns, or a model's `alloc_grads`, carry no such record).
+pub(crate) fn check_fresh<D: AmpDevice>(
+    scaler: &ScalerTag,
+    grads: &MixedGradients<D>,
+) -> Result<(), AmpError> {
+    let updates = scaler.ledger.updates();
+    match grads.scaled_at {
+        Some(at) if at.scaler == scaler.id.key() && at.updates != updates => {
+            Err(AmpError::StaleGradients {
+                scaled_after: at.updates,
+                updates,
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// [`check_fresh`], then records that `scaler`'s backward pass wrote `grads` now.
+pub(crate) fn stamp_fresh<D: AmpDevice>(
+    scaler: &ScalerTag,
+    grads: &mut MixedGradients<D>,
+) -> Result<(), AmpError> {
+    check_fresh(scaler, grads)?;
+    grads.scaled_at = Some(ScaledAt {
+        scaler: scaler.id.key(),
+        updates: scaler.ledger.updates(),
+    });
+    Ok(())
 }
 
 /// Runs a loss's tape with its gradient seeded with `scale`.

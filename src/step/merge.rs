@@ -12,7 +12,7 @@ use crate::precision::AmpElem;
 use crate::scaler::{inverse, GradScaler};
 use crate::tape::MixedGradients;
 
-use super::backward::ScaledGrads;
+use super::backward::{check_fresh, ScaledGrads};
 use super::kind::FromScaler;
 use super::loss_scale::check_loss_scale;
 use super::unscaled::{check_owner, UnscaledGrads};
@@ -38,6 +38,7 @@ impl<'t, T: TrainTarget<D>, D: AmpDevice> UnscaledGrads<'t, T, D, FromScaler> {
         check_owner(&*self.target, &grads)?;
         tag.ledger.check_target(self.target.id().key())?;
         check_loss_scale::<T, D>(&grads, tag.scaling)?;
+        check_fresh(&tag, &grads)?;
         let (other_master, flags) = self
             .target
             .unscale_into_master(&mut grads, inverse(scale))?;

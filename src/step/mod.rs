@@ -45,13 +45,14 @@ mod unscaled;
 mod update;
 
 pub use accumulation::Accumulation;
+pub(crate) use backward::check_fresh;
 pub use backward::{RawGrads, ScaledGrads, ScaledLoss};
 pub use clip::{clip_grad_norm, clip_grad_value};
 pub use kind::{AllReduced, FromScaler, ReadyForStep, ScaleFree, StepKind, Unreduced};
 pub use markers::{Scaled, Unscaled};
 pub(crate) use outcome::sealed::OutcomeSet;
 pub(crate) use outcome::{outcome_impls, verdicts};
-pub use outcome::{StepOutcome, StepOutcomes};
+pub use outcome::{OutcomesAreNeverCloned, StepOutcome, StepOutcomes};
 pub(crate) use protocol::sealed;
 pub use protocol::StepProtocol;
 pub(crate) use unscaled::into_master;

@@ -15,6 +15,9 @@ use super::kind::{FromScaler, ScaleFree, StepKind};
 /// ([`ScaleFree`]), [`StepOutcome::into_grads`].
 #[must_use = "pass the outcome to `scaler.update(..)`: it returns the gradients for the next iteration"]
 pub struct StepOutcome<D: AmpDevice, K: StepKind = FromScaler> {
+    /// The step's kind. Named for the rule: a struct literal of an outcome, refused for its
+    /// private fields, names this one as not provided.
+    pub(crate) only_a_step_makes_outcomes: PhantomData<K>,
     pub(crate) found_inf: bool,
     pub(crate) non_finite_params: Vec<String>,
     pub(crate) layers: Vec<crate::watch::LayerReport>,
@@ -22,7 +25,25 @@ pub struct StepOutcome<D: AmpDevice, K: StepKind = FromScaler> {
     /// Each scaler's part in the step (one, or one per loss merged in).
     pub(crate) verdicts: Vec<StepVerdict>,
     pub(crate) grads: MixedGradients<D>,
-    pub(crate) kind: PhantomData<K>,
+}
+
+/// The rule that a step's outcome is never cloned: it carries the step's verdict to the
+/// scaler's update exactly once, and a copy would count the step twice or hand out its
+/// gradients twice. No type implements it, so `outcome.clone()` is a compile error that says so.
+#[diagnostic::on_unimplemented(
+    message = "a step's outcome is never cloned: `{Self}` carries its step's overflow verdict and the next gradients to the scaler's update exactly once",
+    label = "outcomes are not `Clone`",
+    note = "pass the outcome itself to `scaler.update(outcome)?` (several optimizers: a tuple, array or Vec of their outcomes); read what it says through a reference (`outcome.skipped()`, `outcome.non_finite_params()`)"
+)]
+pub trait OutcomesAreNeverCloned: sealed::NeverCloned {}
+
+impl<D: AmpDevice, K: StepKind> Clone for StepOutcome<D, K>
+where
+    Self: OutcomesAreNeverCloned,
+{
+    fn clone(&self) -> Self {
+        unreachable!("no type implements `OutcomesAreNeverCloned`")
+    }
 }
 
 impl<D: AmpDevice, K: StepKind> std::fmt::Debug for StepOutcome<D, K> {
@@ -80,6 +101,10 @@ pub trait StepOutcomes<D: AmpDevice>: sealed::OutcomeSet<D> {}
 pub(crate) mod sealed {
     use crate::device::AmpDevice;
     use crate::scaler::ScalerId;
+
+    /// The seal of [`OutcomesAreNeverCloned`](super::OutcomesAreNeverCloned), implemented by no
+    /// type.
+    pub trait NeverCloned {}
 
     /// What an update reads of the outcomes it is given.
     #[diagnostic::on_unimplemented(
@@ -203,13 +228,13 @@ impl<D: AmpDevice, K: StepKind> StepOutcome<D, K> {
             ..
         } = self;
         StepOutcome {
+            only_a_step_makes_outcomes: PhantomData,
             found_inf,
             non_finite_params,
             layers,
             overflow,
             verdicts,
             grads,
-            kind: PhantomData,
         }
     }
 }

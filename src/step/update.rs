@@ -41,7 +41,9 @@ impl<'t, T: TrainTarget<D>, D: AmpDevice, K: StepKind> UnscaledGrads<'t, T, D, K
         } else {
             target.update_with(optimizer, &master)?;
         }
-        let grads = target.recycle(master, working)?;
+        let mut grads = target.recycle(master, working)?;
+        // Zeroed for the next iteration: no backward pass has written them yet.
+        grads.scaled_at = None;
         // Each scaler whose loss the step held writes it down until the outcome reaches its
         // update: an outcome dropped or forgotten is found at that model's next backward.
         let model = target.id().key();
@@ -54,13 +56,13 @@ impl<'t, T: TrainTarget<D>, D: AmpDevice, K: StepKind> UnscaledGrads<'t, T, D, K
             })
             .collect();
         Ok(StepOutcome {
+            only_a_step_makes_outcomes: PhantomData,
             found_inf,
             non_finite_params: non_finite,
             overflow: crate::watch::overflowing_layer(&layers),
             layers,
             verdicts,
             grads,
-            kind: PhantomData,
         })
     }
 }

@@ -33,6 +33,14 @@ impl TargetId {
     }
 }
 
+/// When a loss scaler's backward pass last wrote a set of gradients: the scaler (its
+/// `ScalerId`'s number) and how many updates it had counted then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ScaledAt {
+    pub(crate) scaler: u64,
+    pub(crate) updates: u64,
+}
+
 /// A gradient store of one precision, with its element type erased so that stores of every
 /// precision fit one array.
 trait ErasedStore: Any {
@@ -43,6 +51,7 @@ trait ErasedStore: Any {
     fn mark_unwanted(&mut self, ids: &[UniqueId]);
     fn clear_unwanted(&mut self);
     fn drop_non_leafs(&mut self);
+    fn take_leaf_written(&mut self) -> bool;
 }
 
 impl<E: AmpElem, D: AmpDevice + Device<E>> ErasedStore for Gradients<E, D> {
@@ -67,6 +76,9 @@ impl<E: AmpElem, D: AmpDevice + Device<E>> ErasedStore for Gradients<E, D> {
     fn drop_non_leafs(&mut self) {
         Gradients::drop_non_leafs(self);
     }
+    fn take_leaf_written(&mut self) -> bool {
+        Gradients::take_leaf_written(self)
+    }
 }
 
 /// Gradients of every precision: each tensor's gradient is kept in that tensor's precision.
@@ -80,6 +92,13 @@ pub struct MixedGradients<D: AmpDevice> {
     unwanted: Vec<UniqueId>,
     /// The training target these gradients were allocated for.
     pub(crate) owner: Option<TargetId>,
+    /// The loss scaler whose backward pass last wrote these gradients, and how many updates it
+    /// had counted then: a copy of them kept past that scaler's next update is last
+    /// iteration's gradients (checked by the scaler's step, which sets it).
+    pub(crate) scaled_at: Option<ScaledAt>,
+    /// Whether a fused op wrote a kept parameter's FP32 gradient in the current pass (dfdx's
+    /// stores record the same for their own writes).
+    param_written: bool,
     /// Whether `#[amp]` models record per-layer activation and gradient magnitudes.
     pub(crate) watch_layers: bool,
     /// Gradient magnitudes recorded by layer probes during backward, by probe.
@@ -107,6 +126,8 @@ impl<D: AmpDevice> Clone for MixedGradients<D> {
             retained: self.retained.clone(),
             unwanted: self.unwanted.clone(),
             owner: self.owner,
+            scaled_at: self.scaled_at,
+            param_written: self.param_written,
             watch_layers: self.watch_layers,
             probe_grads: self.probe_grads.clone(),
             layer_report: self.layer_report.clone(),
@@ -141,6 +162,8 @@ impl<D: AmpDevice> MixedGradients<D> {
             retained: None,
             unwanted: Vec::new(),
             owner: None,
+            scaled_at: None,
+            param_written: false,
             watch_layers: false,
             probe_grads: Vec::new(),
             layer_report: Vec::new(),
@@ -217,6 +240,8 @@ impl<D: AmpDevice> MixedGradients<D> {
         // across precisions, so one list serves every store; one `retain_leafs` per store, not
         // per parameter, because each call sweeps the whole store.
         let ids = zero.ids;
+        // Zeroed, they hold no iteration's gradients.
+        self.scaled_at = None;
         for store in self.stores.iter_mut().flatten() {
             store.retain_leafs(&ids);
         }
@@ -366,6 +391,7 @@ impl<D: AmpDevice> MixedGradients<D> {
         if !self.keeps(id) || self.unwanted.contains(&id) {
             return Ok(None);
         }
+        self.param_written = true;
         let fresh = !self.param_grads.contains_key(&id);
         if fresh {
             let buf = match self.spare_param_grads.remove(&id) {
@@ -407,6 +433,24 @@ impl<D: AmpDevice> MixedGradients<D> {
         self.computed.begin_pass();
         self.probe_grads.clear();
         self.mark_unwanted(unwanted);
+        self.take_param_written();
+    }
+
+    /// Whether any kept parameter's gradient was written since the last call (which resets the
+    /// record): by a fused op, or by an op of any precision's store.
+    pub(super) fn take_param_written(&mut self) -> bool {
+        let mut written = std::mem::take(&mut self.param_written);
+        for store in self.stores.iter_mut().flatten() {
+            written |= store.take_leaf_written();
+        }
+        written
+    }
+
+    /// Whether these gradients belong to a training target with parameters to train (they
+    /// were allocated by `alloc_grads`), so that a backward pass through none of them is
+    /// another model's forward.
+    pub(super) fn owned_with_params(&self) -> bool {
+        self.owner.is_some() && self.retained.as_ref().is_some_and(|ids| !ids.is_empty())
     }
 
     /// Ends a backward pass: frees the temporaries' gradients and forgets the pass's marks

@@ -136,6 +136,7 @@ impl<D: AmpDevice> MixedTape<D> {
         grads.begin_pass(&self.unwanted);
         seed(&mut grads).map_err(AmpError::device)?;
         self.ops.sort_unstable_by_key(|(order, _)| *order);
+        let ops = self.ops.len();
         let was_backward = typed_amp_kernels::timing::set_backward(true);
         let ran = self
             .ops
@@ -144,7 +145,14 @@ impl<D: AmpDevice> MixedTape<D> {
             .try_for_each(|(_, op)| op(&mut grads));
         typed_amp_kernels::timing::set_backward(was_backward);
         ran.map_err(AmpError::device)?;
+        // Gradients allocated for a model whose parameters this pass never reached: the forward
+        // ran through another model (whose gradients these stores do not keep), so the owner
+        // would step on zeros and the other model never train.
+        let reached_owner = grads.take_param_written();
         grads.end_pass(self.activations);
+        if !reached_owner && ops > 0 && grads.owned_with_params() {
+            return Err(AmpError::ForeignForward);
+        }
         Ok(grads)
     }
 }

@@ -25,6 +25,7 @@ mod mixed;
 mod probe;
 
 pub use amp_tape::AmpTape;
+pub(crate) use grads::ScaledAt;
 pub use grads::{MixedGradients, TargetId};
 pub(crate) use mixed::next_op_order;
 pub use mixed::{MixedTape, TraceMixed};

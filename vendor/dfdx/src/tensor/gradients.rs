@@ -25,6 +25,10 @@ pub struct Gradients<E, D: Storage<E>> {
     /// typed-amp patch: tensors whose gradient nobody reads (a model's input), so that backward
     /// ops may skip computing it.
     unwanted: BTreeSet<UniqueId>,
+    /// typed-amp patch: whether a kept (leaf) tensor's gradient was borrowed mutably since
+    /// [Gradients::take_leaf_written] last reset it: a backward pass that wrote no leaf's
+    /// gradient ran through none of the kept tensors (another model's parameters).
+    leaf_written: bool,
 }
 
 impl<E, D: Storage<E>> Gradients<E, D> {
@@ -42,6 +46,7 @@ impl<E, D: Storage<E>> Gradients<E, D> {
             gradient_by_id: Default::default(),
             leaf_ids: None,
             unwanted: Default::default(),
+            leaf_written: false,
         }
     }
 }
@@ -123,7 +128,17 @@ impl<E, D: Storage<E>> Gradients<E, D> {
     ///
     /// **Panics** if data associated with `t` is not found. This indicates an unrecoverable bug.
     pub(crate) fn get_mut<S: Shape>(&mut self, t: &impl Tensorlike<S, E, D>) -> &mut D::Vec {
-        self.gradient_by_id.get_mut(&t.id()).unwrap()
+        let id = t.id();
+        if !self.leaf_written && self.leaf_ids.as_ref().is_some_and(|l| l.contains(&id)) {
+            self.leaf_written = true;
+        }
+        self.gradient_by_id.get_mut(&id).unwrap()
+    }
+
+    /// typed-amp patch: whether a kept tensor's gradient (see [Gradients::retain_leafs]) was
+    /// borrowed mutably (written) since the last call; resets the record.
+    pub fn take_leaf_written(&mut self) -> bool {
+        std::mem::take(&mut self.leaf_written)
     }
 
     /// Returns an immutable reference to the data associated with `t`.
