@@ -85,6 +85,13 @@ impl DeviceBuildExt for crate::tensor::Cuda {}
 
 /// Marker trait for modules with no updatable parameters. These have
 /// blanket impls for, and [ModuleMut]
+// typed-amp patch: the message a built module (or a type alias of one) gets where an
+// architecture is expected, e.g. as a field of an `#[amp]` model.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is a built module, not an architecture to build: it has parameters, so only a builder can make it",
+    label = "a built module (or an alias of one) where an architecture is expected",
+    note = "models are built from architectures (`Linear<4, 2>` from `dfdx::nn::builders`, which typed-amp's prelude exports), each built in the precision its caller or its `#[amp]` policy gives it; a built module such as `modules::Linear<4, 2, f16, Cpu>` has its precision fixed already: name the architecture instead (and pin a field with `#[amp(fp16)]`/`#[amp(fp32)]` where the policy allows)"
+)]
 pub trait ZeroSizedModule: Default {}
 
 impl<T: ZeroSizedModule + BuildModule<D, E>, D: Device<E>, E: Dtype> BuildOnDevice<D, E> for T {
