@@ -18,6 +18,8 @@
 //! | a model with no FP32 master weights given to the step | [`TrainTarget`] |
 //! | a model declaring a compute precision wider than its weights' | [`precision::NoWiderThan`] |
 //! | dfdx's own optimizer updating the 16-bit working copy | [`master::WorkingCopy`] (no `TensorCollection`) |
+//! | a step's outcome cloned | [`step::OutcomesAreNeverCloned`] |
+//! | gradients all-reduced twice | [`distributed::AllReducedOnce`] |
 //!
 //! What cannot be a type is checked at run time, before anything changes, with a typed error:
 //! FP16 gradients (of an FP16 model, or computed in FP16 inside one that declares FP32 or BF16)
@@ -29,7 +31,9 @@
 //! ([`AmpError::NoOutcomes`]); an outcome dropped or forgotten before its update
 //! ([`AmpError::OutcomeNotUpdated`]); one-scaler-per-loss gradients missing a loss
 //! ([`AmpError::LossNotMerged`]); a data-parallel model stepped without its all-reduce
-//! ([`AmpError::NotAllReduced`]).
+//! ([`AmpError::NotAllReduced`]); a forward pass through another model traced with these
+//! gradients ([`AmpError::ForeignForward`]); last step's scaled gradients kept and reused
+//! ([`AmpError::StaleGradients`]).
 //!
 //! # The training step
 //!
@@ -219,6 +223,8 @@
 //! [`AmpError::OutcomeNotUpdated`]: error::AmpError::OutcomeNotUpdated
 //! [`AmpError::LossNotMerged`]: error::AmpError::LossNotMerged
 //! [`AmpError::NotAllReduced`]: error::AmpError::NotAllReduced
+//! [`AmpError::ForeignForward`]: error::AmpError::ForeignForward
+//! [`AmpError::StaleGradients`]: error::AmpError::StaleGradients
 //! [`MixedTape`]: tape::MixedTape
 //! [`to_f16`]: ops::cast::to_f16
 //! [`to_bf16`]: ops::cast::to_bf16
