@@ -13,6 +13,7 @@
 //! | file | concept |
 //! | --- | --- |
 //! | `grads.rs` | [`MixedGradients`], the gradients of every precision |
+//! | `identity.rs` | [`TargetId`] and `ScaledAt`: whose gradients they are, and when a scaler wrote them |
 //! | `computed.rs` | the precisions a backward pass computed gradients in (FP16 needs a loss scale) |
 //! | `mixed.rs` | [`MixedTape`] and [`TraceMixed`] |
 //! | `amp_tape.rs` | [`AmpTape`], what typed-amp's ops record onto (`MixedTape` or dfdx's `NoneTape`) |
@@ -21,12 +22,14 @@
 mod amp_tape;
 mod computed;
 mod grads;
+mod identity;
 mod mixed;
 mod probe;
 
 pub use amp_tape::AmpTape;
-pub(crate) use grads::ScaledAt;
-pub use grads::{MixedGradients, TargetId};
+pub use grads::MixedGradients;
+pub(crate) use identity::ScaledAt;
+pub use identity::TargetId;
 pub(crate) use mixed::next_op_order;
 pub use mixed::{MixedTape, TraceMixed};
 pub use probe::{ActivationRecord, LayerReport};
