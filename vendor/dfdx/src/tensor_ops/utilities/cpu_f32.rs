@@ -201,8 +201,7 @@ where
         f(0, data);
         return;
     }
-    let pieces = (n / PAR_MIN_ELEMS).min(16);
-    let chunk = n.div_ceil(pieces).div_ceil(unit) * unit;
+    let chunk = n.div_ceil(pieces(n / PAR_MIN_ELEMS)).div_ceil(unit) * unit;
     par_chunks_mut(data, chunk, |i, c| f(i * chunk, c));
 }
 
