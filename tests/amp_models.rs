@@ -1,5 +1,6 @@
 //! Models declared with `#[amp]`.
 
+use typed_amp::amp::norm::MixedNorm;
 use typed_amp::amp::AmpModel;
 use typed_amp::dfdx::nn::builders::{BatchNorm2D, Linear};
 use typed_amp::nn::builders::{Conv2D, Flatten, MaxPool2D};
@@ -27,6 +28,17 @@ fn o2_field_types() {
     let dev = Cpu::default();
     let model = Cnn::build(&dev).unwrap();
     let _: &typed_amp::dfdx::nn::modules::BatchNorm2D<4, f32, Cpu> = &model.working().bn1;
+    // The fix the `Module` message names for 16-bit activations into an O2 batch norm: the mixed
+    // forward, which agrees with the FP32 forward between casts to one rounding.
+    let h: Tensor<Rank4<2, 4, 8, 8>, f32, _> = dev.sample_normal();
+    let h = h.to_f16();
+    let mixed = model.working().bn1.try_forward_mixed(h.clone()).unwrap();
+    let cast = model.working().bn1.forward(h.to_f32()).to_f16();
+    let half_ulp = f32::from(f16::EPSILON) / 2.0;
+    for (m, c) in mixed.as_vec().iter().zip(cast.as_vec()) {
+        let (m, c) = (m.to_f32(), c.to_f32());
+        assert!((m - c).abs() <= 2.0 * half_ulp * c.abs().max(1.0), "{m} vs {c}");
+    }
     let x: Tensor<Rank4<2, 1, 8, 8>, f32, _> = dev.sample_normal();
     let y = model.working().forward(x);
     let _ = y;

@@ -10,7 +10,8 @@ use super::tensor_collection::*;
 #[diagnostic::on_unimplemented(
     message = "`{Self}` has no forward for an input of type `{Input}`",
     label = "this layer cannot take that input",
-    note = "a layer takes tensors of its own precision (and shape); where layers of different precisions meet (FP32, FP16, BF16), cast at the boundary to the next layer's precision with typed-amp's `.to_f16()`, `.to_bf16()` or `.to_f32()`"
+    note = "a layer takes tensors of its own precision (and shape); where layers of different precisions meet (FP32, FP16, BF16), cast at the boundary to the next layer's precision with typed-amp's `.to_f16()`, `.to_bf16()` or `.to_f32()`",
+    note = "batch norm and layer norm under O2 (`keep_batchnorm_fp32`, O2's default) keep FP32 parameters and statistics and take 16-bit activations through typed-amp's mixed forward, not this one: call `typed_amp::amp::norm::MixedNorm::try_forward_mixed` (what an `#[amp]` model's forward does), or cast in with `.to_f32()` and back out"
 )]
 pub trait Module<Input> {
     /// The type that this unit produces given `Input`.
@@ -32,7 +33,8 @@ pub trait Module<Input> {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` has no training forward for an input of type `{Input}`",
     label = "this layer cannot take that input",
-    note = "a layer takes tensors of its own precision (and shape); where layers of different precisions meet (FP32, FP16, BF16), cast at the boundary to the next layer's precision with typed-amp's `.to_f16()`, `.to_bf16()` or `.to_f32()`"
+    note = "a layer takes tensors of its own precision (and shape); where layers of different precisions meet (FP32, FP16, BF16), cast at the boundary to the next layer's precision with typed-amp's `.to_f16()`, `.to_bf16()` or `.to_f32()`",
+    note = "batch norm and layer norm under O2 (`keep_batchnorm_fp32`, O2's default) keep FP32 parameters and statistics and take 16-bit activations through typed-amp's mixed forward, not this one: call `typed_amp::amp::norm::MixedNormMut::try_forward_mixed_mut` (what an `#[amp]` model's training forward does), or cast in with `.to_f32()` and back out"
 )]
 pub trait ModuleMut<Input> {
     /// The type that this unit produces given `Input`.
