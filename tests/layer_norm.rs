@@ -302,3 +302,32 @@ fn a_non_finite_input_of_the_mixed_layer_norm_reaches_its_gradients() {
         assert!(db.iter().all(|v| v.is_finite()), "dbeta sums dy only");
     }
 }
+
+#[typed_amp::amp(policy = "O0")]
+struct NormO0 {
+    norm: typed_amp::dfdx::nn::builders::LayerNorm1D<M>,
+}
+
+/// Under O0 (FP32 parameters and activations) an `#[amp]` model's layer norm runs the fused
+/// op, as O2's does on 16-bit activations: the model's output is the op's bit for bit (and not
+/// dfdx's composed layer's, which rounds its f32 sums differently on these rows), and its
+/// backward writes γ's gradient into the FP32 parameter buffer, as only the fused op does.
+#[test]
+fn an_o0_layer_norm_runs_the_fused_op() {
+    let dev = Cpu::seed_from_u64(34);
+    let mut model = NormO0::build(&dev).unwrap();
+    let rows = 9;
+    let x = tensor::<f32>(&dev, &sample::<f32>(&dev, rows * M, 2.0, 3.0));
+    let ln = model.working().norm.clone();
+    let fused = ln.try_forward_mixed(x.clone()).unwrap().as_vec();
+    let composed = ln.forward(x.clone()).as_vec();
+    assert_ne!(fused, composed, "the rows tell the two paths apart");
+    assert_eq!(model.working().forward(x.clone()).as_vec(), fused);
+
+    let y = model.working_mut().forward_mut(x.leaky_traced_mixed());
+    let grads = Loss::new(y.sum()).backward().unwrap().grads().clone();
+    assert!(
+        grads.param_grad(ln.gamma.id()).is_some(),
+        "the fused op ran in training"
+    );
+}

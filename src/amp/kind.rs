@@ -23,6 +23,12 @@ pub struct Activation;
 #[derive(Debug)]
 pub struct Norm;
 
+/// dfdx's `LayerNorm1D`: the [`Norm`] row, run as typed-amp's fused layer norm
+/// ([`crate::ops::layernorm`]) wherever its parameters are FP32 (O0, O1, and O2 unless
+/// `keep_batchnorm_fp32 = false`), as dfdx's layer in 16 bits otherwise.
+#[derive(Debug)]
+pub struct LayerNorm;
+
 /// Softmax, log-softmax, exp and log: FP32 except under O3.
 #[derive(Debug)]
 pub struct Fp32Op;

@@ -130,6 +130,7 @@ leaf_kinds! {
     Linear => Matmul;
     Activation => Neutral;
     Norm => Norm;
+    LayerNorm => Norm;
     Fp32Op => Fp32Op;
     Elementwise => Elementwise;
     Neutral => Neutral;
@@ -194,6 +195,7 @@ leaf_working! {
     kind::Linear;
     kind::Activation;
     kind::Norm;
+    kind::LayerNorm;
     kind::Fp32Op;
     kind::Elementwise;
     kind::Neutral;

@@ -41,7 +41,8 @@ amp_layers! {
         [] dm::ReLU;
     kind::Norm =>
         [const C: usize, E: Dtype, D: Device<E>] dm::BatchNorm1D<C, E, D>,
-        [const C: usize, E: Dtype, D: Device<E>] dm::BatchNorm2D<C, E, D>,
+        [const C: usize, E: Dtype, D: Device<E>] dm::BatchNorm2D<C, E, D>;
+    kind::LayerNorm =>
         [const M: usize, E: Dtype, D: Device<E>] dm::LayerNorm1D<M, E, D>;
     kind::Fp32Op =>
         [] dm::Softmax,

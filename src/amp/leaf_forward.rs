@@ -1,5 +1,6 @@
 //! The leaf rows with a forward of their own: linear layers (typed-amp's fused op, or O1's
-//! per-pass cast) and activations (ReLU fused into the op before it).
+//! per-pass cast), activations (ReLU fused into the op before it) and layer norm (typed-amp's
+//! fused op wherever its parameters are FP32).
 
 use std::fmt::Debug;
 
@@ -8,11 +9,12 @@ use dfdx::prelude::{Shape, Tensor};
 
 use super::kind;
 use super::model::{AutocastForward, CastTo};
+use super::norm::MixedNorm;
 use crate::device::{AmpDevice, Kernels};
 use crate::ops::linear::LinearInput;
-use crate::precision::{AmpElem, LowPrecision, Precision};
+use crate::precision::{AmpElem, LowPrecision, Precision, F32};
 
-use super::layer::{plan, KindRun, KindRunMut, LeafKind};
+use super::layer::{plan, KindRun, KindRunMut, LeafKind, RunPlanned};
 
 impl<W, Pol, X> KindRun<W, Pol, X> for kind::Linear
 where
@@ -139,3 +141,76 @@ where
         crate::ops::relu::try_relu(self)
     }
 }
+
+impl<W, Pol, X> KindRun<W, Pol, X> for kind::LayerNorm
+where
+    Self: LeafKind<Pol>,
+    X: RunLayerNorm<W, <Self as LeafKind<Pol>>::Plan>,
+{
+    type Output = X::Output;
+    type Error = X::Error;
+    fn try_run(x: X, layer: &W) -> Result<X::Output, X::Error> {
+        x.try_run_layer_norm(layer)
+    }
+}
+
+// Layer norm keeps no running statistics: training runs the inference forward.
+impl<W, Pol, X> KindRunMut<W, Pol, X> for kind::LayerNorm
+where
+    Self: LeafKind<Pol>,
+    X: RunLayerNorm<W, <Self as LeafKind<Pol>>::Plan>,
+{
+    type Output = X::Output;
+    type Error = X::Error;
+    fn try_run_mut(x: X, layer: &mut W) -> Result<X::Output, X::Error> {
+        x.try_run_layer_norm(layer)
+    }
+}
+
+/// Runs a layer norm `M` on `self` by plan `Pl`: typed-amp's fused op wherever the parameters
+/// are FP32 (under O0 and O1 on FP32 activations, as under O2's `keep_batchnorm_fp32` on
+/// 16-bit ones), dfdx's layer where they are 16-bit.
+///
+/// The fused op is one pass per row forward and one backward, parallel over rows, against
+/// dfdx's composition of a dozen broadcast ops, reductions and copies; both compute the same
+/// function in FP32 (the fused op sums in f64).
+pub trait RunLayerNorm<M, Pl>: Sized {
+    /// The layer's output.
+    type Output;
+    /// The error the forward can return.
+    type Error: Debug;
+    /// Runs `layer` on `self`.
+    fn try_run_layer_norm(self, layer: &M) -> Result<Self::Output, Self::Error>;
+}
+
+impl<X, M> RunLayerNorm<M, plan::In<F32>> for X
+where
+    X: CastTo<F32>,
+    M: MixedNorm<X::Output, Error = X::Error>,
+{
+    type Output = M::Output;
+    type Error = X::Error;
+    fn try_run_layer_norm(self, layer: &M) -> Result<M::Output, X::Error> {
+        layer.try_forward_mixed(self.try_cast_to()?)
+    }
+}
+
+/// The plans whose layer norm runs as [`RunPlanned`] runs any layer of the row.
+macro_rules! planned_layer_norm {
+    ($($plan:ident<P: $bound:ident>),*) => {$(
+        impl<X: RunPlanned<M, plan::$plan<P>>, M, P: $bound> RunLayerNorm<M, plan::$plan<P>> for X {
+            type Output = X::Output;
+            type Error = X::Error;
+            fn try_run_layer_norm(self, layer: &M) -> Result<X::Output, X::Error> {
+                self.try_run_planned(layer)
+            }
+        }
+    )*};
+}
+
+planned_layer_norm!(
+    In<P: LowPrecision>,
+    Autocast<P: LowPrecision>,
+    KeepFp32<P: LowPrecision>,
+    Pass<P: Precision>
+);

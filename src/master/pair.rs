@@ -128,6 +128,7 @@ leaf_pairs! {
     kind::Linear;
     kind::Activation;
     kind::Norm;
+    kind::LayerNorm;
     kind::Fp32Op;
     kind::Elementwise;
     kind::Neutral;
