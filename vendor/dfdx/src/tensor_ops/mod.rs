@@ -146,7 +146,7 @@
 //! assert_eq!(r.array(), [2.0, 5.0]);
 //! ```
 
-mod utilities;
+pub(crate) mod utilities;
 pub use utilities::*;
 
 mod abs;

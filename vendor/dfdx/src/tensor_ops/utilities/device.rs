@@ -112,6 +112,8 @@ pub trait Device<E: Dtype>:
 
     // typed-amp patch: fused batch norm
     + super::super::batchnorm::BatchNormKernel<E>
+    // typed-amp patch: fused softmax
+    + super::super::softmax::SoftmaxKernel<E>
 {
 }
 
