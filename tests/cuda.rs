@@ -780,7 +780,9 @@ macro_rules! train {
             },
         );
         let mut scaler = GradScaler::new(1024.0, 2.0, 0.5, 1000).unwrap();
-        let mut overflowing = GradScaler::with_static_scale(2f32.powi(24)).unwrap();
+        // A dynamic scale of 2^24 makes the scaled loss's FP16 gradients overflow (a static
+        // scale above FP16's largest value is refused by every constructor).
+        let mut overflowing = GradScaler::new(2f32.powi(24), 2.0, 0.5, 1000).unwrap();
         let mut grads = model.alloc_grads().unwrap();
         let mut records = Vec::new();
         for (step, kind) in PLAN.into_iter().enumerate() {

@@ -8,7 +8,19 @@ use cudarc::{
     types::CudaTypeName,
 };
 
+use std::string::String;
 use std::vec::Vec;
+
+/// typed-amp patch: `kernel` with dfdx's own headers pasted in where it includes them. They were
+/// found at run time in the build's `OUT_DIR`, a path of the machine that compiled the program:
+/// a binary built on one machine and run on another failed to compile the kernel (found by the
+/// first run on a GPU machine, of binaries built elsewhere).
+fn with_headers(kernel: &str) -> String {
+    const UTILS: &str = include_str!("../utilities/cuda_utils.cuh");
+    const COMPATIBILITY: &str = include_str!("../utilities/compatibility.cuh");
+    let utils = UTILS.replace("#include \"compatibility.cuh\"", COMPATIBILITY);
+    kernel.replace("#include \"cuda_utils.cuh\"", &utils)
+}
 
 impl<E: Dtype + CudaTypeName> super::ReshapeKernel<E> for Cuda {
     fn forward<Src: Shape, Dst: Shape>(
@@ -18,13 +30,10 @@ impl<E: Dtype + CudaTypeName> super::ReshapeKernel<E> for Cuda {
     ) -> Result<Tensor<Dst, E, Self>, Self::Err> {
         let module = std::format!("reshape_fwd_{}", E::NAME);
         if !self.dev.has_func(&module, "reshape_fwd") {
-            let src = FWD_KERNEL.replace("$T", E::NAME);
+            let src = with_headers(FWD_KERNEL).replace("$T", E::NAME);
             let opts = CompileOptions {
                 arch: Some(env!("CUDA_COMPUTE_CAP")),
-                include_paths: vec![
-                    env!("CUDA_INCLUDE_DIR").to_string(),
-                    env!("OUT_DIR").to_string(),
-                ],
+                include_paths: vec![env!("CUDA_INCLUDE_DIR").to_string()],
                 ..Default::default()
             };
             let ptx = compile_ptx_with_opts(src, opts).unwrap();
@@ -65,13 +74,10 @@ impl<E: Dtype + CudaTypeName> super::ReshapeKernel<E> for Cuda {
     ) -> Result<(), Self::Err> {
         let module = std::format!("reshape_bwd_{}", E::NAME);
         if !self.dev.has_func(&module, "reshape_bwd") {
-            let src = BWD_KERNEL.replace("$T", E::NAME);
+            let src = with_headers(BWD_KERNEL).replace("$T", E::NAME);
             let opts = CompileOptions {
                 arch: Some(env!("CUDA_COMPUTE_CAP")),
-                include_paths: vec![
-                    env!("CUDA_INCLUDE_DIR").to_string(),
-                    env!("OUT_DIR").to_string(),
-                ],
+                include_paths: vec![env!("CUDA_INCLUDE_DIR").to_string()],
                 ..Default::default()
             };
             let ptx = compile_ptx_with_opts(src, opts).unwrap();
