@@ -1,6 +1,6 @@
 //! GPU benchmark: milliseconds per training step and peak GPU memory under O0 (FP32), O1 and O2
-//! for an MLP 4096-4096-4096-10 at batch 1024 and the main job's CNN at batch 256, plus the FP16
-//! matrix-multiply throughput the MLP reaches. Prints a Markdown section for `BENCHMARKS.md`.
+//! (FP16), and O2-BF16, for an MLP 4096-4096-4096-10 at batch 1024 and the main job's CNN at
+//! batch 256, plus the FP16 and BF16 matrix-multiply throughput the MLP reaches. Prints a Markdown section for `BENCHMARKS.md`.
 //!
 //! ```sh
 //! cargo bench -p typed-amp-cli --features cuda --bench gpu_step
@@ -14,7 +14,7 @@ use typed_amp::dfdx::optim::Adam;
 use typed_amp::optim::MasterOptimizer;
 use typed_amp::prelude::*;
 use typed_amp::tape::MixedTape;
-use typed_amp_cli::models::{CnnO0, CnnO1, CnnO2};
+use typed_amp_cli::models::{CnnO0, CnnO1, CnnO2, CnnO2Bf16};
 
 const MLP_BATCH: usize = 1024;
 const CNN_BATCH: usize = 256;
@@ -22,8 +22,8 @@ const WARMUP: usize = 5;
 const STEPS: usize = 30;
 
 macro_rules! big_mlp {
-    ($name:ident, $policy:literal) => {
-        #[typed_amp::amp(policy = $policy, cast_model_outputs = "fp32")]
+    ($name:ident, $($policy:tt)*) => {
+        #[typed_amp::amp($($policy)*, cast_model_outputs = "fp32")]
         pub struct $name {
             fc1: Linear<4096, 4096>,
             act1: ReLU,
@@ -34,9 +34,10 @@ macro_rules! big_mlp {
     };
 }
 
-big_mlp!(BigMlpO0, "O0");
-big_mlp!(BigMlpO1, "O1");
-big_mlp!(BigMlpO2, "O2");
+big_mlp!(BigMlpO0, policy = "O0");
+big_mlp!(BigMlpO1, policy = "O1");
+big_mlp!(BigMlpO2, policy = "O2");
+big_mlp!(BigMlpO2Bf16, policy = "O2", dtype = "bf16");
 
 /// Memory in use on the device, in bytes.
 fn used_memory() -> usize {
@@ -136,6 +137,7 @@ fn main() {
         ("O0", bench::<BigMlpO0, _>(&dev, mlp_shape)),
         ("O1", bench::<BigMlpO1, _>(&dev, mlp_shape)),
         ("O2", bench::<BigMlpO2, _>(&dev, mlp_shape)),
+        ("O2-BF16", bench::<BigMlpO2Bf16, _>(&dev, mlp_shape)),
     ];
     for (policy, f) in &mlp {
         println!(
@@ -149,6 +151,7 @@ fn main() {
         ("O0", bench::<CnnO0, _>(&dev, cnn_shape)),
         ("O1", bench::<CnnO1, _>(&dev, cnn_shape)),
         ("O2", bench::<CnnO2, _>(&dev, cnn_shape)),
+        ("O2-BF16", bench::<CnnO2Bf16, _>(&dev, cnn_shape)),
     ] {
         println!(
             "| main job's CNN, batch {CNN_BATCH} | {policy} | {:.2} | {:.0} MiB |",
@@ -158,12 +161,15 @@ fn main() {
     }
     // Forward and backward of the MLP's three matrix products: 3 × 2·B·(4096·4096·2 + 4096·10).
     let flops = 3.0 * 2.0 * MLP_BATCH as f64 * (4096.0 * 4096.0 * 2.0 + 4096.0 * 10.0);
-    let o2 = &mlp[2].1;
-    let tflops = flops / (o2.ms_per_step * 1e-3) / 1e12;
+    let tflops = |f: &Figures| flops / (f.ms_per_step * 1e-3) / 1e12;
+    let (o2, bf16) = (&mlp[2].1, &mlp[3].1);
     println!(
-        "\nO2 vs O0 on the MLP: {:.2}× faster. The O2 step runs the MLP's matrix products at {tflops:.0} TFLOP/s \
-         (an H100 SXM's dense FP16 peak is 989 TFLOP/s; PCIe 756), a lower bound on the FP16 matmul rate since the \
+        "\nO2 vs O0 on the MLP: {:.2}× faster (O2-BF16: {:.2}×). The O2 step runs the MLP's matrix products at {:.0} TFLOP/s \
+         (O2-BF16: {:.0}; an H100 SXM's dense FP16/BF16 peak is 989 TFLOP/s; PCIe 756), a lower bound on the 16-bit matmul rate since the \
          step also casts, unscales and updates.",
-        mlp[0].1.ms_per_step / o2.ms_per_step
+        mlp[0].1.ms_per_step / o2.ms_per_step,
+        mlp[0].1.ms_per_step / bf16.ms_per_step,
+        tflops(o2),
+        tflops(bf16),
     );
 }

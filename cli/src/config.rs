@@ -185,3 +185,24 @@ impl std::fmt::Display for DeviceChoice {
         }
     }
 }
+
+/// Opens GPU `ordinal` as dfdx's CUDA device, seeded with `seed`. cudarc 0.9 panics, rather than
+/// erring, when the driver cannot be initialised or the ordinal names no GPU, so both are checked
+/// first: `--device cuda:N` where there is no driver or no GPU N is a usage error, not a panic.
+#[cfg(feature = "cuda")]
+pub fn open_cuda(ordinal: usize, seed: u64) -> Result<typed_amp::dfdx::prelude::Cuda, RunError> {
+    use cudarc::driver::result;
+    let fail = |why: String| RunError::Usage(format!("cannot open cuda:{ordinal}: {why}"));
+    result::init().map_err(|e| fail(format!("the CUDA driver did not initialise ({e})")))?;
+    let count = result::device::get_count()
+        .map_err(|e| fail(format!("the GPUs could not be counted ({e})")))?;
+    let count = usize::try_from(count).unwrap_or(0);
+    if ordinal >= count {
+        return Err(fail(match count {
+            0 => "this machine has no CUDA GPU".to_string(),
+            1 => "this machine has one CUDA GPU, cuda:0".to_string(),
+            n => format!("this machine has {n} CUDA GPUs, cuda:0 to cuda:{}", n - 1),
+        }));
+    }
+    typed_amp::dfdx::prelude::Cuda::try_build(ordinal, seed).map_err(|e| fail(e.to_string()))
+}

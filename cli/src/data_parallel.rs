@@ -129,8 +129,7 @@ mod enabled {
                         .and_then(|r| r.parse::<usize>().ok())
                         .unwrap_or(self.mpi.rank());
                     let gpu = ordinal + local;
-                    let dev = typed_amp::dfdx::prelude::Cuda::try_build(gpu, cfg.seed)
-                        .map_err(|e| RunError::Usage(format!("cannot open cuda:{gpu}: {e}")))?;
+                    let dev = crate::config::open_cuda(gpu, cfg.seed)?;
                     let nccl =
                         typed_amp::distributed::nccl::NcclCollective::bootstrap(&dev, &self.mpi)?;
                     run_on(cfg, data, dev, &nccl)

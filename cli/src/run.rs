@@ -416,9 +416,7 @@ pub fn run(cfg: &RunConfig, data: &FashionMnist) -> Result<RunReport, RunError> 
         DeviceChoice::Cpu => run_on(cfg, data, Cpu::seed_from_u64(cfg.seed)),
         #[cfg(feature = "cuda")]
         DeviceChoice::Cuda(ordinal) => {
-            let dev = typed_amp::dfdx::prelude::Cuda::try_build(ordinal, cfg.seed)
-                .map_err(|e| RunError::Usage(format!("cannot open cuda:{ordinal}: {e}")))?;
-            run_on(cfg, data, dev)
+            run_on(cfg, data, crate::config::open_cuda(ordinal, cfg.seed)?)
         }
         #[cfg(not(feature = "cuda"))]
         DeviceChoice::Cuda(_) => Err(RunError::Usage(format!(
