@@ -2,6 +2,7 @@ use crate::{
     shapes::*,
     tensor::{launch_cfg, Cuda, GhostTensor, Tensor},
 };
+use crate::tensor_ops::utilities::cuda_kernels::with_headers;
 use cudarc::{
     driver::{DeviceSlice, LaunchAsync},
     nvrtc::{compile_ptx_with_opts, CompileOptions},
@@ -18,13 +19,10 @@ impl<E: Dtype + CudaTypeName> super::ConcatAlongKernel<E> for Cuda {
     ) -> Result<(), Self::Err> {
         let module_name = std::format!("concat_{}", E::NAME);
         if !self.dev.has_func(&module_name, "fwd") {
-            let src = KERNEL.replace("$Ty", E::NAME);
+            let src = with_headers(KERNEL).replace("$Ty", E::NAME);
             let opts = CompileOptions {
                 arch: Some(env!("CUDA_COMPUTE_CAP")),
-                include_paths: vec![
-                    env!("CUDA_INCLUDE_DIR").to_string(),
-                    env!("OUT_DIR").to_string(),
-                ],
+                include_paths: vec![env!("CUDA_INCLUDE_DIR").to_string()],
                 ..Default::default()
             };
             let ptx = compile_ptx_with_opts(src, opts).unwrap();

@@ -2,25 +2,15 @@ use crate::{
     shapes::*,
     tensor::{launch_cfg, Cuda, Tensor},
 };
+use crate::tensor_ops::utilities::cuda_kernels::with_headers;
 use cudarc::{
     driver::{DeviceSlice, LaunchAsync},
     nvrtc::{compile_ptx_with_opts, CompileOptions},
     types::CudaTypeName,
 };
 
-use std::string::String;
 use std::vec::Vec;
 
-/// typed-amp patch: `kernel` with dfdx's own headers pasted in where it includes them. They were
-/// found at run time in the build's `OUT_DIR`, a path of the machine that compiled the program:
-/// a binary built on one machine and run on another failed to compile the kernel (found by the
-/// first run on a GPU machine, of binaries built elsewhere).
-fn with_headers(kernel: &str) -> String {
-    const UTILS: &str = include_str!("../utilities/cuda_utils.cuh");
-    const COMPATIBILITY: &str = include_str!("../utilities/compatibility.cuh");
-    let utils = UTILS.replace("#include \"compatibility.cuh\"", COMPATIBILITY);
-    kernel.replace("#include \"cuda_utils.cuh\"", &utils)
-}
 
 impl<E: Dtype + CudaTypeName> super::ReshapeKernel<E> for Cuda {
     fn forward<Src: Shape, Dst: Shape>(

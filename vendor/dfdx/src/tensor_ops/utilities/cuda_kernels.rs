@@ -4,7 +4,7 @@ use crate::{
     tensor_ops::ops::{BinaryKernel, UnaryKernel},
 };
 use cudarc::driver::{DeviceRepr, DeviceSlice, LaunchAsync};
-use std::{borrow::Cow, sync::Arc, vec::Vec};
+use std::{borrow::Cow, string::String, sync::Arc, vec::Vec};
 
 pub trait UnaryOpCudaKernel<E> {
     const DF_USES_FX: bool;
@@ -431,4 +431,15 @@ impl<E: Dtype, K: BinaryOpCudaKernel<E> + DeviceRepr + Clone> BinaryKernel<K, E>
 
         Ok(())
     }
+}
+
+/// typed-amp patch: `kernel` with dfdx's own headers pasted in where it includes them. They were
+/// found at run time in the build's `OUT_DIR`, a path of the machine that compiled the program:
+/// a binary built on one machine and run on another failed to compile the kernel (found by the
+/// first run on a GPU machine, of binaries built elsewhere).
+pub(crate) fn with_headers(kernel: &str) -> String {
+    const UTILS: &str = include_str!("cuda_utils.cuh");
+    const COMPATIBILITY: &str = include_str!("compatibility.cuh");
+    let utils = UTILS.replace("#include \"compatibility.cuh\"", COMPATIBILITY);
+    kernel.replace("#include \"cuda_utils.cuh\"", &utils)
 }
