@@ -193,6 +193,34 @@ impl<E: Dtype, Op: UnaryDerivative<E> + Sync> UnaryKernel<Op, E> for Cpu {
         inp: Cow<Tensor<S, E, Self>>,
     ) -> Result<Tensor<S, E, Self>, Self::Err> {
         let mut out = match inp {
+            Cow::Borrowed(inp) if !(Op::IN_F32 && is_half::<E>()) => {
+                // typed-amp patch: `f(x)` written straight into a new buffer, in parallel
+                // pieces, instead of copying the input (memcpy) and overwriting the copy.
+                let src: &[E] = &inp.data;
+                let mut data: std::vec::Vec<E> = std::vec::Vec::new();
+                data.try_reserve_exact(src.len())
+                    .map_err(|_| crate::tensor::CpuError::OutOfMemory)?;
+                par_elementwise(&mut data.spare_capacity_mut()[..src.len()], 1, |off, piece| {
+                    for (y, x) in piece.iter_mut().zip(&src[off..]) {
+                        y.write(op.f(x));
+                    }
+                });
+                // SAFETY: the reservation holds `src.len()` elements, and the loop above wrote
+                // each of them.
+                unsafe { data.set_len(src.len()) };
+                let data = crate::tensor::cpu::CachableVec {
+                    data,
+                    cache: self.cache.clone(),
+                };
+                return Ok(Tensor {
+                    id: unique_id(),
+                    data: std::sync::Arc::new(data),
+                    shape: inp.shape,
+                    strides: inp.strides,
+                    device: self.clone(),
+                    tape: Default::default(),
+                });
+            }
             Cow::Borrowed(inp) => {
                 // allocate a new data buffer
                 Tensor {
