@@ -1,8 +1,8 @@
+use crate::tensor_ops::utilities::cuda_kernels::with_headers;
 use crate::{
     shapes::*,
     tensor::{launch_cfg, Cuda, GhostTensor, Tensor},
 };
-use crate::tensor_ops::utilities::cuda_kernels::with_headers;
 use cudarc::{
     driver::{DeviceSlice, LaunchAsync},
     nvrtc::{compile_ptx_with_opts, CompileOptions},

@@ -1,8 +1,8 @@
+use crate::tensor_ops::utilities::cuda_kernels::with_headers;
 use crate::{
     shapes::*,
     tensor::{launch_cfg, Cuda, Tensor},
 };
-use crate::tensor_ops::utilities::cuda_kernels::with_headers;
 use cudarc::{
     driver::{DeviceSlice, LaunchAsync},
     nvrtc::{compile_ptx_with_opts, CompileOptions},
@@ -10,7 +10,6 @@ use cudarc::{
 };
 
 use std::vec::Vec;
-
 
 impl<E: Dtype + CudaTypeName> super::ReshapeKernel<E> for Cuda {
     fn forward<Src: Shape, Dst: Shape>(

@@ -152,7 +152,11 @@ mod tests {
 
         let fused = x.leaky_trace().softmax::<Axis<1>>();
         let composed = super::softmax_composed::<Axis<1>, _, _, _, _>(x.leaky_trace()).unwrap();
-        assert_eq!(fused.as_vec(), composed.as_vec(), "fused forward is the composition's");
+        assert_eq!(
+            fused.as_vec(),
+            composed.as_vec(),
+            "fused forward is the composition's"
+        );
         let (yv, xv, dyv) = (fused.as_vec(), x.as_vec(), dy.as_vec());
         let g_fused = (fused * dy.clone()).sum().backward();
         let g_composed = (composed * dy.clone()).sum().backward();

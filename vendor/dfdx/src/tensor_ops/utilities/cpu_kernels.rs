@@ -200,11 +200,15 @@ impl<E: Dtype, Op: UnaryDerivative<E> + Sync> UnaryKernel<Op, E> for Cpu {
                 let mut data: std::vec::Vec<E> = std::vec::Vec::new();
                 data.try_reserve_exact(src.len())
                     .map_err(|_| crate::tensor::CpuError::OutOfMemory)?;
-                par_elementwise(&mut data.spare_capacity_mut()[..src.len()], 1, |off, piece| {
-                    for (y, x) in piece.iter_mut().zip(&src[off..]) {
-                        y.write(op.f(x));
-                    }
-                });
+                par_elementwise(
+                    &mut data.spare_capacity_mut()[..src.len()],
+                    1,
+                    |off, piece| {
+                        for (y, x) in piece.iter_mut().zip(&src[off..]) {
+                            y.write(op.f(x));
+                        }
+                    },
+                );
                 // SAFETY: the reservation holds `src.len()` elements, and the loop above wrote
                 // each of them.
                 unsafe { data.set_len(src.len()) };
