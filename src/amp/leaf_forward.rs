@@ -16,29 +16,40 @@ use crate::precision::{AmpElem, LowPrecision, Precision, F32};
 
 use super::layer::{plan, KindRun, KindRunMut, LeafKind, RunPlanned};
 
-impl<W, Pol, X> KindRun<W, Pol, X> for kind::Linear
-where
-    Self: LeafKind<Pol>,
-    X: RunLinear<W, <Self as LeafKind<Pol>>::Plan>,
-{
-    type Output = X::Output;
-    type Error = X::Error;
-    fn try_run(x: X, layer: &W) -> Result<X::Output, X::Error> {
-        x.try_run_linear(layer)
-    }
+/// The kinds whose leaf forward is a trait of their own, by plan: `KindRun` and `KindRunMut`
+/// both call `$method` (the layer has no state a training forward updates: a linear layer, or
+/// layer norm, which keeps no running statistics).
+macro_rules! run_by_plan {
+    ($($kind:ty => $trait:ident::$method:ident;)*) => {$(
+        impl<W, Pol, X> KindRun<W, Pol, X> for $kind
+        where
+            Self: LeafKind<Pol>,
+            X: $trait<W, <Self as LeafKind<Pol>>::Plan>,
+        {
+            type Output = X::Output;
+            type Error = X::Error;
+            fn try_run(x: X, layer: &W) -> Result<X::Output, X::Error> {
+                x.$method(layer)
+            }
+        }
+
+        impl<W, Pol, X> KindRunMut<W, Pol, X> for $kind
+        where
+            Self: LeafKind<Pol>,
+            X: $trait<W, <Self as LeafKind<Pol>>::Plan>,
+        {
+            type Output = X::Output;
+            type Error = X::Error;
+            fn try_run_mut(x: X, layer: &mut W) -> Result<X::Output, X::Error> {
+                x.$method(layer)
+            }
+        }
+    )*};
 }
 
-// A linear layer has no state a training forward updates.
-impl<W, Pol, X> KindRunMut<W, Pol, X> for kind::Linear
-where
-    Self: LeafKind<Pol>,
-    X: RunLinear<W, <Self as LeafKind<Pol>>::Plan>,
-{
-    type Output = X::Output;
-    type Error = X::Error;
-    fn try_run_mut(x: X, layer: &mut W) -> Result<X::Output, X::Error> {
-        x.try_run_linear(layer)
-    }
+run_by_plan! {
+    kind::Linear => RunLinear::try_run_linear;
+    kind::LayerNorm => RunLayerNorm::try_run_layer_norm;
 }
 
 /// Runs a linear layer `M` on `self` by plan `Pl`: typed-amp's fused op for the plans that keep
@@ -139,31 +150,6 @@ where
     type Error = D::Err;
     fn try_activate(self, _layer: &dfdx::nn::modules::ReLU) -> Result<Self, D::Err> {
         crate::ops::relu::try_relu(self)
-    }
-}
-
-impl<W, Pol, X> KindRun<W, Pol, X> for kind::LayerNorm
-where
-    Self: LeafKind<Pol>,
-    X: RunLayerNorm<W, <Self as LeafKind<Pol>>::Plan>,
-{
-    type Output = X::Output;
-    type Error = X::Error;
-    fn try_run(x: X, layer: &W) -> Result<X::Output, X::Error> {
-        x.try_run_layer_norm(layer)
-    }
-}
-
-// Layer norm keeps no running statistics: training runs the inference forward.
-impl<W, Pol, X> KindRunMut<W, Pol, X> for kind::LayerNorm
-where
-    Self: LeafKind<Pol>,
-    X: RunLayerNorm<W, <Self as LeafKind<Pol>>::Plan>,
-{
-    type Output = X::Output;
-    type Error = X::Error;
-    fn try_run_mut(x: X, layer: &mut W) -> Result<X::Output, X::Error> {
-        x.try_run_layer_norm(layer)
     }
 }
 

@@ -29,7 +29,8 @@ impl Cpu {
         let data = self.cache.try_pop::<E>(numel).map_or_else(
             || {
                 if numel >= 2 * PAR_MIN_ELEMS {
-                    return filled_in_parallel(numel, elem);
+                    // A `Vec<()>` takes no memory: it only gives the map its length.
+                    return try_map_in_parallel(&std::vec![(); numel], |_| elem);
                 }
                 #[cfg(feature = "fast-alloc")]
                 {
@@ -65,20 +66,27 @@ impl Cpu {
     }
 }
 
-/// `numel` copies of `elem`, written in parallel pieces (typed-amp patch): every backward
-/// allocates its gradient buffers zeroed, and one thread zeroing them (calloc's memset on
-/// reused memory) was the largest serial part of a transformer's backward on two cores.
-fn filled_in_parallel<E: Unit>(numel: usize, elem: E) -> Result<Vec<E>, CpuError> {
+/// `f` of each element of `src`, written straight into a new buffer, in parallel pieces above
+/// 2 · `PAR_MIN_ELEMS` elements (typed-amp patch): no zero fill or copy for the results to
+/// overwrite. Large zero-filled buffers come from here too: every backward allocates its
+/// gradient buffers zeroed, and one thread zeroing them (calloc's memset on reused memory) was
+/// the largest serial part of a transformer's backward on two cores.
+pub(crate) fn try_map_in_parallel<S: Sync, E: Unit>(
+    src: &[S],
+    f: impl Fn(&S) -> E + Send + Sync,
+) -> Result<Vec<E>, CpuError> {
+    let len = src.len();
     let mut data: Vec<E> = Vec::new();
-    data.try_reserve_exact(numel)
+    data.try_reserve_exact(len)
         .map_err(|_| CpuError::OutOfMemory)?;
-    par_elementwise(&mut data.spare_capacity_mut()[..numel], 1, |_, piece| {
-        for x in piece {
-            x.write(elem);
+    par_elementwise(&mut data.spare_capacity_mut()[..len], 1, |off, piece| {
+        for (y, x) in piece.iter_mut().zip(&src[off..]) {
+            y.write(f(x));
         }
     });
-    // SAFETY: the reservation holds `numel` elements, and the loop above wrote each of them.
-    unsafe { data.set_len(numel) };
+    // SAFETY: the reservation holds `len` elements, and the pieces cover `0..len`, each writing
+    // all of its elements (`src[off..]` is at least as long as the piece at `off`).
+    unsafe { data.set_len(len) };
     Ok(data)
 }
 

@@ -67,7 +67,7 @@ macro_rules! fused_softmax {
                 Self: Device<$e>,
                 S: ReduceShape<Ax>,
             {
-                let last = S::NUM_DIMS.wrapping_sub(1) as isize;
+                let last = S::NUM_DIMS as isize - 1;
                 let contiguous = x.strides == x.shape.strides()
                     && x.data.len() == x.shape.num_elements();
                 if S::NUM_DIMS < 2

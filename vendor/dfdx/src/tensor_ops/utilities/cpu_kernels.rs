@@ -5,7 +5,7 @@ use super::ops::{BinaryKernel, UnaryKernel};
 use crate::{
     shapes::{Dtype, Shape},
     tensor::{
-        cpu::{for_each_run, Cpu},
+        cpu::{for_each_run, try_map_in_parallel, Cpu},
         unique_id, Tensor, Tensorlike, ZerosTensor,
     },
 };
@@ -196,22 +196,7 @@ impl<E: Dtype, Op: UnaryDerivative<E> + Sync> UnaryKernel<Op, E> for Cpu {
             Cow::Borrowed(inp) if !(Op::IN_F32 && is_half::<E>()) => {
                 // typed-amp patch: `f(x)` written straight into a new buffer, in parallel
                 // pieces, instead of copying the input (memcpy) and overwriting the copy.
-                let src: &[E] = &inp.data;
-                let mut data: std::vec::Vec<E> = std::vec::Vec::new();
-                data.try_reserve_exact(src.len())
-                    .map_err(|_| crate::tensor::CpuError::OutOfMemory)?;
-                par_elementwise(
-                    &mut data.spare_capacity_mut()[..src.len()],
-                    1,
-                    |off, piece| {
-                        for (y, x) in piece.iter_mut().zip(&src[off..]) {
-                            y.write(op.f(x));
-                        }
-                    },
-                );
-                // SAFETY: the reservation holds `src.len()` elements, and the loop above wrote
-                // each of them.
-                unsafe { data.set_len(src.len()) };
+                let data = try_map_in_parallel(&inp.data, |x| op.f(x))?;
                 let data = crate::tensor::cpu::CachableVec {
                     data,
                     cache: self.cache.clone(),

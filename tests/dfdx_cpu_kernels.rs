@@ -1,0 +1,121 @@
+//! The vendored dfdx's rewritten CPU kernels (rows in `vendor/dfdx/TYPED_AMP_PATCH.md`) against
+//! the composition or definition they replace. dfdx's own unit tests do not run in CI (its
+//! library is built with `test = false`), so the patch's tests live here.
+//!
+//! - Softmax along the last axis of a contiguous f32 tensor is one fused pass per row; along
+//!   another axis, or on a permuted tensor, upstream's composition runs. Both perform the same
+//!   operations on each row in the same order (maximum, `exp(x − max)`, the sum in order,
+//!   division), so their outputs are the same bits. Against an f64 reference, with u = 2⁻²⁴ and
+//!   rows of n: `exp` within an ulp, the sum's n − 1 additions and the division keep
+//!   `|y − y₆₄| ≤ (n + 4)·u·y₆₄`; the input gradient `y·(dy − Σ dy·y)` (fused) or the backward
+//!   ops of division, sum and exp (composed) each add a sum of n terms and a few roundings:
+//!   `|dx − dx₆₄| ≤ (2n + 12)·u·y₆₄·(|dy| + Σ|dy·y₆₄|)`.
+//! - Reshape copies a permuted tensor and adds its gradient back exactly (each element is copied,
+//!   or its gradient added, once), on tensors large enough for the parallel path; a broadcast
+//!   input (elements sharing an offset) takes the serial path, its gradients sums within the
+//!   bound of an f32 sum.
+
+use typed_amp::prelude::*;
+
+const N: usize = 33;
+const U: f64 = 1.0 / 16_777_216.0;
+
+fn f64s(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|x| f64::from(*x)).collect()
+}
+
+#[test]
+fn the_fused_softmax_gives_the_compositions_output_and_both_gradients_meet_the_f64_bound() {
+    let dev = Cpu::seed_from_u64(7);
+    let rows = 3000; // several parallel pieces
+    let x: Tensor<(usize, Const<N>), f32, _> = dev.sample_normal_like(&(rows, Const));
+    let x = x * 4.0;
+    let dy: Tensor<(usize, Const<N>), f32, _> = dev.sample_normal_like(&(rows, Const));
+
+    let fused = x.leaky_trace().softmax::<Axis<1>>();
+    // The same softmax along axis 0 of the transposed tensor: upstream's composition.
+    let composed = x
+        .leaky_trace()
+        .permute::<_, Axes2<1, 0>>()
+        .softmax::<Axis<0>>()
+        .permute::<_, Axes2<1, 0>>();
+    let y = fused.as_vec();
+    assert_eq!(
+        y,
+        composed.as_vec(),
+        "the fused forward is the composition's"
+    );
+    let g_fused = (fused * dy.clone()).sum().backward().get(&x).as_vec();
+    let g_composed = (composed * dy.clone()).sum().backward().get(&x).as_vec();
+
+    let (xv, dyv, y) = (f64s(&x.as_vec()), f64s(&dy.as_vec()), f64s(&y));
+    let n = N as f64;
+    for r in 0..rows {
+        let (xs, dys) = (&xv[r * N..(r + 1) * N], &dyv[r * N..(r + 1) * N]);
+        let max = xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = xs.iter().map(|v| (v - max).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        let y64: Vec<f64> = e.iter().map(|v| v / sum).collect();
+        let dot: f64 = dys.iter().zip(&y64).map(|(g, y)| g * y).sum();
+        let mag: f64 = dys.iter().zip(&y64).map(|(g, y)| (g * y).abs()).sum();
+        for c in 0..N {
+            let i = r * N + c;
+            assert!((y[i] - y64[c]).abs() <= (n + 4.0) * U * y64[c], "y[{i}]");
+            let exact = y64[c] * (dys[c] - dot);
+            let bound = (2.0 * n + 12.0) * U * y64[c] * (dys[c].abs() + mag);
+            for (path, g) in [("fused", g_fused[i]), ("composed", g_composed[i])] {
+                let g = f64::from(g);
+                assert!(
+                    (g - exact).abs() <= bound,
+                    "{path} dx[{i}]: {g} vs {exact} (bound {bound})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_large_permuted_reshape_copies_values_and_adds_gradients_back_exactly() {
+    let dev = Cpu::seed_from_u64(3);
+    let x: Tensor<Rank3<8, 96, 100>, f32, _> = dev.sample_normal();
+    let p = x.leaky_trace().permute::<_, Axes3<0, 2, 1>>();
+    let want = p.as_vec();
+    let r = p.reshape::<Rank2<800, 96>>();
+    assert_eq!(r.as_vec(), want);
+    let w: Tensor<Rank2<800, 96>, f32, _> = dev.sample_normal();
+    let g = (r * w.clone()).sum().backward();
+    let (gx, wv) = (g.get(&x).as_vec(), w.as_vec());
+    for b in 0..8 {
+        for i in 0..96 {
+            for j in 0..100 {
+                assert_eq!(gx[b * 9600 + i * 100 + j], wv[(b * 100 + j) * 96 + i]);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_large_reshape_of_a_broadcast_input_sums_each_elements_gradients() {
+    let dev = Cpu::seed_from_u64(4);
+    let x: Tensor<Rank1<100>, f32, _> = dev.sample_normal();
+    let r = x
+        .leaky_trace()
+        .broadcast::<Rank2<800, 100>, _>()
+        .reshape::<Rank1<80_000>>();
+    let xv = x.as_vec();
+    assert!(r
+        .as_vec()
+        .iter()
+        .enumerate()
+        .all(|(k, v)| *v == xv[k % 100]));
+    let w: Tensor<Rank1<80_000>, f32, _> = dev.sample_normal();
+    let gx = (r * w.clone()).sum().backward().get(&x).as_vec();
+    let wv = f64s(&w.as_vec());
+    for (j, g) in gx.iter().enumerate() {
+        let terms = (0..800).map(|i| wv[i * 100 + j]);
+        let exact: f64 = terms.clone().sum();
+        // An f32 sum of 800 terms: within γ₈₀₀ = 800·u/(1 − 800·u) of the sum of their sizes.
+        let bound = 800.0 * U / (1.0 - 800.0 * U) * terms.map(f64::abs).sum::<f64>();
+        assert!((f64::from(*g) - exact).abs() <= bound, "dx[{j}]");
+    }
+}
