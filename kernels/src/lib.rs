@@ -9,6 +9,8 @@
 //!   [`gemm_slices`] and [`gemm_epilogue_slices`] are the safe, bounds-checked forms.
 //! * [`convert`]: the one conversion layer between `f32` and the two 16-bit formats (slices and
 //!   scalars), bit-exact with `half`'s scalar conversions, with one NaN rule for every path.
+//! * [`math`]: `erf` and `exp` for f32 without branches or calls, so that GELU's loops
+//!   vectorize.
 //!
 //! Every vectorised routine is chosen at run time from the CPU's features (see [`Level`]);
 //! nothing depends on `-C target-cpu` (the default, [`default_level`], leaves AVX512-BF16's
@@ -24,6 +26,7 @@
 pub mod convert;
 mod gemm;
 mod level;
+pub mod math;
 pub mod timing;
 
 pub use gemm::{
@@ -34,3 +37,5 @@ pub use level::{default_level, detected_level, force_level, level, Level};
 
 #[doc(hidden)]
 pub use gemm::set_bf16_pair_emulation;
+#[doc(hidden)]
+pub use gemm::set_small_products;

@@ -24,8 +24,8 @@ use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use typed_amp_kernels::{
-    detected_level, force_level, gemm, gemm_slices, set_bf16_pair_emulation, GemmElem, Level,
-    MatRef,
+    detected_level, force_level, gemm, gemm_slices, set_bf16_pair_emulation, set_small_products,
+    GemmElem, Level, MatRef,
 };
 
 /// The level is process-wide: tests that force it take turns.
@@ -316,6 +316,11 @@ fn training_step_shapes() {
             (16, 784, 9, RowMajor, RowMajor),
             (32, 196, 144, RowMajor, RowMajor),
             (3, 1100, 5, RowMajor, RowMajor),
+            // A ViT's attention per (sample, head), 17 tokens of 16 (rows of 64, so padded):
+            // QKᵀ, PV, and the backward's dP·K and Pᵀ·dO.
+            (17, 17, 16, PaddedRows, ColMajor),
+            (17, 16, 17, RowMajor, PaddedRows),
+            (17, 16, 17, ColMajor, PaddedRows),
         ];
         for &(m, n, k, la, lb) in shapes {
             check::<f32>(rng, m, n, k, la, lb, RowMajor, true, 2);
@@ -434,4 +439,71 @@ fn forced_level_never_exceeds_detected() {
         assert!(force_level(Some(lvl)) <= detected_level());
     }
     force_level(None);
+}
+
+/// One product through the small-product path and through the blocked driver: the same bits.
+#[allow(clippy::too_many_arguments)]
+fn same_bits_both_paths<T: Elem>(
+    rng: &mut StdRng,
+    (m, n, k): (usize, usize, usize),
+    la: Layout,
+    lb: Layout,
+    lc: Layout,
+    accumulate: bool,
+) {
+    let a = Mat::<T>::random(rng, m, k, la);
+    let b = Mat::<T>::random(rng, k, n, lb);
+    let c = Mat::<T>::random(rng, m, n, lc);
+    let run = |small: bool| {
+        let mut out = c.data.clone();
+        set_small_products(small);
+        gemm_slices(a.view(), b.view(), &mut out, c.rs, c.cs, accumulate, 1);
+        set_small_products(true);
+        out
+    };
+    let (small, blocked) = (run(true), run(false));
+    for (idx, (x, y)) in small.iter().zip(&blocked).enumerate() {
+        assert_eq!(
+            x.to_f64().to_bits(),
+            y.to_f64().to_bits(),
+            "{} {:?} m={m} n={n} k={k} A {la:?} B {lb:?} C {lc:?} acc={accumulate}: element \
+             {idx} is {x:?} without packing, {y:?} through the driver",
+            T::NAME,
+            typed_amp_kernels::level()
+        );
+    }
+}
+
+/// The small-product path (no packing: attention's per-head products) sums every element from
+/// zero in k order, the old C added after, as the micro-kernels do within one k block, so it
+/// must give the driver's bits: for the attention's shapes, odd ones, the size and depth
+/// limits, every layout of A and B, each element type, with and without accumulation.
+#[test]
+fn small_products_match_the_driver_bit_for_bit() {
+    use Layout::*;
+    at_each_level("small_products_match_the_driver_bit_for_bit", |rng| {
+        let shapes = [
+            (17, 17, 16),
+            (17, 16, 17),
+            (1, 1, 1),
+            (5, 29, 7),
+            (33, 7, 64),
+            (32, 32, 32),
+            (12, 24, 256),
+            (3, 50, 200),
+        ];
+        for shape in shapes {
+            for la in LAYOUTS {
+                for lb in LAYOUTS {
+                    for lc in [RowMajor, ColMajor] {
+                        for acc in [false, true] {
+                            same_bits_both_paths::<f32>(rng, shape, la, lb, lc, acc);
+                            same_bits_both_paths::<f16>(rng, shape, la, lb, lc, acc);
+                            same_bits_both_paths::<bf16>(rng, shape, la, lb, lc, acc);
+                        }
+                    }
+                }
+            }
+        }
+    });
 }

@@ -1,5 +1,6 @@
 //! The AVX2 store of finished tiles into C (`store::store_tile` with contiguous rows): eight
-//! lanes at a time, the ragged edge element by element.
+//! lanes at a time, the ragged edge element by element; and the AVX2 packing of panels
+//! (`pack::panel`'s two unit-stride layouts, for every kind).
 //!
 //! With a short k (im2col, the conv backward's f32-out products from 16-bit operands) the
 //! store is a large share of a product; the slice-conversion path it replaces spent about a
@@ -169,15 +170,20 @@ unsafe fn rows_k<const K: u8, const PLAIN: bool, const CHECK: bool>(
     CHECK && (bad_scalar || _mm256_movemask_epi8(bad32) != 0 || _mm_movemask_epi8(bad16) != 0)
 }
 
-/// Eight 16-bit elements of `kind` (F16 or BF16) widened to f32 as the slice conversions do.
+/// Eight elements of `kind` as f32 (16-bit ones widened as the slice conversions do).
 ///
 /// # Safety
-/// `s` readable for eight elements; AVX2, FMA and F16C.
+/// `s` readable for eight elements of `kind`; AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn load8_16(kind: Kind, s: *const u8) -> __m256 {
+pub(super) unsafe fn load8(kind: Kind, s: *const u8) -> __m256 {
     // SAFETY: the caller's contract.
-    widen8_16(kind, unsafe { _mm_loadu_si128(s as *const __m128i) })
+    unsafe {
+        if kind == Kind::F32 {
+            return _mm256_loadu_ps(s as *const f32);
+        }
+        widen8_16(kind, _mm_loadu_si128(s as *const __m128i))
+    }
 }
 
 /// The eight 16-bit elements of `h` widened to f32 as the slice conversions do.
@@ -191,22 +197,25 @@ fn widen8_16(kind: Kind, h: __m128i) -> __m256 {
     }
 }
 
-/// Up to eight 16-bit elements (`n <= 8`) widened, zeros beyond `n`; reads only `n`.
+/// Up to eight elements of `kind` (`n <= 8`) as f32, zeros beyond `n`; reads only `n`.
 ///
 /// In registers: the pairs through a masked 32-bit load (masked-out lanes are not read), an odd
 /// last element blended in. (Copying them to a stack buffer first cost a `memcpy` call and a
 /// failed store forward per call: an A micro-panel of six rows takes this path at every k step.)
 ///
 /// # Safety
-/// `s` readable for `n` elements; AVX2, FMA and F16C.
+/// `s` readable for `n` elements of `kind`; AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn load_n_16(kind: Kind, s: *const u8, n: usize) -> __m256 {
-    // SAFETY: the masked load reads the first `n / 2` pairs, the scalar read element `n - 1`,
-    // all below `n`.
+pub(super) unsafe fn load_n(kind: Kind, s: *const u8, n: usize) -> __m256 {
+    // SAFETY: the masked loads read the first `n` f32, or the first `n / 2` pairs and (the
+    // scalar read) element `n - 1` of a 16-bit kind, all below `n`.
     unsafe {
         if n >= 8 {
-            return load8_16(kind, s);
+            return load8(kind, s);
+        }
+        if kind == Kind::F32 {
+            return _mm256_maskload_ps(s as *const f32, first_lanes(n));
         }
         let pairs = _mm_cmpgt_epi32(_mm_set1_epi32((n / 2) as i32), _mm_setr_epi32(0, 1, 2, 3));
         let mut h = _mm_maskload_epi32(s as *const i32, pairs);
@@ -222,7 +231,39 @@ unsafe fn load_n_16(kind: Kind, s: *const u8, n: usize) -> __m256 {
     }
 }
 
-/// A mask for `_mm256_maskstore_ps` selecting the first `n` lanes.
+/// Stores the first `n` lanes of `v` (all eight if `n >= 8`) with plain stores of four, two
+/// and one: AMD's masked store (`vmaskmovps`) is microcoded, and an A micro-panel of six rows
+/// takes this path at every k step.
+///
+/// # Safety
+/// `d` writable for `n.min(8)` f32; AVX2.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn store_n(d: *mut f32, v: __m256, n: usize) {
+    // SAFETY: each store writes lanes below `n.min(8)`.
+    unsafe {
+        if n >= 8 {
+            return _mm256_storeu_ps(d, v);
+        }
+        let mut x = _mm256_castps256_ps128(v);
+        let mut at = 0;
+        if n >= 4 {
+            _mm_storeu_ps(d, x);
+            x = _mm256_extractf128_ps::<1>(v);
+            at = 4;
+        }
+        if n - at >= 2 {
+            _mm_store_sd(d.add(at) as *mut f64, _mm_castps_pd(x));
+            x = _mm_movehl_ps(x, x);
+            at += 2;
+        }
+        if n > at {
+            _mm_store_ss(d.add(at), x);
+        }
+    }
+}
+
+/// A mask for `_mm256_maskload_ps` selecting the first `n` lanes.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 fn first_lanes(n: usize) -> __m256i {
@@ -233,13 +274,15 @@ fn first_lanes(n: usize) -> __m256i {
     )
 }
 
-/// `pack::panel`'s contiguous-lanes case (each k step a run of `lanes` elements) for a 16-bit
-/// kind on AVX2.
+/// `pack::panel`'s contiguous-lanes case (each k step a run of `lanes` elements) on AVX2.
+///
+/// For f32 this is a copy, but an inline one: a `memcpy` call per k step of a 6- or 16-lane
+/// panel cost more than the copy (about 8% of a ViT's FP32 step).
 ///
 /// # Safety
-/// As `pack::panel`, with `lane_stride == 1` and `kind` F16 or BF16; AVX2, FMA and F16C.
+/// As `pack::panel`, with `lane_stride == 1`; AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn pack_rows_16(
+pub(super) unsafe fn pack_rows(
     kind: Kind,
     src: *const u8,
     k_stride: isize,
@@ -248,21 +291,21 @@ pub(super) unsafe fn pack_rows_16(
     dst: *mut f32,
     dst_stride: usize,
 ) {
-    // SAFETY: lanes below `lanes` of k steps below `kc`, in the view (`load_n_16` reads only
-    // those) and the panel (full vectors inside `lanes`, the rest masked).
+    let esz = kind.size() as usize;
+    // SAFETY: lanes below `lanes` of k steps below `kc`, in the view (`load_n` reads only
+    // those) and the panel (full vectors inside `lanes`, the rest by `store_n`).
     unsafe {
-        let tail = first_lanes(lanes % 8);
         for p in 0..kc {
-            let s = src.offset(p as isize * k_stride * 2);
+            let s = src.offset(p as isize * k_stride * esz as isize);
             let d = dst.add(p * dst_stride);
             let mut l = 0;
             while l + 8 <= lanes {
-                _mm256_storeu_ps(d.add(l), load8_16(kind, s.add(l * 2)));
+                _mm256_storeu_ps(d.add(l), load8(kind, s.add(l * esz)));
                 l += 8;
             }
             if l < lanes {
-                let v = load_n_16(kind, s.add(l * 2), lanes - l);
-                _mm256_maskstore_ps(d.add(l), tail, v);
+                let v = load_n(kind, s.add(l * esz), lanes - l);
+                store_n(d.add(l), v, lanes - l);
             }
         }
     }
@@ -298,13 +341,13 @@ fn transpose8(r: &mut [__m256; 8]) {
     r[7] = _mm256_permute2f128_ps::<0x31>(u3, u7);
 }
 
-/// `pack::panel`'s transposing case (each lane contiguous along k) for a 16-bit kind on AVX2,
-/// eight lanes × eight k at a time.
+/// `pack::panel`'s transposing case (each lane contiguous along k) on AVX2, eight lanes ×
+/// eight k at a time.
 ///
 /// # Safety
-/// As `pack::panel`, with `k_stride == 1` and `kind` F16 or BF16; AVX2, FMA and F16C.
+/// As `pack::panel`, with `k_stride == 1`; AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn pack_transpose_16(
+pub(super) unsafe fn pack_transpose(
     kind: Kind,
     src: *const u8,
     lane_stride: isize,
@@ -314,23 +357,23 @@ pub(super) unsafe fn pack_transpose_16(
     dst_stride: usize,
 ) {
     // SAFETY: lanes `l0 + l < lanes` and k steps `p < kc` of the view, and panel slots
-    // `p·dst_stride + l0 + l` below `kc·dst_stride`; the masked stores write only lanes
+    // `p·dst_stride + l0 + l` below `kc·dst_stride`; `store_n` writes only lanes
     // `< lanes`.
+    let esz = kind.size() as usize;
     unsafe {
         let mut l0 = 0;
         while l0 < lanes {
             let lb = (lanes - l0).min(8);
-            let mask = first_lanes(lb);
-            let row = |l: usize| src.offset((l0 + l) as isize * lane_stride * 2);
+            let row = |l: usize| src.offset((l0 + l) as isize * lane_stride * esz as isize);
             let mut p = 0;
             while p + 8 <= kc {
                 let mut r = [_mm256_setzero_ps(); 8];
                 for (l, x) in r.iter_mut().enumerate().take(lb) {
-                    *x = load8_16(kind, row(l).add(p * 2));
+                    *x = load8(kind, row(l).add(p * esz));
                 }
                 transpose8(&mut r);
                 for (q, &x) in r.iter().enumerate() {
-                    _mm256_maskstore_ps(dst.add((p + q) * dst_stride + l0), mask, x);
+                    store_n(dst.add((p + q) * dst_stride + l0), x, lb);
                 }
                 p += 8;
             }
@@ -338,7 +381,7 @@ pub(super) unsafe fn pack_transpose_16(
                 for l in 0..lb {
                     let s = row(l);
                     for pp in p..kc {
-                        *dst.add(pp * dst_stride + l0 + l) = load1(kind, s.add(pp * 2));
+                        *dst.add(pp * dst_stride + l0 + l) = load1(kind, s.add(pp * esz));
                     }
                 }
             }

@@ -1,6 +1,7 @@
 //! Blocked matrix products in the style of BLIS / Goto: pack a block of B and a block of A into
 //! contiguous micro-panels (widening 16-bit inputs to f32 on the way), then sweep an `MR × NR`
-//! register-blocked micro-kernel over them. Every finished f32 tile goes through one store
+//! register-blocked micro-kernel over them; products too small for packing to pay (attention's
+//! per-head products) skip it (`small.rs`). Every finished f32 tile goes through one store
 //! routine (`store.rs`), which applies the [`Epilogue`] and rounds once into C.
 
 mod arch;
@@ -11,6 +12,7 @@ mod entry;
 mod pack;
 mod portable;
 mod problem;
+mod small;
 mod store;
 mod types;
 #[cfg(target_arch = "x86_64")]
@@ -24,6 +26,7 @@ use portable::kernel_table;
 use problem::Problem;
 
 pub use entry::{gemm, gemm_epilogue, gemm_epilogue_slices, gemm_slices, set_bf16_pair_emulation};
+pub use small::set_small_products;
 use types::Kind;
 pub use types::{Activation, Epilogue, GemmElem, GemmOut, GemmReport, MatMut, MatRef};
 

@@ -89,8 +89,8 @@ pub(super) unsafe fn panel(
                 );
             }
             #[cfg(target_arch = "x86_64")]
-            if arch.level >= Level::Avx2 && kind != Kind::F32 {
-                return super::avx2::pack_rows_16(kind, src, k_stride, lanes, kc, dst, dst_stride);
+            if arch.level >= Level::Avx2 {
+                return super::avx2::pack_rows(kind, src, k_stride, lanes, kc, dst, dst_stride);
             }
             for p in 0..kc {
                 widen(
@@ -116,8 +116,8 @@ pub(super) unsafe fn panel(
                 );
             }
             #[cfg(target_arch = "x86_64")]
-            if arch.level >= Level::Avx2 && kind != Kind::F32 {
-                return super::avx2::pack_transpose_16(
+            if arch.level >= Level::Avx2 {
+                return super::avx2::pack_transpose(
                     kind,
                     src,
                     lane_stride,

@@ -5,6 +5,7 @@ use crate::level::level;
 
 use super::arch::Arch;
 use super::driver::run;
+use super::small::try_run as try_run_small;
 use super::store::TileEpi;
 use super::types::{Activation, Epilogue, GemmElem, Kind};
 
@@ -192,5 +193,10 @@ pub(super) unsafe fn drive(p: Problem, threads: usize) -> bool {
         p
     };
     // SAFETY: the transposed problem addresses the same elements.
-    unsafe { run(&arch, &p, threads) }
+    unsafe {
+        if let Some(non_finite) = try_run_small(&arch, &p) {
+            return non_finite;
+        }
+        run(&arch, &p, threads)
+    }
 }

@@ -1,0 +1,115 @@
+//! `erf` and `exp` for f32 without branches or library calls, so that a loop over a slice
+//! vectorizes: GELU's `0.5·x·(1 + erf(x/√2))` and its derivative's `exp(−x²/2)`.
+//!
+//! libm's `erff` (and the `expf` it calls beyond 0.84) took about a tenth of a ViT's FP32 step
+//! on two cores, one element at a time. These run both branches of their piecewise
+//! approximations for every element and select, which the compiler turns into vector code.
+//!
+//! Accuracy, measured over every 6·10⁻⁶ of [−6, 6] and 20,000 points from 10⁻³⁰ to 1 against
+//! f64 `erf` (`tests/math.rs` holds each result to an error bound derived from the
+//! coefficients, u = 2⁻²⁴ and the number of roundings): `erf_f32` within 1.3 ulp, libm's
+//! `erff` within 1; `exp_f32` within 9.1·10⁻⁸ relative (1.5 ulp). GELU's own rounding
+//! (`1 + erf` cancels for negative x) is of the same order.
+
+/// `erf(x) = x + x·P(x²)` below [`ERF_SPLIT`]: the coefficients of `P`, lowest first (a
+/// least-squares fit of `erf(√s)/√s − 1` over `s ≤ ERF_SPLIT²`; relative error below
+/// 1.3·10⁻⁸ with the coefficients rounded to f32). Adding `x` apart keeps the leading
+/// coefficient's rounding (`2/√π − 1` instead of `2/√π`) eight times smaller.
+pub const ERF_SMALL: [f32; 7] = [
+    0.128_379_17,
+    -0.376_126_35,
+    0.112_836_94,
+    -0.026_859_34,
+    0.005_200_902_5,
+    -0.000_814_136_35,
+    8.364_897e-5,
+];
+
+/// `erf(t) = 1 − exp(Q(t − 2.5) − t²)` from [`ERF_SPLIT`] to 4 (beyond, `erf` is 1 in f32 to
+/// within a quarter ulp): the coefficients of `Q`, lowest first (a least-squares fit of
+/// `ln erfc(t) + t²`, absolute error below 5.6·10⁻⁸ with the coefficients rounded to f32).
+pub const ERF_LARGE: [f32; 9] = [
+    -1.556_815_3,
+    -0.352_680_7,
+    0.056_106_36,
+    -0.010_858_515,
+    0.002_165_154,
+    -0.000_420_145_7,
+    7.739_886_5e-5,
+    -1.330_915_5e-5,
+    1.613_091_2e-6,
+];
+
+/// Where `erf_f32` changes from the small-argument to the large-argument form.
+pub const ERF_SPLIT: f32 = 0.921_875;
+
+/// The large-argument form's centre.
+pub const ERF_CENTRE: f32 = 2.5;
+
+/// `ln 2` split for the argument reduction: `LN2_HI` has 16 significant bits, so `n·LN2_HI` is
+/// exact for `|n| < 2⁸`.
+pub const LN2_HI: f32 = 0.693_145_75;
+/// `ln 2 − LN2_HI`.
+pub const LN2_LO: f32 = 1.428_606_8e-6;
+
+/// `exp(r)` on `|r| ≤ ln2/2`: Taylor coefficients `1/i!`, lowest first (truncation below
+/// 7.4·10⁻⁹ relative).
+pub const EXP_TAYLOR: [f32; 8] = [
+    1.0,
+    1.0,
+    0.5,
+    1.0 / 6.0,
+    1.0 / 24.0,
+    1.0 / 120.0,
+    1.0 / 720.0,
+    1.0 / 5040.0,
+];
+
+/// `c[0] + x·(c[1] + x·(…))`.
+#[inline(always)]
+fn horner<const N: usize>(c: &[f32; N], x: f32) -> f32 {
+    let mut p = c[N - 1];
+    for &ci in c[..N - 1].iter().rev() {
+        p = p * x + ci;
+    }
+    p
+}
+
+/// `eˣ` in f32 (see the module's accuracy note). Arguments are clamped to [−87, 88], so the
+/// result stays normal and finite (`e⁻⁸⁷ ≈ 1.6·10⁻³⁸`); NaN gives NaN.
+#[inline(always)]
+pub fn exp_f32(x: f32) -> f32 {
+    // `max`/`min` would replace NaN by the bound; keep it by selecting on the comparison.
+    let xc = if x > 88.0 {
+        88.0
+    } else if x < -87.0 {
+        -87.0
+    } else {
+        x
+    };
+    // Round x/ln2 to the nearest integer n with the 1.5·2²³ trick (no rounding call): the sum's
+    // low mantissa bits are n.
+    const MAGIC: f32 = 12_582_912.0;
+    let shifted = xc * std::f32::consts::LOG2_E + MAGIC;
+    let n = shifted - MAGIC;
+    let n_bits = (shifted.to_bits() as i32).wrapping_sub(0x4B40_0000);
+    let r = (xc - n * LN2_HI) - n * LN2_LO;
+    let scale = f32::from_bits((n_bits.wrapping_add(127) << 23) as u32);
+    horner(&EXP_TAYLOR, r) * scale
+}
+
+/// `erf(x)` in f32 (see the module's accuracy note); odd, ±1 beyond ±4, NaN gives NaN.
+#[inline(always)]
+pub fn erf_f32(x: f32) -> f32 {
+    let a = x.abs();
+    let small = x + x * horner(&ERF_SMALL, x * x);
+    let t = if a < 4.0 { a } else { 4.0 };
+    let g = horner(&ERF_LARGE, t - ERF_CENTRE) - t * t;
+    let large = (1.0 - exp_f32(g)).copysign(x);
+    // NaN fails `a >= ERF_SPLIT` and takes the small form, which keeps it.
+    if a >= ERF_SPLIT {
+        large
+    } else {
+        small
+    }
+}

@@ -1,0 +1,162 @@
+//! `erf_f32` and `exp_f32` against f64 `erf`/`exp`, every result held to an error bound
+//! derived from the coefficients, the unit roundoff u = 2⁻²⁴ and the number of roundings.
+//!
+//! # Bounds
+//! Horner's rule for `p(x) = Σ cᵢxⁱ` of degree d, each step a multiply and an add rounded
+//! separately, is off by at most `γ₂d·Σ|cᵢ||x|ⁱ` (Higham, *Accuracy and Stability of Numerical
+//! Algorithms*, §5.1), `γₙ = nu/(1 − nu)`; an error `δ` in x moves it by at most
+//! `|δ|·Σ i|cᵢ||x|ⁱ⁻¹`. Each approximation's own error (the fitted polynomial evaluated in f64
+//! against f64 `erf`/`exp`) is measured here, not assumed, and must stay below what its
+//! coefficients' documentation states.
+//!
+//! - `exp_f32(x)`: `n = round(x/ln2)` is exact; `r = (x − n·LN2_HI) − n·LN2_LO` has the exact
+//!   first step (`n·LN2_HI` has at most 24 significant bits and is within a factor of two of x)
+//!   and two roundings after, `u·|n·LN2_LO| + u·|r|`, plus `|n|·|ln2 − LN2_HI − LN2_LO|`;
+//!   the polynomial adds `γ₁₄·Σ|r|ⁱ/i!` and the truncation; scaling by 2ⁿ is exact, and the
+//!   last product is rounded once more.
+//! - `erf_f32(x)` below the split: `s = x²` rounded (`u·s`), `P(s)` by Horner, the product
+//!   `x·P` rounded, then `x + x·P` rounded. Above: `t − 2.5` rounded, `Q` by Horner, `t²` rounded, their difference
+//!   rounded (so `g` is off by the sum), then `exp_f32(g)` (its own bound plus `e^g·|Δg|`),
+//!   then `1 − e` rounded.
+
+use typed_amp_kernels::math::{
+    erf_f32, exp_f32, ERF_CENTRE, ERF_LARGE, ERF_SMALL, ERF_SPLIT, EXP_TAYLOR, LN2_HI, LN2_LO,
+};
+
+const U: f64 = 1.0 / 16_777_216.0;
+
+fn gamma(n: usize) -> f64 {
+    n as f64 * U / (1.0 - n as f64 * U)
+}
+
+/// `(Σ|cᵢ||x|ⁱ, Σ i|cᵢ||x|ⁱ⁻¹, Σ cᵢxⁱ)` in f64.
+fn magnitudes(c: &[f32], x: f64) -> (f64, f64, f64) {
+    let (mut mag, mut dmag, mut value) = (0.0, 0.0, 0.0);
+    for (i, &ci) in c.iter().enumerate() {
+        let ci = ci as f64;
+        mag += ci.abs() * x.abs().powi(i as i32);
+        value += ci * x.powi(i as i32);
+        if i > 0 {
+            dmag += i as f64 * ci.abs() * x.abs().powi(i as i32 - 1);
+        }
+    }
+    (mag, dmag, value)
+}
+
+/// The bound on `|exp_f32(x) − eˣ|` for `x` in [−87, 88], and the polynomial's own relative
+/// error there (truncation, measured in f64).
+fn exp_bound(x: f64) -> (f64, f64) {
+    let n = (x / std::f64::consts::LN_2).round();
+    let r = x - n * std::f64::consts::LN_2;
+    let ln2_split_err = (std::f64::consts::LN_2 - LN2_HI as f64 - LN2_LO as f64).abs();
+    let dr = U * (n * LN2_LO as f64).abs() + U * r.abs() + n.abs() * ln2_split_err;
+    let (mag, dmag, value) = magnitudes(&EXP_TAYLOR, r);
+    let truncation = (value - r.exp()).abs() / r.exp();
+    let poly = gamma(2 * (EXP_TAYLOR.len() - 1)) * mag + dmag * dr;
+    let e = x.exp();
+    (
+        e * (truncation + poly / r.exp()) * (1.0 + U) + U * e,
+        truncation,
+    )
+}
+
+#[test]
+fn exp_f32_is_within_its_derived_bound() {
+    let mut worst_truncation: f64 = 0.0;
+    for i in 0..=1_750_000 {
+        let x = (-87.0 + i as f64 * 1e-4) as f32;
+        let x64 = x as f64;
+        let (bound, truncation) = exp_bound(x64);
+        worst_truncation = worst_truncation.max(truncation);
+        let got = exp_f32(x) as f64;
+        assert!(
+            (got - x64.exp()).abs() <= bound,
+            "exp_f32({x}) = {got}, exact {} ± {bound}",
+            x64.exp()
+        );
+    }
+    // EXP_TAYLOR's documentation: truncation below 7.4e-9 on |r| <= ln2/2.
+    assert!(worst_truncation < 7.4e-9, "{worst_truncation}");
+    assert!(exp_f32(f32::NAN).is_nan());
+    assert_eq!(exp_f32(0.0), 1.0);
+    assert!(exp_f32(-1e30) > 0.0 && exp_f32(1e30).is_finite());
+}
+
+/// The bound on `|erf_f32(x) − erf(x)|`, and the approximation's own error at x (measured in
+/// f64: relative below the split, absolute on `ln erfc + t²` above).
+fn erf_bound(x: f32) -> (f64, f64) {
+    let x64 = x as f64;
+    let exact = libm::erf(x64);
+    let a = x64.abs();
+    if a < ERF_SPLIT as f64 {
+        let s = x64 * x64;
+        let (mag, dmag, p) = magnitudes(&ERF_SMALL, s);
+        let approx = x64 + x64 * p;
+        let fit = (approx - exact).abs();
+        let eval = a * (gamma(2 * (ERF_SMALL.len() - 1)) * mag + dmag * U * s) * (1.0 + U)
+            + U * (x64 * p).abs()
+            + U * approx.abs();
+        (
+            fit + eval,
+            if exact == 0.0 { 0.0 } else { fit / exact.abs() },
+        )
+    } else {
+        let t = a.min(4.0);
+        let v = t - ERF_CENTRE as f64;
+        let (mag, dmag, q) = magnitudes(&ERF_LARGE, v);
+        let g = q - t * t;
+        let fit_g = (g - (libm::erfc(t).ln())).abs();
+        let dg = gamma(2 * (ERF_LARGE.len() - 1)) * mag
+            + dmag * U * v.abs()
+            + U * t * t
+            + U * (g.abs() + mag + t * t);
+        let approx = 1.0 - g.exp();
+        let e_bound = exp_bound(g).0 + g.exp() * dg * (1.0 + dg);
+        // Beyond 4 the form returns erf(4): `erf(x) − erf(4) ≤ erfc(4)`, in `fit`.
+        let fit = (approx - exact.abs()).abs();
+        (fit + e_bound * (1.0 + U) + U * approx.abs(), fit_g)
+    }
+}
+
+#[test]
+fn erf_f32_is_within_its_derived_bound() {
+    let (mut worst_small, mut worst_large, mut worst_ulps): (f64, f64, f64) = (0.0, 0.0, 0.0);
+    let mut check = |x: f32| {
+        let (bound, fit) = erf_bound(x);
+        if (x.abs() as f64) < ERF_SPLIT as f64 {
+            worst_small = worst_small.max(fit);
+        } else if x.abs() <= 4.0 {
+            worst_large = worst_large.max(fit);
+        }
+        let got = erf_f32(x) as f64;
+        let exact = libm::erf(x as f64);
+        if exact != 0.0 {
+            let ulp = 2f64.powi(exact.abs().log2().floor() as i32 - 23);
+            worst_ulps = worst_ulps.max((got - exact).abs() / ulp);
+        }
+        assert!(
+            (got - exact).abs() <= bound,
+            "erf_f32({x}) = {got}, exact {exact} ± {bound}"
+        );
+    };
+    for i in 0..=2_000_000 {
+        check((-6.0 + i as f64 * 6e-6) as f32);
+    }
+    for i in 0..20_000 {
+        let x = 10f64.powf(-30.0 + 30.0 * i as f64 / 20_000.0) as f32;
+        check(x);
+        check(-x);
+    }
+    for x in [0.0, -0.0, ERF_SPLIT, -ERF_SPLIT, 4.0, 1e30, f32::MAX] {
+        check(x);
+    }
+    println!("erf_f32: largest error {worst_ulps:.2} ulp");
+    // The coefficients' documentation: below 1.3e-8 relative, and 5.6e-8 absolute on
+    // `ln erfc(t) + t²` (with the coefficients as rounded to f32).
+    assert!(worst_small < 1.3e-8, "{worst_small}");
+    assert!(worst_large < 5.6e-8, "{worst_large}");
+    assert!(erf_f32(f32::NAN).is_nan());
+    assert_eq!(erf_f32(f32::INFINITY), 1.0);
+    assert_eq!(erf_f32(f32::NEG_INFINITY), -1.0);
+    assert_eq!(erf_f32(-0.0).to_bits(), (-0.0f32).to_bits());
+}
