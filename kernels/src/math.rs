@@ -79,14 +79,8 @@ fn horner<const N: usize>(c: &[f32; N], x: f32) -> f32 {
 /// result stays normal and finite (`e⁻⁸⁷ ≈ 1.6·10⁻³⁸`); NaN gives NaN.
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
-    // `max`/`min` would replace NaN by the bound; keep it by selecting on the comparison.
-    let xc = if x > 88.0 {
-        88.0
-    } else if x < -87.0 {
-        -87.0
-    } else {
-        x
-    };
+    // `clamp` keeps NaN (`max`/`min` would replace it by a bound).
+    let xc = x.clamp(-87.0, 88.0);
     // Round x/ln2 to the nearest integer n with the 1.5·2²³ trick (no rounding call): the sum's
     // low mantissa bits are n.
     const MAGIC: f32 = 12_582_912.0;

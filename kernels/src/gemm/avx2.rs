@@ -356,10 +356,10 @@ pub(super) unsafe fn pack_transpose(
     dst: *mut f32,
     dst_stride: usize,
 ) {
+    let esz = kind.size() as usize;
     // SAFETY: lanes `l0 + l < lanes` and k steps `p < kc` of the view, and panel slots
     // `p·dst_stride + l0 + l` below `kc·dst_stride`; `store_n` writes only lanes
     // `< lanes`.
-    let esz = kind.size() as usize;
     unsafe {
         let mut l0 = 0;
         while l0 < lanes {
