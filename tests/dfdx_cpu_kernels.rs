@@ -119,3 +119,74 @@ fn a_large_reshape_of_a_broadcast_input_sums_each_elements_gradients() {
         assert!((f64::from(*g) - exact).abs() <= bound, "dx[{j}]");
     }
 }
+
+/// `(max, Σ exp(x − max))` of one row, in f64.
+fn shifted_sum(xs: &[f64]) -> (f64, f64) {
+    let max = xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    (max, xs.iter().map(|v| (v - max).exp()).sum())
+}
+
+/// dfdx's `log_softmax` and `logsumexp` subtract the maximum off the tape under the input's
+/// id, as its softmax did: on a permuted input their gradients must still come back in the
+/// input's order. Each runs along axis 0 of the transposed tensor (rows of n = 33), against f64:
+/// `log_softmax`'s output `x − max − ln s` is off by the subtraction's rounding, `ln`'s, and
+/// the sum's relative error (n + 2)·u carried through `ln`, so by at most
+/// `u·((n + 2) + |ln s| + 2·|x − max| + |y|)`; its gradient `dy − p·Σdy` and `logsumexp`'s
+/// `dz·p` are off by a sum of n terms and a few roundings: `(2n + 12)·u·(|dy| + p·Σ|dy|)` and
+/// `(n + 8)·u·p·|dz|`.
+#[test]
+fn log_softmax_and_logsumexp_of_a_permuted_tensor_return_gradients_in_its_order() {
+    let dev = Cpu::seed_from_u64(11);
+    let rows = 500;
+    let x: Tensor<(usize, Const<N>), f32, _> = dev.sample_normal_like(&(rows, Const));
+    let x = x * 4.0;
+    let dy: Tensor<(usize, Const<N>), f32, _> = dev.sample_normal_like(&(rows, Const));
+    let dz: Tensor<(usize,), f32, _> = dev.sample_normal_like(&(rows,));
+
+    let y = x
+        .leaky_trace()
+        .permute::<_, Axes2<1, 0>>()
+        .log_softmax::<Axis<0>>()
+        .permute::<_, Axes2<1, 0>>();
+    let yv = f64s(&y.as_vec());
+    let g_y = f64s(&(y * dy.clone()).sum().backward().get(&x).as_vec());
+    let z = x
+        .leaky_trace()
+        .permute::<_, Axes2<1, 0>>()
+        .logsumexp::<(usize,), Axis<0>>();
+    let zv = f64s(&z.as_vec());
+    let g_z = f64s(&(z * dz.clone()).sum().backward().get(&x).as_vec());
+
+    let (xv, dyv, dzv) = (f64s(&x.as_vec()), f64s(&dy.as_vec()), f64s(&dz.as_vec()));
+    let n = N as f64;
+    for r in 0..rows {
+        let (xs, dys) = (&xv[r * N..(r + 1) * N], &dyv[r * N..(r + 1) * N]);
+        let (max, s) = shifted_sum(xs);
+        let lse = max + s.ln();
+        let z_bound = U * ((n + 2.0) + s.ln().abs() + 2.0 * max.abs() + lse.abs());
+        assert!((zv[r] - lse).abs() <= z_bound, "z[{r}]: {} vs {lse}", zv[r]);
+        let sum_dy: f64 = dys.iter().sum();
+        let mag: f64 = dys.iter().map(|g| g.abs()).sum();
+        for c in 0..N {
+            let i = r * N + c;
+            let p = (xs[c] - lse).exp();
+            let y64 = xs[c] - lse;
+            let y_bound = U * ((n + 2.0) + s.ln().abs() + 2.0 * (xs[c] - max).abs() + y64.abs());
+            assert!((yv[i] - y64).abs() <= y_bound, "y[{i}]: {} vs {y64}", yv[i]);
+            let exact = dys[c] - p * sum_dy;
+            let bound = (2.0 * n + 12.0) * U * (dys[c].abs() + p * mag);
+            assert!(
+                (g_y[i] - exact).abs() <= bound,
+                "log_softmax dx[{i}]: {} vs {exact} (bound {bound})",
+                g_y[i]
+            );
+            let exact = dzv[r] * p;
+            let bound = (n + 8.0) * U * (p * dzv[r]).abs();
+            assert!(
+                (g_z[i] - exact).abs() <= bound,
+                "logsumexp dx[{i}]: {} vs {exact} (bound {bound})",
+                g_z[i]
+            );
+        }
+    }
+}

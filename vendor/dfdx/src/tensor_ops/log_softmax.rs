@@ -59,8 +59,13 @@ impl<S: Shape, E: Dtype, D: Device<E>, T: Tape<E, D>> Tensor<S, E, D, T> {
         So we can re-use this calculation.
             `tm - tm.exp().sum().ln()`
         */
-        let shape = *self.shape();
-        let (t, tape) = self.split_tape();
+        // typed-amp patch: as in softmax, the maximum is subtracted off the tape under the
+        // input's id, so a permuted input's gradient would come back in the subtraction's
+        // (contiguous) order: make the input contiguous first (found by typed-amp's
+        // `tests/dfdx_cpu_kernels.rs`).
+        let t = self.try_contiguous()?;
+        let shape = *t.shape();
+        let (t, tape) = t.split_tape();
         let max = t.clone().try_max::<_, Ax>()?;
         let tm = {
             // Do this calculation off of the tape

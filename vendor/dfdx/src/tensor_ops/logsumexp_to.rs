@@ -41,8 +41,12 @@ impl<S: Shape, E: Dtype, D: Device<E>, T: Tape<E, D>> LogSumExpTo for Tensor<S, 
     where
         Self::Shape: ReduceShapeTo<Dst, Ax>,
     {
-        let shape = *self.shape();
-        let (t, tape) = self.split_tape();
+        // typed-amp patch: the maximum is subtracted off the tape under the input's id, so a
+        // permuted input's gradient would come back in the subtraction's (contiguous) order:
+        // make the input contiguous first (found by typed-amp's `tests/dfdx_cpu_kernels.rs`).
+        let t = self.try_contiguous()?;
+        let shape = *t.shape();
+        let (t, tape) = t.split_tape();
         let max: Tensor<Dst, E, D> = t.clone().try_max()?;
         let t = {
             // does normalization outside of backprop graph.
