@@ -190,3 +190,30 @@ fn log_softmax_and_logsumexp_of_a_permuted_tensor_return_gradients_in_its_order(
         }
     }
 }
+
+/// dfdx's f32 `accurate_gelu` runs `typed_amp_kernels::math`'s slice forms a block at a time,
+/// in parallel pieces: each output is `math::gelu(x)`'s bits and each input gradient
+/// `0 + gelu'(x)·dy` (one rounding of the product), for a borrowed input (kept for the
+/// backward) and an owned one (overwritten in place).
+#[test]
+fn f32_gelu_runs_the_kernels_formulas_element_for_element() {
+    use typed_amp_kernels::math::{gelu, gelu_derivative};
+    let dev = Cpu::seed_from_u64(3);
+    let n = 200_003; // several parallel pieces and a ragged block
+    let x: Tensor<(usize,), f32, _> = dev.sample_normal_like(&(n,));
+    let x = x * 3.0;
+    let dy: Tensor<(usize,), f32, _> = dev.sample_normal_like(&(n,));
+    let xs = x.as_vec();
+    let y = x.leaky_trace().accurate_gelu();
+    let owned = x.clone().accurate_gelu().as_vec();
+    let yv = y.as_vec();
+    let g = (y * dy.clone()).sum().backward().get(&x).as_vec();
+    let dys = dy.as_vec();
+    for i in 0..n {
+        let want = gelu(xs[i]);
+        assert_eq!(yv[i].to_bits(), want.to_bits(), "gelu({})", xs[i]);
+        assert_eq!(owned[i].to_bits(), want.to_bits(), "owned gelu({})", xs[i]);
+        let d = gelu_derivative(xs[i]) * dys[i];
+        assert_eq!(g[i].to_bits(), d.to_bits(), "gelu'({}) · {}", xs[i], dys[i]);
+    }
+}

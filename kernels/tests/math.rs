@@ -20,8 +20,10 @@
 //!   then `1 − e` rounded.
 
 use typed_amp_kernels::math::{
-    erf_f32, exp_f32, ERF_CENTRE, ERF_LARGE, ERF_SMALL, ERF_SPLIT, EXP_TAYLOR, LN2_HI, LN2_LO,
+    erf_f32, exp_f32, gelu, gelu_derivative, gelu_derivative_slice, gelu_slice, ERF_CENTRE,
+    ERF_LARGE, ERF_SMALL, ERF_SPLIT, EXP_TAYLOR, LN2_HI, LN2_LO,
 };
+use typed_amp_kernels::{detected_level, force_level, Level};
 
 const U: f64 = 1.0 / 16_777_216.0;
 
@@ -159,4 +161,59 @@ fn erf_f32_is_within_its_derived_bound() {
     assert_eq!(erf_f32(f32::INFINITY), 1.0);
     assert_eq!(erf_f32(f32::NEG_INFINITY), -1.0);
     assert_eq!(erf_f32(-0.0).to_bits(), (-0.0f32).to_bits());
+}
+
+/// GELU against f64: `ĝ = fl(fl(0.5·x)·fl(1 + ê))` with `ê = erf_f32(fl(x·fl(1/√2)))`. The
+/// argument is off by two roundings (`2u·|a|`, a = x/√2), which move erf by at most
+/// `(2/√π)·e^(−a²)·2u·|a|`; erf_f32's own bound at the rounded argument; `1 + ê` and the product
+/// one rounding each: `|ĝ − g| ≤ 0.5·|x|·(E + Δ + u·|1 + erf|)·(1 + u) + u·|g|`.
+#[test]
+fn gelu_is_within_its_derived_bound() {
+    for i in 0..=400_000 {
+        let x = (-10.0 + i as f64 * 5e-5) as f32;
+        let x64 = x as f64;
+        let a = x64 / std::f64::consts::SQRT_2;
+        let erf = libm::erf(a);
+        let exact = 0.5 * x64 * (1.0 + erf);
+        let shift = std::f64::consts::FRAC_2_SQRT_PI * (-a * a).exp() * 2.0 * U * a.abs();
+        let arg = x * std::f32::consts::FRAC_1_SQRT_2;
+        let e = erf_bound(arg).0 + (libm::erf(arg as f64) - erf).abs().max(shift);
+        let bound = 0.5 * x64.abs() * (e + U * (1.0 + erf).abs()) * (1.0 + U) + U * exact.abs();
+        let got = gelu(x) as f64;
+        assert!(
+            (got - exact).abs() <= bound,
+            "gelu({x}) = {got}, exact {exact} ± {bound}"
+        );
+    }
+}
+
+/// The slice forms (built for AVX2 and FMA where the CPU has them) give the scalar functions'
+/// bits: Rust contracts no multiply-add into an FMA, so the wider build computes the same
+/// (NaN stays NaN).
+#[test]
+fn gelu_slices_give_the_scalar_bits_at_every_level() {
+    let xs: Vec<f32> = (0..100_003)
+        .map(|i| (-12.0 + i as f64 * 2.4e-4) as f32)
+        .chain([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-40])
+        .collect();
+    for lvl in [Level::Portable, detected_level()] {
+        force_level(Some(lvl));
+        let mut f = xs.clone();
+        gelu_slice(&mut f);
+        let mut df = xs.clone();
+        gelu_derivative_slice(&mut df);
+        // The same bits, or NaN for both (a NaN's sign and payload are not specified).
+        let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        for (i, &x) in xs.iter().enumerate() {
+            assert!(
+                same(f[i], gelu(x)),
+                "{lvl:?} gelu({x}): {} vs {}",
+                f[i],
+                gelu(x)
+            );
+            let d = gelu_derivative(x);
+            assert!(same(df[i], d), "{lvl:?} gelu'({x}): {} vs {d}", df[i]);
+        }
+    }
+    force_level(None);
 }

@@ -74,12 +74,23 @@ impl<F: Float + FloatConst + Erf> UnaryDerivative<F> for super::AccurateGeLUKern
     const HAS_CONST_DF: bool = false;
     // typed-amp patch: 16-bit values run the op in f32 (see UnaryDerivative::IN_F32).
     const IN_F32: bool = true;
+    // typed-amp patch: f32 tensors take the slice forms too (with the `cpu` feature, vectorised
+    // for the CPU at run time; the same bits as `f`/`df`).
+    const F32_SLICES: bool = cfg!(feature = "cpu");
+    // typed-amp patch: with the `cpu` feature, typed-amp's kernels run the same f32 formulas
+    // over the slice in code built for the CPU's widest vectors (the same bits as `f`/`df`).
     fn f_f32(&self, xs: &mut [f32]) {
+        #[cfg(feature = "cpu")]
+        typed_amp_kernels::math::gelu_slice(xs);
+        #[cfg(not(feature = "cpu"))]
         for x in xs {
             *x = <Self as UnaryDerivative<f32>>::f(self, x);
         }
     }
     fn df_f32(&self, xs: &mut [f32]) {
+        #[cfg(feature = "cpu")]
+        typed_amp_kernels::math::gelu_derivative_slice(xs);
+        #[cfg(not(feature = "cpu"))]
         for x in xs {
             *x = <Self as UnaryDerivative<f32>>::df(self, x);
         }
