@@ -29,8 +29,13 @@ impl Cpu {
         let data = self.cache.try_pop::<E>(numel).map_or_else(
             || {
                 if numel >= 2 * PAR_MIN_ELEMS {
-                    // A `Vec<()>` takes no memory: it only gives the map its length.
-                    return try_map_in_parallel(&std::vec![(); numel], |_| elem);
+                    return try_write_in_parallel(numel, |_, piece| {
+                        // typed-amp patch: `fill` with a value of its own. Through a closure's
+                        // reference (the map `|_| elem` this was) the value was reloaded for
+                        // every element, one scalar store at a time: a tenth of a ViT's step
+                        // went to zeroing gradient buffers.
+                        piece.fill(std::mem::MaybeUninit::new(elem));
+                    });
                 }
                 #[cfg(feature = "fast-alloc")]
                 {
@@ -75,17 +80,26 @@ pub(crate) fn try_map_in_parallel<S: Sync, E: Unit>(
     src: &[S],
     f: impl Fn(&S) -> E + Send + Sync,
 ) -> Result<Vec<E>, CpuError> {
-    let len = src.len();
-    let mut data: Vec<E> = Vec::new();
-    data.try_reserve_exact(len)
-        .map_err(|_| CpuError::OutOfMemory)?;
-    par_elementwise(&mut data.spare_capacity_mut()[..len], 1, |off, piece| {
+    // `src[off..]` is at least as long as the piece at `off`, so every element is written.
+    try_write_in_parallel(src.len(), |off, piece| {
         for (y, x) in piece.iter_mut().zip(&src[off..]) {
             y.write(f(x));
         }
-    });
-    // SAFETY: the reservation holds `len` elements, and the pieces cover `0..len`, each writing
-    // all of its elements (`src[off..]` is at least as long as the piece at `off`).
+    })
+}
+
+/// A new buffer of `len` elements, `write(off, piece)` writing every element of each piece (the
+/// pieces cover `0..len`, in parallel above 2 · `PAR_MIN_ELEMS`) (typed-amp patch).
+fn try_write_in_parallel<E: Unit>(
+    len: usize,
+    write: impl Fn(usize, &mut [std::mem::MaybeUninit<E>]) + Send + Sync,
+) -> Result<Vec<E>, CpuError> {
+    let mut data: Vec<E> = Vec::new();
+    data.try_reserve_exact(len)
+        .map_err(|_| CpuError::OutOfMemory)?;
+    par_elementwise(&mut data.spare_capacity_mut()[..len], 1, write);
+    // SAFETY: the reservation holds `len` elements, and the pieces cover `0..len`, each written
+    // whole by `write` (its contract, kept by both callers above).
     unsafe { data.set_len(len) };
     Ok(data)
 }
