@@ -1,5 +1,6 @@
 //! Times small products with and without the small-product path (no packing), one thread:
-//! the attention shapes of the main job's ViT, then square ones around the size limit.
+//! the three layouts of the main job's ViT attention products, then square products up to the
+//! path's size limit (2¹⁵ multiply-adds; above it both modes run the blocked driver).
 //!
 //! `cargo run --release -p typed-amp-kernels --example small_products`
 
@@ -15,6 +16,24 @@ struct Shape {
     n: usize,
     a: (usize, usize),
     b: (usize, usize),
+}
+
+impl Shape {
+    fn new(
+        name: &'static str,
+        (m, k, n): (usize, usize, usize),
+        a: (usize, usize),
+        b: (usize, usize),
+    ) -> Self {
+        Shape {
+            name,
+            m,
+            k,
+            n,
+            a,
+            b,
+        }
+    }
 }
 
 /// Milliseconds for `reps` products of `s` (best of five runs).
@@ -39,15 +58,8 @@ fn time(s: &Shape, reps: usize) -> f64 {
     for _ in 0..5 {
         let t = Instant::now();
         for _ in 0..reps {
-            gemm_slices(
-                view(&a, s.m, s.k, s.a),
-                view(&b, s.k, s.n, s.b),
-                &mut c,
-                s.n,
-                1,
-                false,
-                1,
-            );
+            let (a, b) = (view(&a, s.m, s.k, s.a), view(&b, s.k, s.n, s.b));
+            gemm_slices(a, b, &mut c, s.n, 1, false, 1);
         }
         best = best.min(t.elapsed().as_secs_f64() * 1e3);
     }
@@ -56,76 +68,37 @@ fn time(s: &Shape, reps: usize) -> f64 {
 }
 
 fn main() {
-    // Per (sample, head) of a 4-head attention over 17 tokens of width 64: rows of 64.
-    let attention = [
-        Shape {
-            name: "QKᵀ 17×16·16×17",
-            m: 17,
-            k: 16,
-            n: 17,
-            a: (64, 1),
-            b: (1, 64),
-        },
-        Shape {
-            name: "PV 17×17·17×16",
-            m: 17,
-            k: 17,
-            n: 16,
-            a: (17, 1),
-            b: (64, 1),
-        },
-        Shape {
-            name: "dP·K 17×17·17×16",
-            m: 17,
-            k: 17,
-            n: 16,
-            a: (17, 1),
-            b: (64, 1),
-        },
-        Shape {
-            name: "Pᵀ·dO 17×17·17×16",
-            m: 17,
-            k: 17,
-            n: 16,
-            a: (1, 17),
-            b: (64, 1),
-        },
-        Shape {
-            name: "dO·Vᵀ 17×16·16×17",
-            m: 17,
-            k: 16,
-            n: 17,
-            a: (64, 1),
-            b: (1, 64),
-        },
+    // Per (sample, head) of a 4-head attention over 17 tokens of width 64 (rows of 64): the
+    // six products of a block come in three layouts.
+    let mut shapes = vec![
+        Shape::new("QKᵀ, dO·Vᵀ", (17, 16, 17), (64, 1), (1, 64)),
+        Shape::new("PV, dP·K", (17, 17, 16), (17, 1), (64, 1)),
+        Shape::new("Pᵀ·dO, dPᵀ·Q", (17, 17, 16), (1, 17), (64, 1)),
     ];
-    let square: Vec<Shape> = [16, 32, 48, 64, 80]
-        .iter()
-        .map(|&d| Shape {
-            name: "square, B rows",
-            m: d,
-            k: d / 2,
-            n: d,
-            a: (d / 2, 1),
-            b: (d, 1),
-        })
-        .collect();
+    for d in [16, 24, 32, 40] {
+        shapes.push(Shape::new(
+            "square, B rows",
+            (d, d / 2, d),
+            (d / 2, 1),
+            (d, 1),
+        ));
+    }
     println!(
         "level {:?}; ms for 512 products, best of 5; one thread",
         level()
     );
     println!(
-        "{:22} {:>5} {:>5} {:>5} {:>10} {:>10} {:>7}",
+        "{:16} {:>4} {:>4} {:>4} {:>8} {:>8} {:>6}",
         "shape", "m", "k", "n", "small", "driver", "ratio"
     );
-    for s in attention.iter().chain(&square) {
+    for s in &shapes {
         set_small_products(true);
         let small = time(s, 512);
         set_small_products(false);
         let driver = time(s, 512);
         set_small_products(true);
         println!(
-            "{:22} {:5} {:5} {:5} {:10.3} {:10.3} {:7.2}",
+            "{:16} {:4} {:4} {:4} {:8.3} {:8.3} {:6.2}",
             s.name,
             s.m,
             s.k,

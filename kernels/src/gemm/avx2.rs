@@ -13,9 +13,7 @@ use std::arch::x86_64::*;
 use super::store::{load1, store1, TileEpi};
 use super::Kind;
 
-const OUT_F32: u8 = 0;
-const OUT_F16: u8 = 1;
-const OUT_BF16: u8 = 2;
+use super::types::{TAG_BF16 as OUT_BF16, TAG_F16 as OUT_F16, TAG_F32 as OUT_F32};
 
 /// `store::store_tile` for C with contiguous rows (`c_cs == 1`) on AVX2; returns whether any
 /// stored element is non-finite (only looked for with `e.check`).
@@ -63,11 +61,7 @@ type RowsArgs<'a> = (*const f32, usize, usize, usize, *mut u8, isize, &'a TileEp
 unsafe fn rows_k<const K: u8, const PLAIN: bool, const CHECK: bool>(
     (src, src_rs, rows, cols, c, c_rs, e): RowsArgs<'_>,
 ) -> bool {
-    let kind = match K {
-        OUT_F32 => Kind::F32,
-        OUT_F16 => Kind::F16,
-        _ => Kind::Bf16,
-    };
+    let kind = Kind::of_tag(K);
     let esz: isize = if K == OUT_F32 { 4 } else { 2 };
     let full = cols / 8 * 8;
     // Lanes whose stored bits were ±inf or NaN (all ones), accumulated over the tile.

@@ -3,10 +3,10 @@
 //! same epilogue, rounding and non-finite check as every other path).
 //!
 //! A transformer's attention runs one product per (sample, head): `QKᵀ`, `PV` and their four
-//! backward products, each about 17 × 17 × 16 for the main job's ViT. Through the blocked
-//! driver each cost about 2 µs (4–8 GFLOP/s on an AVX2 core): packing its panels, padding 17
-//! columns to 32 and the calls around them outweighed the 4,600 multiply-adds, and those
-//! products took about a sixth of the ViT's FP32 step for 6% of its arithmetic.
+//! backward products, each about 17 × 17 × 16 for the main job's ViT (12,288 of them a step).
+//! Through the blocked driver each cost 0.8–1.1 µs (8–12 GFLOP/s on an AVX2 core): packing its
+//! panels, padding 17 columns to 32 and the calls around them outweighed the 4,600
+//! multiply-adds.
 //!
 //! Every element of C sums its terms from zero in k order with fused multiply-adds, the
 //! old C (with `accumulate`) added after, exactly as the micro-kernels do for a k of one block
@@ -31,17 +31,20 @@ use super::problem::Problem;
 #[cfg(target_arch = "x86_64")]
 use super::store::{load1, store_tile};
 #[cfg(target_arch = "x86_64")]
+use super::types::{TAG_BF16 as BF16, TAG_F16 as F16, TAG_F32 as F32};
+#[cfg(target_arch = "x86_64")]
 use super::{Kind, TILE_MR, TILE_NR};
 use crate::level::Level;
 
 /// Products of at most this many multiply-adds (`m·n·k`) run here. Measured on a 2-core Zen 3
-/// (AVX2) with `kernels/examples/small_products.rs`: the attention shapes run several times
-/// faster than through the driver; the two paths meet at about 32 × 32 × 16 (2¹⁴).
-pub(super) const SMALL_MAX_MACS: usize = 1 << 15;
+/// (AVX2) with `kernels/examples/small_products.rs`: the attention's layouts run 1.3–1.7×
+/// faster than through the driver; the two paths meet between 32 × 16 × 32 and 40 × 20 × 40
+/// (from run to run 0.7–1.3× there).
+const SMALL_MAX_MACS: usize = 1 << 15;
 
 /// The deepest k this path takes: one k block of the driver's f32 products (16-bit ones take
 /// 512), so that the driver would sum every element in one chain too.
-pub(super) const SMALL_MAX_K: usize = 256;
+const SMALL_MAX_K: usize = 256;
 
 static SMALL_PRODUCTS: AtomicBool = AtomicBool::new(true);
 
@@ -93,22 +96,6 @@ const ROWS: usize = 4;
 const VECTORS: usize = 3;
 #[cfg(target_arch = "x86_64")]
 const WIDTH: usize = VECTORS * 8;
-
-#[cfg(target_arch = "x86_64")]
-const F32: u8 = 0;
-#[cfg(target_arch = "x86_64")]
-const F16: u8 = 1;
-#[cfg(target_arch = "x86_64")]
-const BF16: u8 = 2;
-
-#[cfg(target_arch = "x86_64")]
-fn kind_of<const K: u8>() -> Kind {
-    match K {
-        F32 => Kind::F32,
-        F16 => Kind::F16,
-        _ => Kind::Bf16,
-    }
-}
 
 /// B's side of a kernel call: the address of `B[0, j]` for the block's first column `j`, the
 /// row stride in elements (columns are contiguous) and the element type.
@@ -238,7 +225,7 @@ unsafe fn axpy<const KA: u8, const KB: u8, const NV: usize>(
     cols: usize,
     tile: *mut f32,
 ) {
-    let (ka, kb) = (kind_of::<KA>(), kind_of::<KB>());
+    let (ka, kb) = (Kind::of_tag(KA), Kind::of_tag(KB));
     let (asz, bsz) = (ka.size(), kb.size());
     let tail = cols - (NV - 1) * 8;
     let mut acc = [[_mm256_setzero_ps(); NV]; ROWS];

@@ -12,6 +12,23 @@ pub enum Kind {
     Bf16,
 }
 
+/// A [`Kind`] as a const generic parameter (stable Rust has none of enum type), so that a loop
+/// is compiled for one element type: the tags, and [`Kind::of_tag`] back.
+pub(super) const TAG_F32: u8 = 0;
+pub(super) const TAG_F16: u8 = 1;
+pub(super) const TAG_BF16: u8 = 2;
+
+impl Kind {
+    /// The kind a tag names (`TAG_F32`, `TAG_F16`, anything else bf16).
+    pub(super) const fn of_tag(tag: u8) -> Kind {
+        match tag {
+            TAG_F32 => Kind::F32,
+            TAG_F16 => Kind::F16,
+            _ => Kind::Bf16,
+        }
+    }
+}
+
 mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}

@@ -8,10 +8,8 @@ use crate::gemm::Kind;
 
 use super::lanes::lane_mask;
 
-/// C's element type as a const parameter, so that each store loop is compiled for one type.
-const OUT_F32: u8 = 0;
-const OUT_F16: u8 = 1;
-const OUT_BF16: u8 = 2;
+// C's element type as a const parameter, so that each store loop is compiled for one type.
+use crate::gemm::types::{TAG_BF16 as OUT_BF16, TAG_F16 as OUT_F16, TAG_F32 as OUT_F32};
 
 /// The largest `|stored bits|` seen so far, per lane: a value is ±inf or NaN exactly when its
 /// bits without the sign reach the infinity pattern, so one unsigned max per vector (and one

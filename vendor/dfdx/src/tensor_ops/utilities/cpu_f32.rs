@@ -243,6 +243,11 @@ pub(crate) fn is_half<E: 'static>() -> bool {
     !matches!(half_kind::<E>(), Half::Other)
 }
 
+/// typed-amp patch: whether `E` is `f32`.
+pub(crate) fn is_f32<E: 'static>() -> bool {
+    is::<E, f32>()
+}
+
 /// Reads `dst.len()` values of `src`, starting at `off` and `step` apart, as `f32`.
 #[inline]
 pub(crate) fn load_f32<E: Dtype>(src: &[E], off: usize, step: usize, dst: &mut [f32]) {

@@ -1,6 +1,8 @@
 use std::borrow::Cow;
 
-use super::cpu_f32::{as_f32_mut, from_f32, is_half, load_f32, par_elementwise, to_f32, BLOCK};
+use super::cpu_f32::{
+    as_f32_mut, from_f32, is_f32, is_half, load_f32, par_elementwise, to_f32, BLOCK,
+};
 use super::ops::{BinaryKernel, UnaryKernel};
 use crate::{
     shapes::{Dtype, Shape},
@@ -62,6 +64,12 @@ pub trait UnaryDerivative<E> {
     /// `f`/`df` element by element and give the same bits (GELU's, built for the CPU's widest
     /// vectors at run time).
     const F32_SLICES: bool = false;
+}
+
+/// typed-amp patch: whether this op runs on f32 tensors by its f32 slice forms
+/// ([UnaryDerivative::F32_SLICES]).
+fn f32_slices<E: Dtype, Op: UnaryDerivative<E>>() -> bool {
+    Op::F32_SLICES && is_f32::<E>()
 }
 
 /// typed-amp patch: the arithmetic of the four basic binary ops. 16-bit types compute it in f32
@@ -198,47 +206,29 @@ impl<E: Dtype, Op: UnaryDerivative<E> + Sync> UnaryKernel<Op, E> for Cpu {
         op: Op,
         inp: Cow<Tensor<S, E, Self>>,
     ) -> Result<Tensor<S, E, Self>, Self::Err> {
-        if Op::F32_SLICES && as_f32_mut::<E>(&mut []).is_some() {
-            // typed-amp patch: the op's f32 slice form over a copy (written in parallel pieces)
-            // or over the owned input.
-            let mut out = match inp {
-                Cow::Borrowed(inp) => Tensor {
-                    id: unique_id(),
-                    data: std::sync::Arc::new(crate::tensor::cpu::CachableVec {
-                        data: try_map_in_parallel(&inp.data, |x| *x)?,
-                        cache: self.cache.clone(),
-                    }),
-                    shape: inp.shape,
-                    strides: inp.strides,
-                    device: self.clone(),
-                    tape: Default::default(),
-                },
-                Cow::Owned(mut inp) => {
-                    inp.id = unique_id();
-                    inp
-                }
-            };
-            let buf = as_f32_mut(&mut std::sync::Arc::make_mut(&mut out.data)[..]).unwrap();
-            par_elementwise(buf, BLOCK, |_, piece| op.f_f32(piece));
-            return Ok(out);
-        }
+        let slices = f32_slices::<E, Op>();
         let mut out = match inp {
             Cow::Borrowed(inp) if !(Op::IN_F32 && is_half::<E>()) => {
                 // typed-amp patch: `f(x)` written straight into a new buffer, in parallel
-                // pieces, instead of copying the input (memcpy) and overwriting the copy.
-                let data = try_map_in_parallel(&inp.data, |x| op.f(x))?;
+                // pieces, instead of copying the input (memcpy) and overwriting the copy; for
+                // an op whose f32 slice form runs below, the copy itself.
+                let data = try_map_in_parallel(&inp.data, |x| if slices { *x } else { op.f(x) })?;
                 let data = crate::tensor::cpu::CachableVec {
                     data,
                     cache: self.cache.clone(),
                 };
-                return Ok(Tensor {
+                let out = Tensor {
                     id: unique_id(),
                     data: std::sync::Arc::new(data),
                     shape: inp.shape,
                     strides: inp.strides,
                     device: self.clone(),
                     tape: Default::default(),
-                });
+                };
+                if !slices {
+                    return Ok(out);
+                }
+                out
             }
             Cow::Borrowed(inp) => {
                 // allocate a new data buffer
@@ -260,6 +250,11 @@ impl<E: Dtype, Op: UnaryDerivative<E> + Sync> UnaryKernel<Op, E> for Cpu {
         // NOTE: we can iterate over buf here because we know inp & out
         // have exact same strides due to clone.
         let buf: &mut [E] = &mut std::sync::Arc::make_mut(&mut out.data)[..];
+        if let (true, Some(buf)) = (slices, as_f32_mut(buf)) {
+            // typed-amp patch: the op's f32 slice form, a block at a time.
+            par_elementwise(buf, BLOCK, |_, piece| op.f_f32(piece));
+            return Ok(out);
+        }
         if Op::IN_F32 && is_half::<E>() {
             // typed-amp patch: widen a block, run the op in f32, round once.
             par_elementwise(buf, BLOCK, |_, piece| {
@@ -296,7 +291,7 @@ impl<E: Dtype, Op: UnaryDerivative<E> + Sync> UnaryKernel<Op, E> for Cpu {
             (Some(inp), None) => Some(inp),
             _ => unreachable!(),
         };
-        if is_half::<E>() || (Op::F32_SLICES && as_f32_mut::<E>(&mut []).is_some()) {
+        if is_half::<E>() || f32_slices::<E, Op>() {
             // df in E (or in f32 by the op's slice form), then grad_inp += df · grad_out in f32,
             // a block at a time.
             let const_df = data.is_none().then(|| op.const_df());
