@@ -1,11 +1,12 @@
-//! Why a Fashion-MNIST file could not be loaded ([`DataError`]).
+//! Why a data set could not be loaded or used ([`DataError`]).
 
 use std::io;
 use std::path::PathBuf;
 
-use crate::{CLASSES, IMAGES_MAGIC, IMAGE_SIDE};
+use crate::{TextSplit, CLASSES, IMAGES_MAGIC, IMAGE_SIDE};
 
-/// Why a Fashion-MNIST file could not be loaded. Every variant names the file.
+/// Why a data set (Fashion-MNIST or a text corpus) could not be loaded or used. Every variant
+/// about a file names the file.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DataError {
@@ -134,4 +135,115 @@ pub enum DataError {
         /// The bad label.
         label: u8,
     },
+
+    /// A directory holds no file of a text corpus.
+    #[error("{}: no text files (*{suffix}) in this directory", .dir.display())]
+    NoTextFiles {
+        /// The directory.
+        dir: PathBuf,
+        /// How the names of the files looked for end ([`TEXT_FILE_SUFFIX`](crate::TEXT_FILE_SUFFIX)).
+        suffix: &'static str,
+    },
+
+    /// A file of a text corpus holds a NUL byte: it is binary, or text in an encoding such as
+    /// UTF-16 that the loader does not read.
+    #[error("{}: not a text file: NUL byte at offset {offset}", .path.display())]
+    NulByte {
+        /// The file.
+        path: PathBuf,
+        /// Position of the first NUL byte.
+        offset: usize,
+    },
+
+    /// A file of a text corpus is mostly control characters (line breaks, tabs and form feeds
+    /// do not count): it is binary.
+    #[error(
+        "{}: not a text file: {control} of its {chars} characters are control characters",
+        .path.display()
+    )]
+    ControlCharacters {
+        /// The file.
+        path: PathBuf,
+        /// Its control characters.
+        control: usize,
+        /// All its characters.
+        chars: usize,
+    },
+
+    /// A split of a text is shorter than one window: `context` inputs and the target after
+    /// them.
+    #[error(
+        "the {split} split holds {len} characters, fewer than one window of {} (context {context} + 1)",
+        .context.saturating_add(1)
+    )]
+    TextTooShort {
+        /// The split.
+        split: TextSplit,
+        /// Characters it holds.
+        len: usize,
+        /// The context length asked for.
+        context: usize,
+    },
+
+    /// A window would run past the end of its split.
+    #[error(
+        "window start {start} is out of range: windows of {context} + 1 characters of the {split} split start at 0..={last}"
+    )]
+    WindowOutOfRange {
+        /// The split.
+        split: TextSplit,
+        /// The start asked for.
+        start: usize,
+        /// The context length.
+        context: usize,
+        /// The last start a window fits at.
+        last: usize,
+    },
+
+    /// A character to encode is not in the vocabulary.
+    #[error(
+        "character {character:?} ({}) at position {position} is not in the vocabulary of {vocab_size} characters",
+        code_point(*.character)
+    )]
+    UnknownCharacter {
+        /// The character.
+        character: char,
+        /// Its position in the text encoded, in characters.
+        position: usize,
+        /// Characters in the vocabulary.
+        vocab_size: usize,
+    },
+
+    /// A checkpoint's vocabulary is not the data's: its token ids mean other characters.
+    #[error(
+        "the checkpoint's vocabulary ({saved_size} characters) differs from the data's ({data_size} characters): \
+         at index {index} the checkpoint has {} and the data {}",
+        show_char(*.saved),
+        show_char(*.data)
+    )]
+    VocabMismatch {
+        /// Characters in the checkpoint's vocabulary.
+        saved_size: usize,
+        /// Characters in the data's vocabulary.
+        data_size: usize,
+        /// The first index where they differ.
+        index: usize,
+        /// The checkpoint's character there (`None` past its end).
+        saved: Option<char>,
+        /// The data's character there (`None` past its end).
+        data: Option<char>,
+    },
+}
+
+/// `U+0041` for `'A'`.
+fn code_point(c: char) -> String {
+    format!("U+{:04X}", u32::from(c))
+}
+
+/// `'A' (U+0041)`, or `nothing (its vocabulary ends)`.
+fn show_char(c: Option<char>) -> String {
+    match c {
+        Some(c) => format!("{c:?} ({})", code_point(c)),
+        None => "nothing (its vocabulary ends)".to_string(),
+    }
 }

@@ -1,6 +1,8 @@
-//! Fashion-MNIST for typed-amp's examples, notebooks and main job (`typed-amp`): the loader
-//! and a subset compiled in. It is a crate of its own so that the library, `typed-amp`, does not
-//! link 1.28 MB of images into every program that uses it.
+//! Data sets for typed-amp's examples, notebooks and main job (`typed-amp`): Fashion-MNIST
+//! ([`FashionMnist`]) and Shakespeare as characters ([`CharCorpus`], in [`text`]), each with
+//! its loader and a subset compiled in. It is a crate of its own so that the library,
+//! `typed-amp`, does not link 1.28 MB of images and 190 KB of plays into every program that
+//! uses it.
 //!
 //! [`FashionMnist::load`] picks its source in this order:
 //!
@@ -31,6 +33,10 @@
 //!
 //! [`Split::batch`] puts examples on a device as a [`Batch`], its images in the precision the
 //! model computes in (FP32, FP16 or BF16: see [`batch`]).
+//!
+//! [`CharCorpus::load`] picks a text the same way (a named directory, else
+//! [`SHAKESPEARE_SYSTEM_DIR`], else three plays and the sonnets compiled in), reads it as the
+//! GPT spec says and gives its training and validation windows as token ids: see [`text`].
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -38,10 +44,15 @@
 pub mod batch;
 mod error;
 mod idx;
+pub mod text;
 
 pub use batch::{Batch, BatchError, Flat, Image, Layout, Normalize};
 pub use error::DataError;
 pub use idx::{parse_images, parse_labels, parse_split, IMAGES_MAGIC, LABELS_MAGIC};
+pub use text::{
+    CharCorpus, TextSplit, TokenId, EMBEDDED_TEXT_FILES, FULL_SHAKESPEARE_CHARACTERS,
+    FULL_SHAKESPEARE_FILES, FULL_SHAKESPEARE_VOCAB, SHAKESPEARE_SYSTEM_DIR, TEXT_FILE_SUFFIX,
+};
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -146,10 +157,10 @@ impl Split {
     }
 }
 
-/// Which data a [`FashionMnist`] was loaded from.
+/// Which data a [`FashionMnist`] or a [`CharCorpus`] was loaded from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DataOrigin {
-    /// The four files in this directory.
+    /// Files in this directory (Fashion-MNIST's four files, or a corpus's text files).
     Directory(PathBuf),
     /// The subset compiled into this crate.
     Embedded,
