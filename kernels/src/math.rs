@@ -165,3 +165,8 @@ slice_form!(
     gelu_derivative_slice,
     gelu_derivative
 );
+slice_form!(
+    /// [`exp_f32`] of every element, in place (attention's probabilities).
+    exp_slice,
+    exp_f32
+);

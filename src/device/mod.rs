@@ -14,6 +14,7 @@
 //! | [`LinearKernel`] | the linear layer fused (bias, ReLU, FP32 weight gradient) | [`crate::ops::linear`] |
 //! | [`MixedBatchNormKernel`] | batch norm over 16-bit activations with FP32 statistics | [`crate::ops::batchnorm`] |
 //! | [`MixedLayerNormKernel`] | layer norm over 16-bit activations with FP32 statistics | [`crate::ops::layernorm`] |
+//! | [`AttentionOp`] | multi-head attention, fused where the scores are FP32 | [`crate::ops::attention`] |
 //! | [`ReluKernel`] | ReLU in place and its mask, for fusing it into the op before it | [`crate::ops::relu`] |
 //! | [`UpdateKernel`] | the optimizer's update fused with the working copy's refresh | [`crate::ops::update`] |
 //!
@@ -25,6 +26,7 @@
 mod allocator;
 pub use allocator::keep_freed_memory;
 
+pub use crate::ops::attention::AttentionOp;
 pub use crate::ops::batchnorm::MixedBatchNormKernel;
 pub use crate::ops::cast::CastKernel;
 pub use crate::ops::fill::FillKernel;
@@ -61,6 +63,7 @@ macro_rules! define_capabilities {
             + ReluKernel<E>
             + MixedBatchNormKernel<E>
             + MixedLayerNormKernel<E>
+            + AttentionOp<E>
             $(
                 + CastKernel<E, $elem>
                 + CastKernel<$elem, E>
@@ -86,6 +89,7 @@ macro_rules! define_capabilities {
                 + ReluKernel<E>
                 + MixedBatchNormKernel<E>
                 + MixedLayerNormKernel<E>
+                + AttentionOp<E>
                 $(
                     + CastKernel<E, $elem>
                     + CastKernel<$elem, E>

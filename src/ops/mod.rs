@@ -1,6 +1,8 @@
 //! The ops mixed precision adds to dfdx, one per folder, each with its CPU kernel and its CUDA
 //! kernel side by side (dfdx's `tensor_ops/<op>/` layout):
 //!
+//! - [`attention`]: multi-head attention over packed `[q | k | v]` rows, causal or not, with
+//!   its scores in the softmax row's precision ([`attention::AttentionOp`]; the CPU fuses it);
 //! - [`batchnorm`]: batch norm with 16-bit activations and FP32 parameters and statistics
 //!   ([`batchnorm::MixedBatchNormKernel`]);
 //! - [`cast`]: differentiable precision casts ([`cast::to_f16`], [`cast::to_f32`], ...), and the
@@ -22,6 +24,7 @@
 //!
 //! The kernels' traits are the device capabilities [`crate::device::Kernels`] bundles.
 
+pub mod attention;
 pub mod batchnorm;
 pub mod cast;
 pub mod fill;

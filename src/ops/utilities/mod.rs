@@ -3,6 +3,7 @@
 //! [`crate::precision`], so every op and the device bundle ([`crate::device`]) can import it.
 
 pub(crate) mod cpu;
+pub(crate) mod cpu_gemm;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 

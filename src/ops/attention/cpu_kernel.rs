@@ -1,0 +1,389 @@
+//! The fused attention on the CPU: per sequence (a parallel task) and head, query rows in
+//! blocks of [`BLOCK`], keys in blocks of [`BLOCK`] up to the diagonal, the scores of one block
+//! pair in an FP32 scratch tile that the online softmax consumes. The products run on
+//! `typed_amp_kernels`' GEMM, one thread each, straight from the packed 16-bit rows (the
+//! probabilities rounded to the working precision before `P·V`, as FlashAttention does), so
+//! 16-bit attention multiplies at the 16-bit rate.
+
+use dfdx::prelude::{Cpu, CpuError, Storage};
+use rayon::prelude::*;
+use typed_amp_kernels::math::exp_slice;
+use typed_amp_kernels::Epilogue;
+
+use super::{AttentionDims, AttentionKernel};
+use crate::ops::utilities::cpu_gemm::gemm_into_on;
+use crate::precision::AmpElem;
+
+/// Query rows and keys per block: a 64 × 64 FP32 score tile is 16 KiB, in L1 beside its
+/// operands.
+const BLOCK: usize = 64;
+
+fn check(ok: bool) -> Result<(), CpuError> {
+    ok.then_some(()).ok_or(CpuError::WrongNumElements)
+}
+
+/// The shapes every pass checks: non-empty heads and buffers of the right lengths.
+fn check_dims(d: &AttentionDims, qkv: usize, out: usize) -> Result<(), CpuError> {
+    let rows = d.batch.checked_mul(d.tokens);
+    let width = d.heads.checked_mul(d.head_dim);
+    let (Some(rows), Some(width)) = (rows, width) else {
+        return Err(CpuError::WrongNumElements);
+    };
+    check(
+        d.heads > 0
+            && d.head_dim > 0
+            && rows.checked_mul(3 * width) == Some(qkv)
+            && rows.checked_mul(width) == Some(out),
+    )
+}
+
+/// Keys that query row `i` sees in the key block starting at `j0` of length `kb`: all, or
+/// (causal) those up to `i`.
+fn visible(d: &AttentionDims, i: usize, j0: usize, kb: usize) -> usize {
+    if d.causal {
+        (i + 1).saturating_sub(j0).min(kb)
+    } else {
+        kb
+    }
+}
+
+/// Where one head's queries, keys and values start in a packed row, and the row's length.
+struct Layout {
+    q: usize,
+    k: usize,
+    v: usize,
+    row: usize,
+    width: usize,
+}
+
+impl Layout {
+    fn of(d: &AttentionDims, head: usize) -> Self {
+        let width = d.width();
+        let at = head * d.head_dim;
+        Layout {
+            q: at,
+            k: width + at,
+            v: 2 * width + at,
+            row: 3 * width,
+            width,
+        }
+    }
+}
+
+impl<E: AmpElem> AttentionKernel<E> for Cpu {
+    fn try_attention_forward(
+        &self,
+        d: AttentionDims,
+        qkv: &<Self as Storage<E>>::Vec,
+        y: &mut <Self as Storage<E>>::Vec,
+    ) -> Result<<Self as Storage<f32>>::Vec, CpuError> {
+        check_dims(&d, qkv.len(), y.len())?;
+        let mut lse = Storage::<f32>::try_alloc_len(self, d.batch * d.heads * d.tokens)?;
+        if d.rows() == 0 {
+            return Ok(lse);
+        }
+        let t = d.tokens;
+        qkv.par_chunks(t * 3 * d.width())
+            .zip(y.par_chunks_mut(t * d.width()))
+            .zip(lse.par_chunks_mut(d.heads * t))
+            .for_each(|((qkv, y), lse)| {
+                let mut scratch = Scratch::<E>::new(d.head_dim);
+                for (h, lse) in lse.chunks_mut(t).enumerate() {
+                    forward_head(&d, &Layout::of(&d, h), qkv, y, lse, &mut scratch);
+                }
+            });
+        Ok(lse)
+    }
+
+    fn try_attention_backward(
+        &self,
+        d: AttentionDims,
+        qkv: &<Self as Storage<E>>::Vec,
+        y: &<Self as Storage<E>>::Vec,
+        dy: &<Self as Storage<E>>::Vec,
+        lse: &<Self as Storage<f32>>::Vec,
+        (dqkv, accumulate): (&mut <Self as Storage<E>>::Vec, bool),
+    ) -> Result<(), CpuError> {
+        check_dims(&d, qkv.len(), y.len())?;
+        check(
+            dy.len() == y.len()
+                && dqkv.len() == qkv.len()
+                && lse.len() == d.batch * d.heads * d.tokens,
+        )?;
+        if d.rows() == 0 {
+            return Ok(());
+        }
+        let (t, width) = (d.tokens, d.width());
+        qkv.par_chunks(t * 3 * width)
+            .zip(dqkv.par_chunks_mut(t * 3 * width))
+            .zip(y.par_chunks(t * width).zip(dy.par_chunks(t * width)))
+            .zip(lse.par_chunks(d.heads * t))
+            .for_each(|(((qkv, dqkv), (y, dy)), lse)| {
+                let mut scratch = Scratch::<E>::new(d.head_dim);
+                let mut grads = HeadGrads::new(t, d.head_dim);
+                for (h, lse) in lse.chunks(t).enumerate() {
+                    let lay = Layout::of(&d, h);
+                    backward_head(&d, &lay, qkv, y, dy, lse, &mut scratch, &mut grads);
+                    grads.store(&d, &lay, dqkv, accumulate);
+                }
+            });
+        Ok(())
+    }
+}
+
+/// One task's working tiles.
+struct Scratch<E> {
+    /// Scores, then probabilities, of one block pair (FP32).
+    s: Vec<f32>,
+    /// The probabilities (or the scores' gradient) rounded to the working precision.
+    pe: Vec<E>,
+    /// The probabilities' gradient of one block pair (FP32).
+    dp: Vec<f32>,
+    /// A query block's output accumulator.
+    o: Vec<f32>,
+    /// Per query row: the running maximum, and the running sum of exponentials.
+    max: Vec<f32>,
+    sum: Vec<f32>,
+}
+
+impl<E: AmpElem> Scratch<E> {
+    fn new(head_dim: usize) -> Self {
+        Scratch {
+            s: vec![0.0; BLOCK * BLOCK],
+            pe: vec![E::default(); BLOCK * BLOCK],
+            dp: vec![0.0; BLOCK * BLOCK],
+            o: vec![0.0; BLOCK * head_dim],
+            max: vec![0.0; BLOCK],
+            sum: vec![0.0; BLOCK],
+        }
+    }
+}
+
+/// `s = scale · Q[i0..i0+qb] · K[j0..j0+kb]ᵀ` (FP32, `qb × kb`, rows `kb` apart).
+fn scores<E: AmpElem>(
+    d: &AttentionDims,
+    lay: &Layout,
+    qkv: &[E],
+    (i0, qb): (usize, usize),
+    (j0, kb): (usize, usize),
+    s: &mut [f32],
+) {
+    gemm_into_on::<E, f32>(
+        1,
+        (qb, d.head_dim, kb),
+        (&qkv[i0 * lay.row + lay.q..], lay.row, 1),
+        (&qkv[j0 * lay.row + lay.k..], 1, lay.row),
+        (&mut s[..qb * kb], kb, 1),
+        &Epilogue {
+            alpha: d.scale(),
+            ..Epilogue::STORE
+        },
+    );
+}
+
+fn forward_head<E: AmpElem>(
+    d: &AttentionDims,
+    lay: &Layout,
+    qkv: &[E],
+    y: &mut [E],
+    lse: &mut [f32],
+    sc: &mut Scratch<E>,
+) {
+    let (t, hd) = (d.tokens, d.head_dim);
+    for i0 in (0..t).step_by(BLOCK) {
+        let qb = BLOCK.min(t - i0);
+        let o = &mut sc.o[..qb * hd];
+        o.fill(0.0);
+        sc.max[..qb].fill(f32::NEG_INFINITY);
+        sc.sum[..qb].fill(0.0);
+        let keys = if d.causal { i0 + qb } else { t };
+        for j0 in (0..keys).step_by(BLOCK) {
+            let kb = BLOCK.min(keys - j0);
+            scores(d, lay, qkv, (i0, qb), (j0, kb), &mut sc.s);
+            // The online softmax: each row's new maximum rescales what the earlier key blocks
+            // summed; the probabilities of this block replace the scores in place.
+            for r in 0..qb {
+                let row = &mut sc.s[r * kb..(r + 1) * kb];
+                let seen = visible(d, i0 + r, j0, kb);
+                let (live, masked) = row.split_at_mut(seen);
+                masked.fill(0.0);
+                let block_max = live.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+                let new_max = sc.max[r].max(block_max);
+                if new_max == f32::NEG_INFINITY {
+                    live.fill(0.0);
+                    continue;
+                }
+                // NaN scores stay NaN through the subtraction and the exponential, and reach
+                // the output (and so the loss and the gradients, which skips the step).
+                live.iter_mut().for_each(|x| *x -= new_max);
+                exp_slice(live);
+                let rescale = if sc.max[r] == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    typed_amp_kernels::math::exp_f32(sc.max[r] - new_max)
+                };
+                sc.sum[r] = sc.sum[r] * rescale + live.iter().sum::<f32>();
+                sc.max[r] = new_max;
+                o[r * hd..(r + 1) * hd]
+                    .iter_mut()
+                    .for_each(|x| *x *= rescale);
+            }
+            E::slice_from_f32(&sc.s[..qb * kb], &mut sc.pe[..qb * kb]);
+            // o += P · V[j0..j0+kb]
+            gemm_into_on::<E, f32>(
+                1,
+                (qb, kb, hd),
+                (&sc.pe[..qb * kb], kb, 1),
+                (&qkv[j0 * lay.row + lay.v..], lay.row, 1),
+                (o, hd, 1),
+                &Epilogue::ACCUMULATE,
+            );
+        }
+        let mut out = vec![0f32; hd];
+        for r in 0..qb {
+            let i = i0 + r;
+            let inv = 1.0 / sc.sum[r];
+            out.iter_mut()
+                .zip(&o[r * hd..(r + 1) * hd])
+                .for_each(|(y, o)| *y = o * inv);
+            let at = i * lay.width + lay.q;
+            E::slice_from_f32(&out, &mut y[at..at + hd]);
+            lse[i] = sc.max[r] + sc.sum[r].ln();
+        }
+    }
+}
+
+/// One head's gradients of its queries, keys and values over a whole sequence, in FP32.
+struct HeadGrads {
+    dq: Vec<f32>,
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+    /// `Σ dy·y` per query row.
+    delta: Vec<f32>,
+}
+
+impl HeadGrads {
+    fn new(tokens: usize, head_dim: usize) -> Self {
+        HeadGrads {
+            dq: vec![0.0; tokens * head_dim],
+            dk: vec![0.0; tokens * head_dim],
+            dv: vec![0.0; tokens * head_dim],
+            delta: vec![0.0; tokens],
+        }
+    }
+
+    /// Writes (or adds) the head's gradients into its columns of the packed gradient rows.
+    fn store<E: AmpElem>(&self, d: &AttentionDims, lay: &Layout, dqkv: &mut [E], accumulate: bool) {
+        let hd = d.head_dim;
+        let mut old = vec![0f32; hd];
+        let mut sum = vec![0f32; hd];
+        for i in 0..d.tokens {
+            for (grad, at) in [(&self.dq, lay.q), (&self.dk, lay.k), (&self.dv, lay.v)] {
+                let src = &grad[i * hd..(i + 1) * hd];
+                let dst = &mut dqkv[i * lay.row + at..i * lay.row + at + hd];
+                if accumulate {
+                    E::slice_to_f32(dst, &mut old);
+                    sum.iter_mut()
+                        .zip(src.iter().zip(&old))
+                        .for_each(|(s, (g, o))| *s = g + o);
+                    E::slice_from_f32(&sum, dst);
+                } else {
+                    E::slice_from_f32(src, dst);
+                }
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn backward_head<E: AmpElem>(
+    d: &AttentionDims,
+    lay: &Layout,
+    qkv: &[E],
+    y: &[E],
+    dy: &[E],
+    lse: &[f32],
+    sc: &mut Scratch<E>,
+    g: &mut HeadGrads,
+) {
+    let (t, hd) = (d.tokens, d.head_dim);
+    g.dq.fill(0.0);
+    g.dk.fill(0.0);
+    g.dv.fill(0.0);
+    let (mut yr, mut dyr) = (vec![0f32; hd], vec![0f32; hd]);
+    for i in 0..t {
+        let at = i * lay.width + lay.q;
+        E::slice_to_f32(&y[at..at + hd], &mut yr);
+        E::slice_to_f32(&dy[at..at + hd], &mut dyr);
+        g.delta[i] = yr.iter().zip(&dyr).map(|(a, b)| a * b).sum();
+    }
+    let scale = d.scale();
+    for i0 in (0..t).step_by(BLOCK) {
+        let qb = BLOCK.min(t - i0);
+        let keys = if d.causal { i0 + qb } else { t };
+        for j0 in (0..keys).step_by(BLOCK) {
+            let kb = BLOCK.min(keys - j0);
+            scores(d, lay, qkv, (i0, qb), (j0, kb), &mut sc.s);
+            // The probabilities again, from the forward's log-sum-exp.
+            for r in 0..qb {
+                let row = &mut sc.s[r * kb..(r + 1) * kb];
+                let (live, masked) = row.split_at_mut(visible(d, i0 + r, j0, kb));
+                masked.fill(0.0);
+                let l = lse[i0 + r];
+                live.iter_mut().for_each(|x| *x -= l);
+                exp_slice(live);
+            }
+            E::slice_from_f32(&sc.s[..qb * kb], &mut sc.pe[..qb * kb]);
+            // dv[j] += Pᵀ · dy[i]
+            gemm_into_on::<E, f32>(
+                1,
+                (kb, qb, hd),
+                (&sc.pe[..qb * kb], 1, kb),
+                (&dy[i0 * lay.width + lay.q..], lay.width, 1),
+                (&mut g.dv[j0 * hd..], hd, 1),
+                &Epilogue::ACCUMULATE,
+            );
+            // dP = dy[i] · V[j]ᵀ
+            gemm_into_on::<E, f32>(
+                1,
+                (qb, hd, kb),
+                (&dy[i0 * lay.width + lay.q..], lay.width, 1),
+                (&qkv[j0 * lay.row + lay.v..], 1, lay.row),
+                (&mut sc.dp[..qb * kb], kb, 1),
+                &Epilogue::STORE,
+            );
+            // dS = P ⊙ (dP − Σ dy·y), rounded to the working precision for the products.
+            for r in 0..qb {
+                let delta = g.delta[i0 + r];
+                let row = r * kb..(r + 1) * kb;
+                sc.dp[row.clone()]
+                    .iter_mut()
+                    .zip(&sc.s[row])
+                    .for_each(|(dp, p)| *dp = p * (*dp - delta));
+            }
+            E::slice_from_f32(&sc.dp[..qb * kb], &mut sc.pe[..qb * kb]);
+            let scaled = Epilogue {
+                alpha: scale,
+                ..Epilogue::ACCUMULATE
+            };
+            // dq[i] += scale · dS · K[j]
+            gemm_into_on::<E, f32>(
+                1,
+                (qb, kb, hd),
+                (&sc.pe[..qb * kb], kb, 1),
+                (&qkv[j0 * lay.row + lay.k..], lay.row, 1),
+                (&mut g.dq[i0 * hd..], hd, 1),
+                &scaled,
+            );
+            // dk[j] += scale · dSᵀ · Q[i]
+            gemm_into_on::<E, f32>(
+                1,
+                (kb, qb, hd),
+                (&sc.pe[..qb * kb], 1, kb),
+                (&qkv[i0 * lay.row + lay.q..], lay.row, 1),
+                (&mut g.dk[j0 * hd..], hd, 1),
+                &scaled,
+            );
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! Attention's two traits: the op on tensors, whose default is the composed computation, and
+//! the fused kernels' passes over buffers that a device implementing the fused op provides.
+
+use dfdx::prelude::{Const, Dim, HasErr, Storage, Tape, Tensor};
+
+use crate::ops::cast::CastDevice;
+use crate::precision::AmpElem;
+use crate::tape::AmpTape;
+
+/// The sizes of one attention op: `batch × tokens` rows of `3 × heads × head_dim` packed
+/// queries, keys and values in, `batch × tokens` rows of `heads × head_dim` out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionDims {
+    /// Sequences in the batch.
+    pub batch: usize,
+    /// Tokens per sequence.
+    pub tokens: usize,
+    /// Heads.
+    pub heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Whether token `i` attends only to tokens `j ≤ i` (a decoder's causal mask).
+    pub causal: bool,
+}
+
+impl AttentionDims {
+    /// The model width, `heads × head_dim`.
+    pub fn width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// Rows of the packed input and of the output, `batch × tokens`.
+    pub fn rows(&self) -> usize {
+        self.batch * self.tokens
+    }
+
+    /// The scores' scale, `1 / √head_dim`.
+    pub fn scale(&self) -> f32 {
+        (1.0 / (self.head_dim as f64).sqrt()) as f32
+    }
+}
+
+/// How a device runs multi-head attention over packed `[q | k | v]` rows of element type `E`,
+/// with its scores (`QKᵀ/√d`, the mask and the softmax) in precision `Sc`.
+///
+/// The default is the composed computation ([`super::try_attention_composed`]): the heads split
+/// by reshapes and permutes, `QKᵀ` as a batched product, the mask added, the scores cast to `Sc`
+/// for the softmax and back, `PV`, and the heads merged; every intermediate kept for the
+/// backward pass, the `T × T` scores included. A device with the fused kernels
+/// ([`AttentionKernel`]) overrides it with [`super::try_attention_fused`] for FP32 scores.
+pub trait AttentionOp<E: AmpElem>: HasErr + Sized {
+    /// Attention over `qkv` (`(batch, tokens, 3M)`, `M = H × head_dim`): `(batch, tokens, M)`.
+    fn try_attention<const M: usize, const M3: usize, const H: usize, B, S, Sc, T>(
+        qkv: Tensor<(B, S, Const<M3>), E, Self, T>,
+        causal: bool,
+    ) -> Result<Tensor<(B, S, Const<M>), E, Self, T>, Self::Err>
+    where
+        Self: CastDevice<E, Sc> + CastDevice<Sc, E>,
+        B: Dim,
+        S: Dim,
+        Sc: AmpElem,
+        T: AmpTape<Self> + Tape<E, Self> + Tape<Sc, Self>,
+    {
+        super::try_attention_composed::<M, M3, H, B, S, E, Sc, Self, T>(qkv, causal)
+    }
+}
+
+/// The fused attention's passes over buffers (FlashAttention's algorithm): scores in FP32,
+/// computed block by block with an online softmax and never stored; the forward keeps one FP32
+/// log-sum-exp per query row and head, from which the backward recomputes the probabilities.
+pub trait AttentionKernel<E: AmpElem>: Storage<E> + Storage<f32> + HasErr {
+    /// `y = softmax(q·kᵀ·scale + mask)·v` per sequence and head, rounded once to `E`, from
+    /// `qkv` (`rows × 3·width`) into `y` (`rows × width`); returns the log-sum-exp of every
+    /// query row, `batch × heads × tokens` in that order.
+    fn try_attention_forward(
+        &self,
+        dims: AttentionDims,
+        qkv: &<Self as Storage<E>>::Vec,
+        y: &mut <Self as Storage<E>>::Vec,
+    ) -> Result<<Self as Storage<f32>>::Vec, Self::Err>;
+
+    /// The gradient of `qkv` from the output's `dy`, the output `y` and the forward's
+    /// log-sum-exps: written into `dqkv`, or added to it if its flag says so (each element
+    /// rounded once).
+    #[allow(clippy::too_many_arguments)]
+    fn try_attention_backward(
+        &self,
+        dims: AttentionDims,
+        qkv: &<Self as Storage<E>>::Vec,
+        y: &<Self as Storage<E>>::Vec,
+        dy: &<Self as Storage<E>>::Vec,
+        lse: &<Self as Storage<f32>>::Vec,
+        dqkv: (&mut <Self as Storage<E>>::Vec, bool),
+    ) -> Result<(), Self::Err>;
+}

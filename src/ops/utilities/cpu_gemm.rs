@@ -1,0 +1,140 @@
+//! Matrix products over buffers of any precision on `typed_amp_kernels`' GEMM, for the ops' CPU
+//! kernels: the buffers' element type mapped to the GEMM's (the same layout), strided views, and
+//! the thread count.
+
+use typed_amp_kernels::{
+    gemm_epilogue_slices, gemm_slices, Epilogue, GemmElem, GemmOut, MatMut, MatRef,
+};
+
+use crate::precision::{AmpElem, Indexed};
+
+/// `typed_amp_kernels`' element type for `E` (the same layout).
+fn gemm_view<E: AmpElem, K: GemmElem>(buf: &[E]) -> &[K] {
+    debug_assert_eq!(std::mem::size_of::<E>(), std::mem::size_of::<K>());
+    // SAFETY: callers pass `K` of `E`'s layout (see `with_gemm_elem`): `f32` for `f32`,
+    // `half::f16` and `half::bf16` for themselves.
+    unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<K>(), buf.len()) }
+}
+
+fn gemm_view_mut<E: AmpElem, K: Copy>(buf: &mut [E]) -> &mut [K] {
+    debug_assert_eq!(std::mem::size_of::<E>(), std::mem::size_of::<K>());
+    // SAFETY: as in `gemm_view`; the unique borrow is carried over.
+    unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<K>(), buf.len()) }
+}
+
+/// A strided view of `rows × cols` elements of a buffer of `E` as `K`.
+fn mat_ref<E: AmpElem, K: GemmElem>(
+    (data, rs, cs): (&[E], usize, usize),
+    rows: usize,
+    cols: usize,
+) -> MatRef<'_, K> {
+    MatRef {
+        data: gemm_view::<E, K>(data),
+        rows,
+        cols,
+        rs,
+        cs,
+    }
+}
+
+/// `C = A·B` (or `C += A·B`) for buffers of `E`, on `typed_amp_kernels::gemm_slices`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm<E: AmpElem>(
+    (m, k, n): (usize, usize, usize),
+    a: (&[E], usize, usize),
+    b: (&[E], usize, usize),
+    c: (&mut [E], usize, usize),
+    accumulate: bool,
+) {
+    fn run<E: AmpElem, K: GemmElem>(
+        (m, k, n): (usize, usize, usize),
+        a: (&[E], usize, usize),
+        b: (&[E], usize, usize),
+        c: (&mut [E], usize, usize),
+        accumulate: bool,
+    ) {
+        let (cdata, c_rs, c_cs) = c;
+        gemm_slices::<K>(
+            mat_ref::<E, K>(a, m, k),
+            mat_ref::<E, K>(b, k, n),
+            gemm_view_mut::<E, K>(cdata),
+            c_rs,
+            c_cs,
+            accumulate,
+            rayon::current_num_threads(),
+        );
+    }
+    // The element type by its place in the list of precisions (`with_precisions!`).
+    match E::INDEX {
+        i if i == <half::f16 as Indexed>::INDEX => {
+            run::<E, half::f16>((m, k, n), a, b, c, accumulate)
+        }
+        i if i == <half::bf16 as Indexed>::INDEX => {
+            run::<E, half::bf16>((m, k, n), a, b, c, accumulate)
+        }
+        _ => run::<E, f32>((m, k, n), a, b, c, accumulate),
+    }
+}
+
+/// `C = epilogue(A·B)` for operands of `E` into a C of `F` (`E`, or FP32 for 16-bit operands),
+/// on `typed_amp_kernels::gemm_epilogue_slices`.
+pub(crate) fn gemm_into<E: AmpElem, F: AmpElem>(
+    dims: (usize, usize, usize),
+    a: (&[E], usize, usize),
+    b: (&[E], usize, usize),
+    c: (&mut [F], usize, usize),
+    epilogue: &Epilogue<'_>,
+) {
+    gemm_into_on(rayon::current_num_threads(), dims, a, b, c, epilogue);
+}
+
+/// [`gemm_into`] on at most `threads` threads (1 inside a task that is already one of many
+/// parallel ones, as attention's per-head products are).
+pub(crate) fn gemm_into_on<E: AmpElem, F: AmpElem>(
+    threads: usize,
+    (m, k, n): (usize, usize, usize),
+    a: (&[E], usize, usize),
+    b: (&[E], usize, usize),
+    c: (&mut [F], usize, usize),
+    epilogue: &Epilogue<'_>,
+) {
+    fn run<E: AmpElem, F: AmpElem, K: GemmElem, C: GemmOut<K>>(
+        threads: usize,
+        (m, k, n): (usize, usize, usize),
+        a: (&[E], usize, usize),
+        b: (&[E], usize, usize),
+        (cdata, c_rs, c_cs): (&mut [F], usize, usize),
+        epilogue: &Epilogue<'_>,
+    ) {
+        gemm_epilogue_slices::<K, C>(
+            mat_ref::<E, K>(a, m, k),
+            mat_ref::<E, K>(b, k, n),
+            MatMut {
+                data: gemm_view_mut::<F, C>(cdata),
+                rows: m,
+                cols: n,
+                rs: c_rs,
+                cs: c_cs,
+            },
+            epilogue,
+            threads,
+        );
+    }
+    let f16 = <half::f16 as Indexed>::INDEX;
+    let bf16 = <half::bf16 as Indexed>::INDEX;
+    match (E::INDEX, F::INDEX == E::INDEX) {
+        (i, true) if i == f16 => {
+            run::<E, F, half::f16, half::f16>(threads, (m, k, n), a, b, c, epilogue)
+        }
+        (i, false) if i == f16 => {
+            run::<E, F, half::f16, f32>(threads, (m, k, n), a, b, c, epilogue)
+        }
+        (i, true) if i == bf16 => {
+            run::<E, F, half::bf16, half::bf16>(threads, (m, k, n), a, b, c, epilogue)
+        }
+        (i, false) if i == bf16 => {
+            run::<E, F, half::bf16, f32>(threads, (m, k, n), a, b, c, epilogue)
+        }
+        _ => run::<E, F, f32, f32>(threads, (m, k, n), a, b, c, epilogue),
+    }
+}
