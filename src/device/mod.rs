@@ -15,6 +15,7 @@
 //! | [`MixedBatchNormKernel`] | batch norm over 16-bit activations with FP32 statistics | [`crate::ops::batchnorm`] |
 //! | [`MixedLayerNormKernel`] | layer norm over 16-bit activations with FP32 statistics | [`crate::ops::layernorm`] |
 //! | [`AttentionOp`] | multi-head attention, fused where the scores are FP32 | [`crate::ops::attention`] |
+//! | [`LmHeadOp`] | a language model's head and FP32 cross-entropy, fused | [`crate::ops::lm_head`] |
 //! | [`ReluKernel`] | ReLU in place and its mask, for fusing it into the op before it | [`crate::ops::relu`] |
 //! | [`UpdateKernel`] | the optimizer's update fused with the working copy's refresh | [`crate::ops::update`] |
 //!
@@ -33,6 +34,7 @@ pub use crate::ops::fill::FillKernel;
 pub use crate::ops::host::HostKernel;
 pub use crate::ops::layernorm::MixedLayerNormKernel;
 pub use crate::ops::linear::LinearKernel;
+pub use crate::ops::lm_head::LmHeadOp;
 pub use crate::ops::reduce::ReduceKernel;
 pub use crate::ops::relu::ReluKernel;
 pub use crate::ops::unscale::UnscaleKernel;
@@ -64,6 +66,7 @@ macro_rules! define_capabilities {
             + MixedBatchNormKernel<E>
             + MixedLayerNormKernel<E>
             + AttentionOp<E>
+            + LmHeadOp<E>
             $(
                 + CastKernel<E, $elem>
                 + CastKernel<$elem, E>
@@ -90,6 +93,7 @@ macro_rules! define_capabilities {
                 + MixedBatchNormKernel<E>
                 + MixedLayerNormKernel<E>
                 + AttentionOp<E>
+                + LmHeadOp<E>
                 $(
                     + CastKernel<E, $elem>
                     + CastKernel<$elem, E>

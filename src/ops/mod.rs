@@ -15,6 +15,8 @@
 //! - [`host`]: exact copies between device buffers and the host ([`host::HostKernel`]);
 //! - [`layernorm`]: layer norm with 16-bit activations and FP32 parameters and statistics
 //!   ([`layernorm::MixedLayerNormKernel`]);
+//! - [`lm_head`]: a language model's head (`h · Wᵀ`, `W` tied to the token embedding) and its
+//!   FP32 cross-entropy as one op ([`lm_head::LmHeadOp`]; the CPU fuses it);
 //! - [`linear`]: the linear layer as one op, with its bias (and a following ReLU) in the
 //!   product's store and its weight gradient straight into FP32 ([`linear::LinearKernel`]);
 //! - [`relu`]: ReLU, fused into the linear op before it where it can be;
@@ -31,6 +33,7 @@ pub mod fill;
 pub mod host;
 pub mod layernorm;
 pub mod linear;
+pub mod lm_head;
 pub mod reduce;
 pub mod relu;
 pub mod softmax;
