@@ -15,6 +15,7 @@
 //! | [`MixedBatchNormKernel`] | batch norm over 16-bit activations with FP32 statistics | [`crate::ops::batchnorm`] |
 //! | [`MixedLayerNormKernel`] | layer norm over 16-bit activations with FP32 statistics | [`crate::ops::layernorm`] |
 //! | [`AttentionOp`] | multi-head attention, fused where the scores are FP32 | [`crate::ops::attention`] |
+//! | [`EmbeddingOp`] | a GPT's token and position embedding, fused | [`crate::ops::embedding`] |
 //! | [`LmHeadOp`] | a language model's head and FP32 cross-entropy, fused | [`crate::ops::lm_head`] |
 //! | [`ReluKernel`] | ReLU in place and its mask, for fusing it into the op before it | [`crate::ops::relu`] |
 //! | [`UpdateKernel`] | the optimizer's update fused with the working copy's refresh | [`crate::ops::update`] |
@@ -30,6 +31,7 @@ pub use allocator::keep_freed_memory;
 pub use crate::ops::attention::AttentionOp;
 pub use crate::ops::batchnorm::MixedBatchNormKernel;
 pub use crate::ops::cast::CastKernel;
+pub use crate::ops::embedding::EmbeddingOp;
 pub use crate::ops::fill::FillKernel;
 pub use crate::ops::host::HostKernel;
 pub use crate::ops::layernorm::MixedLayerNormKernel;
@@ -67,6 +69,7 @@ macro_rules! define_capabilities {
             + MixedLayerNormKernel<E>
             + AttentionOp<E>
             + LmHeadOp<E>
+            + EmbeddingOp<E>
             $(
                 + CastKernel<E, $elem>
                 + CastKernel<$elem, E>
@@ -94,6 +97,7 @@ macro_rules! define_capabilities {
                 + MixedLayerNormKernel<E>
                 + AttentionOp<E>
                 + LmHeadOp<E>
+                + EmbeddingOp<E>
                 $(
                     + CastKernel<E, $elem>
                     + CastKernel<$elem, E>

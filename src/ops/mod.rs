@@ -11,6 +11,8 @@
 //!   ([`unscale::UnscaleKernel`]);
 //! - [`reduce`]: Σx² and max|x| per tensor, for clipping and layer probes
 //!   ([`reduce::ReduceKernel`]);
+//! - [`embedding`]: a GPT's token and position embedding as one op, its gradients into the
+//!   tables' FP32 gradients ([`embedding::EmbeddingOp`]; the CPU fuses it);
 //! - [`fill`]: fill, scale and clamp in place ([`fill::FillKernel`]);
 //! - [`host`]: exact copies between device buffers and the host ([`host::HostKernel`]);
 //! - [`layernorm`]: layer norm with 16-bit activations and FP32 parameters and statistics
@@ -29,6 +31,7 @@
 pub mod attention;
 pub mod batchnorm;
 pub mod cast;
+pub mod embedding;
 pub mod fill;
 pub mod host;
 pub mod layernorm;
