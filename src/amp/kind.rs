@@ -8,7 +8,7 @@ use std::marker::PhantomData;
 #[derive(Debug)]
 pub struct Matmul;
 
-/// dfdx's `Linear`: the [`Matmul`] row, run as typed-amp's fused linear op
+/// dfdx's `Linear` and `UnbiasedLinear`: the [`Matmul`] row, run as typed-amp's fused linear op
 /// ([`crate::ops::linear`]).
 #[derive(Debug)]
 pub struct Linear;

@@ -34,8 +34,7 @@ pub(crate) use amp_layers;
 
 amp_layers! {
     kind::Linear =>
-        [const I: usize, const O: usize, E: Dtype, D: Device<E>] dm::Linear<I, O, E, D>;
-    kind::Matmul =>
+        [const I: usize, const O: usize, E: Dtype, D: Device<E>] dm::Linear<I, O, E, D>,
         [const I: usize, const O: usize, E: Dtype, D: Device<E>] dm::UnbiasedLinear<I, O, E, D>;
     kind::Activation =>
         [] dm::ReLU;

@@ -63,47 +63,55 @@ pub trait RunLinear<M, Pl>: Sized {
     fn try_run_linear(self, layer: &M) -> Result<Self::Output, Self::Error>;
 }
 
-impl<X, S, const I: usize, const O: usize, E, D, T, P>
-    RunLinear<dfdx::nn::modules::Linear<I, O, E, D>, plan::In<P>> for X
-where
-    P: Precision<Elem = E>,
-    X: CastTo<P, Output = Tensor<S, E, D, T>, Error = D::Err>,
-    S: LinearInput<I, O>,
-    E: AmpElem,
-    D: AmpDevice + Kernels<E>,
-    T: crate::tape::AmpTape<D>,
-    dfdx::nn::modules::Linear<I, O, E, D>:
-        Module<Tensor<S, E, D, T>, Output = Tensor<S::Output, E, D, T>, Error = D::Err>,
-{
-    type Output = Tensor<S::Output, E, D, T>;
-    type Error = D::Err;
-    fn try_run_linear(
-        self,
-        layer: &dfdx::nn::modules::Linear<I, O, E, D>,
-    ) -> Result<Self::Output, D::Err> {
-        crate::ops::linear::try_linear(layer, self.try_cast_to()?)
-    }
+/// The fused linear op's rows for a linear layer type: its own precision (`In`, casting the
+/// input) and `Pass`.
+macro_rules! run_linear {
+    ($($layer:ident),*) => {$(
+        impl<X, S, const I: usize, const O: usize, E, D, T, P>
+            RunLinear<dfdx::nn::modules::$layer<I, O, E, D>, plan::In<P>> for X
+        where
+            P: Precision<Elem = E>,
+            X: CastTo<P, Output = Tensor<S, E, D, T>, Error = D::Err>,
+            S: LinearInput<I, O>,
+            E: AmpElem,
+            D: AmpDevice + Kernels<E>,
+            T: crate::tape::AmpTape<D>,
+            dfdx::nn::modules::$layer<I, O, E, D>:
+                Module<Tensor<S, E, D, T>, Output = Tensor<S::Output, E, D, T>, Error = D::Err>,
+        {
+            type Output = Tensor<S::Output, E, D, T>;
+            type Error = D::Err;
+            fn try_run_linear(
+                self,
+                layer: &dfdx::nn::modules::$layer<I, O, E, D>,
+            ) -> Result<Self::Output, D::Err> {
+                crate::ops::linear::try_linear(layer, self.try_cast_to()?)
+            }
+        }
+
+        impl<S, const I: usize, const O: usize, E, D, T, P>
+            RunLinear<dfdx::nn::modules::$layer<I, O, E, D>, plan::Pass<P>> for Tensor<S, E, D, T>
+        where
+            S: LinearInput<I, O>,
+            E: AmpElem,
+            D: AmpDevice + Kernels<E>,
+            T: crate::tape::AmpTape<D>,
+            dfdx::nn::modules::$layer<I, O, E, D>:
+                Module<Tensor<S, E, D, T>, Output = Tensor<S::Output, E, D, T>, Error = D::Err>,
+        {
+            type Output = Tensor<S::Output, E, D, T>;
+            type Error = D::Err;
+            fn try_run_linear(
+                self,
+                layer: &dfdx::nn::modules::$layer<I, O, E, D>,
+            ) -> Result<Self::Output, D::Err> {
+                crate::ops::linear::try_linear(layer, self)
+            }
+        }
+    )*};
 }
 
-impl<S, const I: usize, const O: usize, E, D, T, P>
-    RunLinear<dfdx::nn::modules::Linear<I, O, E, D>, plan::Pass<P>> for Tensor<S, E, D, T>
-where
-    S: LinearInput<I, O>,
-    E: AmpElem,
-    D: AmpDevice + Kernels<E>,
-    T: crate::tape::AmpTape<D>,
-    dfdx::nn::modules::Linear<I, O, E, D>:
-        Module<Tensor<S, E, D, T>, Output = Tensor<S::Output, E, D, T>, Error = D::Err>,
-{
-    type Output = Tensor<S::Output, E, D, T>;
-    type Error = D::Err;
-    fn try_run_linear(
-        self,
-        layer: &dfdx::nn::modules::Linear<I, O, E, D>,
-    ) -> Result<Self::Output, D::Err> {
-        crate::ops::linear::try_linear(layer, self)
-    }
-}
+run_linear!(Linear, UnbiasedLinear);
 
 impl<X: AutocastForward<M, P>, M, P: LowPrecision> RunLinear<M, plan::Autocast<P>> for X {
     type Output = X::Output;

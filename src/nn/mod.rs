@@ -8,6 +8,9 @@
 //! - [`modules::SelfAttention`], [`modules::Patches`], [`modules::ClassToken`] and
 //!   [`modules::ClassPool`]: a vision transformer's parts; attention follows the policy table,
 //!   its softmax in FP32 except under O3.
+//! - [`modules::TokenEmbedding`] and [`modules::Attention`] (built as
+//!   [`builders::CausalSelfAttention`] or [`builders::PackedSelfAttention`]): a GPT's parts, the
+//!   embedding's token table tied to the language-model head, attention as one fused op.
 //!
 //! Build them like dfdx layers, from the types in [`builders`]:
 //!
@@ -26,6 +29,7 @@ mod cast;
 mod class_token;
 mod conv2d;
 mod flatten;
+mod gpt;
 mod patches;
 mod pool;
 
@@ -36,6 +40,9 @@ pub mod modules {
     pub use super::class_token::{ClassPool, ClassToken};
     pub use super::conv2d::Conv2D;
     pub use super::flatten::Flatten;
+    pub use super::gpt::{
+        Attention, Causal, Full, Mask, ScaledNormal, ScoresUnder, TokenEmbedding, INIT_STD,
+    };
     pub use super::patches::Patches;
     pub use super::pool::MaxPool2D;
 }
@@ -48,6 +55,8 @@ pub mod builders {
     pub use super::class_token::ClassPool;
     pub use super::conv2d::builder::Conv2D;
     pub use super::flatten::Flatten;
+    pub use super::gpt::attention_builder::{CausalSelfAttention, PackedSelfAttention};
+    pub use super::gpt::embedding_builder::TokenEmbedding;
     pub use super::patches::Patches;
     pub use super::pool::MaxPool2D;
 }
@@ -65,7 +74,9 @@ crate::amp::amp_layers! {
         [] modules::ClassPool;
     crate::amp::kind::Elementwise =>
         [const N: usize, const M: usize, E: dfdx::prelude::Dtype, D: dfdx::prelude::Storage<E>]
-            modules::ClassToken<N, M, E, D>;
+            modules::ClassToken<N, M, E, D>,
+        [const VOCAB: usize, const CTX: usize, const C: usize, E: dfdx::prelude::Dtype, D: dfdx::prelude::Storage<E>]
+            modules::TokenEmbedding<VOCAB, CTX, C, E, D>;
     crate::amp::kind::Cast<crate::precision::F16> => [] modules::ToF16;
     crate::amp::kind::Cast<crate::precision::BF16> => [] modules::ToBf16;
     crate::amp::kind::Cast<crate::precision::F32> => [] modules::ToF32;

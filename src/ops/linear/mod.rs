@@ -19,8 +19,10 @@ mod kernel;
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use dfdx::nn::modules::{Linear, Module};
-use dfdx::prelude::{Const, Dim, HasShape, PutTape, Shape, SplitTape, Tensor};
+use dfdx::nn::modules::{Linear, Module, UnbiasedLinear};
+use dfdx::prelude::{
+    Const, Dim, Dtype, HasShape, PutTape, Rank1, Rank2, Shape, SplitTape, Storage, Tensor,
+};
 
 use crate::device::{AmpDevice, Kernels};
 use crate::ops::relu::FusedRelu;
@@ -61,10 +63,40 @@ impl<B: Dim, S: Dim, const I: usize, const O: usize> LinearInput<I, O> for (B, S
     }
 }
 
+/// A layer the fused linear op runs: an `O × I` weight and, if it has one, a bias of `O`.
+pub trait LinearParts<const I: usize, const O: usize, E: Dtype, D: Storage<E>> {
+    /// The weight, `O × I`.
+    fn weight(&self) -> &Tensor<Rank2<O, I>, E, D>;
+    /// The bias, if the layer has one.
+    fn bias(&self) -> Option<&Tensor<Rank1<O>, E, D>>;
+}
+
+impl<const I: usize, const O: usize, E: Dtype, D: Storage<E>> LinearParts<I, O, E, D>
+    for Linear<I, O, E, D>
+{
+    fn weight(&self) -> &Tensor<Rank2<O, I>, E, D> {
+        &self.weight
+    }
+    fn bias(&self) -> Option<&Tensor<Rank1<O>, E, D>> {
+        Some(&self.bias)
+    }
+}
+
+impl<const I: usize, const O: usize, E: Dtype, D: Storage<E>> LinearParts<I, O, E, D>
+    for UnbiasedLinear<I, O, E, D>
+{
+    fn weight(&self) -> &Tensor<Rank2<O, I>, E, D> {
+        &self.weight
+    }
+    fn bias(&self) -> Option<&Tensor<Rank1<O>, E, D>> {
+        None
+    }
+}
+
 /// Runs `layer` on `x` as one fused op where the device and the input's layout allow, else with
 /// the layer's own forward.
-pub fn try_linear<S, const I: usize, const O: usize, E, D, T>(
-    layer: &Linear<I, O, E, D>,
+pub fn try_linear<S, const I: usize, const O: usize, E, D, T, L>(
+    layer: &L,
     x: Tensor<S, E, D, T>,
 ) -> Result<Tensor<S::Output, E, D, T>, D::Err>
 where
@@ -72,8 +104,8 @@ where
     E: AmpElem,
     D: AmpDevice + Kernels<E> + LinearKernel<E>,
     T: AmpTape<D>,
-    Linear<I, O, E, D>:
-        Module<Tensor<S, E, D, T>, Output = Tensor<S::Output, E, D, T>, Error = D::Err>,
+    L: LinearParts<I, O, E, D>
+        + Module<Tensor<S, E, D, T>, Output = Tensor<S::Output, E, D, T>, Error = D::Err>,
 {
     let shape = *x.shape();
     let row_stride = shape.row_stride(x.strides());
@@ -94,11 +126,11 @@ where
         dims,
         x.storage(),
         x_rs,
-        layer.weight.storage(),
-        Some(layer.bias.storage()),
+        layer.weight().storage(),
+        layer.bias().map(|b| b.storage()),
         y.storage_mut(),
     )?;
-    let (weight, bias) = (layer.weight.clone(), layer.bias.clone());
+    let (weight, bias) = (layer.weight().clone(), layer.bias().cloned());
     let y_id = y.id();
     let fused: FusedRelu<S::Output, E, D> = Rc::new(RefCell::new(None));
     let activation = fused.clone();
@@ -111,7 +143,10 @@ where
         let relu_out = activation.borrow_mut().take();
         let relu_out = relu_out.as_ref().map(|t| t.storage());
         {
-            let db = grads.param_grad_mut(bias.id(), O, &dev)?;
+            let db = match &bias {
+                Some(bias) => grads.param_grad_mut(bias.id(), O, &dev)?,
+                None => None,
+            };
             LinearKernel::<E>::try_linear_backward_bias(&dev, dims, relu_out, &mut dy, db)?;
         }
         if let Some(dw) = grads.param_grad_mut(weight.id(), O * I, &dev)? {
