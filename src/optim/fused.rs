@@ -2,7 +2,7 @@
 //! in the same pass.
 
 use dfdx::optim::{Adam, Sgd};
-use dfdx::prelude::{AdamConfig, Gradients, SgdConfig, Shape, Tensor};
+use dfdx::prelude::{AdamConfig, Gradients, SgdConfig, Shape, Tensor, WeightDecay};
 
 use crate::device::{AmpDevice, CastKernel, Kernels, UpdateKernel};
 use crate::error::AmpError;
@@ -77,10 +77,15 @@ where
                 .1
                 .get_or_alloc_mut(master)
                 .map_err(AmpError::device)?;
+            // Matrices-only decay, resolved by the master's rank (as dfdx's own update does).
+            let cfg = AdamConfig {
+                weight_decay: WeightDecay::for_rank(self.cfg.weight_decay, Sm::NUM_DIMS),
+                ..self.cfg
+            };
             UpdateKernel::<W>::try_adam_refresh(
                 &dev,
                 self.t,
-                &self.cfg,
+                &cfg,
                 master,
                 m1,
                 m2,
@@ -149,15 +154,12 @@ where
                 .velocity
                 .get_or_alloc_mut(master)
                 .map_err(AmpError::device)?;
-            UpdateKernel::<W>::try_sgd_refresh(
-                &dev,
-                &self.cfg,
-                master,
-                v,
-                grad,
-                working.storage_mut(),
-            )
-            .map_err(AmpError::device)
+            let cfg = SgdConfig {
+                weight_decay: WeightDecay::for_rank(self.cfg.weight_decay, Sm::NUM_DIMS),
+                ..self.cfg
+            };
+            UpdateKernel::<W>::try_sgd_refresh(&dev, &cfg, master, v, grad, working.storage_mut())
+                .map_err(AmpError::device)
         }
     }
     let cfg = opt.cfg;

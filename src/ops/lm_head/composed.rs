@@ -44,3 +44,19 @@ where
         .try_sum::<Rank0, _>()?
         .try_mul(-1.0 / rows.max(1) as f32)
 }
+
+/// The logits `h · wᵀ` by dfdx's product in `E`, cast to FP32.
+pub fn try_lm_logits_composed<const V: usize, const C: usize, B, S, E, D>(
+    h: &Tensor<(B, S, Const<C>), E, D>,
+    w: &Tensor<(Const<V>, Const<C>), E, D>,
+) -> Result<Tensor<(B, S, Const<V>), f32, D>, D::Err>
+where
+    B: Dim,
+    S: Dim,
+    E: AmpElem,
+    D: CastDevice<E, f32> + CastDevice<f32, E>,
+{
+    h.clone()
+        .try_matmul(w.clone().try_permute::<_, Axes2<1, 0>>()?)?
+        .try_to_f32()
+}

@@ -97,7 +97,7 @@ where
 
 /// The logits `h · wᵀ` in FP32, for evaluation and sampling (no tape): straight from the
 /// product's store on devices with the fused kernels.
-pub fn try_lm_logits<const V: usize, const C: usize, B, S, E, D>(
+pub fn try_lm_logits_fused<const V: usize, const C: usize, B, S, E, D>(
     h: &Tensor<(B, S, Const<C>), E, D>,
     w: &Tensor<(Const<V>, Const<C>), E, D>,
 ) -> Result<Tensor<(B, S, Const<V>), f32, D>, D::Err>

@@ -42,6 +42,19 @@ pub trait LmHeadOp<E: AmpElem>: HasErr + Sized {
     {
         super::try_lm_head_loss_composed(h, w, targets)
     }
+
+    /// The logits `h · wᵀ` in FP32, for evaluation and sampling (no tape).
+    fn try_lm_logits<const V: usize, const C: usize, B, S>(
+        h: &Tensor<(B, S, Const<C>), E, Self>,
+        w: &Tensor<(Const<V>, Const<C>), E, Self>,
+    ) -> Result<Tensor<(B, S, Const<V>), f32, Self>, Self::Err>
+    where
+        Self: CastDevice<E, f32> + CastDevice<f32, E>,
+        B: Dim,
+        S: Dim,
+    {
+        super::try_lm_logits_composed(h, w)
+    }
 }
 
 /// The fused head's passes: the logits from the product's store straight in FP32 (never

@@ -24,8 +24,8 @@ use crate::ops::cast::CastDevice;
 use crate::precision::AmpElem;
 use crate::tape::{AmpTape, MixedTape};
 
-pub use composed::try_lm_head_loss_composed;
-pub use fused::{try_lm_head_loss_fused, try_lm_logits};
+pub use composed::{try_lm_head_loss_composed, try_lm_logits_composed};
+pub use fused::{try_lm_head_loss_fused, try_lm_logits_fused};
 pub use kernel::{LmHeadDims, LmHeadKernel, LmHeadOp};
 
 /// The mean cross-entropy of the logits `h · wᵀ` against `targets` (`(batch, tokens)` token
@@ -45,6 +45,20 @@ where
     Ok(Loss::new(D::try_lm_head_loss(h, w, targets)?))
 }
 
+/// The logits `h · wᵀ` in FP32 (`(batch, tokens, V)`), for evaluation and sampling.
+pub fn try_lm_logits<const V: usize, const C: usize, B, S, E, D>(
+    h: &Tensor<(B, S, Const<C>), E, D>,
+    w: &Tensor<(Const<V>, Const<C>), E, D>,
+) -> Result<Tensor<(B, S, Const<V>), f32, D>, D::Err>
+where
+    B: Dim,
+    S: Dim,
+    E: AmpElem,
+    D: CastDevice<E, f32> + CastDevice<f32, E>,
+{
+    D::try_lm_logits(h, w)
+}
+
 /// The CPU fuses the head.
 impl<E: AmpElem> LmHeadOp<E> for Cpu {
     fn try_lm_head_loss<const V: usize, const C: usize, B, S, T>(
@@ -59,6 +73,18 @@ impl<E: AmpElem> LmHeadOp<E> for Cpu {
         T: AmpTape<Self> + Tape<E, Self>,
     {
         try_lm_head_loss_fused(h, w, targets)
+    }
+
+    fn try_lm_logits<const V: usize, const C: usize, B, S>(
+        h: &Tensor<(B, S, Const<C>), E, Self>,
+        w: &Tensor<(Const<V>, Const<C>), E, Self>,
+    ) -> Result<Tensor<(B, S, Const<V>), f32, Self>, Self::Err>
+    where
+        Self: CastDevice<E, f32> + CastDevice<f32, E>,
+        B: Dim,
+        S: Dim,
+    {
+        try_lm_logits_fused(h, w)
     }
 }
 

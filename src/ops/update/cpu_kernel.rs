@@ -70,7 +70,10 @@ impl<E: AmpElem> UpdateKernel<E> for Cpu {
         );
         let (l2, decoupled) = match cfg.weight_decay {
             Some(WeightDecay::L2(wd)) => (Some(wd as f32), None),
-            Some(WeightDecay::Decoupled(wd)) => (None, Some((wd * cfg.lr) as f32)),
+            // Matrices-only decay was resolved by the tensor's rank before the kernel.
+            Some(WeightDecay::Decoupled(wd) | WeightDecay::DecoupledMatrices(wd)) => {
+                (None, Some((wd * cfg.lr) as f32))
+            }
             None => (None, None),
         };
         // One loop per weight-decay mode, chosen outside the loop, so that each vectorises.
@@ -111,7 +114,10 @@ impl<E: AmpElem> UpdateKernel<E> for Cpu {
         // dfdx's f32 SGD (`tensor_ops/sgd/cpu_kernel.rs`), operation for operation.
         let (l2, decoupled) = match cfg.weight_decay {
             Some(WeightDecay::L2(wd)) => (Some(wd as f32), None),
-            Some(WeightDecay::Decoupled(wd)) => (None, Some((wd * cfg.lr) as f32)),
+            // Matrices-only decay was resolved by the tensor's rank before the kernel.
+            Some(WeightDecay::Decoupled(wd) | WeightDecay::DecoupledMatrices(wd)) => {
+                (None, Some((wd * cfg.lr) as f32))
+            }
             None => (None, None),
         };
         let sgd = SgdStep {

@@ -7,6 +7,24 @@ pub enum WeightDecay {
     /// Weight decay applied after any momentum updates, without modifying the gradients.
     /// See [Decoupled Weight Decay Regularization](https://arxiv.org/abs/1711.05101)
     Decoupled(f64),
+
+    /// typed-amp patch: [WeightDecay::Decoupled] for tensors of two or more dimensions (weight
+    /// matrices, embedding tables) and none for vectors (norm scales, biases): GPT-2's two
+    /// parameter groups in one optimizer, as nanoGPT's `configure_optimizers` makes them.
+    DecoupledMatrices(f64),
+}
+
+impl WeightDecay {
+    /// typed-amp patch: the weight decay a tensor of `rank` dimensions gets under `wd`
+    /// ([WeightDecay::DecoupledMatrices] resolved; the other kinds apply to every tensor).
+    pub fn for_rank(wd: Option<WeightDecay>, rank: usize) -> Option<WeightDecay> {
+        match wd {
+            Some(WeightDecay::DecoupledMatrices(x)) => {
+                (rank >= 2).then_some(WeightDecay::Decoupled(x))
+            }
+            other => other,
+        }
+    }
 }
 
 /// Used to communicate the "WeightDecay" enum to cuda kernels
@@ -24,7 +42,9 @@ pub(super) fn weight_decay_to_cuda(wd: Option<WeightDecay>) -> (WeightDecayType,
     match wd {
         None => (WeightDecayType::None, Default::default()),
         Some(WeightDecay::L2(x)) => (WeightDecayType::L2, x),
-        Some(WeightDecay::Decoupled(x)) => (WeightDecayType::Decoupled, x),
+        Some(WeightDecay::Decoupled(x) | WeightDecay::DecoupledMatrices(x)) => {
+            (WeightDecayType::Decoupled, x)
+        }
     }
 }
 

@@ -69,9 +69,14 @@ impl AdamConfig {
         moment2: &mut D::Vec,
         grad: &D::Vec,
     ) -> Result<(), D::Err> {
+        // typed-amp patch: a decay for matrices only resolved by this tensor's rank.
+        let cfg = Self {
+            weight_decay: WeightDecay::for_rank(self.weight_decay, S::NUM_DIMS),
+            ..*self
+        };
         param.device.adam_kernel(
             t,
-            self,
+            &cfg,
             std::sync::Arc::make_mut(&mut param.data),
             moment1,
             moment2,
