@@ -354,6 +354,31 @@ where
     Ok(())
 }
 
+/// Queues `name` with an explicit grid, block and shared memory on dfdx's stream (kernels that
+/// tile their work: attention, row reductions).
+#[allow(dead_code)] // the fused ops' CUDA kernels use it
+pub(crate) fn launch_with<P>(
+    dev: &Cuda,
+    op: &'static OpSource,
+    name: &str,
+    cfg: LaunchConfig,
+    params: P,
+) -> Result<(), CudaError>
+where
+    CudaFunction: LaunchAsync<P>,
+{
+    if cfg.grid_dim.0 == 0 || cfg.grid_dim.1 == 0 || cfg.grid_dim.2 == 0 {
+        // A grid of zero blocks is an invalid launch, and there is nothing to do.
+        return Ok(());
+    }
+    let f = kernel(dev.cuda_device(), op, name)?;
+    // SAFETY: as in `launch`: the caller passes exactly the parameters the entry point declares,
+    // and every pointer addresses what the kernel reads and writes for this grid (the caller
+    // checks lengths and owners first).
+    unsafe { f.launch(cfg, params) }?;
+    Ok(())
+}
+
 impl StatsDevice for Cuda {
     type Stats = CudaSlice<f32>;
 

@@ -90,6 +90,14 @@ impl Cuda {
         &self.dev
     }
 
+    /// The cuBLAS handle dfdx's products use, bound to [Cuda::cuda_device]'s stream.
+    ///
+    /// typed-amp patch: lets typed-amp's fused ops call cuBLAS (`gemm_ex` with an FP32 output
+    /// for 16-bit operands) in order with dfdx's ops.
+    pub fn cublas(&self) -> &Arc<CudaBlas> {
+        &self.blas
+    }
+
     /// Constructs with the given seed & device ordinal
     pub fn try_build(ordinal: usize, seed: u64) -> Result<Self, CudaError> {
         let cpu = Cpu::seed_from_u64(seed);
