@@ -17,7 +17,7 @@ use crate::ops::batchnorm::{
     fused_layout, try_batchnorm_infer, try_batchnorm_train, BatchNormParams,
 };
 use crate::ops::cast::Cast;
-use crate::ops::layernorm::{fused_rows, try_layernorm, LayerNormParams};
+use crate::ops::layernorm::try_layer_norm;
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
@@ -122,27 +122,18 @@ batch_norm!(BatchNorm2D, [B: Dim, H: Dim, W: Dim], (B, Const<C>, H, W), Axes3<0,
 batch_norm!(BatchNorm2D, [H: Dim, W: Dim], (Const<C>, H, W), Axes2<1, 2>);
 batch_norm!(BatchNorm1D, [B: Dim], (B, Const<C>), Axis<0>);
 
-// Layer norm: the mixed op where it can run, else in FP32 between two casts.
+// Layer norm: the device's layer-norm op (fused where it can run, else in FP32 between two
+// casts).
 impl<const M: usize, S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>, T: AmpTape<D>>
     MixedNorm<Tensor<S, E, D, T>> for LayerNorm1D<M, f32, D>
 where
     Self: Module<Tensor<S, f32, D, T>, Output = Tensor<S, f32, D, T>, Error = D::Err>,
+    T: Tape<E, D>,
 {
     type Output = Tensor<S, E, D, T>;
     type Error = D::Err;
     fn try_forward_mixed(&self, x: Tensor<S, E, D, T>) -> Result<Self::Output, D::Err> {
-        if fused_rows::<M, S, E, D, T>(&x) {
-            return try_layernorm(
-                x,
-                LayerNormParams {
-                    gamma: &self.gamma,
-                    beta: &self.beta,
-                    epsilon: self.epsilon,
-                },
-            );
-        }
-        self.try_forward(x.try_to_f32()?)?
-            .try_cast::<E::Precision>()
+        try_layer_norm(self, x)
     }
 }
 

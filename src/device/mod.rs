@@ -13,7 +13,7 @@
 //! | [`HostKernel`] | exact copies to and from the host (checkpoints) | [`crate::ops::host`] |
 //! | [`LinearKernel`] | the linear layer fused (bias, ReLU, FP32 weight gradient) | [`crate::ops::linear`] |
 //! | [`MixedBatchNormKernel`] | batch norm over 16-bit activations with FP32 statistics | [`crate::ops::batchnorm`] |
-//! | [`MixedLayerNormKernel`] | layer norm over 16-bit activations with FP32 statistics | [`crate::ops::layernorm`] |
+//! | [`LayerNormOp`] | layer norm over 16-bit activations with FP32 statistics, fused | [`crate::ops::layernorm`] |
 //! | [`AttentionOp`] | multi-head attention, fused where the scores are FP32 | [`crate::ops::attention`] |
 //! | [`EmbeddingOp`] | a GPT's token and position embedding, fused | [`crate::ops::embedding`] |
 //! | [`LmHeadOp`] | a language model's head and FP32 cross-entropy, fused | [`crate::ops::lm_head`] |
@@ -34,7 +34,7 @@ pub use crate::ops::cast::CastKernel;
 pub use crate::ops::embedding::EmbeddingOp;
 pub use crate::ops::fill::FillKernel;
 pub use crate::ops::host::HostKernel;
-pub use crate::ops::layernorm::MixedLayerNormKernel;
+pub use crate::ops::layernorm::{LayerNormOp, MixedLayerNormKernel};
 pub use crate::ops::linear::LinearKernel;
 pub use crate::ops::lm_head::LmHeadOp;
 pub use crate::ops::reduce::ReduceKernel;
@@ -66,7 +66,7 @@ macro_rules! define_capabilities {
             + LinearKernel<E>
             + ReluKernel<E>
             + MixedBatchNormKernel<E>
-            + MixedLayerNormKernel<E>
+            + LayerNormOp<E>
             + AttentionOp<E>
             + LmHeadOp<E>
             + EmbeddingOp<E>
@@ -94,7 +94,7 @@ macro_rules! define_capabilities {
                 + LinearKernel<E>
                 + ReluKernel<E>
                 + MixedBatchNormKernel<E>
-                + MixedLayerNormKernel<E>
+                + LayerNormOp<E>
                 + AttentionOp<E>
                 + LmHeadOp<E>
                 + EmbeddingOp<E>

@@ -362,6 +362,21 @@ impl<D: AmpDevice> MixedGradients<D> {
         len: usize,
         dev: &D,
     ) -> Result<Option<FreshBuf<'_, D>>, D::Err> {
+        let Some(fresh) = self.ensure_param_grad(id, len, dev)? else {
+            return Ok(None);
+        };
+        let buf = self.param_grads.get_mut(&id).expect("ensured above");
+        Ok(Some((buf, fresh)))
+    }
+
+    /// Makes sure parameter `id` has an FP32 gradient buffer of `len` for a fused op to write,
+    /// and says whether it is fresh; `None` if nobody reads `id`'s gradient.
+    fn ensure_param_grad(
+        &mut self,
+        id: UniqueId,
+        len: usize,
+        dev: &D,
+    ) -> Result<Option<bool>, D::Err> {
         if !self.keeps(id) || self.unwanted.contains(&id) {
             return Ok(None);
         }
@@ -374,8 +389,37 @@ impl<D: AmpDevice> MixedGradients<D> {
             };
             self.param_grads.insert(id, buf);
         }
-        let buf = self.param_grads.get_mut(&id).expect("inserted above");
-        Ok(Some((buf, fresh)))
+        Ok(Some(fresh))
+    }
+
+    /// The FP32 gradient buffers of the parameters `params` (each `(id, len)`, distinct ids;
+    /// `None` where nobody reads one) beside the store of precision `E`, all at once: what a
+    /// fused op's backward writes in one pass (layer norm: the input's gradient and γ's and
+    /// β's).
+    pub(crate) fn params_and_store_mut<E: AmpElem, const N: usize>(
+        &mut self,
+        params: [(UniqueId, usize); N],
+        dev: &D,
+    ) -> Result<([Option<FreshBuf<'_, D>>; N], &mut Gradients<E, D>), D::Err>
+    where
+        D: Device<E>,
+    {
+        self.store_mut::<E>();
+        let mut fresh = [None; N];
+        for (f, &(id, len)) in fresh.iter_mut().zip(&params) {
+            *f = self.ensure_param_grad(id, len, dev)?;
+        }
+        let mut bufs: [Option<FreshBuf<'_, D>>; N] = std::array::from_fn(|_| None);
+        for (id, buf) in self.param_grads.iter_mut() {
+            if let Some(i) = params.iter().position(|(p, _)| p == id) {
+                bufs[i] = fresh[i].map(|f| (buf, f));
+            }
+        }
+        let store = self.stores[E::INDEX]
+            .as_mut()
+            .and_then(|s| s.as_any_mut().downcast_mut())
+            .expect("created above");
+        Ok((bufs, store))
     }
 
     /// Takes parameter `id`'s FP32 gradient out (to unscale it into its master's gradient).

@@ -18,23 +18,32 @@ fn rows_of(width: usize, len: usize) -> Result<usize, CpuError> {
 }
 
 impl<E: AmpElem> MixedLayerNormKernel<E> for Cpu {
-    const FUSED: bool = true;
-
     fn try_ln_forward(
         &self,
         width: usize,
         x: &<Self as Storage<E>>::Vec,
         y: &mut <Self as Storage<E>>::Vec,
-        [gamma, beta]: [&[f32]; 2],
+        gamma: &<Self as Storage<f32>>::Vec,
+        beta: Option<&<Self as Storage<f32>>::Vec>,
         epsilon: f64,
-    ) -> Result<RowStats, CpuError> {
+    ) -> Result<RowStats<Self>, CpuError> {
         let rows = rows_of(width, x.len())?;
         check_lengths(x.len(), y.len())?;
         check_lengths(width, gamma.len())?;
-        check_lengths(width, beta.len())?;
-        let mut stats = RowStats {
-            mean: vec![0.0; rows],
-            rstd: vec![0.0; rows],
+        if let Some(beta) = beta {
+            check_lengths(width, beta.len())?;
+        }
+        let zeros;
+        let beta: &[f32] = match beta {
+            Some(beta) => beta,
+            None => {
+                zeros = vec![0f32; width];
+                &zeros
+            }
+        };
+        let mut stats = RowStats::<Self> {
+            mean: Storage::<f32>::try_alloc_len(self, rows)?,
+            rstd: Storage::<f32>::try_alloc_len(self, rows)?,
         };
         let block = ROWS * width;
         x.par_chunks(block)
@@ -50,7 +59,7 @@ impl<E: AmpElem> MixedLayerNormKernel<E> for Cpu {
                     let var =
                         v.iter().map(|x| (f64::from(*x) - m).powi(2)).sum::<f64>() / width as f64;
                     let (m, s) = (m as f32, (1.0 / (var + epsilon).sqrt()) as f32);
-                    for ((v, g), b) in v.iter_mut().zip(gamma).zip(beta) {
+                    for ((v, g), b) in v.iter_mut().zip(gamma.iter()).zip(beta) {
                         *v = (*v - m) * s * g + b;
                     }
                     E::slice_from_f32(&v, y);
@@ -66,9 +75,12 @@ impl<E: AmpElem> MixedLayerNormKernel<E> for Cpu {
         x: &<Self as Storage<E>>::Vec,
         dy: &<Self as Storage<E>>::Vec,
         gx: Option<(&mut <Self as Storage<E>>::Vec, bool)>,
-        gamma: &[f32],
-        stats: &RowStats,
-    ) -> Result<[Vec<f64>; 2], CpuError> {
+        gamma: &<Self as Storage<f32>>::Vec,
+        stats: &RowStats<Self>,
+        dgamma: Option<(&mut <Self as Storage<f32>>::Vec, bool)>,
+        dbeta: Option<(&mut <Self as Storage<f32>>::Vec, bool)>,
+    ) -> Result<(), CpuError> {
+        let gamma: &[f32] = gamma;
         let rows = rows_of(width, x.len())?;
         check_lengths(x.len(), dy.len())?;
         check_lengths(width, gamma.len())?;
@@ -93,14 +105,25 @@ impl<E: AmpElem> MixedLayerNormKernel<E> for Cpu {
                 .map(|((x, dy), (m, s))| rows_backward(width, x, dy, None, gamma, m, s))
                 .collect(),
         };
-        // Task partial sums added in task order.
+        // Task partial sums added in task order, then each added in f64 to its FP32 gradient
+        // and rounded once.
         let mut sums = [vec![0f64; width], vec![0f64; width]];
         for part in &partials {
             for (sum, part) in sums.iter_mut().zip(part) {
                 sum.iter_mut().zip(part).for_each(|(s, p)| *s += p);
             }
         }
-        Ok(sums)
+        for (grad, sums) in [dgamma, dbeta].into_iter().zip(&sums) {
+            let Some((grad, fresh)) = grad else {
+                continue;
+            };
+            check_lengths(width, grad.len())?;
+            for (g, s) in grad.iter_mut().zip(sums) {
+                let old = if fresh { 0.0 } else { f64::from(*g) };
+                *g = (old + s) as f32;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -1,80 +1,86 @@
 //! Layer norm with 16-bit activations and FP32 parameters and statistics (the `KeepFp32` row
 //! of the policy table, as PyTorch's autocast and Apex O2 run layer norm): the input and the
 //! output are in the working precision, `gamma` and `beta` in FP32, and each row's mean,
-//! variance and normalization computed in FP32 (the sums in f64), rounded once to the working
-//! precision. The tape keeps the 16-bit input (shared with the op that produced it) and two
-//! FP32 numbers per row, not an FP32 copy of the activations as casting around an FP32 layer
-//! norm does.
+//! variance and normalization computed in FP32, rounded once to the working precision. The
+//! tape keeps the 16-bit input (shared with the op that produced it) and two FP32 numbers per
+//! row, not an FP32 copy of the activations as casting around an FP32 layer norm does.
 //!
-//! Given the same input, the result is that of dfdx's FP32 `LayerNorm1D` on the widened input,
-//! rounded once (up to the order of the f32 operations). Devices without the kernels (CUDA),
-//! and inputs that are not contiguous, run the FP32 layer between two casts instead.
+//! How it runs is the device's ([`LayerNormOp`]): the default is dfdx's FP32 layer between two
+//! casts ([`try_layernorm_composed`]); the CPU runs the fused op ([`try_layernorm_fused`]: one
+//! pass per row forward and one backward, parallel over rows, the sums in f64), whose result
+//! is that of dfdx's FP32 `LayerNorm1D` on the widened input, rounded once (up to the order of
+//! the f32 operations). Inputs that are not contiguous rows run composed on every device.
 
 mod cpu_kernel;
+#[cfg(feature = "cuda")]
+mod cuda_kernel;
 mod kernel;
 
-use dfdx::prelude::{HasShape, PutTape, Rank1, Shape, SplitTape, Storage, Tensor};
+use dfdx::nn::modules::LayerNorm1D;
+use dfdx::prelude::{Cpu, HasShape, Module, PutTape, Shape, SplitTape, Tape, Tensor};
 
-use crate::device::{AmpDevice, Kernels};
-use crate::ops::host::HostKernel;
+use crate::ops::cast::CastDevice;
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
-pub use kernel::{MixedLayerNormKernel, RowStats};
+pub use kernel::{try_layernorm_composed, LayerNormOp, MixedLayerNormKernel, RowStats};
 
-/// A layer norm layer's FP32 parameters over rows of width `M`.
-pub struct LayerNormParams<'a, const M: usize, D: Storage<f32>> {
-    /// The scale (γ).
-    pub gamma: &'a Tensor<Rank1<M>, f32, D>,
-    /// The bias (β).
-    pub beta: &'a Tensor<Rank1<M>, f32, D>,
-    /// Added to the variance before its square root.
-    pub epsilon: f64,
-}
-
-/// Whether the fused kernels can run on `x` as rows of width `M`: the device has them, `x` is
-/// contiguous, and its last dimension is `M`.
-pub fn fused_rows<const M: usize, S: Shape, E: AmpElem, D, T>(x: &Tensor<S, E, D, T>) -> bool
-where
-    D: AmpDevice + Kernels<E>,
-{
-    <D as MixedLayerNormKernel<E>>::FUSED
-        && M > 0
-        && x.strides() == x.shape().strides()
-        && x.shape().concrete().into_iter().last() == Some(M)
-}
-
-/// Layer norm over the last dimension of `x` (for which [`fused_rows`] holds): the output in
-/// `E`; its backward writes the input's gradient in `E` and `gamma`'s and `beta`'s in FP32.
-pub fn try_layernorm<const M: usize, S: Shape, E, D, T>(
+/// `layer` over the last dimension of `x` (16-bit or FP32), its parameters and statistics in
+/// FP32, the output in `x`'s precision; the device's [`LayerNormOp`] decides how.
+pub fn try_layer_norm<const M: usize, S: Shape, E, D, T>(
+    layer: &LayerNorm1D<M, f32, D>,
     x: Tensor<S, E, D, T>,
-    p: LayerNormParams<'_, M, D>,
 ) -> Result<Tensor<S, E, D, T>, D::Err>
 where
     E: AmpElem,
-    D: AmpDevice + Kernels<E>,
-    T: AmpTape<D>,
+    D: CastDevice<E, f32> + CastDevice<f32, E>,
+    T: AmpTape<D> + Tape<E, D>,
+    LayerNorm1D<M, f32, D>:
+        Module<Tensor<S, f32, D, T>, Output = Tensor<S, f32, D, T>, Error = D::Err>,
 {
+    D::try_layer_norm(layer, x)
+}
+
+/// The fused layer norm over the last dimension of `x`: the output in `E`; its backward writes
+/// the input's gradient in `E` and `gamma`'s and `beta`'s in FP32, in one pass. Runs composed
+/// where `x` is not contiguous rows of `M`.
+pub fn try_layernorm_fused<const M: usize, S: Shape, E, D, T>(
+    layer: &LayerNorm1D<M, f32, D>,
+    x: Tensor<S, E, D, T>,
+) -> Result<Tensor<S, E, D, T>, D::Err>
+where
+    E: AmpElem,
+    D: CastDevice<E, f32> + CastDevice<f32, E> + MixedLayerNormKernel<E>,
+    T: AmpTape<D> + Tape<E, D>,
+    LayerNorm1D<M, f32, D>:
+        Module<Tensor<S, f32, D, T>, Output = Tensor<S, f32, D, T>, Error = D::Err>,
+{
+    let rows = M > 0
+        && x.strides() == x.shape().strides()
+        && x.shape().concrete().into_iter().last() == Some(M);
+    if !rows {
+        return try_layernorm_composed(layer, x);
+    }
     let (x, mut tape) = x.split_tape();
     let dev = x.device().clone();
-    let gamma = HostKernel::<f32>::try_read(&dev, p.gamma.storage())?;
-    let beta = HostKernel::<f32>::try_read(&dev, p.beta.storage())?;
     let mut y: Tensor<S, E, D> = dev.try_zeros_like(x.shape())?;
     let stats = MixedLayerNormKernel::<E>::try_ln_forward(
         &dev,
         M,
         x.storage(),
         y.storage_mut(),
-        [&gamma, &beta],
-        p.epsilon,
+        layer.gamma.storage(),
+        Some(layer.beta.storage()),
+        layer.epsilon,
     )?;
-
-    let (gamma_id, beta_id, y_id) = (p.gamma.id(), p.beta.id(), y.id());
+    let (gamma, y_id) = (layer.gamma.clone(), y.id());
+    let beta_id = layer.beta.id();
     tape.record_mixed(move |grads| {
         let Some(dy) = grads.store_mut::<E>().remove(y_id) else {
             return Ok(());
         };
-        let store = grads.store_mut::<E>();
+        let ([dgamma, dbeta], store) =
+            grads.params_and_store_mut::<E, 2>([(gamma.id(), M), (beta_id, M)], &dev)?;
         let gx = if store.wants_grad(&x) {
             // Written over a fresh gradient, added to one that other ops already wrote.
             let accumulate = store.get_ref_checked(&x).is_some();
@@ -82,18 +88,50 @@ where
         } else {
             None
         };
-        let sums = MixedLayerNormKernel::<E>::try_ln_backward(
+        MixedLayerNormKernel::<E>::try_ln_backward(
             &dev,
             M,
             x.storage(),
             &dy,
             gx,
-            &gamma,
+            gamma.storage(),
             &stats,
-        )?;
-        grads.add_to_param_grad(gamma_id, &sums[0], &dev)?;
-        grads.add_to_param_grad(beta_id, &sums[1], &dev)?;
-        Ok(())
+            dgamma,
+            dbeta,
+        )
     });
     Ok(y.put_tape(tape))
+}
+
+/// The CPU fuses layer norm.
+impl<E: AmpElem> LayerNormOp<E> for Cpu {
+    fn try_layer_norm<const M: usize, S: Shape, T>(
+        layer: &LayerNorm1D<M, f32, Self>,
+        x: Tensor<S, E, Self, T>,
+    ) -> Result<Tensor<S, E, Self, T>, Self::Err>
+    where
+        Self: CastDevice<E, f32> + CastDevice<f32, E>,
+        T: AmpTape<Self> + Tape<E, Self>,
+        LayerNorm1D<M, f32, Self>:
+            Module<Tensor<S, f32, Self, T>, Output = Tensor<S, f32, Self, T>, Error = Self::Err>,
+    {
+        try_layernorm_fused(layer, x)
+    }
+}
+
+/// CUDA fuses layer norm ([`MixedLayerNormKernel`] for `Cuda`: a warp per row).
+#[cfg(feature = "cuda")]
+impl<E: crate::ops::utilities::cuda::CudaElem> LayerNormOp<E> for dfdx::prelude::Cuda {
+    fn try_layer_norm<const M: usize, S: Shape, T>(
+        layer: &LayerNorm1D<M, f32, Self>,
+        x: Tensor<S, E, Self, T>,
+    ) -> Result<Tensor<S, E, Self, T>, Self::Err>
+    where
+        Self: CastDevice<E, f32> + CastDevice<f32, E>,
+        T: AmpTape<Self> + Tape<E, Self>,
+        LayerNorm1D<M, f32, Self>:
+            Module<Tensor<S, f32, Self, T>, Output = Tensor<S, f32, Self, T>, Error = Self::Err>,
+    {
+        try_layernorm_fused(layer, x)
+    }
 }
