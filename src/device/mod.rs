@@ -11,13 +11,13 @@
 //! | [`ReduceKernel`] | Σx² and max\|x\| (clipping, layer probes) | [`crate::ops::reduce`] |
 //! | [`FillKernel`] | fill, scale, clamp in place | [`crate::ops::fill`] |
 //! | [`HostKernel`] | exact copies to and from the host (checkpoints) | [`crate::ops::host`] |
-//! | [`LinearKernel`] | the linear layer fused (bias, ReLU, FP32 weight gradient) | [`crate::ops::linear`] |
+//! | [`LinearOp`] | the linear layer, fused (bias, ReLU, FP32 weight gradient) | [`crate::ops::linear`] |
 //! | [`MixedBatchNormKernel`] | batch norm over 16-bit activations with FP32 statistics | [`crate::ops::batchnorm`] |
 //! | [`LayerNormOp`] | layer norm over 16-bit activations with FP32 statistics, fused | [`crate::ops::layernorm`] |
 //! | [`AttentionOp`] | multi-head attention, fused where the scores are FP32 | [`crate::ops::attention`] |
 //! | [`EmbeddingOp`] | a GPT's token and position embedding, fused | [`crate::ops::embedding`] |
 //! | [`LmHeadOp`] | a language model's head and FP32 cross-entropy, fused | [`crate::ops::lm_head`] |
-//! | [`ReluKernel`] | ReLU in place and its mask, for fusing it into the op before it | [`crate::ops::relu`] |
+//! | [`ReluOp`] | ReLU, fused into the op before it | [`crate::ops::relu`] |
 //! | [`UpdateKernel`] | the optimizer's update fused with the working copy's refresh | [`crate::ops::update`] |
 //!
 //! [`Kernels<E>`] bundles them, with dfdx's `Device<E>` and `ConvDevice<E>`, for one element type,
@@ -35,10 +35,10 @@ pub use crate::ops::embedding::EmbeddingOp;
 pub use crate::ops::fill::FillKernel;
 pub use crate::ops::host::HostKernel;
 pub use crate::ops::layernorm::{LayerNormOp, MixedLayerNormKernel};
-pub use crate::ops::linear::LinearKernel;
+pub use crate::ops::linear::{LinearKernel, LinearOp};
 pub use crate::ops::lm_head::LmHeadOp;
 pub use crate::ops::reduce::ReduceKernel;
-pub use crate::ops::relu::ReluKernel;
+pub use crate::ops::relu::{ReluKernel, ReluOp};
 pub use crate::ops::unscale::UnscaleKernel;
 pub use crate::ops::update::UpdateKernel;
 
@@ -63,8 +63,8 @@ macro_rules! define_capabilities {
             + HostKernel<E>
             + CastKernel<E, E>
             + UpdateKernel<E>
-            + LinearKernel<E>
-            + ReluKernel<E>
+            + LinearOp<E>
+            + ReluOp<E>
             + MixedBatchNormKernel<E>
             + LayerNormOp<E>
             + AttentionOp<E>
@@ -91,8 +91,8 @@ macro_rules! define_capabilities {
                 + HostKernel<E>
                 + CastKernel<E, E>
                 + UpdateKernel<E>
-                + LinearKernel<E>
-                + ReluKernel<E>
+                + LinearOp<E>
+                + ReluOp<E>
                 + MixedBatchNormKernel<E>
                 + LayerNormOp<E>
                 + AttentionOp<E>

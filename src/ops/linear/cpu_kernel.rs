@@ -25,8 +25,6 @@ fn fits(len: usize, rows: usize, cols: usize, rs: usize) -> bool {
 }
 
 impl<E: AmpElem> LinearKernel<E> for Cpu {
-    const FUSED: bool = true;
-
     fn try_linear_forward(
         &self,
         d: LinearDims,

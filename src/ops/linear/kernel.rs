@@ -1,19 +1,38 @@
 //! The fused linear layer's kernels' trait and its sizes.
 
-use dfdx::prelude::{HasErr, Storage};
-use dfdx::tensor::CpuError;
+use dfdx::nn::modules::Module;
+use dfdx::prelude::{HasErr, Storage, Tensor};
 
+use super::{LinearInput, LinearParts};
+use crate::device::{AmpDevice, Kernels};
 use crate::precision::AmpElem;
+use crate::tape::AmpTape;
+
+/// How a device runs a linear layer (`y = x · Wᵀ + b`) on activations of element type `E`.
+///
+/// The default is the layer's own forward, dfdx's composition (a product and a broadcast add,
+/// the weight's gradient in the layer's precision). A device with [`LinearKernel`]s runs
+/// [`super::try_linear_fused`].
+pub trait LinearOp<E: AmpElem>: HasErr + Sized {
+    /// `layer` on `x`.
+    fn try_linear<S, const I: usize, const O: usize, T, L>(
+        layer: &L,
+        x: Tensor<S, E, Self, T>,
+    ) -> Result<Tensor<S::Output, E, Self, T>, Self::Err>
+    where
+        Self: AmpDevice + Kernels<E>,
+        S: LinearInput<I, O>,
+        T: AmpTape<Self>,
+        L: LinearParts<I, O, E, Self>
+            + Module<Tensor<S, E, Self, T>, Output = Tensor<S::Output, E, Self, T>, Error = Self::Err>,
+    {
+        layer.try_forward(x)
+    }
+}
 
 /// The fused linear layer's kernels for element type `E`: rows of `x` (`rows × i`, row-major
 /// with rows `x_rs` apart), a weight `o × i` and a bias of `o`, all contiguous.
-pub trait LinearKernel<E: AmpElem>:
-    Storage<E> + Storage<f32> + HasErr<Err: From<CpuError>>
-{
-    /// Whether the device has these kernels; without them the layer's own forward runs and no
-    /// method here is called.
-    const FUSED: bool = false;
-
+pub trait LinearKernel<E: AmpElem>: Storage<E> + Storage<f32> + HasErr {
     /// `y = x · Wᵀ + b`, `y` contiguous `rows × o`.
     #[allow(clippy::too_many_arguments)]
     fn try_linear_forward(
@@ -24,10 +43,7 @@ pub trait LinearKernel<E: AmpElem>:
         w: &<Self as Storage<E>>::Vec,
         b: Option<&<Self as Storage<E>>::Vec>,
         y: &mut <Self as Storage<E>>::Vec,
-    ) -> Result<(), Self::Err> {
-        let _ = (dims, x, x_rs, w, b, y);
-        Err(CpuError::WrongNumElements.into())
-    }
+    ) -> Result<(), Self::Err>;
 
     /// The output gradient `dy` (`rows × o`) masked in place by the ReLU (where `relu_out`, the
     /// layer's output, is not positive), and in the same pass, if `db` is given, the bias
@@ -38,10 +54,7 @@ pub trait LinearKernel<E: AmpElem>:
         relu_out: Option<&<Self as Storage<E>>::Vec>,
         dy: &mut <Self as Storage<E>>::Vec,
         db: Option<(&mut <Self as Storage<f32>>::Vec, bool)>,
-    ) -> Result<(), Self::Err> {
-        let _ = (dims, relu_out, dy, db);
-        Err(CpuError::WrongNumElements.into())
-    }
+    ) -> Result<(), Self::Err>;
 
     /// The weight gradient `dzᵀ · x` (`o × i`) into FP32 `dw`: written if `fresh`, else added.
     fn try_linear_backward_weight(
@@ -51,10 +64,7 @@ pub trait LinearKernel<E: AmpElem>:
         x: &<Self as Storage<E>>::Vec,
         x_rs: usize,
         dw: (&mut <Self as Storage<f32>>::Vec, bool),
-    ) -> Result<(), Self::Err> {
-        let _ = (dims, dz, x, x_rs, dw);
-        Err(CpuError::WrongNumElements.into())
-    }
+    ) -> Result<(), Self::Err>;
 
     /// The input gradient `dx += dz · W` (`rows × i`, rows `dx_rs` apart, as the input's).
     fn try_linear_backward_input(
@@ -64,14 +74,8 @@ pub trait LinearKernel<E: AmpElem>:
         w: &<Self as Storage<E>>::Vec,
         dx: &mut <Self as Storage<E>>::Vec,
         dx_rs: usize,
-    ) -> Result<(), Self::Err> {
-        let _ = (dims, dz, w, dx, dx_rs);
-        Err(CpuError::WrongNumElements.into())
-    }
+    ) -> Result<(), Self::Err>;
 }
-
-#[cfg(feature = "cuda")]
-impl<E: AmpElem> LinearKernel<E> for dfdx::prelude::Cuda where dfdx::prelude::Cuda: Storage<E> {}
 
 /// The sizes of a fused linear op.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

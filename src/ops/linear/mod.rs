@@ -8,12 +8,16 @@
 //!   rather than zeroed and added to;
 //! - skips the input's gradient where nobody reads it (a model's input).
 //!
-//! `#[amp]` runs dfdx's `Linear` layers through it ([`crate::amp::kind::Linear`]) on
-//! devices with fused kernels ([`LinearKernel::FUSED`]: the CPU); elsewhere, and for inputs
-//! that are not contiguous rows, the layer's own forward runs (dfdx's matmul and broadcast
-//! add).
+//! `#[amp]` runs dfdx's `Linear` and `UnbiasedLinear` through it ([`crate::amp::kind::Linear`]).
+//! How it runs is the device's ([`LinearOp`]): the default is the layer's own forward (dfdx's
+//! matmul and broadcast add); the CPU (on `typed_amp_kernels`' GEMM, the bias in the product's
+//! store) and CUDA (cuBLAS with FP32 accumulation, the FP32 weight gradient from the product's
+//! FP32 output) run the fused op ([`try_linear_fused`]). Inputs that are not contiguous rows run
+//! the layer's own forward on every device.
 
 mod cpu_kernel;
+#[cfg(feature = "cuda")]
+mod cuda_kernel;
 mod kernel;
 
 use std::cell::RefCell;
@@ -29,7 +33,7 @@ use crate::ops::relu::FusedRelu;
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
-pub use kernel::{LinearDims, LinearKernel};
+pub use kernel::{LinearDims, LinearKernel, LinearOp};
 
 /// An input shape a linear layer of `I` inputs and `O` outputs maps row by row: `(B, I)` and
 /// `(B, S, I)`.
@@ -93,9 +97,25 @@ impl<const I: usize, const O: usize, E: Dtype, D: Storage<E>> LinearParts<I, O, 
     }
 }
 
-/// Runs `layer` on `x` as one fused op where the device and the input's layout allow, else with
-/// the layer's own forward.
+/// Runs `layer` on `x` by the device's [`LinearOp`].
 pub fn try_linear<S, const I: usize, const O: usize, E, D, T, L>(
+    layer: &L,
+    x: Tensor<S, E, D, T>,
+) -> Result<Tensor<S::Output, E, D, T>, D::Err>
+where
+    S: LinearInput<I, O>,
+    E: AmpElem,
+    D: AmpDevice + Kernels<E>,
+    T: AmpTape<D>,
+    L: LinearParts<I, O, E, D>
+        + Module<Tensor<S, E, D, T>, Output = Tensor<S::Output, E, D, T>, Error = D::Err>,
+{
+    D::try_linear(layer, x)
+}
+
+/// Runs `layer` on `x` as one fused op where the input is contiguous rows, else with the
+/// layer's own forward.
+pub fn try_linear_fused<S, const I: usize, const O: usize, E, D, T, L>(
     layer: &L,
     x: Tensor<S, E, D, T>,
 ) -> Result<Tensor<S::Output, E, D, T>, D::Err>
@@ -108,8 +128,7 @@ where
         + Module<Tensor<S, E, D, T>, Output = Tensor<S::Output, E, D, T>, Error = D::Err>,
 {
     let shape = *x.shape();
-    let row_stride = shape.row_stride(x.strides());
-    let Some(x_rs) = row_stride.filter(|_| <D as LinearKernel<E>>::FUSED) else {
+    let Some(x_rs) = shape.row_stride(x.strides()) else {
         return layer.try_forward(x);
     };
     let _timing = typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::Products);
@@ -169,3 +188,32 @@ where
     tape.offer_activation(y.id(), fused);
     Ok(y.put_tape(tape))
 }
+
+/// The fused op on a device with [`LinearKernel`]s.
+macro_rules! fused_linear_op {
+    ($device:ty, $elem:ident: $bound:path) => {
+        impl<$elem: $bound> LinearOp<$elem> for $device {
+            fn try_linear<S, const I: usize, const O: usize, T, L>(
+                layer: &L,
+                x: Tensor<S, $elem, Self, T>,
+            ) -> Result<Tensor<S::Output, $elem, Self, T>, Self::Err>
+            where
+                Self: AmpDevice + Kernels<$elem>,
+                S: LinearInput<I, O>,
+                T: AmpTape<Self>,
+                L: LinearParts<I, O, $elem, Self>
+                    + Module<
+                        Tensor<S, $elem, Self, T>,
+                        Output = Tensor<S::Output, $elem, Self, T>,
+                        Error = Self::Err,
+                    >,
+            {
+                try_linear_fused(layer, x)
+            }
+        }
+    };
+}
+
+fused_linear_op!(dfdx::prelude::Cpu, E: AmpElem);
+#[cfg(feature = "cuda")]
+fused_linear_op!(dfdx::prelude::Cuda, E: crate::ops::utilities::cuda::CudaElem);

@@ -13,8 +13,6 @@ fn relu(v: &mut [f32]) {
 }
 
 impl<E: AmpElem> ReluKernel<E> for Cpu {
-    const FUSED: bool = true;
-
     fn try_relu_in_place(&self, y: &mut <Self as Storage<E>>::Vec) -> Result<(), CpuError> {
         if let Some(y) = as_f32_mut::<E>(y) {
             relu(y);

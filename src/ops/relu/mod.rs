@@ -11,6 +11,8 @@
 //! there into NaN. Either way the product reaching the weights is the same for finite values.
 
 mod cpu_kernel;
+#[cfg(feature = "cuda")]
+mod cuda_kernel;
 mod kernel;
 
 use std::cell::RefCell;
@@ -21,14 +23,14 @@ use crate::device::{AmpDevice, Kernels};
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
-pub use kernel::ReluKernel;
+pub use kernel::{ReluKernel, ReluOp};
 
 /// What an op that offers to fuse a ReLU keeps for its backward: its output once the ReLU
 /// overwrote it (empty if no ReLU came).
 pub(crate) type FusedRelu<S, E, D> = std::rc::Rc<RefCell<Option<Tensor<S, E, D>>>>;
 
-/// `max(x, 0)`, differentiable on a [`MixedTape`](crate::tape::MixedTape), fused into the linear op
-/// before it where possible (see the module documentation).
+/// `max(x, 0)`, differentiable on a [`MixedTape`](crate::tape::MixedTape), by the device's
+/// [`ReluOp`] (see the module documentation).
 pub fn try_relu<S, E, D, T>(x: Tensor<S, E, D, T>) -> Result<Tensor<S, E, D, T>, D::Err>
 where
     S: Shape,
@@ -36,19 +38,50 @@ where
     D: AmpDevice + Kernels<E>,
     T: AmpTape<D> + Tape<E, D>,
 {
+    D::try_relu(x)
+}
+
+/// ReLU fused into the op before it where that op offered and nothing else holds its output,
+/// else dfdx's op.
+pub fn try_relu_fused<S, E, D, T>(x: Tensor<S, E, D, T>) -> Result<Tensor<S, E, D, T>, D::Err>
+where
+    S: Shape,
+    E: AmpElem,
+    D: AmpDevice + Kernels<E> + ReluKernel<E>,
+    T: AmpTape<D> + Tape<E, D>,
+{
     let (mut x, mut tape) = x.split_tape();
-    if <D as ReluKernel<E>>::FUSED {
-        let offer = tape
-            .take_activation(x.id())
-            .and_then(|slot| slot.downcast::<RefCell<Option<Tensor<S, E, D>>>>().ok());
-        if let Some(slot) = offer {
-            let dev = x.device().clone();
-            if let Some(buf) = x.storage_mut_if_unique() {
-                ReluKernel::<E>::try_relu_in_place(&dev, buf)?;
-                *slot.borrow_mut() = Some(x.clone());
-                return Ok(x.put_tape(tape));
-            }
+    let offer = tape
+        .take_activation(x.id())
+        .and_then(|slot| slot.downcast::<RefCell<Option<Tensor<S, E, D>>>>().ok());
+    if let Some(slot) = offer {
+        let dev = x.device().clone();
+        if let Some(buf) = x.storage_mut_if_unique() {
+            ReluKernel::<E>::try_relu_in_place(&dev, buf)?;
+            *slot.borrow_mut() = Some(x.clone());
+            return Ok(x.put_tape(tape));
         }
     }
     x.put_tape(tape).try_relu()
 }
+
+/// ReLU fused on a device with [`ReluKernel`]s.
+macro_rules! fused_relu_op {
+    ($device:ty, $elem:ident: $bound:path) => {
+        impl<$elem: $bound> ReluOp<$elem> for $device {
+            fn try_relu<S: Shape, T>(
+                x: Tensor<S, $elem, Self, T>,
+            ) -> Result<Tensor<S, $elem, Self, T>, Self::Err>
+            where
+                Self: AmpDevice + Kernels<$elem>,
+                T: AmpTape<Self> + Tape<$elem, Self>,
+            {
+                try_relu_fused(x)
+            }
+        }
+    };
+}
+
+fused_relu_op!(dfdx::prelude::Cpu, E: AmpElem);
+#[cfg(feature = "cuda")]
+fused_relu_op!(dfdx::prelude::Cuda, E: crate::ops::utilities::cuda::CudaElem);

@@ -4,10 +4,14 @@
 //!
 //! The arithmetic is dfdx's own optimizer's, operation for operation, so a fused update gives
 //! the master weights and the state of the unfused one bit for bit (tested); the working copy
-//! is the master rounded to nearest-even, as the separate refresh gives it. A device without
-//! fused kernels (CUDA today) runs the two passes: dfdx's update, then the refresh copy.
+//! is the master rounded to nearest-even, as the separate refresh gives it. The CPU and CUDA fuse
+//! it (CUDA: one thread per element, the CPU's arithmetic without contractions, so the same
+//! bits); the trait's default, for a device without fused kernels, runs the two passes: dfdx's
+//! update, then the refresh copy.
 
 mod cpu_kernel;
+#[cfg(feature = "cuda")]
+mod cuda_kernel;
 
 use dfdx::prelude::{AdamConfig, Device, SgdConfig, Shape, Storage, Tensor};
 
@@ -47,10 +51,4 @@ pub trait UpdateKernel<E: AmpElem>: Device<f32> + CastKernel<f32, E> {
         cfg.try_update(param, velocity, grad)?;
         CastKernel::<f32, E>::try_copy_cast(self, param.storage(), working)
     }
-}
-
-#[cfg(feature = "cuda")]
-impl<E: AmpElem> UpdateKernel<E> for dfdx::prelude::Cuda where
-    dfdx::prelude::Cuda: CastKernel<f32, E>
-{
 }

@@ -6,6 +6,8 @@ pub(crate) mod cpu;
 pub(crate) mod cpu_gemm;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda_gemm;
 
 /// A device that keeps small per-tensor results (non-finite flags, sums of squares) in a buffer
 /// of its own until they are read back, once per step.
