@@ -1,6 +1,10 @@
 //! GPU benchmark: milliseconds per training step and peak GPU memory under O0 (FP32), O1 and O2
-//! (FP16), and O2-BF16, for an MLP 4096-4096-4096-10 at batch 1024 and the main job's CNN at
-//! batch 256, plus the FP16 and BF16 matrix-multiply throughput the MLP reaches. Prints a Markdown section for `BENCHMARKS.md`.
+//! (FP16), and O2-BF16, for an MLP 4096-4096-4096-10 at batch 1024, the main job's CNN at batch
+//! 256 and ViT at batch 128, and the baby GPT (nanoGPT's `train_shakespeare_char`: 6 layers,
+//! width 384, context 256) at batch 64 with its recipe (AdamW, decay on matrices, clipping at
+//! 1.0), with typed-amp's bookkeeping (unscale and check, clipping, the optimizer and the
+//! working copy's refresh) timed apart; plus the FP16 and BF16 matrix-multiply throughput the MLP
+//! reaches. Prints a Markdown section for `BENCHMARKS.md`; `--only mlp|cnn|vit|gpt` runs one.
 //!
 //! ```sh
 //! cargo bench -p typed-amp-cli --features cuda --bench gpu_step
@@ -11,13 +15,19 @@ use std::time::{Duration, Instant};
 use typed_amp::amp::{AmpModel, MasterOf, WorkingOf};
 use typed_amp::dfdx::nn::builders::Linear;
 use typed_amp::dfdx::optim::Adam;
+use typed_amp::dfdx::prelude::WeightDecay;
 use typed_amp::optim::MasterOptimizer;
 use typed_amp::prelude::*;
 use typed_amp::tape::MixedTape;
-use typed_amp_cli::models::{CnnO0, CnnO1, CnnO2, CnnO2Bf16};
+use typed_amp_cli::models::gpt::{
+    init_gpt, GptBabyO0, GptBabyO2, GptBabyO2Bf16, GptModel, GptSize, VOCAB,
+};
+use typed_amp_cli::models::{CnnO0, CnnO1, CnnO2, CnnO2Bf16, VitO0, VitO2, VitO2Bf16};
 
 const MLP_BATCH: usize = 1024;
 const CNN_BATCH: usize = 256;
+const VIT_BATCH: usize = 128;
+const GPT_BATCH: usize = 64;
 const WARMUP: usize = 5;
 const STEPS: usize = 30;
 
@@ -96,6 +106,66 @@ where
     }
 }
 
+/// Times the baby GPT's training step with its recipe; the second figure is the bookkeeping's
+/// share (unscale and check, clipping, optimizer, refresh), in ms per step.
+fn bench_gpt<M>(dev: &Cuda) -> (Figures, f64)
+where
+    M: GptModel<Cuda>,
+    Adam<MasterOf<M, Cuda>, f32, Cuda>: MasterOptimizer<MasterOf<M, Cuda>, Cuda>,
+{
+    dev.synchronize();
+    let baseline = used_memory();
+    let mut peak = baseline;
+    let mut model = M::try_build(dev).expect("the model builds on the GPU");
+    init_gpt(&mut model, M::SIZE).expect("the model initialises");
+    let config = AdamConfig {
+        lr: 1e-3,
+        betas: [0.9, 0.99],
+        eps: 1e-8,
+        weight_decay: Some(WeightDecay::DecoupledMatrices(0.1)),
+    };
+    let mut opt: Adam<MasterOf<M, Cuda>, f32, Cuda> = Adam::new(model.master(), config);
+    let mut scaler = M::scaler();
+    let context = M::SIZE.context();
+    // Fixed pseudo-random characters (the step's cost does not depend on which).
+    let ids = |offset: usize| -> Vec<usize> {
+        (0..GPT_BATCH * context)
+            .map(|i| (i * 7919 + offset * 104_729 + i / 13) % 65)
+            .collect()
+    };
+    let x: Tensor<(usize, usize), usize, Cuda> = dev.tensor_from_vec(ids(0), (GPT_BATCH, context));
+    let y: Tensor<(usize, usize), usize, Cuda> = dev.tensor_from_vec(ids(1), (GPT_BATCH, context));
+    let mut grads = model.alloc_grads().expect("gradients fit");
+    let (mut elapsed, mut bookkeeping) = (Duration::ZERO, Duration::ZERO);
+    for step in 0..WARMUP + STEPS {
+        dev.synchronize();
+        let started = Instant::now();
+        let loss =
+            M::try_loss(model.working_mut(), x.clone().traced_mixed(grads), &y).expect("forward");
+        let scaled = scaler.scale(loss).backward().expect("backward");
+        peak = peak.max(used_memory());
+        dev.synchronize();
+        let books = Instant::now();
+        let mut unscaled = scaler.unscale(&mut model, scaled).expect("unscale");
+        clip_grad_norm(&mut unscaled, 1.0).expect("clip");
+        let outcome = scaler.step(&mut opt, unscaled).expect("step");
+        grads = scaler.update(outcome).expect("update");
+        dev.synchronize();
+        if step >= WARMUP {
+            elapsed += started.elapsed();
+            bookkeeping += books.elapsed();
+        }
+    }
+    let per_step = |d: Duration| d.as_secs_f64() * 1e3 / STEPS as f64;
+    (
+        Figures {
+            ms_per_step: per_step(elapsed),
+            peak_bytes: peak - baseline,
+        },
+        per_step(bookkeeping),
+    )
+}
+
 fn device_description(dev: &Cuda) -> String {
     use cudarc::driver::sys;
     let cuda = dev.cuda_device();
@@ -128,10 +198,58 @@ fn main() {
             return;
         }
     };
+    let only = std::env::args()
+        .skip_while(|a| a != "--only")
+        .nth(1)
+        .unwrap_or_default();
+    let runs = |name: &str| only.is_empty() || only == name;
     println!("## GPU: {}\n", device_description(&dev));
     println!("`cargo bench -p typed-amp-cli --features cuda --bench gpu_step`, {STEPS} timed steps after {WARMUP} warm-up steps, Adam.\n");
     println!("| model | policy | ms / step | peak GPU memory |");
     println!("| --- | --- | --- | --- |");
+    if runs("gpt") {
+        let size = GptSize::Baby;
+        let flops = size.step_product_flops(GPT_BATCH);
+        let tokens = (GPT_BATCH * size.context()) as f64;
+        let mut o0 = None;
+        for (policy, (f, books)) in [
+            ("O0", bench_gpt::<GptBabyO0>(&dev)),
+            ("O2", bench_gpt::<GptBabyO2>(&dev)),
+            ("O2-BF16", bench_gpt::<GptBabyO2Bf16>(&dev)),
+        ] {
+            let base = *o0.get_or_insert(f.ms_per_step);
+            println!(
+                "| baby GPT L6 H6 C384 T256 V{VOCAB}, batch {GPT_BATCH} | {policy} | {:.2} | {:.0} MiB |",
+                f.ms_per_step,
+                f.peak_bytes as f64 / 1048576.0
+            );
+            println!(
+                "|   (tokens/s {:.0}, products {:.0} TFLOP/s, bookkeeping {:.2} ms = {:.1}%, {:.2}x O0) | | | |",
+                tokens / (f.ms_per_step * 1e-3),
+                flops / (f.ms_per_step * 1e-3) / 1e12,
+                books,
+                100.0 * books / f.ms_per_step,
+                base / f.ms_per_step,
+            );
+        }
+    }
+    if runs("vit") {
+        let vit_shape = (VIT_BATCH, Const::<784>);
+        for (policy, f) in [
+            ("O0", bench::<VitO0, _>(&dev, vit_shape)),
+            ("O2", bench::<VitO2, _>(&dev, vit_shape)),
+            ("O2-BF16", bench::<VitO2Bf16, _>(&dev, vit_shape)),
+        ] {
+            println!(
+                "| main job's ViT, batch {VIT_BATCH} | {policy} | {:.2} | {:.0} MiB |",
+                f.ms_per_step,
+                f.peak_bytes as f64 / 1048576.0
+            );
+        }
+    }
+    if !(runs("mlp") || runs("cnn")) {
+        return;
+    }
     let mlp_shape = (MLP_BATCH, Const::<4096>);
     let mlp = [
         ("O0", bench::<BigMlpO0, _>(&dev, mlp_shape)),

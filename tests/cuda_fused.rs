@@ -1,0 +1,446 @@
+//! The fused ops' CUDA kernels (layer norm, the linear layer, the fused optimizer update)
+//! against the CPU's fused kernels on the same inputs, and the GPT's training step on both
+//! devices. Every test opens GPU 0 first and, where that fails, prints why and passes.
+//!
+//! # Tolerances
+//!
+//! Both devices compute in FP32 and round once to the working precision `E` (unit roundoff
+//! `u`); they differ in the order of their sums. A sum of `n` terms in f32 is off by at most
+//! `n·u₃₂` times the sum of the terms' magnitudes, on each device, so two devices differ by at
+//! most `2·u·|value|` (each rounds once) plus `2·n·u₃₂·mass`, `mass` the sum of the magnitudes
+//! of everything summed into the value (computed here in f64), `n` the longest accumulation.
+//! The optimizer's update is elementwise and written without contractions on both devices: the
+//! same bits.
+#![cfg(feature = "cuda")]
+
+use std::panic::catch_unwind;
+
+use typed_amp::dfdx::nn::modules::{LayerNorm1D, Linear};
+use typed_amp::loss::Loss;
+use typed_amp::ops::cast::Cast;
+use typed_amp::precision::{dtype_of, AmpElem};
+use typed_amp::prelude::*;
+
+const U32: f64 = 1.0 / 16_777_216.0;
+
+fn open_cuda() -> Option<Cuda> {
+    match catch_unwind(|| Cuda::try_build(0, 0)) {
+        Ok(Ok(dev)) => Some(dev),
+        Ok(Err(err)) => {
+            println!("skipping: no CUDA device ({err})");
+            None
+        }
+        Err(_) => {
+            println!("skipping: no CUDA device (opening it panicked)");
+            None
+        }
+    }
+}
+
+/// Deterministic values in [-scale, scale) around `offset`, rounded to `E`.
+fn values<E: AmpElem>(n: usize, seed: u64, scale: f32, offset: f32) -> Vec<E> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let u = (s >> 40) as f32 / (1u64 << 24) as f32;
+            <E as AmpElem>::from_f32(offset + scale * (2.0 * u - 1.0))
+        })
+        .collect()
+}
+
+fn f64s<E: AmpElem>(v: &[E]) -> Vec<f64> {
+    v.iter().map(|x| f64::from(AmpElem::to_f32(*x))).collect()
+}
+
+/// A parameter's FP32 gradient as a fused op wrote it, on the host.
+fn fp32_grad<D: typed_amp::device::AmpDevice>(
+    dev: &D,
+    grads: &typed_amp::tape::MixedGradients<D>,
+    id: typed_amp::dfdx::tensor::UniqueId,
+) -> Vec<f64> {
+    let buf = grads.param_grad(id).expect("the fused op ran");
+    typed_amp::device::HostKernel::<f32>::try_read(dev, buf)
+        .unwrap()
+        .into_iter()
+        .map(f64::from)
+        .collect()
+}
+
+fn close(what: &str, cpu: &[f64], gpu: &[f64], u: f64, n: usize, mass: &[f64]) {
+    assert_eq!(cpu.len(), gpu.len(), "{what}: lengths");
+    for (i, ((c, g), m)) in cpu.iter().zip(gpu).zip(mass).enumerate() {
+        let bound = 2.0 * u * c.abs() + 2.0 * n as f64 * U32 * m;
+        assert!(
+            (c - g).abs() <= bound,
+            "{what}[{i}]: CPU {c}, CUDA {g}, bound {bound}"
+        );
+    }
+}
+
+/// Forward and backward of a layer norm (`loss = Σ y·r`): output, input gradient, γ's and β's.
+fn layer_norm_run<D, E, const M: usize>(
+    dev: &D,
+    x: &[E],
+    r: &[E],
+    params: (&[f32], &[f32]),
+) -> [Vec<f64>; 4]
+where
+    D: typed_amp::device::AmpDevice + typed_amp::device::Kernels<E>,
+    E: AmpElem,
+{
+    let rows = x.len() / M;
+    let ln: LayerNorm1D<M, f32, D> = LayerNorm1D {
+        gamma: dev.tensor_from_vec(params.0.to_vec(), (Const::<M>,)),
+        beta: dev.tensor_from_vec(params.1.to_vec(), (Const::<M>,)),
+        epsilon: 1e-5,
+    };
+    let xt: Tensor<(usize, Const<M>), E, D> = dev.tensor_from_vec(x.to_vec(), (rows, Const));
+    let rt: Tensor<(usize, Const<M>), E, D> = dev.tensor_from_vec(r.to_vec(), (rows, Const));
+    let y =
+        typed_amp::ops::layernorm::try_layer_norm(&ln, xt.clone().leaky_traced_mixed()).unwrap();
+    let yv = f64s(&y.retaped::<NoneTape>().as_vec());
+    let grads = Loss::new((y * rt).to_f32().sum())
+        .backward()
+        .unwrap()
+        .grads()
+        .clone();
+    let g32 = |id| fp32_grad(dev, &grads, id);
+    [
+        yv,
+        f64s(&grads.get(&xt).unwrap().as_vec()),
+        g32(ln.gamma.id()),
+        g32(ln.beta.id()),
+    ]
+}
+
+fn layer_norm_case<E: AmpElem>(gpu: &Cuda)
+where
+    Cpu: typed_amp::device::Kernels<E>,
+    Cuda: typed_amp::device::Kernels<E>,
+{
+    const M: usize = 96;
+    let rows = 300;
+    let x = values::<E>(rows * M, 1, 2.0, 1.5);
+    let r = values::<E>(rows * M, 2, 1.0, 0.0);
+    let gamma: Vec<f32> = values::<f32>(M, 3, 0.5, 1.0);
+    let beta: Vec<f32> = values::<f32>(M, 4, 0.5, 0.0);
+    let cpu = layer_norm_run::<Cpu, E, M>(&Cpu::default(), &x, &r, (&gamma, &beta));
+    let cuda = layer_norm_run::<Cuda, E, M>(gpu, &x, &r, (&gamma, &beta));
+    // Magnitudes: a row's output involves its M inputs (the statistics) scaled by γ·rstd; a
+    // column's parameter gradients involve every row.
+    let u = f64::from(dtype_of::<E>().unit_roundoff());
+    let (xv, rv) = (f64s(&x), f64s(&r));
+    let mut y_mass = vec![0.0; rows * M];
+    let mut dx_mass = vec![0.0; rows * M];
+    let (mut dg_mass, mut db_mass) = (vec![0.0; M], vec![0.0; M]);
+    for row in 0..rows {
+        let xs = &xv[row * M..(row + 1) * M];
+        let mean = xs.iter().sum::<f64>() / M as f64;
+        let var = xs.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / M as f64;
+        let rstd = 1.0 / (var + 1e-5).sqrt();
+        let big = xs.iter().fold(0.0f64, |m, v| m.max(v.abs())) * rstd;
+        let gsum: f64 = (0..M)
+            .map(|c| (rv[row * M + c] * f64::from(gamma[c])).abs())
+            .sum();
+        for c in 0..M {
+            let g = f64::from(gamma[c]).abs();
+            y_mass[row * M + c] = g * (big + 1.0) + f64::from(beta[c]).abs();
+            dx_mass[row * M + c] =
+                rstd * (gsum / M as f64 * (2.0 + 2.0 * big) + rv[row * M + c].abs() * g);
+            dg_mass[c] += rv[row * M + c].abs() * (big + 1.0);
+            db_mass[c] += rv[row * M + c].abs();
+        }
+    }
+    let what = format!("layer norm {:?}", dtype_of::<E>());
+    close(&format!("{what} y"), &cpu[0], &cuda[0], u, M + 8, &y_mass);
+    close(&format!("{what} dx"), &cpu[1], &cuda[1], u, M + 8, &dx_mass);
+    close(
+        &format!("{what} dgamma"),
+        &cpu[2],
+        &cuda[2],
+        0.0,
+        rows + M + 8,
+        &dg_mass,
+    );
+    close(
+        &format!("{what} dbeta"),
+        &cpu[3],
+        &cuda[3],
+        0.0,
+        rows + 8,
+        &db_mass,
+    );
+}
+
+#[test]
+fn layer_norm_on_cuda_matches_the_cpu() {
+    let Some(gpu) = open_cuda() else { return };
+    layer_norm_case::<f32>(&gpu);
+    layer_norm_case::<half::f16>(&gpu);
+    layer_norm_case::<half::bf16>(&gpu);
+}
+
+/// Forward and backward of a linear layer and the ReLU after it (`loss = Σ relu(y)·r`).
+fn linear_run<D, E, const I: usize, const O: usize>(
+    dev: &D,
+    x: &[E],
+    r: &[E],
+    (w, b): (&[E], &[E]),
+) -> [Vec<f64>; 4]
+where
+    D: typed_amp::device::AmpDevice + typed_amp::device::Kernels<E>,
+    E: AmpElem,
+{
+    let rows = x.len() / I;
+    let layer: Linear<I, O, E, D> = Linear {
+        weight: dev.tensor_from_vec(w.to_vec(), (Const, Const)),
+        bias: dev.tensor_from_vec(b.to_vec(), (Const,)),
+    };
+    let xt: Tensor<(usize, Const<I>), E, D> = dev.tensor_from_vec(x.to_vec(), (rows, Const));
+    let rt: Tensor<(usize, Const<O>), E, D> = dev.tensor_from_vec(r.to_vec(), (rows, Const));
+    let y = typed_amp::ops::linear::try_linear(&layer, xt.clone().leaky_traced_mixed()).unwrap();
+    let y = typed_amp::ops::relu::try_relu(y).unwrap();
+    let yv = f64s(&y.retaped::<NoneTape>().as_vec());
+    let grads = Loss::new((y * rt).to_f32().sum())
+        .backward()
+        .unwrap()
+        .grads()
+        .clone();
+    let g32 = |id| fp32_grad(dev, &grads, id);
+    [
+        yv,
+        f64s(&grads.get(&xt).unwrap().as_vec()),
+        g32(layer.weight.id()),
+        g32(layer.bias.id()),
+    ]
+}
+
+fn linear_case<E: AmpElem>(gpu: &Cuda)
+where
+    Cpu: typed_amp::device::Kernels<E>,
+    Cuda: typed_amp::device::Kernels<E>,
+{
+    const I: usize = 72;
+    const O: usize = 40;
+    let rows = 270;
+    let x = values::<E>(rows * I, 5, 1.0, 0.0);
+    let r = values::<E>(rows * O, 6, 1.0, 0.0);
+    let w = values::<E>(O * I, 7, 0.3, 0.0);
+    let b = values::<E>(O, 8, 0.5, 0.0);
+    let cpu = linear_run::<Cpu, E, I, O>(&Cpu::default(), &x, &r, (&w, &b));
+    let cuda = linear_run::<Cuda, E, I, O>(gpu, &x, &r, (&w, &b));
+    let u = f64::from(dtype_of::<E>().unit_roundoff());
+    let (xv, rv, wv, bv) = (f64s(&x), f64s(&r), f64s(&w), f64s(&b));
+    // Where the pre-activation is near 0 the devices may disagree on the ReLU's side: those
+    // outputs and their gradients are compared with the larger bound of both sides' magnitudes
+    // (the mask only ever zeroes).
+    let y_mass: Vec<f64> = (0..rows * O)
+        .map(|k| {
+            let (row, o) = (k / O, k % O);
+            (0..I)
+                .map(|i| (xv[row * I + i] * wv[o * I + i]).abs())
+                .sum::<f64>()
+                + bv[o].abs()
+        })
+        .collect();
+    let dx_mass: Vec<f64> = (0..rows * I)
+        .map(|k| {
+            let (row, i) = (k / I, k % I);
+            (0..O)
+                .map(|o| (rv[row * O + o] * wv[o * I + i]).abs())
+                .sum()
+        })
+        .collect();
+    let dw_mass: Vec<f64> = (0..O * I)
+        .map(|k| {
+            let (o, i) = (k / I, k % I);
+            (0..rows)
+                .map(|row| (rv[row * O + o] * xv[row * I + i]).abs())
+                .sum()
+        })
+        .collect();
+    let db_mass: Vec<f64> = (0..O)
+        .map(|o| (0..rows).map(|row| rv[row * O + o].abs()).sum())
+        .collect();
+    // Outputs whose sign the devices could disagree on (|y| within both sides' error of 0) are
+    // masked differently; none of these random values lands there (checked).
+    for (k, m) in y_mass.iter().enumerate() {
+        let (c, g) = (cpu[0][k], cuda[0][k]);
+        if c == 0.0 || g == 0.0 {
+            assert!(
+                c.abs().max(g.abs()) <= 2.0 * u * m + 2.0 * (I + 8) as f64 * U32 * m,
+                "ReLU's side at {k}"
+            );
+        }
+    }
+    let what = format!("linear {:?}", dtype_of::<E>());
+    close(&format!("{what} y"), &cpu[0], &cuda[0], u, I + 8, &y_mass);
+    close(&format!("{what} dx"), &cpu[1], &cuda[1], u, O + 8, &dx_mass);
+    close(
+        &format!("{what} dW"),
+        &cpu[2],
+        &cuda[2],
+        0.0,
+        rows + 8,
+        &dw_mass,
+    );
+    close(
+        &format!("{what} db"),
+        &cpu[3],
+        &cuda[3],
+        0.0,
+        rows + 8,
+        &db_mass,
+    );
+}
+
+#[test]
+fn the_linear_layer_on_cuda_matches_the_cpu() {
+    let Some(gpu) = open_cuda() else { return };
+    linear_case::<f32>(&gpu);
+    linear_case::<half::f16>(&gpu);
+    linear_case::<half::bf16>(&gpu);
+}
+
+/// One fused Adam (or SGD) step with refresh on each device, from the same state: the master,
+/// the moments and the working copy come out bit for bit alike.
+fn update_case<E: AmpElem>(gpu: &Cuda)
+where
+    Cpu: typed_amp::device::Kernels<E>,
+    Cuda: typed_amp::device::Kernels<E>,
+{
+    use typed_amp::device::UpdateKernel;
+    let n = 5000;
+    let p0 = values::<f32>(n, 11, 1.0, 0.0);
+    let g0 = values::<f32>(n, 12, 0.1, 0.0);
+    let m0 = values::<f32>(n, 13, 0.01, 0.0);
+    let v0: Vec<f32> = values::<f32>(n, 14, 0.001, 0.001)
+        .into_iter()
+        .map(f32::abs)
+        .collect();
+    let configs = [
+        AdamConfig::default(),
+        AdamConfig {
+            lr: 3e-4,
+            betas: [0.9, 0.99],
+            eps: 1e-8,
+            weight_decay: Some(WeightDecay::Decoupled(0.1)),
+        },
+        AdamConfig {
+            weight_decay: Some(WeightDecay::L2(0.01)),
+            ..Default::default()
+        },
+    ];
+    fn run<D: typed_amp::device::AmpDevice + typed_amp::device::Kernels<E>, E: AmpElem>(
+        dev: &D,
+        cfg: &AdamConfig,
+        (p0, g0, m0, v0): (&[f32], &[f32], &[f32], &[f32]),
+    ) -> [Vec<u32>; 4] {
+        let n = p0.len();
+        let mut p: Tensor<(usize,), f32, D> = dev.tensor_from_vec(p0.to_vec(), (n,));
+        let g: Tensor<(usize,), f32, D> = dev.tensor_from_vec(g0.to_vec(), (n,));
+        let mut m: Tensor<(usize,), f32, D> = dev.tensor_from_vec(m0.to_vec(), (n,));
+        let mut v: Tensor<(usize,), f32, D> = dev.tensor_from_vec(v0.to_vec(), (n,));
+        let mut w: Tensor<(usize,), E, D> = dev.zeros_like(&(n,));
+        UpdateKernel::<E>::try_adam_refresh(
+            dev,
+            3,
+            cfg,
+            &mut p,
+            m.storage_mut(),
+            v.storage_mut(),
+            g.storage(),
+            w.storage_mut(),
+        )
+        .unwrap();
+        let bits = |t: Vec<f32>| t.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+        [
+            bits(p.as_vec()),
+            bits(m.as_vec()),
+            bits(v.as_vec()),
+            bits(w.as_vec().into_iter().map(AmpElem::to_f32).collect()),
+        ]
+    }
+    for cfg in &configs {
+        let cpu = run::<Cpu, E>(&Cpu::default(), cfg, (&p0, &g0, &m0, &v0));
+        let cuda = run::<Cuda, E>(gpu, cfg, (&p0, &g0, &m0, &v0));
+        for (what, (c, g)) in ["master", "moment 1", "moment 2", "working"]
+            .iter()
+            .zip(cpu.iter().zip(&cuda))
+        {
+            assert_eq!(c, g, "{what} {:?} {cfg:?}", dtype_of::<E>());
+        }
+    }
+}
+
+#[test]
+fn the_fused_update_on_cuda_gives_the_cpus_bits() {
+    let Some(gpu) = open_cuda() else { return };
+    update_case::<f32>(&gpu);
+    update_case::<half::f16>(&gpu);
+    update_case::<half::bf16>(&gpu);
+}
+
+/// The small GPT's first training steps under O0 and O2-BF16 on both devices, from the same
+/// initial weights and batch: the losses agree to the working precision's rounding.
+#[test]
+fn the_gpt_trains_alike_on_cuda_and_the_cpu() {
+    use typed_amp_models::gpt::{GptModel, GptSmallO0, GptSmallO2Bf16};
+    let Some(gpu) = open_cuda() else { return };
+    fn losses<M: GptModel<D>, D: typed_amp::device::AmpDevice>(dev: &D) -> Vec<f32>
+    where
+        typed_amp::dfdx::optim::Adam<typed_amp::amp::MasterOf<M, D>, f32, D>:
+            typed_amp::optim::MasterOptimizer<typed_amp::amp::MasterOf<M, D>, D>,
+    {
+        let mut model = M::try_build(dev).unwrap();
+        // The same weights on both devices: built from the host's values.
+        typed_amp_models::gpt::init_gpt(&mut model, M::SIZE).unwrap();
+        let mut opt = typed_amp::dfdx::optim::Adam::new(model.master(), AdamConfig::default());
+        let mut scaler = M::scaler();
+        let mut grads = model.alloc_grads().unwrap();
+        let t = M::SIZE.context();
+        let ids: Vec<usize> = (0..4 * t).map(|i| (i * 31 + i / 7) % 60).collect();
+        let next: Vec<usize> = (0..4 * t)
+            .map(|i| ((i + 1) * 31 + (i + 1) / 7) % 60)
+            .collect();
+        let x: Tensor<(usize, usize), usize, D> = dev.tensor_from_vec(ids, (4, t));
+        let y: Tensor<(usize, usize), usize, D> = dev.tensor_from_vec(next, (4, t));
+        let mut out = Vec::new();
+        for _ in 0..3 {
+            let loss = M::try_loss(model.working_mut(), x.clone().traced_mixed(grads), &y).unwrap();
+            out.push(loss.value());
+            let scaled = scaler.scale(loss).backward().unwrap();
+            let unscaled = scaler.unscale(&mut model, scaled).unwrap();
+            grads = scaler
+                .update(scaler.step(&mut opt, unscaled).unwrap())
+                .unwrap();
+        }
+        out
+    }
+    // The devices' random initialisations differ: compare each device's first loss with the
+    // uniform prediction's, ln(84), and each run's decrease.
+    for (name, cpu, cuda) in [
+        (
+            "O0",
+            losses::<GptSmallO0, Cpu>(&Cpu::default()),
+            losses::<GptSmallO0, Cuda>(&gpu),
+        ),
+        (
+            "O2-BF16",
+            losses::<GptSmallO2Bf16, Cpu>(&Cpu::default()),
+            losses::<GptSmallO2Bf16, Cuda>(&gpu),
+        ),
+    ] {
+        println!("{name}: CPU {cpu:?}, CUDA {cuda:?}");
+        for run in [&cpu, &cuda] {
+            assert!(
+                (run[0] - (84f32).ln()).abs() < 0.1,
+                "{name}: first loss {run:?}"
+            );
+            assert!(run[2] < run[0], "{name}: no progress {run:?}");
+        }
+    }
+}
