@@ -15,6 +15,8 @@
 
 mod composed;
 mod cpu_kernel;
+#[cfg(feature = "cuda")]
+mod cuda_kernel;
 mod fused;
 mod kernel;
 #[cfg(test)]
@@ -69,5 +71,24 @@ impl<E: AmpElem> AttentionOp<E> for Cpu {
     }
 }
 
+/// CUDA fuses attention whose scores are FP32, as the CPU does.
 #[cfg(feature = "cuda")]
-impl<E: AmpElem> AttentionOp<E> for dfdx::prelude::Cuda {}
+impl<E: crate::ops::utilities::cuda::CudaElem> AttentionOp<E> for dfdx::prelude::Cuda {
+    fn try_attention<const M: usize, const M3: usize, const H: usize, B, S, Sc, T>(
+        qkv: Tensor<(B, S, Const<M3>), E, Self, T>,
+        causal: bool,
+    ) -> Result<Tensor<(B, S, Const<M>), E, Self, T>, Self::Err>
+    where
+        Self: CastDevice<E, Sc> + CastDevice<Sc, E>,
+        B: Dim,
+        S: Dim,
+        Sc: AmpElem,
+        T: AmpTape<Self> + Tape<E, Self> + Tape<Sc, Self>,
+    {
+        if Sc::INDEX == <f32 as crate::precision::Indexed>::INDEX {
+            try_attention_fused::<M, M3, H, B, S, E, Self, T>(qkv, causal)
+        } else {
+            try_attention_composed::<M, M3, H, B, S, E, Sc, Self, T>(qkv, causal)
+        }
+    }
+}
