@@ -12,6 +12,8 @@
 
 mod composed;
 mod cpu_kernel;
+#[cfg(feature = "cuda")]
+mod cuda_kernel;
 mod fused;
 mod kernel;
 #[cfg(test)]
@@ -88,5 +90,32 @@ impl<E: AmpElem> LmHeadOp<E> for Cpu {
     }
 }
 
+/// CUDA fuses the head, as the CPU does.
 #[cfg(feature = "cuda")]
-impl<E: AmpElem> LmHeadOp<E> for dfdx::prelude::Cuda {}
+impl<E: crate::ops::utilities::cuda::CudaElem> LmHeadOp<E> for dfdx::prelude::Cuda {
+    fn try_lm_head_loss<const V: usize, const C: usize, B, S, T>(
+        h: Tensor<(B, S, Const<C>), E, Self, T>,
+        w: &Tensor<(Const<V>, Const<C>), E, Self>,
+        targets: &Tensor<(B, S), usize, Self>,
+    ) -> Result<Tensor<Rank0, f32, Self, T>, Self::Err>
+    where
+        Self: CastDevice<E, f32> + CastDevice<f32, E>,
+        B: Dim,
+        S: Dim,
+        T: AmpTape<Self> + Tape<E, Self>,
+    {
+        try_lm_head_loss_fused(h, w, targets)
+    }
+
+    fn try_lm_logits<const V: usize, const C: usize, B, S>(
+        h: &Tensor<(B, S, Const<C>), E, Self>,
+        w: &Tensor<(Const<V>, Const<C>), E, Self>,
+    ) -> Result<Tensor<(B, S, Const<V>), f32, Self>, Self::Err>
+    where
+        Self: CastDevice<E, f32> + CastDevice<f32, E>,
+        B: Dim,
+        S: Dim,
+    {
+        try_lm_logits_fused(h, w)
+    }
+}

@@ -1,0 +1,608 @@
+//! The fused head on CUDA: the three products on cuBLAS (dfdx's handle, so on dfdx's stream)
+//! with FP32 accumulation: the logits and the weight's gradient stored in FP32, the hidden
+//! states' gradient in `E` (rounded once: reductions inside cuBLAS stay in FP32); the
+//! cross-entropy one warp per row, the mean loss summed by one block in f64 in row order (no
+//! float atomics), the logits' gradient one thread per element with the loss's gradient read on
+//! the device.
+//!
+//! A target outside the vocabulary cannot be an error here without copying the targets to the
+//! host (a synchronisation of the stream in the middle of every step): the kernels check each
+//! target before reading the logit it names, and a bad one makes its row's loss term and its
+//! whole row of the logits' gradient NaN. The loss is then NaN and the step's gradients
+//! non-finite, which the scaler's check (or the caller's) sees; nothing is read out of bounds.
+//! The CPU, whose targets are on the host anyway, returns an error instead. Targets come from
+//! the data pipeline, which is where they should be validated.
+
+use cudarc::cublas::result::{gemm_ex, CublasError};
+use cudarc::cublas::sys::{
+    cublasComputeType_t, cublasGemmAlgo_t, cublasGetMathMode, cublasMath_t, cublasOperation_t,
+    cublasSetMathMode, cudaDataType,
+};
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceSlice, LaunchConfig};
+use dfdx::prelude::Storage;
+use dfdx::tensor::{CpuError, Cuda, CudaError};
+
+use super::{LmHeadDims, LmHeadKernel};
+use crate::ops::utilities::cuda::{
+    check_device, launch, launch_with, raw, raw_mut, CudaElem, OpSource, Raw, BLOCK,
+};
+
+const SOURCE: OpSource = OpSource {
+    module: "typed_amp_lm_head",
+    templates: r#"
+#define CE_NAN __uint_as_float(0x7fc00000u)
+#define CE_NEG_INF __uint_as_float(0xff800000u)
+
+// One warp per row (BLOCK / 32 rows per block, grid-stride over rows): the row's maximum
+// (fmaxf skips NaN), the sum of exp(x − max) in f64 (NaN and inf propagate), lse = max +
+// (float)log(sum) as the CPU computes it; the row's loss term lse − logit[target] into
+// `terms`, NaN for a target outside the vocabulary (whose logit is not read).
+extern "C" __global__ void tamp_ce_forward(u64 rows, u64 vocab, const float *logits,
+                                           const u64 *targets, float *lse, float *terms) {
+    const u32 lane = threadIdx.x % 32;
+    const u64 warps = (u64)gridDim.x * (BLOCK / 32);
+    for (u64 r = (u64)blockIdx.x * (BLOCK / 32) + threadIdx.x / 32; r < rows; r += warps) {
+        const float *row = logits + r * vocab;
+        float mx = CE_NEG_INF;
+        for (u64 v = lane; v < vocab; v += 32) mx = fmaxf(mx, row[v]);
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        double sum = 0.0;
+        for (u64 v = lane; v < vocab; v += 32) sum += (double)expf(row[v] - mx);
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (lane == 0) {
+            const float l = mx + (float)log(sum);
+            const u64 t = targets[r];
+            lse[r] = l;
+            terms[r] = t < vocab ? l - row[t] : CE_NAN;
+        }
+    }
+}
+
+// The mean of the rows' terms, by one block: per-thread f64 sums over a fixed stride, then a
+// tree; the same order on every run. `loss[0]` = (float)(sum / max(rows, 1)).
+extern "C" __global__ void tamp_ce_mean(u64 rows, const float *terms, float *loss) {
+    __shared__ double part[BLOCK];
+    double acc = 0.0;
+    for (u64 r = threadIdx.x; r < rows; r += BLOCK) acc += (double)terms[r];
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    for (u32 s = BLOCK / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) loss[0] = (float)(part[0] / (double)(rows > 0 ? rows : 1));
+}
+
+// dlogits = (g / rows_f)·(exp(x − lse) − onehot(target)), one element per thread, rounded
+// once to T; a row whose target is outside the vocabulary is NaN throughout.
+template <typename T>
+__device__ void amp_ce_backward(u64 rows, u64 vocab, float rows_f, const float *logits,
+                                const float *lse, const u64 *targets, const float *g,
+                                T *dlogits) {
+    const float weight = g[0] / rows_f;
+    FOR_EACH(i, rows * vocab) {
+        const u64 r = i / vocab, v = i % vocab, t = targets[r];
+        float p = expf(logits[i] - lse[r]);
+        if (v == t) p -= 1.0f;
+        p *= weight;
+        store(dlogits, i, t < vocab ? p : CE_NAN);
+    }
+}
+"#,
+    one: |tag, ty| {
+        let source = format!(
+            r#"
+extern "C" __global__ void tamp_ce_backward_{tag}(u64 rows, u64 vocab, float rows_f, const float *logits, const float *lse, const u64 *targets, const float *g, {ty} *dlogits) {{ amp_ce_backward(rows, vocab, rows_f, logits, lse, targets, g, dlogits); }}
+"#
+        );
+        let mut names = vec![format!("tamp_ce_backward_{tag}")];
+        // The forward's two kernels do not depend on the precision: they are in the templates,
+        // compiled once, and listed once (with the first precision's names).
+        if tag == "f32" {
+            names.extend(["tamp_ce_forward", "tamp_ce_mean"].map(String::from));
+        }
+        (source, names)
+    },
+    pair: crate::ops::utilities::cuda::no_pair,
+};
+
+fn wrong() -> CudaError {
+    CudaError::Cpu(CpuError::WrongNumElements)
+}
+
+fn check(ok: bool) -> Result<(), CudaError> {
+    ok.then_some(()).ok_or_else(wrong)
+}
+
+/// The buffers' lengths, `rows × width` and `rows × vocab`, as the CPU kernel checks them.
+fn check_dims(d: &LmHeadDims) -> Result<(usize, usize), CudaError> {
+    let hidden = d.rows.checked_mul(d.width);
+    let logits = d.rows.checked_mul(d.vocab);
+    match (hidden, logits, d.vocab.checked_mul(d.width)) {
+        (Some(h), Some(l), Some(_)) if d.vocab > 0 => Ok((h, l)),
+        _ => Err(wrong()),
+    }
+}
+
+/// The token ids' pointer and length (`usize` is not a [`CudaElem`]).
+fn raw_ids(dev: &Cuda, ids: &CudaSlice<usize>) -> Result<Raw, CudaError> {
+    check_device(dev, &ids.device())?;
+    Ok(Raw {
+        ptr: *ids.device_ptr(),
+        len: ids.len(),
+    })
+}
+
+fn data_type(tag: &str) -> cudaDataType {
+    match tag {
+        "f16" => cudaDataType::CUDA_R_16F,
+        "bf16" => cudaDataType::CUDA_R_16BF,
+        _ => cudaDataType::CUDA_R_32F,
+    }
+}
+
+/// A row-major matrix operand: a pointer, its row stride, and whether it is stored transposed
+/// (then the buffer holds the operand's transpose, row-major).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Operand {
+    ptr: u64,
+    ld: usize,
+    transposed: bool,
+}
+
+/// `cublasGemmEx`'s arguments, column-major.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ColMajor {
+    transa: bool,
+    transb: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: (u64, usize),
+    b: (u64, usize),
+    ldc: usize,
+}
+
+/// cuBLAS's arguments for the row-major `C (m × n, row stride ldc) = A (m × k) · B (k × n)`.
+///
+/// cuBLAS is column-major, and a row-major `r × c` matrix of row stride `ld` is, column-major,
+/// its `c × r` transpose with leading dimension `ld`. So it computes `Cᵀ (n × m) = Bᵀ · Aᵀ`: its
+/// first operand is `B`'s buffer, which holds `Bᵀ` column-major unless `B` is stored transposed
+/// (then it holds `B`, and cuBLAS transposes it), and its second is `A`'s, likewise.
+fn col_major((m, k, n): (usize, usize, usize), a: Operand, b: Operand, ldc: usize) -> ColMajor {
+    ColMajor {
+        transa: b.transposed,
+        transb: a.transposed,
+        m: n,
+        n: m,
+        k,
+        a: (b.ptr, b.ld),
+        b: (a.ptr, a.ld),
+        ldc,
+    }
+}
+
+/// Restores the handle's math mode when dropped.
+struct MathMode(Option<cudarc::cublas::sys::cublasHandle_t>);
+
+impl MathMode {
+    /// Keeps cuBLAS's internal reductions (split-K) in the FP32 compute type where the output is
+    /// 16-bit, so that the output is rounded once. Only from the default mode, the one dfdx
+    /// leaves its handle in; any other mode is left as it is.
+    fn exact_reductions(handle: cudarc::cublas::sys::cublasHandle_t) -> Self {
+        let mut mode: u32 = u32::MAX;
+        // SAFETY: cuBLAS writes the handle's mode, a 4-byte enum value, into `mode`, a u32 (not
+        // into a Rust enum, which could not hold a combination of flags).
+        let got = unsafe { cublasGetMathMode(handle, (&mut mode as *mut u32).cast()) };
+        if got.result().is_err() || mode != cublasMath_t::CUBLAS_DEFAULT_MATH as u32 {
+            return MathMode(None);
+        }
+        // SAFETY: a valid handle and mode.
+        let set = unsafe {
+            cublasSetMathMode(
+                handle,
+                cublasMath_t::CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION,
+            )
+        };
+        MathMode(set.result().is_ok().then_some(handle))
+    }
+}
+
+impl Drop for MathMode {
+    fn drop(&mut self) {
+        if let Some(handle) = self.0 {
+            // SAFETY: the handle is dfdx's, alive as long as the device this guard borrowed
+            // from; the mode is the default it had.
+            unsafe { cublasSetMathMode(handle, cublasMath_t::CUBLAS_DEFAULT_MATH) };
+        }
+    }
+}
+
+/// Row-major `C = A·B + beta·C` (`beta` 0 or 1) with FP32 accumulation: `A` and `B` of element
+/// type `ab_tag`, `C` of `c_tag`, every pointer on `dev` and addressing what the shapes and
+/// strides reach (the callers check lengths first).
+fn gemm(
+    dev: &Cuda,
+    shape: (usize, usize, usize),
+    (a, b, ab_tag): (Operand, Operand, &str),
+    (c, c_tag, ldc): (u64, &str, usize),
+    beta: f32,
+) -> Result<(), CudaError> {
+    let g = col_major(shape, a, b, ldc);
+    let int = |x: usize| i32::try_from(x).map_err(|_| wrong());
+    let op = |t: bool| {
+        if t {
+            cublasOperation_t::CUBLAS_OP_T
+        } else {
+            cublasOperation_t::CUBLAS_OP_N
+        }
+    };
+    let (m, n, k) = (int(g.m)?, int(g.n)?, int(g.k)?);
+    let (lda, ldb, ldc) = (int(g.a.1)?, int(g.b.1)?, int(g.ldc)?);
+    let handle = *dev.cublas().handle();
+    let _mode = (c_tag != "f32").then(|| MathMode::exact_reductions(handle));
+    let alpha = 1.0f32;
+    // SAFETY: the pointers are device memory of `dev` holding at least what the dimensions and
+    // leading dimensions reach (checked by the callers), of the element types named; alpha and
+    // beta are host FP32 values (the handle's default pointer mode, FP32 for
+    // CUBLAS_COMPUTE_32F); the handle is bound to dfdx's stream, so the product runs in order
+    // with the kernels around it. m, n, k > 0 (the callers handle empty products).
+    unsafe {
+        gemm_ex(
+            handle,
+            op(g.transa),
+            op(g.transb),
+            m,
+            n,
+            k,
+            (&alpha as *const f32).cast(),
+            g.a.0 as *const _,
+            data_type(ab_tag),
+            lda,
+            g.b.0 as *const _,
+            data_type(ab_tag),
+            ldb,
+            (&beta as *const f32).cast(),
+            c as *mut _,
+            data_type(c_tag),
+            ldc,
+            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    }
+    .map_err(|e: CublasError| CudaError::Blas(e))
+}
+
+/// One warp per row, at most 65,535 blocks (the kernel strides over the rest).
+fn warp_rows(rows: usize) -> LaunchConfig {
+    let per_block = (BLOCK / 32) as usize;
+    LaunchConfig {
+        grid_dim: (rows.div_ceil(per_block).min(65_535) as u32, 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl<E: CudaElem> LmHeadKernel<E> for Cuda {
+    fn try_head_logits(
+        &self,
+        d: LmHeadDims,
+        h: &<Self as Storage<E>>::Vec,
+        w: &<Self as Storage<E>>::Vec,
+        logits: &mut <Self as Storage<f32>>::Vec,
+    ) -> Result<(), CudaError> {
+        let (hidden, n) = check_dims(&d)?;
+        let (hr, wr, lr) = (
+            raw(self, &**h)?,
+            raw(self, &**w)?,
+            raw_mut(self, &mut **logits)?,
+        );
+        check(hr.len == hidden && wr.len == d.vocab * d.width && lr.len == n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        if d.width == 0 {
+            // Empty dot products.
+            return Ok(self.cuda_device().memset_zeros(&mut **logits)?);
+        }
+        // logits (rows × vocab) = h (rows × width) · wᵀ, wᵀ stored as w (vocab × width).
+        gemm(
+            self,
+            (d.rows, d.width, d.vocab),
+            (
+                Operand {
+                    ptr: hr.ptr,
+                    ld: d.width,
+                    transposed: false,
+                },
+                Operand {
+                    ptr: wr.ptr,
+                    ld: d.width,
+                    transposed: true,
+                },
+                E::TAG,
+            ),
+            (lr.ptr, "f32", d.vocab),
+            0.0,
+        )
+    }
+
+    fn try_cross_entropy_forward(
+        &self,
+        d: LmHeadDims,
+        logits: &<Self as Storage<f32>>::Vec,
+        targets: &<Self as Storage<usize>>::Vec,
+        loss: &mut <Self as Storage<f32>>::Vec,
+        lse: &mut <Self as Storage<f32>>::Vec,
+    ) -> Result<(), CudaError> {
+        let (_, n) = check_dims(&d)?;
+        let (lg, t) = (raw(self, &**logits)?, raw_ids(self, targets)?);
+        let (ls, se) = (raw_mut(self, &mut **loss)?, raw_mut(self, &mut **lse)?);
+        check(lg.len == n && t.len == d.rows && ls.len == 1 && se.len == d.rows)?;
+        let mut terms = Storage::<f32>::try_alloc_len(self, d.rows)?;
+        let tm = raw_mut(self, &mut *terms)?;
+        launch_with(
+            self,
+            &SOURCE,
+            "tamp_ce_forward",
+            warp_rows(d.rows),
+            (d.rows as u64, d.vocab as u64, lg.ptr, t.ptr, se.ptr, tm.ptr),
+        )?;
+        // One block, whatever the rows (none: a loss of 0, as on the CPU).
+        launch_with(
+            self,
+            &SOURCE,
+            "tamp_ce_mean",
+            LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (BLOCK, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            (d.rows as u64, tm.ptr, ls.ptr),
+        )
+    }
+
+    fn try_cross_entropy_backward(
+        &self,
+        d: LmHeadDims,
+        logits: &<Self as Storage<f32>>::Vec,
+        lse: &<Self as Storage<f32>>::Vec,
+        targets: &<Self as Storage<usize>>::Vec,
+        g: &<Self as Storage<f32>>::Vec,
+        dlogits: &mut <Self as Storage<E>>::Vec,
+    ) -> Result<(), CudaError> {
+        let (_, n) = check_dims(&d)?;
+        let (lg, se, t, gr) = (
+            raw(self, &**logits)?,
+            raw(self, &**lse)?,
+            raw_ids(self, targets)?,
+            raw(self, &**g)?,
+        );
+        let dl = raw_mut(self, &mut **dlogits)?;
+        check(lg.len == n && dl.len == n && t.len == d.rows && se.len == d.rows && gr.len == 1)?;
+        // The CPU's divisor, `rows.max(1) as f32`.
+        let rows_f = d.rows.max(1) as f32;
+        launch(
+            self,
+            &SOURCE,
+            &format!("tamp_ce_backward_{}", E::TAG),
+            n,
+            (
+                d.rows as u64,
+                d.vocab as u64,
+                rows_f,
+                lg.ptr,
+                se.ptr,
+                t.ptr,
+                gr.ptr,
+                dl.ptr,
+            ),
+        )
+    }
+
+    fn try_head_backward(
+        &self,
+        d: LmHeadDims,
+        dlogits: &<Self as Storage<E>>::Vec,
+        h: &<Self as Storage<E>>::Vec,
+        w: &<Self as Storage<E>>::Vec,
+        dh: Option<(&mut <Self as Storage<E>>::Vec, bool)>,
+        dw: Option<(&mut <Self as Storage<f32>>::Vec, bool)>,
+    ) -> Result<(), CudaError> {
+        let (hidden, n) = check_dims(&d)?;
+        let (dl, hr, wr) = (raw(self, &**dlogits)?, raw(self, &**h)?, raw(self, &**w)?);
+        check(dl.len == n && hr.len == hidden && wr.len == d.vocab * d.width)?;
+        let dh = match dh {
+            Some((g, accumulate)) => Some((raw_mut(self, &mut **g)?, accumulate)),
+            None => None,
+        };
+        let dw = match dw {
+            Some((g, fresh)) => Some((raw_mut(self, &mut **g)?, fresh, g)),
+            None => None,
+        };
+        // Every length checked before anything is launched.
+        check(
+            dh.is_none_or(|(g, _)| g.len == hidden)
+                && dw
+                    .as_ref()
+                    .is_none_or(|(g, _, _)| g.len == d.vocab * d.width),
+        )?;
+        if let Some((g, accumulate)) = dh {
+            // dh (rows × width) = dlogits (rows × vocab) · w (vocab × width); vocab > 0.
+            if d.rows > 0 && d.width > 0 {
+                gemm(
+                    self,
+                    (d.rows, d.vocab, d.width),
+                    (
+                        Operand {
+                            ptr: dl.ptr,
+                            ld: d.vocab,
+                            transposed: false,
+                        },
+                        Operand {
+                            ptr: wr.ptr,
+                            ld: d.width,
+                            transposed: false,
+                        },
+                        E::TAG,
+                    ),
+                    (g.ptr, E::TAG, d.width),
+                    if accumulate { 1.0 } else { 0.0 },
+                )?;
+            }
+        }
+        if let Some((g, fresh, buf)) = dw {
+            if g.len == 0 {
+                return Ok(());
+            }
+            if d.rows == 0 {
+                // No terms: a fresh gradient is zero, an old one unchanged.
+                if fresh {
+                    self.cuda_device().memset_zeros(&mut **buf)?;
+                }
+                return Ok(());
+            }
+            // dw (vocab × width) = dlogitsᵀ (vocab × rows) · h (rows × width), dlogitsᵀ
+            // stored as dlogits (rows × vocab). FP32, added to the old gradient unless fresh.
+            gemm(
+                self,
+                (d.vocab, d.rows, d.width),
+                (
+                    Operand {
+                        ptr: dl.ptr,
+                        ld: d.vocab,
+                        transposed: true,
+                    },
+                    Operand {
+                        ptr: hr.ptr,
+                        ld: d.width,
+                        transposed: false,
+                    },
+                    E::TAG,
+                ),
+                (g.ptr, "f32", d.width),
+                if fresh { 0.0 } else { 1.0 },
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{col_major, ColMajor, Operand};
+
+    #[test]
+    fn nvrtc_compiles_the_kernels() {
+        crate::ops::utilities::cuda::check_program(&super::SOURCE);
+    }
+
+    /// `cublasGemmEx`'s definition on host slices (pointers are offsets into `bufs`):
+    /// column-major `C = op(A)·op(B) + beta·C`.
+    fn cublas_reference(g: &ColMajor, bufs: &mut [Vec<f64>], c: usize, beta: f64) {
+        let at = |t: bool, ld: usize, row: usize, col: usize| {
+            if t {
+                col + row * ld
+            } else {
+                row + col * ld
+            }
+        };
+        let mut out = bufs[c].clone();
+        for i in 0..g.m {
+            for j in 0..g.n {
+                let mut acc = 0.0;
+                for p in 0..g.k {
+                    acc += bufs[g.a.0 as usize][at(g.transa, g.a.1, i, p)]
+                        * bufs[g.b.0 as usize][at(g.transb, g.b.1, p, j)];
+                }
+                let o = &mut out[i + j * g.ldc];
+                *o = acc + beta * *o;
+            }
+        }
+        bufs[c] = out;
+    }
+
+    /// The three products of the head through `col_major` and the reference above, against
+    /// the row-major products computed directly.
+    #[test]
+    fn column_major_arguments_compute_the_row_major_products() {
+        let (rows, width, vocab) = (5, 3, 7);
+        let val = |n: usize, s: f64| {
+            (0..n)
+                .map(|i| ((i * 7 + 3) % 11) as f64 * s - 2.0)
+                .collect()
+        };
+        let (h, w, dl): (Vec<f64>, Vec<f64>, Vec<f64>) = (
+            val(rows * width, 0.5),
+            val(vocab * width, 0.25),
+            val(rows * vocab, 0.125),
+        );
+        let old_dh: Vec<f64> = val(rows * width, 1.0);
+        let old_dw: Vec<f64> = val(vocab * width, 0.75);
+        // Buffers: 0 h, 1 w, 2 dlogits, 3 logits, 4 dh, 5 dw.
+        let mut bufs = vec![
+            h.clone(),
+            w.clone(),
+            dl.clone(),
+            vec![9.0; rows * vocab],
+            old_dh.clone(),
+            old_dw.clone(),
+        ];
+        let op = |ptr: u64, ld: usize, transposed: bool| Operand {
+            ptr,
+            ld,
+            transposed,
+        };
+        let g = col_major(
+            (rows, width, vocab),
+            op(0, width, false),
+            op(1, width, true),
+            vocab,
+        );
+        cublas_reference(&g, &mut bufs, 3, 0.0);
+        let g = col_major(
+            (rows, vocab, width),
+            op(2, vocab, false),
+            op(1, width, false),
+            width,
+        );
+        cublas_reference(&g, &mut bufs, 4, 1.0);
+        let g = col_major(
+            (vocab, rows, width),
+            op(2, vocab, true),
+            op(0, width, false),
+            width,
+        );
+        cublas_reference(&g, &mut bufs, 5, 1.0);
+        for r in 0..rows {
+            for v in 0..vocab {
+                let want: f64 = (0..width)
+                    .map(|c| h[r * width + c] * w[v * width + c])
+                    .sum();
+                assert_eq!(bufs[3][r * vocab + v], want, "logits[{r}][{v}]");
+            }
+            for c in 0..width {
+                let want: f64 = (0..vocab)
+                    .map(|v| dl[r * vocab + v] * w[v * width + c])
+                    .sum();
+                assert_eq!(
+                    bufs[4][r * width + c],
+                    want + old_dh[r * width + c],
+                    "dh[{r}][{c}]"
+                );
+            }
+        }
+        for v in 0..vocab {
+            for c in 0..width {
+                let want: f64 = (0..rows)
+                    .map(|r| dl[r * vocab + v] * h[r * width + c])
+                    .sum();
+                assert_eq!(
+                    bufs[5][v * width + c],
+                    want + old_dw[v * width + c],
+                    "dw[{v}][{c}]"
+                );
+            }
+        }
+    }
+}
