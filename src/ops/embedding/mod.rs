@@ -10,6 +10,8 @@
 
 mod composed;
 mod cpu_kernel;
+#[cfg(feature = "cuda")]
+mod cuda_kernel;
 mod fused;
 mod kernel;
 #[cfg(test)]
@@ -59,5 +61,20 @@ impl<E: AmpElem> EmbeddingOp<E> for Cpu {
     }
 }
 
+/// CUDA fuses the embedding, as the CPU does.
 #[cfg(feature = "cuda")]
-impl<E: AmpElem> EmbeddingOp<E> for dfdx::prelude::Cuda {}
+impl<E: crate::ops::utilities::cuda::CudaElem> EmbeddingOp<E> for dfdx::prelude::Cuda {
+    fn try_embed<const V: usize, const P: usize, const C: usize, B, S, T>(
+        tokens: Tensor<(B, S), usize, Self, T>,
+        wte: &Tensor<(Const<V>, Const<C>), E, Self>,
+        wpe: &Tensor<(Const<P>, Const<C>), E, Self>,
+    ) -> Result<Tensor<(B, S, Const<C>), E, Self, T>, Self::Err>
+    where
+        Self: CastDevice<E, f32> + CastDevice<f32, E>,
+        B: Dim,
+        S: Dim,
+        T: AmpTape<Self> + Tape<E, Self>,
+    {
+        try_embed_fused(tokens, wte, wpe)
+    }
+}
