@@ -929,3 +929,934 @@ fn training_on_cuda_matches_the_cpu() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The fused ops (attention, the language-model head, the embedding): CUDA's kernels against the
+// CPU's fused ops on the same inputs, in every precision, through the public ops (forward
+// values and gradients) and through the kernel traits (gradients added to old ones).
+//
+// The devices sum in different orders, so the attention and the head are compared with bounds
+// derived as in the CPU's tests (src/ops/attention/tests.rs, src/ops/lm_head/tests.rs): each
+// device within the bound of an f64 reference on the same inputs, so within twice it of each
+// other. The embedding's arithmetic is the same on both (one FP32 addition rounded once forward;
+// each table element's sum in row order, added once, backward): compared bit for bit.
+
+mod fused_ops {
+    use super::*;
+    use typed_amp::loss::Loss;
+    use typed_amp::ops::attention::{try_attention, AttentionDims, AttentionKernel};
+    use typed_amp::ops::embedding::{try_embed, EmbeddingDims, EmbeddingKernel};
+    use typed_amp::ops::lm_head::{try_lm_head_loss, try_lm_logits, LmHeadDims, LmHeadKernel};
+
+    const U32: f64 = 1.0 / 16_777_216.0;
+
+    /// A test body run once per precision, with the fused kernels' traits in scope.
+    trait PerFusedPrecision {
+        fn run<E: AmpElem>(&mut self)
+        where
+            Cpu: Kernels<E> + AttentionKernel<E> + LmHeadKernel<E> + EmbeddingKernel<E>,
+            Cuda: Kernels<E> + AttentionKernel<E> + LmHeadKernel<E> + EmbeddingKernel<E>;
+    }
+
+    macro_rules! fused_loop {
+        ($([$marker:ident, $elem:ty, $variant:ident, $name:literal, $st:ident, $index:literal])*) => {
+            /// Runs `body` for every precision, in the list's order.
+            fn for_each_fused_precision(body: &mut impl PerFusedPrecision) {
+                $(body.run::<$elem>();)*
+            }
+        };
+    }
+
+    typed_amp::with_precisions!(fused_loop);
+
+    fn widen<E: AmpElem>(v: &[E]) -> Vec<f64> {
+        v.iter().map(|x| f64::from(AmpElem::to_f32(*x))).collect()
+    }
+
+    fn widen32(v: &[f32]) -> Vec<f64> {
+        v.iter().map(|x| f64::from(*x)).collect()
+    }
+
+    /// `n` normal values of standard deviation `sd`, rounded to `E`.
+    fn values<E: AmpElem>(rng: &mut StdRng, n: usize, sd: f32) -> Vec<E> {
+        (0..n)
+            .map(|_| <E as AmpElem>::from_f32(rng.sample::<f32, _>(StandardNormal) * sd))
+            .collect()
+    }
+
+    fn unit<E: AmpElem>() -> f64 {
+        f64::from(dtype_of::<E>().unit_roundoff())
+    }
+
+    /// Half the smallest subnormal of `E`: the absolute error of a rounding below its normal
+    /// range.
+    fn eta<E: AmpElem>() -> f64 {
+        match dtype_of::<E>() {
+            DType::F16 => 2f64.powi(-25),
+            DType::BF16 => 2f64.powi(-134),
+            _ => 2f64.powi(-150),
+        }
+    }
+
+    /// `|got − want| ≤ bound` element by element (NaN fails).
+    fn assert_within(what: &str, got: &[f64], want: &[f64], bound: impl Fn(usize) -> f64) {
+        assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            let b = bound(i);
+            assert!(
+                (g - w).abs() <= b,
+                "{what}[{i}]: {g:e} against {w:e}, off by {:e} > bound {b:e}",
+                (g - w).abs()
+            );
+        }
+    }
+
+    // ---- attention ----
+
+    /// The f64 reference of src/ops/attention/tests.rs: outputs and gradients, each with its
+    /// mass (the same sums over absolute values), and `S = max scale·Σ|q||k|`.
+    struct AttentionReference {
+        y: Vec<f64>,
+        y_mass: Vec<f64>,
+        dqkv: Vec<f64>,
+        dqkv_mass: Vec<f64>,
+        score_mass: f64,
+    }
+
+    fn attention_reference(d: &AttentionDims, qkv: &[f64], dy: &[f64]) -> AttentionReference {
+        let (t, hd, w) = (d.tokens, d.head_dim, d.width());
+        let scale = 1.0 / (hd as f64).sqrt();
+        let mut r = AttentionReference {
+            y: vec![0.0; d.rows() * w],
+            y_mass: vec![0.0; d.rows() * w],
+            dqkv: vec![0.0; d.rows() * 3 * w],
+            dqkv_mass: vec![0.0; d.rows() * 3 * w],
+            score_mass: 0.0,
+        };
+        for b in 0..d.batch {
+            for h in 0..d.heads {
+                let at =
+                    |i: usize, part: usize, c: usize| (b * t + i) * 3 * w + part * w + h * hd + c;
+                let out = |i: usize, c: usize| (b * t + i) * w + h * hd + c;
+                let sees = |i: usize, j: usize| !d.causal || j <= i;
+                let mut p = vec![vec![0.0; t]; t];
+                for i in 0..t {
+                    let s: Vec<f64> = (0..t)
+                        .map(|j| {
+                            let dot: f64 =
+                                (0..hd).map(|c| qkv[at(i, 0, c)] * qkv[at(j, 1, c)]).sum();
+                            let mass: f64 = (0..hd)
+                                .map(|c| (qkv[at(i, 0, c)] * qkv[at(j, 1, c)]).abs())
+                                .sum();
+                            r.score_mass = r.score_mass.max(scale * mass);
+                            scale * dot
+                        })
+                        .collect();
+                    let max = (0..t)
+                        .filter(|&j| sees(i, j))
+                        .map(|j| s[j])
+                        .fold(f64::MIN, f64::max);
+                    let sum: f64 = (0..t)
+                        .filter(|&j| sees(i, j))
+                        .map(|j| (s[j] - max).exp())
+                        .sum();
+                    for j in (0..t).filter(|&j| sees(i, j)) {
+                        p[i][j] = (s[j] - max).exp() / sum;
+                    }
+                    for c in 0..hd {
+                        r.y[out(i, c)] = (0..t).map(|j| p[i][j] * qkv[at(j, 2, c)]).sum();
+                        r.y_mass[out(i, c)] =
+                            (0..t).map(|j| p[i][j] * qkv[at(j, 2, c)].abs()).sum();
+                    }
+                }
+                for i in 0..t {
+                    let delta: f64 = (0..hd).map(|c| dy[out(i, c)] * r.y[out(i, c)]).sum();
+                    let delta_mass: f64 = (0..hd)
+                        .map(|c| (dy[out(i, c)] * r.y[out(i, c)]).abs())
+                        .sum();
+                    for j in (0..t).filter(|&j| sees(i, j)) {
+                        let dp: f64 = (0..hd).map(|c| dy[out(i, c)] * qkv[at(j, 2, c)]).sum();
+                        let dp_mass: f64 = (0..hd)
+                            .map(|c| (dy[out(i, c)] * qkv[at(j, 2, c)]).abs())
+                            .sum();
+                        let ds = p[i][j] * (dp - delta);
+                        let ds_mass = p[i][j] * (dp_mass + delta_mass + (dp - delta).abs());
+                        for c in 0..hd {
+                            r.dqkv[at(i, 0, c)] += scale * ds * qkv[at(j, 1, c)];
+                            r.dqkv_mass[at(i, 0, c)] += scale * ds_mass * qkv[at(j, 1, c)].abs();
+                            r.dqkv[at(j, 1, c)] += scale * ds * qkv[at(i, 0, c)];
+                            r.dqkv_mass[at(j, 1, c)] += scale * ds_mass * qkv[at(i, 0, c)].abs();
+                            r.dqkv[at(j, 2, c)] += p[i][j] * dy[out(i, c)];
+                            r.dqkv_mass[at(j, 2, c)] += p[i][j] * dy[out(i, c)].abs();
+                        }
+                    }
+                }
+            }
+        }
+        r
+    }
+
+    /// The CPU tests' bound, `u·|x| + ε·mass + η·(1 + T·A)` with `ε = 2u + (d + T + 16)·u₃₂·(2 +
+    /// 2S)`: 16 rather than 8 roundings of u₃₂ per term for the exponential, the logarithm and
+    /// the division, because CUDA's `expf` is within 2 ulp (the CPU's within 1.5). The CUDA
+    /// kernels round neither the probabilities nor the scores' gradient to `E` before their
+    /// products (the CPU does, once each): inside the `2u`.
+    fn attention_bound<E: AmpElem>(
+        d: &AttentionDims,
+        score_mass: f64,
+        largest: f64,
+    ) -> impl Fn(f64, f64) -> f64 {
+        let u = unit::<E>();
+        let eps = 2.0 * u + (d.head_dim + d.tokens + 16) as f64 * U32 * (2.0 + 2.0 * score_mass);
+        let underflow = eta::<E>() * (1.0 + d.tokens as f64 * largest);
+        move |value: f64, mass: f64| u * value.abs() + eps * mass + underflow
+    }
+
+    fn largest(values: &[&[f64]]) -> f64 {
+        values
+            .iter()
+            .flat_map(|v| v.iter())
+            .fold(0.0, |m, x| m.max(x.abs()))
+    }
+
+    /// Attention through the public op on `dev` (FP32 scores, so the fused op on both devices):
+    /// its output, and the packed input's gradient for the loss `Σ y·w`.
+    fn attention_run<const M: usize, const M3: usize, const H: usize, E, D>(
+        dev: &D,
+        (b, t): (usize, usize),
+        causal: bool,
+        qkv: &[E],
+        w: &[E],
+    ) -> (Vec<f64>, Vec<f64>)
+    where
+        E: AmpElem,
+        D: AmpDevice + Kernels<E>,
+    {
+        let x: Tensor<(usize, usize, Const<M3>), E, D> =
+            dev.tensor_from_vec(qkv.to_vec(), (b, t, Const));
+        let weights: Tensor<(usize, usize, Const<M>), E, D> =
+            dev.tensor_from_vec(w.to_vec(), (b, t, Const));
+        let y =
+            try_attention::<M, M3, H, _, _, E, f32, _, _>(x.clone().leaky_traced_mixed(), causal)
+                .unwrap();
+        let values = widen(&y.retaped::<NoneTape>().as_vec());
+        let loss = Loss::new((y * weights).to_f32().sum());
+        let grads = loss.backward().unwrap().grads().clone();
+        (values, widen(&grads.get(&x).unwrap().as_vec()))
+    }
+
+    /// One shape of attention on both devices, against the reference and each other.
+    fn attention_case<const M: usize, const M3: usize, const H: usize, E: AmpElem>(
+        gpu: &Cuda,
+        cpu: &Cpu,
+        (b, t): (usize, usize),
+        causal: bool,
+        seed: u64,
+    ) where
+        Cpu: Kernels<E>,
+        Cuda: Kernels<E>,
+    {
+        let d = AttentionDims {
+            batch: b,
+            tokens: t,
+            heads: H,
+            head_dim: M / H,
+            causal,
+        };
+        let mut rng = StdRng::seed_from_u64(seed);
+        let qkv = values::<E>(&mut rng, b * t * M3, 1.0);
+        let w = values::<E>(&mut rng, b * t * M, 1.0);
+        let (qkv64, w64) = (widen(&qkv), widen(&w));
+        let r = attention_reference(&d, &qkv64, &w64);
+        let bound = attention_bound::<E>(&d, r.score_mass, largest(&[&qkv64, &w64]));
+        let (yg, gg) = attention_run::<M, M3, H, E, Cuda>(gpu, (b, t), causal, &qkv, &w);
+        let (yc, gc) = attention_run::<M, M3, H, E, Cpu>(cpu, (b, t), causal, &qkv, &w);
+        let what = format!("{} {d:?}", dtype_of::<E>());
+        assert_within(&format!("{what}: CUDA y"), &yg, &r.y, |i| {
+            bound(r.y[i], r.y_mass[i])
+        });
+        assert_within(&format!("{what}: CUDA dqkv"), &gg, &r.dqkv, |i| {
+            bound(r.dqkv[i], r.dqkv_mass[i])
+        });
+        assert_within(&format!("{what}: CUDA y against the CPU"), &yg, &yc, |i| {
+            2.0 * bound(r.y[i], r.y_mass[i])
+        });
+        assert_within(
+            &format!("{what}: CUDA dqkv against the CPU"),
+            &gg,
+            &gc,
+            |i| 2.0 * bound(r.dqkv[i], r.dqkv_mass[i]),
+        );
+    }
+
+    struct FusedAttention {
+        gpu: Cuda,
+        cpu: Cpu,
+    }
+
+    impl PerFusedPrecision for FusedAttention {
+        fn run<E: AmpElem>(&mut self)
+        where
+            Cpu: Kernels<E> + AttentionKernel<E> + LmHeadKernel<E> + EmbeddingKernel<E>,
+            Cuda: Kernels<E> + AttentionKernel<E> + LmHeadKernel<E> + EmbeddingKernel<E>,
+        {
+            let (g, c) = (&self.gpu, &self.cpu);
+            let mut seed = 0;
+            for t in [1, 67, 130] {
+                for causal in [true, false] {
+                    seed += 1;
+                    // Two heads of width 1, 5, 16 (the ViT's) and 64 (the GPT's).
+                    attention_case::<2, 6, 2, E>(g, c, (2, t), causal, seed);
+                    attention_case::<10, 30, 2, E>(g, c, (2, t), causal, seed);
+                    attention_case::<32, 96, 2, E>(g, c, (2, t), causal, seed);
+                    attention_case::<128, 384, 2, E>(g, c, (2, t), causal, seed);
+                }
+            }
+            // A head of 130 columns: three blocks of output columns.
+            attention_case::<130, 390, 1, E>(g, c, (1, 67), true, 99);
+        }
+    }
+
+    #[test]
+    fn fused_attention_matches_the_cpu_in_every_precision() {
+        let gpu = cuda_or_skip!(0);
+        for_each_fused_precision(&mut FusedAttention {
+            gpu,
+            cpu: Cpu::default(),
+        });
+    }
+
+    /// The attention kernels on one device's buffers: the output, and the gradient added to
+    /// `old`.
+    fn attention_kernels<E, D>(
+        dev: &D,
+        d: AttentionDims,
+        (qkv, dy, old): (&[f32], &[f32], &[f32]),
+    ) -> (Vec<f32>, Vec<f32>)
+    where
+        E: AmpElem,
+        D: Kernels<E> + AttentionKernel<E>,
+    {
+        let x = Buf::<D, E>::new(dev, qkv);
+        let mut y = Buf::<D, E>::new(dev, &vec![0.0; d.rows() * d.width()]);
+        let g = Buf::<D, E>::new(dev, dy);
+        let mut dx = Buf::<D, E>::new(dev, old);
+        let lse = AttentionKernel::<E>::try_attention_forward(dev, d, &x.vec, &mut y.vec).unwrap();
+        AttentionKernel::<E>::try_attention_backward(
+            dev,
+            d,
+            &x.vec,
+            &y.vec,
+            &g.vec,
+            &lse,
+            (&mut dx.vec, true),
+        )
+        .unwrap();
+        (y.read(dev), dx.read(dev))
+    }
+
+    struct AttentionAccumulates {
+        gpu: Cuda,
+        cpu: Cpu,
+    }
+
+    impl PerFusedPrecision for AttentionAccumulates {
+        fn run<E: AmpElem>(&mut self)
+        where
+            Cpu: Kernels<E> + AttentionKernel<E> + LmHeadKernel<E> + EmbeddingKernel<E>,
+            Cuda: Kernels<E> + AttentionKernel<E> + LmHeadKernel<E> + EmbeddingKernel<E>,
+        {
+            for causal in [true, false] {
+                let d = AttentionDims {
+                    batch: 2,
+                    tokens: 67,
+                    heads: 3,
+                    head_dim: 5,
+                    causal,
+                };
+                let mut rng = StdRng::seed_from_u64(17);
+                let round =
+                    |v: Vec<E>| -> Vec<f32> { v.into_iter().map(|x| AmpElem::to_f32(x)).collect() };
+                let qkv = round(values::<E>(&mut rng, d.rows() * 3 * d.width(), 1.0));
+                let dy = round(values::<E>(&mut rng, d.rows() * d.width(), 1.0));
+                let old = round(values::<E>(&mut rng, qkv.len(), 0.5));
+                let (qkv64, dy64) = (widen32(&qkv), widen32(&dy));
+                let r = attention_reference(&d, &qkv64, &dy64);
+                let bound = attention_bound::<E>(&d, r.score_mass, largest(&[&qkv64, &dy64]));
+                let want: Vec<f64> = r
+                    .dqkv
+                    .iter()
+                    .zip(&old)
+                    .map(|(g, o)| g + f64::from(*o))
+                    .collect();
+                // The old value enters the one rounding: its magnitude joins the mass.
+                let b = |i: usize| bound(want[i], r.dqkv_mass[i] + f64::from(old[i].abs()) * U32);
+                let (_, gg) = attention_kernels::<E, Cuda>(&self.gpu, d, (&qkv, &dy, &old));
+                let (_, gc) = attention_kernels::<E, Cpu>(&self.cpu, d, (&qkv, &dy, &old));
+                let what = format!("{} {d:?} accumulated", dtype_of::<E>());
+                assert_within(&format!("{what}: CUDA"), &widen32(&gg), &want, b);
+                assert_within(
+                    &format!("{what}: CUDA against the CPU"),
+                    &widen32(&gg),
+                    &widen32(&gc),
+                    |i| 2.0 * b(i),
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn fused_attention_adds_to_an_existing_gradient_like_the_cpu() {
+        let gpu = cuda_or_skip!(0);
+        for_each_fused_precision(&mut AttentionAccumulates {
+            gpu,
+            cpu: Cpu::default(),
+        });
+    }
+
+    #[test]
+    fn fused_attention_propagates_nan_to_the_same_elements_as_the_cpu() {
+        let gpu = cuda_or_skip!(0);
+        let cpu = Cpu::default();
+        const M: usize = 10;
+        const H: usize = 2;
+        let (b, t) = (2, 67);
+        let mut rng = StdRng::seed_from_u64(23);
+        let w = values::<f16>(&mut rng, b * t * M, 1.0);
+        for causal in [true, false] {
+            for part in 0..3 {
+                // Token 40 of sequence 1, head 1, in its query, key or value: past the
+                // diagonal of earlier rows of its 64-row block, so the masked pairs inside a
+                // block are exercised too.
+                let mut qkv = values::<f16>(&mut rng, b * t * 3 * M, 1.0);
+                qkv[(t + 40) * 3 * M + part * M + M / H + 2] = f16::NAN;
+                let (yg, gg) =
+                    attention_run::<M, { 3 * M }, H, f16, Cuda>(&gpu, (b, t), causal, &qkv, &w);
+                let (yc, gc) =
+                    attention_run::<M, { 3 * M }, H, f16, Cpu>(&cpu, (b, t), causal, &qkv, &w);
+                let nans = |v: &[f64]| v.iter().map(|x| x.is_nan()).collect::<Vec<bool>>();
+                let what = format!("causal {causal}, NaN in part {part}");
+                assert!(
+                    yg.iter().any(|x| x.is_nan()),
+                    "{what}: the output hides the NaN"
+                );
+                assert!(
+                    gg.iter().any(|x| x.is_nan()),
+                    "{what}: the gradient hides the NaN"
+                );
+                assert_eq!(
+                    nans(&yg),
+                    nans(&yc),
+                    "{what}: NaN outputs differ from the CPU's"
+                );
+                assert_eq!(
+                    nans(&gg),
+                    nans(&gc),
+                    "{what}: NaN gradients differ from the CPU's"
+                );
+            }
+        }
+    }
+
+    // ---- the language-model head ----
+
+    /// The f64 reference of src/ops/lm_head/tests.rs, with each bound of a product through
+    /// cuBLAS doubled: tensor cores may round their FP32 additions toward zero (Fasi et al.,
+    /// "Numerical behavior of NVIDIA tensor cores", 2021), up to an ulp rather than half of
+    /// one each. And `(V + 16)` roundings of u₃₂ per probability rather than `(V + 8)`: CUDA's
+    /// `expf` is within 2 ulp, the CPU's within 1.5.
+    struct HeadReference {
+        loss: f64,
+        loss_bound: f64,
+        logits: Vec<f64>,
+        logits_bound: Vec<f64>,
+        dh: Vec<f64>,
+        dh_bound: Vec<f64>,
+        dw: Vec<f64>,
+        dw_bound: Vec<f64>,
+    }
+
+    fn head_reference<E: AmpElem>(
+        (n, c, v): (usize, usize, usize),
+        h: &[f64],
+        w: &[f64],
+        t: &[usize],
+    ) -> HeadReference {
+        let u = unit::<E>();
+        let (mut loss, mut loss_bound) = (0.0, 0.0);
+        let mut logits = vec![0.0; n * v];
+        let mut logits_bound = vec![0.0; n * v];
+        let mut dl = vec![0.0; n * v];
+        let mut dl_err = vec![0.0; n * v];
+        for i in 0..n {
+            for j in 0..v {
+                logits[i * v + j] = (0..c).map(|k| h[i * c + k] * w[j * c + k]).sum();
+                let abs: f64 = (0..c).map(|k| (h[i * c + k] * w[j * c + k]).abs()).sum();
+                logits_bound[i * v + j] = 2.0 * c as f64 * U32 * abs;
+            }
+            let row = &logits[i * v..(i + 1) * v];
+            let delta = logits_bound[i * v..(i + 1) * v]
+                .iter()
+                .fold(0.0f64, |m, b| m.max(*b));
+            let max = row.iter().fold(f64::MIN, |m, x| m.max(*x));
+            let sum: f64 = row.iter().map(|x| (x - max).exp()).sum();
+            let lse = max + sum.ln();
+            loss += lse - row[t[i]];
+            loss_bound += 2.0 * (delta + (v + 16) as f64 * U32 * (1.0 + lse.abs()));
+            for j in 0..v {
+                let p = (row[j] - lse).exp();
+                let g = (p - if j == t[i] { 1.0 } else { 0.0 }) / n as f64;
+                dl[i * v + j] = g;
+                dl_err[i * v + j] =
+                    p / n as f64 * (2.0 * delta + (v + 16) as f64 * U32) + u * g.abs() + eta::<E>();
+            }
+        }
+        loss /= n as f64;
+        loss_bound = loss_bound / n as f64 + U32 * loss.abs();
+        let mut r = HeadReference {
+            loss,
+            loss_bound,
+            logits,
+            logits_bound,
+            dh: vec![0.0; n * c],
+            dh_bound: vec![0.0; n * c],
+            dw: vec![0.0; v * c],
+            dw_bound: vec![0.0; v * c],
+        };
+        for i in 0..n {
+            for k in 0..c {
+                let (mut val, mut err, mut abs) = (0.0, 0.0, 0.0);
+                for j in 0..v {
+                    val += dl[i * v + j] * w[j * c + k];
+                    err += dl_err[i * v + j] * w[j * c + k].abs();
+                    abs += (dl[i * v + j] * w[j * c + k]).abs();
+                }
+                r.dh[i * c + k] = val;
+                r.dh_bound[i * c + k] =
+                    err + 2.0 * v as f64 * U32 * abs + u * val.abs() + eta::<E>();
+            }
+        }
+        for j in 0..v {
+            for k in 0..c {
+                let (mut val, mut err, mut abs) = (0.0, 0.0, 0.0);
+                for i in 0..n {
+                    val += dl[i * v + j] * h[i * c + k];
+                    err += dl_err[i * v + j] * h[i * c + k].abs();
+                    abs += (dl[i * v + j] * h[i * c + k]).abs();
+                }
+                r.dw[j * c + k] = val;
+                r.dw_bound[j * c + k] = err + 2.0 * n as f64 * U32 * abs;
+            }
+        }
+        r
+    }
+
+    /// What the head computes on `dev`: the loss, `h`'s gradient, `w`'s FP32 gradient, and the
+    /// FP32 logits.
+    type HeadRun = (f64, Vec<f64>, Vec<f64>, Vec<f64>);
+
+    fn head_run<const V: usize, const C: usize, E, D>(
+        dev: &D,
+        (b, s): (usize, usize),
+        (h, w, t): (&[E], &[E], &[usize]),
+    ) -> HeadRun
+    where
+        E: AmpElem,
+        D: AmpDevice + Kernels<E> + TensorFromVec<usize> + HostKernel<f32>,
+    {
+        let ht: Tensor<(usize, usize, Const<C>), E, D> =
+            dev.tensor_from_vec(h.to_vec(), (b, s, Const));
+        let wt: Tensor<(Const<V>, Const<C>), E, D> =
+            dev.tensor_from_vec(w.to_vec(), (Const, Const));
+        let targets: Tensor<(usize, usize), usize, D> = dev.tensor_from_vec(t.to_vec(), (b, s));
+        let logits = widen32(&try_lm_logits(&ht, &wt).unwrap().as_vec());
+        let loss = try_lm_head_loss(ht.clone().leaky_traced_mixed(), &wt, &targets).unwrap();
+        let value = f64::from(loss.value());
+        let grads = loss.backward().unwrap().grads().clone();
+        let dh = widen(&grads.get(&ht).unwrap().as_vec());
+        let dw = HostKernel::<f32>::try_read(dev, grads.param_grad(wt.id()).unwrap()).unwrap();
+        (value, dh, widen32(&dw), logits)
+    }
+
+    fn head_case<const V: usize, const C: usize, E: AmpElem>(gpu: &Cuda, cpu: &Cpu, rows: usize)
+    where
+        Cpu: Kernels<E>,
+        Cuda: Kernels<E>,
+    {
+        let mut rng = StdRng::seed_from_u64(rows as u64 + C as u64);
+        let h = values::<E>(&mut rng, rows * C, 1.0);
+        let w = values::<E>(&mut rng, V * C, 0.5);
+        let t: Vec<usize> = (0..rows).map(|i| (i * 7 + 3) % V).collect();
+        let r = head_reference::<E>((rows, C, V), &widen(&h), &widen(&w), &t);
+        let g = head_run::<V, C, E, Cuda>(gpu, (1, rows), (&h, &w, &t));
+        let c = head_run::<V, C, E, Cpu>(cpu, (1, rows), (&h, &w, &t));
+        let what = format!("{} rows {rows} vocab {V} width {C}", dtype_of::<E>());
+        assert_within(&format!("{what}: CUDA loss"), &[g.0], &[r.loss], |_| {
+            r.loss_bound
+        });
+        assert_within(&format!("{what}: CUDA dh"), &g.1, &r.dh, |i| r.dh_bound[i]);
+        assert_within(&format!("{what}: CUDA dw"), &g.2, &r.dw, |i| r.dw_bound[i]);
+        assert_within(&format!("{what}: CUDA logits"), &g.3, &r.logits, |i| {
+            r.logits_bound[i]
+        });
+        assert_within(
+            &format!("{what}: CUDA loss against the CPU"),
+            &[g.0],
+            &[c.0],
+            |_| 2.0 * r.loss_bound,
+        );
+        assert_within(
+            &format!("{what}: CUDA dh against the CPU"),
+            &g.1,
+            &c.1,
+            |i| 2.0 * r.dh_bound[i],
+        );
+        assert_within(
+            &format!("{what}: CUDA dw against the CPU"),
+            &g.2,
+            &c.2,
+            |i| 2.0 * r.dw_bound[i],
+        );
+        assert_within(
+            &format!("{what}: CUDA logits against the CPU"),
+            &g.3,
+            &c.3,
+            |i| 2.0 * r.logits_bound[i],
+        );
+    }
+
+    struct FusedHead {
+        gpu: Cuda,
+        cpu: Cpu,
+    }
+
+    impl PerFusedPrecision for FusedHead {
+        fn run<E: AmpElem>(&mut self)
+        where
+            Cpu: Kernels<E> + AttentionKernel<E> + LmHeadKernel<E> + EmbeddingKernel<E>,
+            Cuda: Kernels<E> + AttentionKernel<E> + LmHeadKernel<E> + EmbeddingKernel<E>,
+        {
+            head_case::<84, 24, E>(&self.gpu, &self.cpu, 37);
+            head_case::<84, 128, E>(&self.gpu, &self.cpu, 37);
+            head_case::<84, 128, E>(&self.gpu, &self.cpu, 1);
+
+            // The backward products added to old gradients: `dh` in E (rounded once), `dw` in
+            // FP32, from a given logits' gradient.
+            let d = LmHeadDims {
+                rows: 37,
+                width: 24,
+                vocab: 84,
+            };
+            let mut rng = StdRng::seed_from_u64(5);
+            let round =
+                |v: Vec<E>| -> Vec<f32> { v.into_iter().map(|x| AmpElem::to_f32(x)).collect() };
+            let dl = round(values::<E>(&mut rng, d.rows * d.vocab, 0.01));
+            let h = round(values::<E>(&mut rng, d.rows * d.width, 1.0));
+            let w = round(values::<E>(&mut rng, d.vocab * d.width, 0.5));
+            let old_h = round(values::<E>(&mut rng, d.rows * d.width, 0.1));
+            let old_w: Vec<f32> = (0..d.vocab * d.width)
+                .map(|i| (i % 13) as f32 * 0.01 - 0.06)
+                .collect();
+            let u = unit::<E>();
+            let (mut dh, mut dh_b) = (vec![0.0; d.rows * d.width], vec![0.0; d.rows * d.width]);
+            for i in 0..d.rows {
+                for k in 0..d.width {
+                    let terms = (0..d.vocab)
+                        .map(|j| f64::from(dl[i * d.vocab + j]) * f64::from(w[j * d.width + k]));
+                    let (val, abs) = terms.fold((0.0, 0.0), |(s, a), x| (s + x, a + x.abs()));
+                    let want = val + f64::from(old_h[i * d.width + k]);
+                    dh[i * d.width + k] = want;
+                    dh_b[i * d.width + k] = 2.0 * d.vocab as f64 * U32 * abs
+                        + u * want.abs()
+                        + U32 * f64::from(old_h[i * d.width + k].abs())
+                        + eta::<E>();
+                }
+            }
+            let (mut dw, mut dw_b) = (vec![0.0; d.vocab * d.width], vec![0.0; d.vocab * d.width]);
+            for j in 0..d.vocab {
+                for k in 0..d.width {
+                    let terms = (0..d.rows)
+                        .map(|i| f64::from(dl[i * d.vocab + j]) * f64::from(h[i * d.width + k]));
+                    let (val, abs) = terms.fold((0.0, 0.0), |(s, a), x| (s + x, a + x.abs()));
+                    let want = val + f64::from(old_w[j * d.width + k]);
+                    dw[j * d.width + k] = want;
+                    dw_b[j * d.width + k] = 2.0 * d.rows as f64 * U32 * abs
+                        + U32 * want.abs()
+                        + U32 * f64::from(old_w[j * d.width + k].abs());
+                }
+            }
+            let run = |dev_is_gpu: bool| -> (Vec<f32>, Vec<f32>) {
+                fn go<E: AmpElem, D: AmpDevice + Kernels<E> + LmHeadKernel<E>>(
+                    dev: &D,
+                    d: LmHeadDims,
+                    (dl, h, w, old_h, old_w): (&[f32], &[f32], &[f32], &[f32], &[f32]),
+                ) -> (Vec<f32>, Vec<f32>) {
+                    let (dlb, hb, wb) = (
+                        Buf::<D, E>::new(dev, dl),
+                        Buf::<D, E>::new(dev, h),
+                        Buf::<D, E>::new(dev, w),
+                    );
+                    let mut gh = Buf::<D, E>::new(dev, old_h);
+                    let mut gw = Buf::<D, f32>::new(dev, old_w);
+                    LmHeadKernel::<E>::try_head_backward(
+                        dev,
+                        d,
+                        &dlb.vec,
+                        &hb.vec,
+                        &wb.vec,
+                        Some((&mut gh.vec, true)),
+                        None,
+                    )
+                    .unwrap();
+                    LmHeadKernel::<E>::try_head_backward(
+                        dev,
+                        d,
+                        &dlb.vec,
+                        &hb.vec,
+                        &wb.vec,
+                        None,
+                        Some((&mut gw.vec, false)),
+                    )
+                    .unwrap();
+                    (gh.read(dev), gw.read(dev))
+                }
+                let inputs = (&dl[..], &h[..], &w[..], &old_h[..], &old_w[..]);
+                if dev_is_gpu {
+                    go::<E, Cuda>(&self.gpu, d, inputs)
+                } else {
+                    go::<E, Cpu>(&self.cpu, d, inputs)
+                }
+            };
+            let (gh, gw) = run(true);
+            let (ch, cw) = run(false);
+            let what = format!("{} head backward, accumulated", dtype_of::<E>());
+            assert_within(&format!("{what}: CUDA dh"), &widen32(&gh), &dh, |i| dh_b[i]);
+            assert_within(&format!("{what}: CUDA dw"), &widen32(&gw), &dw, |i| dw_b[i]);
+            assert_within(
+                &format!("{what}: CUDA dh against the CPU"),
+                &widen32(&gh),
+                &widen32(&ch),
+                |i| 2.0 * dh_b[i],
+            );
+            assert_within(
+                &format!("{what}: CUDA dw against the CPU"),
+                &widen32(&gw),
+                &widen32(&cw),
+                |i| 2.0 * dw_b[i],
+            );
+        }
+    }
+
+    #[test]
+    fn fused_lm_head_matches_the_cpu_in_every_precision() {
+        let gpu = cuda_or_skip!(0);
+        for_each_fused_precision(&mut FusedHead {
+            gpu,
+            cpu: Cpu::default(),
+        });
+    }
+
+    /// On CUDA a target outside the vocabulary is not an error (checking it would copy the
+    /// targets to the host): its row's loss term and logits' gradient are NaN, nothing is read
+    /// out of bounds, and the other rows' gradients are untouched.
+    #[test]
+    fn a_target_outside_the_vocabulary_makes_the_cuda_loss_nan() {
+        let gpu = cuda_or_skip!(0);
+        const V: usize = 84;
+        const C: usize = 24;
+        let mut rng = StdRng::seed_from_u64(8);
+        let h = values::<f16>(&mut rng, 4 * C, 1.0);
+        let w = values::<f16>(&mut rng, V * C, 0.5);
+        let (loss, dh, dw, _) =
+            head_run::<V, C, f16, Cuda>(&gpu, (2, 2), (&h, &w, &[1, V, 3, usize::MAX]));
+        assert!(loss.is_nan(), "loss {loss}");
+        assert!(dh[..C].iter().all(|x| x.is_finite()), "row 0's gradient");
+        assert!(dh[C..2 * C].iter().all(|x| x.is_nan()), "row 1's gradient");
+        assert!(
+            dh[2 * C..3 * C].iter().all(|x| x.is_finite()),
+            "row 2's gradient"
+        );
+        assert!(dw.iter().any(|x| x.is_nan()));
+        // The device is still usable.
+        let ok = head_run::<V, C, f16, Cuda>(&gpu, (2, 2), (&h, &w, &[1, 2, 3, 4]));
+        assert!(ok.0.is_finite());
+    }
+
+    // ---- the embedding ----
+
+    /// The embedding on `dev`: its output, and the tables' FP32 gradients for `loss = Σ y·dy`.
+    fn embed_run<const V: usize, const P: usize, const C: usize, E, D>(
+        dev: &D,
+        (b, s): (usize, usize),
+        (ids, wte, wpe, dy): (&[usize], &[E], &[E], &[E]),
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>)
+    where
+        E: AmpElem,
+        D: AmpDevice + Kernels<E> + TensorFromVec<usize> + HostKernel<f32>,
+    {
+        let tokens: Tensor<(usize, usize), usize, D> = dev.tensor_from_vec(ids.to_vec(), (b, s));
+        let te: Tensor<(Const<V>, Const<C>), E, D> =
+            dev.tensor_from_vec(wte.to_vec(), (Const, Const));
+        let pe: Tensor<(Const<P>, Const<C>), E, D> =
+            dev.tensor_from_vec(wpe.to_vec(), (Const, Const));
+        let g: Tensor<(usize, usize, Const<C>), E, D> =
+            dev.tensor_from_vec(dy.to_vec(), (b, s, Const));
+        let y = try_embed(tokens.leaky_traced_mixed(), &te, &pe).unwrap();
+        let values: Vec<f32> = y
+            .retaped::<NoneTape>()
+            .as_vec()
+            .into_iter()
+            .map(|x| AmpElem::to_f32(x))
+            .collect();
+        let loss = Loss::new((y * g).to_f32().sum());
+        let grads = loss.backward().unwrap().grads().clone();
+        let read = |id| HostKernel::<f32>::try_read(dev, grads.param_grad(id).unwrap()).unwrap();
+        (values, read(te.id()), read(pe.id()))
+    }
+
+    fn embed_case<const V: usize, const P: usize, const C: usize, E: AmpElem>(
+        gpu: &Cuda,
+        cpu: &Cpu,
+        (b, s): (usize, usize),
+    ) where
+        Cpu: Kernels<E>,
+        Cuda: Kernels<E>,
+    {
+        let mut rng = StdRng::seed_from_u64((b * s + C) as u64);
+        // Repeated tokens, unevenly.
+        let ids: Vec<usize> = (0..b * s).map(|i| (i * i + 3 * i) % V).collect();
+        let wte = values::<E>(&mut rng, V * C, 1.0);
+        let wpe = values::<E>(&mut rng, P * C, 1.0);
+        let dy = values::<E>(&mut rng, b * s * C, 1.0);
+        let inputs = (&ids[..], &wte[..], &wpe[..], &dy[..]);
+        let g = embed_run::<V, P, C, E, Cuda>(gpu, (b, s), inputs);
+        let c = embed_run::<V, P, C, E, Cpu>(cpu, (b, s), inputs);
+        let what = format!(
+            "{} embedding {b}x{s} of {V}x{C} (+{P} positions)",
+            dtype_of::<E>()
+        );
+        assert_same_bits(&c.0, &g.0, &format!("{what}: y"));
+        assert_same_bits(&c.1, &g.1, &format!("{what}: dwte"));
+        assert_same_bits(&c.2, &g.2, &format!("{what}: dwpe"));
+    }
+
+    /// The embedding's backward on one device's buffers, into old gradients.
+    fn embed_backward_into<E, D>(
+        dev: &D,
+        d: EmbeddingDims,
+        ids: &[usize],
+        dy: &[f32],
+        (old_te, old_pe): (&[f32], &[f32]),
+    ) -> (Vec<f32>, Vec<f32>)
+    where
+        E: AmpElem,
+        D: AmpDevice + Kernels<E> + EmbeddingKernel<E> + TensorFromVec<usize>,
+    {
+        let tokens: Tensor<(usize,), usize, D> = dev.tensor_from_vec(ids.to_vec(), (ids.len(),));
+        let g = Buf::<D, E>::new(dev, dy);
+        let mut te = Buf::<D, f32>::new(dev, old_te);
+        let mut pe = Buf::<D, f32>::new(dev, old_pe);
+        EmbeddingKernel::<E>::try_embed_backward(
+            dev,
+            d,
+            tokens.storage(),
+            &g.vec,
+            Some((&mut te.vec, false)),
+            None,
+        )
+        .unwrap();
+        EmbeddingKernel::<E>::try_embed_backward(
+            dev,
+            d,
+            tokens.storage(),
+            &g.vec,
+            None,
+            Some((&mut pe.vec, false)),
+        )
+        .unwrap();
+        (te.read(dev), pe.read(dev))
+    }
+
+    struct FusedEmbedding {
+        gpu: Cuda,
+        cpu: Cpu,
+    }
+
+    impl PerFusedPrecision for FusedEmbedding {
+        fn run<E: AmpElem>(&mut self)
+        where
+            Cpu: Kernels<E> + AttentionKernel<E> + LmHeadKernel<E> + EmbeddingKernel<E>,
+            Cuda: Kernels<E> + AttentionKernel<E> + LmHeadKernel<E> + EmbeddingKernel<E>,
+        {
+            let (g, c) = (&self.gpu, &self.cpu);
+            embed_case::<11, 40, 24, E>(g, c, (3, 37));
+            // Two blocks of 256 columns; more rows than one scan step of 256.
+            embed_case::<84, 300, 300, E>(g, c, (2, 300));
+            embed_case::<1, 1, 1, E>(g, c, (1, 1));
+
+            // Added to old FP32 gradients.
+            let d = EmbeddingDims {
+                batch: 3,
+                tokens: 37,
+                width: 24,
+                vocab: 11,
+                positions: 40,
+            };
+            let rows = d.batch * d.tokens;
+            let ids: Vec<usize> = (0..rows).map(|i| (i * i + 3 * i) % d.vocab).collect();
+            let mut rng = StdRng::seed_from_u64(31);
+            let dy: Vec<f32> = values::<E>(&mut rng, rows * d.width, 1.0)
+                .into_iter()
+                .map(|x| AmpElem::to_f32(x))
+                .collect();
+            let old_te = awkward_values(d.vocab * d.width, 32)
+                .iter()
+                .map(|x| x.clamp(-1e3, 1e3))
+                .collect::<Vec<f32>>();
+            let old_pe = awkward_values(d.positions * d.width, 33)
+                .iter()
+                .map(|x| x.clamp(-1e3, 1e3))
+                .collect::<Vec<f32>>();
+            let gg = embed_backward_into::<E, Cuda>(g, d, &ids, &dy, (&old_te, &old_pe));
+            let cc = embed_backward_into::<E, Cpu>(c, d, &ids, &dy, (&old_te, &old_pe));
+            let what = format!("{} embedding backward into old gradients", dtype_of::<E>());
+            assert_same_bits(&cc.0, &gg.0, &format!("{what}: dwte"));
+            assert_same_bits(&cc.1, &gg.1, &format!("{what}: dwpe"));
+        }
+    }
+
+    #[test]
+    fn fused_embedding_matches_the_cpu_bit_for_bit_in_every_precision() {
+        let gpu = cuda_or_skip!(0);
+        for_each_fused_precision(&mut FusedEmbedding {
+            gpu,
+            cpu: Cpu::default(),
+        });
+    }
+
+    /// On CUDA a token id outside the vocabulary is not an error (checking it would copy the
+    /// ids to the host): its output row is NaN, nothing is read out of bounds, and the other
+    /// rows are exact.
+    #[test]
+    fn a_token_outside_the_vocabulary_makes_its_cuda_row_nan() {
+        let gpu = cuda_or_skip!(0);
+        const V: usize = 5;
+        const C: usize = 3;
+        let mut rng = StdRng::seed_from_u64(9);
+        let wte = values::<f32>(&mut rng, V * C, 1.0);
+        let wpe = values::<f32>(&mut rng, 4 * C, 1.0);
+        let dy = values::<f32>(&mut rng, 4 * C, 1.0);
+        let (y, dwte, _) = embed_run::<V, 4, C, f32, Cuda>(
+            &gpu,
+            (1, 4),
+            (&[0, V, 2, usize::MAX], &wte, &wpe, &dy),
+        );
+        assert_eq!(
+            &y[..C],
+            &(0..C).map(|c| wte[c] + wpe[c]).collect::<Vec<f32>>()[..]
+        );
+        assert!(y[C..2 * C].iter().all(|x| x.is_nan()));
+        assert!(y[3 * C..].iter().all(|x| x.is_nan()));
+        assert_eq!(&dwte[..C], &dy[..C]);
+    }
+}
