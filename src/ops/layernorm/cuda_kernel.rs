@@ -110,9 +110,13 @@ extern "C" __global__ void tamp_ln_backward_input_{tag}(u64 rows, u64 width, con
 extern "C" __global__ void tamp_ln_backward_params_{tag}(u64 rows, u64 width, u64 chunk, const {ty} *x, const {ty} *dy, const float *mean, const float *rstd, float *partial) {{ amp_ln_backward_params(rows, width, chunk, x, dy, mean, rstd, partial); }}
 "#
         );
-        let names = ["ln_forward", "ln_backward_input", "ln_backward_params"]
+        let mut names: Vec<String> = ["ln_forward", "ln_backward_input", "ln_backward_params"]
             .map(|k| format!("tamp_{k}_{tag}"))
             .to_vec();
+        // The reduction is FP32 whatever the precision: listed once, with the FP32 kernels.
+        if tag == "f32" {
+            names.push("tamp_ln_reduce_params".to_string());
+        }
         (source, names)
     },
     pair: no_pair,

@@ -12,7 +12,7 @@ use crate::ops::relu::ReluKernel;
 use crate::ops::utilities::cuda::{
     launch, launch_with, no_pair, raw, raw_mut, CudaElem, OpSource, BLOCK,
 };
-use crate::ops::utilities::cuda_gemm::{gemm_rows, Operand};
+use crate::ops::utilities::cuda_gemm::{gemm, Operand};
 
 /// Rows per chunk of the bias gradient's column sums.
 const CHUNK: usize = 256;
@@ -54,9 +54,13 @@ extern "C" __global__ void tamp_linear_bias_rows_{tag}(u64 n, u64 cols, const {t
 extern "C" __global__ void tamp_linear_column_sums_{tag}(u64 rows, u64 cols, u64 chunk, const {ty} *g, float *partial) {{ amp_column_sums(rows, cols, chunk, g, partial); }}
 "#
         );
-        let names = ["linear_bias_rows", "linear_column_sums"]
+        let mut names: Vec<String> = ["linear_bias_rows", "linear_column_sums"]
             .map(|k| format!("tamp_{k}_{tag}"))
             .to_vec();
+        // The reduction is FP32 whatever the precision: listed once, with the FP32 kernels.
+        if tag == "f32" {
+            names.push("tamp_linear_reduce_columns".to_string());
+        }
         (source, names)
     },
     pair: no_pair,
@@ -105,23 +109,23 @@ impl<E: CudaElem> LinearKernel<E> for Cuda {
             )?;
         }
         // y = x · Wᵀ (+ the bias already in y), W stored O × I.
-        gemm_rows(
+        gemm(
             self,
             (d.rows, d.inputs, d.outputs),
-            Operand {
-                ptr: xr.ptr,
-                tag: E::TAG,
-                ld: x_rs,
-                transposed: false,
-            },
-            Operand {
-                ptr: wr.ptr,
-                tag: E::TAG,
-                ld: d.inputs,
-                transposed: true,
-            },
+            (
+                Operand {
+                    ptr: xr.ptr,
+                    ld: x_rs,
+                    transposed: false,
+                },
+                Operand {
+                    ptr: wr.ptr,
+                    ld: d.inputs,
+                    transposed: true,
+                },
+                E::TAG,
+            ),
             (yr.ptr, E::TAG, d.outputs),
-            1.0,
             if br.is_some() { 1.0 } else { 0.0 },
         )
     }
@@ -194,23 +198,23 @@ impl<E: CudaElem> LinearKernel<E> for Cuda {
                 && dwr.len == d.outputs * d.inputs,
         )?;
         // dW (O × I, FP32) = dzᵀ · x.
-        gemm_rows(
+        gemm(
             self,
             (d.outputs, d.rows, d.inputs),
-            Operand {
-                ptr: g.ptr,
-                tag: E::TAG,
-                ld: d.outputs,
-                transposed: true,
-            },
-            Operand {
-                ptr: xr.ptr,
-                tag: E::TAG,
-                ld: x_rs,
-                transposed: false,
-            },
+            (
+                Operand {
+                    ptr: g.ptr,
+                    ld: d.outputs,
+                    transposed: true,
+                },
+                Operand {
+                    ptr: xr.ptr,
+                    ld: x_rs,
+                    transposed: false,
+                },
+                E::TAG,
+            ),
             (dwr.ptr, "f32", d.inputs),
-            1.0,
             if fresh { 0.0 } else { 1.0 },
         )
     }
@@ -234,23 +238,23 @@ impl<E: CudaElem> LinearKernel<E> for Cuda {
                 && fits(dxr.len, d.rows, d.inputs, dx_rs),
         )?;
         // dx += dz · W.
-        gemm_rows(
+        gemm(
             self,
             (d.rows, d.outputs, d.inputs),
-            Operand {
-                ptr: g.ptr,
-                tag: E::TAG,
-                ld: d.outputs,
-                transposed: false,
-            },
-            Operand {
-                ptr: wr.ptr,
-                tag: E::TAG,
-                ld: d.inputs,
-                transposed: false,
-            },
+            (
+                Operand {
+                    ptr: g.ptr,
+                    ld: d.outputs,
+                    transposed: false,
+                },
+                Operand {
+                    ptr: wr.ptr,
+                    ld: d.inputs,
+                    transposed: false,
+                },
+                E::TAG,
+            ),
             (dxr.ptr, E::TAG, dx_rs),
-            1.0,
             1.0,
         )
     }

@@ -420,6 +420,24 @@ pub(crate) fn check_program(op: &OpSource) {
     }
     // The reductions' shared arrays are sized by the source's BLOCK, launches by ours.
     assert!(source.contains(&format!("#define BLOCK {BLOCK}\n")));
+    // Every entry point of the source is registered (a kernel left out of the names is never
+    // loaded, and its launch fails with CUDA_ERROR_NOT_FOUND).
+    for entry in source.split("__global__ ").skip(1) {
+        // `void name(`, possibly `void __launch_bounds__(N) name(`.
+        let mut head = entry
+            .split_once("void ")
+            .map_or("", |(_, rest)| rest.trim_start());
+        if let Some(rest) = head.strip_prefix("__launch_bounds__") {
+            head = rest
+                .split_once(')')
+                .map_or("", |(_, rest)| rest.trim_start());
+        }
+        let name = head.split('(').next().unwrap_or_default().trim();
+        assert!(
+            names.iter().any(|n| n == name),
+            "{name} is defined but not among the kernels to load"
+        );
+    }
     match compile_ptx(source.as_str()) {
         Ok(ptx) => {
             let ptx = ptx.to_src();

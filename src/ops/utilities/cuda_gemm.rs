@@ -1,10 +1,18 @@
-//! Matrix products for the fused ops' CUDA kernels, on dfdx's cuBLAS handle (its stream):
-//! row-major operands of any precision, FP32 accumulation, an output of the operands' precision
-//! or FP32 (`cublasGemmEx`), one rounding.
+//! Matrix products for the fused ops' CUDA kernels, on dfdx's cuBLAS handle (so on dfdx's
+//! stream): row-major operands of a 16-bit or FP32 element type, FP32 accumulation
+//! (`cublasGemmEx`, `CUBLAS_COMPUTE_32F`), an output of the operands' type or FP32, rounded once
+//! (cuBLAS's internal reductions kept in FP32 where the output is 16-bit).
 
-use cudarc::cublas::result::gemm_ex;
-use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+use cudarc::cublas::result::{gemm_ex, CublasError};
+use cudarc::cublas::sys::{
+    cublasComputeType_t, cublasGemmAlgo_t, cublasGetMathMode, cublasMath_t, cublasOperation_t,
+    cublasSetMathMode, cudaDataType,
+};
 use dfdx::tensor::{CpuError, Cuda, CudaError};
+
+fn wrong() -> CudaError {
+    CudaError::Cpu(CpuError::WrongNumElements)
+}
 
 /// cuBLAS's name for an element type, by the tag of [`super::cuda::CudaElem`].
 pub(crate) fn data_type(tag: &str) -> cudaDataType {
@@ -15,37 +23,95 @@ pub(crate) fn data_type(tag: &str) -> cudaDataType {
     }
 }
 
-/// A row-major matrix operand on the device: its pointer, its element type's tag, its row
-/// stride (elements), and whether the product reads it transposed (then it is stored as the
-/// transpose of the operand the product needs).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Operand<'a> {
+/// A row-major matrix operand: a pointer, its row stride, and whether it is stored transposed
+/// (then the buffer holds the operand's transpose, row-major).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Operand {
     pub(crate) ptr: u64,
-    pub(crate) tag: &'a str,
     pub(crate) ld: usize,
     pub(crate) transposed: bool,
 }
 
-/// Row-major `C (m × n, row stride ldc) = alpha · A·B + beta · C` with `A` (`m × k`) and `B`
-/// (`k × n`) read from `a` and `b` as described by [`Operand`], FP32 accumulation, `C` of
-/// element type `c_tag`.
+/// `cublasGemmEx`'s arguments, column-major.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ColMajor {
+    transa: bool,
+    transb: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: (u64, usize),
+    b: (u64, usize),
+    ldc: usize,
+}
+
+/// cuBLAS's arguments for the row-major `C (m × n, row stride ldc) = A (m × k) · B (k × n)`.
 ///
-/// cuBLAS is column-major: a row-major matrix is its transpose there, so this computes
-/// `Cᵀ = Bᵀ·Aᵀ`, which needs no copies (dfdx's CUDA matmul does the same).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_rows(
+/// cuBLAS is column-major, and a row-major `r × c` matrix of row stride `ld` is, column-major,
+/// its `c × r` transpose with leading dimension `ld`. So it computes `Cᵀ (n × m) = Bᵀ · Aᵀ`: its
+/// first operand is `B`'s buffer, which holds `Bᵀ` column-major unless `B` is stored transposed
+/// (then it holds `B`, and cuBLAS transposes it), and its second is `A`'s, likewise.
+fn col_major((m, k, n): (usize, usize, usize), a: Operand, b: Operand, ldc: usize) -> ColMajor {
+    ColMajor {
+        transa: b.transposed,
+        transb: a.transposed,
+        m: n,
+        n: m,
+        k,
+        a: (b.ptr, b.ld),
+        b: (a.ptr, a.ld),
+        ldc,
+    }
+}
+
+/// Restores the handle's math mode when dropped.
+struct MathMode(Option<cudarc::cublas::sys::cublasHandle_t>);
+
+impl MathMode {
+    /// Keeps cuBLAS's internal reductions (split-K) in the FP32 compute type where the output is
+    /// 16-bit, so that the output is rounded once. Only from the default mode, the one dfdx
+    /// leaves its handle in; any other mode is left as it is.
+    fn exact_reductions(handle: cudarc::cublas::sys::cublasHandle_t) -> Self {
+        let mut mode: u32 = u32::MAX;
+        // SAFETY: cuBLAS writes the handle's mode, a 4-byte enum value, into `mode`, a u32 (not
+        // into a Rust enum, which could not hold a combination of flags).
+        let got = unsafe { cublasGetMathMode(handle, (&mut mode as *mut u32).cast()) };
+        if got.result().is_err() || mode != cublasMath_t::CUBLAS_DEFAULT_MATH as u32 {
+            return MathMode(None);
+        }
+        // SAFETY: a valid handle and mode.
+        let set = unsafe {
+            cublasSetMathMode(
+                handle,
+                cublasMath_t::CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION,
+            )
+        };
+        MathMode(set.result().is_ok().then_some(handle))
+    }
+}
+
+impl Drop for MathMode {
+    fn drop(&mut self) {
+        if let Some(handle) = self.0 {
+            // SAFETY: the handle is dfdx's, alive as long as the device this guard borrowed
+            // from; the mode is the default it had.
+            unsafe { cublasSetMathMode(handle, cublasMath_t::CUBLAS_DEFAULT_MATH) };
+        }
+    }
+}
+
+/// Row-major `C = A·B + beta·C` (`beta` 0 or 1) with FP32 accumulation: `A` and `B` of element
+/// type `ab_tag`, `C` of `c_tag`, every pointer on `dev` and addressing what the shapes and
+/// strides reach (the callers check lengths first).
+pub(crate) fn gemm(
     dev: &Cuda,
-    (m, k, n): (usize, usize, usize),
-    a: Operand<'_>,
-    b: Operand<'_>,
+    shape: (usize, usize, usize),
+    (a, b, ab_tag): (Operand, Operand, &str),
     (c, c_tag, ldc): (u64, &str, usize),
-    alpha: f32,
     beta: f32,
 ) -> Result<(), CudaError> {
-    if m == 0 || n == 0 {
-        return Ok(());
-    }
-    let int = |x: usize| i32::try_from(x).map_err(|_| CudaError::Cpu(CpuError::WrongNumElements));
+    let g = col_major(shape, a, b, ldc);
+    let int = |x: usize| i32::try_from(x).map_err(|_| wrong());
     let op = |t: bool| {
         if t {
             cublasOperation_t::CUBLAS_OP_T
@@ -53,36 +119,154 @@ pub(crate) fn gemm_rows(
             cublasOperation_t::CUBLAS_OP_N
         }
     };
-    // Cᵀ (n × m) = op(B)ᵀ (n × k) · op(A)ᵀ (k × m): the row-major B is Bᵀ to cuBLAS, which is
-    // op(B)ᵀ as stored unless B is read transposed.
-    let (m_, n_, k_) = (int(n)?, int(m)?, int(k)?);
-    let blas = dev.cublas();
-    // SAFETY: the caller passes device pointers of this device addressing at least the
-    // elements the dimensions and strides reach, of the element types named; alpha and beta are
-    // host values (cuBLAS's default pointer mode, as dfdx uses it); the handle is bound to dfdx's
-    // stream, so the product is ordered with the ops around it.
+    let (m, n, k) = (int(g.m)?, int(g.n)?, int(g.k)?);
+    let (lda, ldb, ldc) = (int(g.a.1)?, int(g.b.1)?, int(g.ldc)?);
+    let handle = *dev.cublas().handle();
+    let _mode = (c_tag != "f32").then(|| MathMode::exact_reductions(handle));
+    let alpha = 1.0f32;
+    // SAFETY: the pointers are device memory of `dev` holding at least what the dimensions and
+    // leading dimensions reach (checked by the callers), of the element types named; alpha and
+    // beta are host FP32 values (the handle's default pointer mode, FP32 for
+    // CUBLAS_COMPUTE_32F); the handle is bound to dfdx's stream, so the product runs in order
+    // with the kernels around it. m, n, k > 0 (the callers handle empty products).
     unsafe {
         gemm_ex(
-            *blas.handle(),
-            op(b.transposed),
-            op(a.transposed),
-            m_,
-            n_,
-            k_,
+            handle,
+            op(g.transa),
+            op(g.transb),
+            m,
+            n,
+            k,
             (&alpha as *const f32).cast(),
-            b.ptr as *const _,
-            data_type(b.tag),
-            int(b.ld)?,
-            a.ptr as *const _,
-            data_type(a.tag),
-            int(a.ld)?,
+            g.a.0 as *const _,
+            data_type(ab_tag),
+            lda,
+            g.b.0 as *const _,
+            data_type(ab_tag),
+            ldb,
             (&beta as *const f32).cast(),
             c as *mut _,
             data_type(c_tag),
-            int(ldc)?,
+            ldc,
             cublasComputeType_t::CUBLAS_COMPUTE_32F,
             cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
     }
-    .map_err(CudaError::Blas)
+    .map_err(|e: CublasError| CudaError::Blas(e))
+}
+
+/// One warp per row, at most 65,535 blocks (the kernel strides over the rest).
+
+#[cfg(test)]
+mod tests {
+    use super::{col_major, ColMajor, Operand};
+
+    /// `cublasGemmEx`'s definition on host slices (pointers are offsets into `bufs`):
+    /// column-major `C = op(A)·op(B) + beta·C`.
+    fn cublas_reference(g: &ColMajor, bufs: &mut [Vec<f64>], c: usize, beta: f64) {
+        let at = |t: bool, ld: usize, row: usize, col: usize| {
+            if t {
+                col + row * ld
+            } else {
+                row + col * ld
+            }
+        };
+        let mut out = bufs[c].clone();
+        for i in 0..g.m {
+            for j in 0..g.n {
+                let mut acc = 0.0;
+                for p in 0..g.k {
+                    acc += bufs[g.a.0 as usize][at(g.transa, g.a.1, i, p)]
+                        * bufs[g.b.0 as usize][at(g.transb, g.b.1, p, j)];
+                }
+                let o = &mut out[i + j * g.ldc];
+                *o = acc + beta * *o;
+            }
+        }
+        bufs[c] = out;
+    }
+
+    /// The three products of the head through `col_major` and the reference above, against
+    /// the row-major products computed directly.
+    #[test]
+    fn column_major_arguments_compute_the_row_major_products() {
+        let (rows, width, vocab) = (5, 3, 7);
+        let val = |n: usize, s: f64| {
+            (0..n)
+                .map(|i| ((i * 7 + 3) % 11) as f64 * s - 2.0)
+                .collect()
+        };
+        let (h, w, dl): (Vec<f64>, Vec<f64>, Vec<f64>) = (
+            val(rows * width, 0.5),
+            val(vocab * width, 0.25),
+            val(rows * vocab, 0.125),
+        );
+        let old_dh: Vec<f64> = val(rows * width, 1.0);
+        let old_dw: Vec<f64> = val(vocab * width, 0.75);
+        // Buffers: 0 h, 1 w, 2 dlogits, 3 logits, 4 dh, 5 dw.
+        let mut bufs = vec![
+            h.clone(),
+            w.clone(),
+            dl.clone(),
+            vec![9.0; rows * vocab],
+            old_dh.clone(),
+            old_dw.clone(),
+        ];
+        let op = |ptr: u64, ld: usize, transposed: bool| Operand {
+            ptr,
+            ld,
+            transposed,
+        };
+        let g = col_major(
+            (rows, width, vocab),
+            op(0, width, false),
+            op(1, width, true),
+            vocab,
+        );
+        cublas_reference(&g, &mut bufs, 3, 0.0);
+        let g = col_major(
+            (rows, vocab, width),
+            op(2, vocab, false),
+            op(1, width, false),
+            width,
+        );
+        cublas_reference(&g, &mut bufs, 4, 1.0);
+        let g = col_major(
+            (vocab, rows, width),
+            op(2, vocab, true),
+            op(0, width, false),
+            width,
+        );
+        cublas_reference(&g, &mut bufs, 5, 1.0);
+        for r in 0..rows {
+            for v in 0..vocab {
+                let want: f64 = (0..width)
+                    .map(|c| h[r * width + c] * w[v * width + c])
+                    .sum();
+                assert_eq!(bufs[3][r * vocab + v], want, "logits[{r}][{v}]");
+            }
+            for c in 0..width {
+                let want: f64 = (0..vocab)
+                    .map(|v| dl[r * vocab + v] * w[v * width + c])
+                    .sum();
+                assert_eq!(
+                    bufs[4][r * width + c],
+                    want + old_dh[r * width + c],
+                    "dh[{r}][{c}]"
+                );
+            }
+        }
+        for v in 0..vocab {
+            for c in 0..width {
+                let want: f64 = (0..rows)
+                    .map(|r| dl[r * vocab + v] * h[r * width + c])
+                    .sum();
+                assert_eq!(
+                    bufs[5][v * width + c],
+                    want + old_dw[v * width + c],
+                    "dw[{v}][{c}]"
+                );
+            }
+        }
+    }
 }
