@@ -4,13 +4,18 @@
 //! Models (the same in the PyTorch script):
 //!
 //! - `mlp`: MLP 784-512-512-10 with ReLU, batch 256;
-//! - `cnn`: the main job's CNN (`cli/src/models.rs`): conv(1→16, 3×3, pad 1)-BN-ReLU-maxpool 2,
+//! - `cnn`: the main job's CNN (`typed-amp-models`): conv(1→16, 3×3, pad 1)-BN-ReLU-maxpool 2,
 //!   conv(16→32, 3×3, pad 1)-BN-ReLU-maxpool 2, flatten, linear 1568→10; batch 128 of 1×28×28;
-//! - `vit`: the main job's ViT (`cli/src/models.rs`): 28×28 images as 16 patches of 7×7, a
+//! - `vit`: the main job's ViT (`typed-amp-models`): 28×28 images as 16 patches of 7×7, a
 //!   linear embedding 49→64, a class token and learned position embedding, 4 pre-norm blocks
 //!   (layer norm, 4-head self-attention, layer norm, MLP 64→128→64 with exact GELU), layer norm
 //!   and linear 64→10 on the class token; batch 128 (PyTorch: `nn.TransformerEncoderLayer` with
-//!   `norm_first=True`, `activation="gelu"`, dropout 0).
+//!   `norm_first=True`, `activation="gelu"`, dropout 0);
+//! - `gpt-small`, `gpt-baby`: the Shakespeare job's GPTs (`typed-amp-models`' `gpt`: nanoGPT's
+//!   `model.py` with `bias=False`, tied head; small: 4 layers, 4 heads, width 128, context 64,
+//!   batch 12; baby: 6 layers, 6 heads, width 384, context 256, batch 64, dropout 0.2) with
+//!   their recipe (AdamW lr 1e-3, betas (0.9, 0.99), decay 0.1 on matrices, clipping at 1.0), on
+//!   one fixed batch of random characters (PyTorch: `benches/peers/torch_gpt.py step`).
 //!
 //! Loss: cross-entropy with logits, in FP32. Optimizer: Adam (lr 1e-3, PyTorch's defaults).
 //! One fixed random batch, generated once (for `#[amp]` models, in the model's entry precision,
@@ -34,7 +39,7 @@
 //! median milliseconds per step (GFLOP/s of the median product time for matmul).
 //!
 //! ```text
-//! cargo bench --bench cpu_step [-- [--json] [--breakdown] [--only mlp|cnn|vit|matmul] [--config NAME]
+//! cargo bench --bench cpu_step [-- [--json] [--breakdown] [--only mlp|cnn|vit|gpt-small|gpt-baby|matmul] [--config NAME]
 //!                                   [--steps N] [--warmup W] [--min-time SECONDS] [--max-steps N]
 //!                                   [--default-malloc]]
 //! ```
@@ -56,15 +61,17 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use typed_amp::amp::{AmpModel, MasterOf, WorkingOf};
-use typed_amp::dfdx::nn::builders::{AccurateGeLU, BatchNorm2D, LayerNorm1D, Repeated, Residual};
+use typed_amp::dfdx::nn::builders::BatchNorm2D;
 use typed_amp::dfdx::optim::Adam;
-use typed_amp::nn::builders::{
-    ClassPool, ClassToken, Conv2D, Flatten, MaxPool2D, Patches, SelfAttention,
-};
+use typed_amp::nn::builders::{Conv2D, Flatten, MaxPool2D};
 use typed_amp::prelude::*;
 use typed_amp::tape::MixedTape;
 use typed_amp::{error::AmpError, master::TrainTarget, optim::MasterOptimizer};
 use typed_amp_kernels::timing::{self, Phase};
+use typed_amp_models::gpt::{
+    init_gpt, GptBabyO0, GptBabyO2, GptBabyO2Bf16, GptModel, GptSize, GptSmallO0, GptSmallO2,
+    GptSmallO2Bf16,
+};
 
 const CLASSES: usize = 10;
 const MLP_BATCH: usize = 256;
@@ -111,58 +118,9 @@ mlp!(MlpO2, policy = "O2");
 mlp!(MlpO2Bf16, policy = "O2", dtype = "bf16");
 mlp!(MlpO1Bf16, policy = "O1", dtype = "bf16");
 
-macro_rules! cnn {
-    ($name:ident, $($policy:tt)*) => {
-        #[typed_amp::amp($($policy)*, cast_model_outputs = "fp32")]
-        struct $name {
-            conv1: Conv2D<1, 16, 3, 1, 1>,
-            bn1: BatchNorm2D<16>,
-            act1: ReLU,
-            pool1: MaxPool2D<2>,
-            conv2: Conv2D<16, 32, 3, 1, 1>,
-            bn2: BatchNorm2D<32>,
-            act2: ReLU,
-            pool2: MaxPool2D<2>,
-            flat: Flatten<{ 32 * 7 * 7 }>,
-            fc: Linear<{ 32 * 7 * 7 }, 10>,
-        }
-    };
-}
-
-cnn!(CnnO0, policy = "O0");
-cnn!(CnnO2, policy = "O2");
-cnn!(CnnO2Bf16, policy = "O2", dtype = "bf16");
-cnn!(CnnO1Bf16, policy = "O1", dtype = "bf16");
-
-/// One pre-norm block of the ViT, as in `cli/src/models.rs`.
-type VitBlock = (
-    Residual<(LayerNorm1D<64>, SelfAttention<64, 4>)>,
-    Residual<(
-        LayerNorm1D<64>,
-        Linear<64, 128>,
-        AccurateGeLU,
-        Linear<128, 64>,
-    )>,
-);
-
-macro_rules! vit {
-    ($name:ident, $($policy:tt)*) => {
-        #[typed_amp::amp($($policy)*, cast_model_outputs = "fp32")]
-        struct $name {
-            patches: Patches<16, 49>,
-            embed: Linear<49, 64>,
-            tokens: ClassToken<16, 64>,
-            blocks: Repeated<VitBlock, 4>,
-            pool: ClassPool,
-            norm: LayerNorm1D<64>,
-            head: Linear<64, 10>,
-        }
-    };
-}
-
-vit!(VitO0, policy = "O0");
-vit!(VitO2, policy = "O2");
-vit!(VitO2Bf16, policy = "O2", dtype = "bf16");
+// The CNN and the ViT are the main job's (`typed-amp-models`); the MLP above is wider than the
+// main job's (784-512-512-10, the PyTorch peer's).
+use typed_amp_models::{CnnO0, CnnO1Bf16, CnnO2, CnnO2Bf16, VitO0, VitO2, VitO2Bf16};
 
 // ---------------------------------------------------------------------------------------------
 // Data
@@ -252,6 +210,77 @@ where
         }),
         skipped: Box::new(|| 0),
         last_loss: f32::NAN,
+    }
+}
+
+/// A GPT trained with its recipe and the typed step, as the main job does (with clipping).
+fn gpt_config<M>(name: &'static str, dev: &Cpu) -> Config
+where
+    M: GptModel<Cpu>,
+    M::Weights: 'static,
+    Adam<MasterOf<M, Cpu>, f32, Cpu>: MasterOptimizer<MasterOf<M, Cpu>, Cpu> + 'static,
+{
+    let size = M::SIZE;
+    let (b, t) = (size.batch(), size.context());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(4);
+    let ids: Vec<usize> = (0..b * (t + 1)).map(|_| rng.gen_range(0..65)).collect();
+    let (x, y): (Vec<usize>, Vec<usize>) = (0..b * t)
+        .map(|i| {
+            let (row, col) = (i / t, i % t);
+            (ids[row * (t + 1) + col], ids[row * (t + 1) + col + 1])
+        })
+        .unzip();
+    let x: Tensor<(usize, usize), usize, Cpu> = dev.tensor_from_vec(x, (b, t));
+    let y: Tensor<(usize, usize), usize, Cpu> = dev.tensor_from_vec(y, (b, t));
+    let mut model = M::try_build(dev).expect("the model builds");
+    init_gpt(&mut model, size).expect("the model initialises");
+    let mut opt: Adam<MasterOf<M, Cpu>, f32, Cpu> = Adam::new(
+        model.master(),
+        AdamConfig {
+            lr: 1e-3,
+            betas: [0.9, 0.99],
+            eps: 1e-8,
+            weight_decay: Some(WeightDecay::DecoupledMatrices(0.1)),
+        },
+    );
+    let scaler = std::rc::Rc::new(std::cell::RefCell::new(M::scaler()));
+    let mut grads = Some(model.alloc_grads().expect("gradients allocate"));
+    let counter = scaler.clone();
+    let mut step = move || -> Result<StepInfo, AmpError> {
+        let mut scaler = scaler.borrow_mut();
+        let g = grads
+            .take()
+            .expect("gradients are put back after each step");
+        let loss = M::try_loss(model.working_mut(), x.clone().traced_mixed(g), &y)
+            .map_err(AmpError::device)?;
+        let value = loss.value();
+        let scaled = scaler.scale(loss).backward()?;
+        let mut unscaled = scaler.unscale(&mut model, scaled)?;
+        clip_grad_norm(&mut unscaled, 1.0)?;
+        let outcome = scaler.step(&mut opt, unscaled)?;
+        grads = Some(scaler.update(outcome)?);
+        Ok(StepInfo { loss: value })
+    };
+    Config {
+        name,
+        step: Box::new(move || step().expect("the typed step runs")),
+        skipped: Box::new(move || counter.borrow().skipped_steps()),
+        last_loss: f32::NAN,
+    }
+}
+
+fn gpt_configs(dev: &Cpu, size: GptSize) -> Vec<Config> {
+    match size {
+        GptSize::Small => vec![
+            gpt_config::<GptSmallO0>("O0", dev),
+            gpt_config::<GptSmallO2>("O2-FP16", dev),
+            gpt_config::<GptSmallO2Bf16>("O2-BF16", dev),
+        ],
+        GptSize::Baby => vec![
+            gpt_config::<GptBabyO0>("O0", dev),
+            gpt_config::<GptBabyO2>("O2-FP16", dev),
+            gpt_config::<GptBabyO2Bf16>("O2-BF16", dev),
+        ],
     }
 }
 
@@ -405,8 +434,12 @@ impl Options {
                 "--default-malloc" => o.keep_freed_memory = false,
                 "--only" => {
                     let v = value("--only");
-                    if !["mlp", "cnn", "vit", "matmul"].contains(&v.as_str()) {
-                        usage(&format!("--only {v}: expected mlp, cnn, vit or matmul"));
+                    if !["mlp", "cnn", "vit", "gpt-small", "gpt-baby", "matmul"]
+                        .contains(&v.as_str())
+                    {
+                        usage(&format!(
+                            "--only {v}: expected mlp, cnn, vit, gpt-small, gpt-baby or matmul"
+                        ));
                     }
                     o.only = Some(v);
                 }
@@ -445,7 +478,7 @@ fn usage(problem: &str) -> ! {
         eprintln!("error: {problem}");
     }
     eprintln!(
-        "usage: cargo bench --bench cpu_step -- [--json] [--breakdown] [--only mlp|cnn|vit|matmul] \
+        "usage: cargo bench --bench cpu_step -- [--json] [--breakdown] [--only mlp|cnn|vit|gpt-small|gpt-baby|matmul] \
          [--config NAME] [--steps N] [--warmup W] [--min-time SECONDS] [--max-steps N]"
     );
     std::process::exit(if problem.is_empty() { 0 } else { 2 });
@@ -781,6 +814,15 @@ fn print_table(rows: &[Row], opts: &Options) {
                 "vit" => println!(
                     "ViT 7x7 patches, width 64, 4 heads, 4 pre-norm blocks, MLP 128, GELU, batch {VIT_BATCH}, Adam"
                 ),
+                "gpt-small" | "gpt-baby" => {
+                    let size = if model == "gpt-small" { GptSize::Small } else { GptSize::Baby };
+                    println!(
+                        "{}, batch {}, AdamW, clipping 1.0; products {:.2} GFLOP a step",
+                        size.describe(),
+                        size.batch(),
+                        size.step_product_flops(size.batch()) / 1e9
+                    )
+                }
                 _ => println!("dfdx matmul, square n x n x n"),
             }
             if model == "matmul" {
@@ -859,6 +901,23 @@ fn main() {
     }
     if opts.runs("vit") {
         run_models("vit", vit_configs(&dev), &opts, &mut rows);
+    }
+    if opts.runs("gpt-small") {
+        run_models(
+            "gpt-small",
+            gpt_configs(&dev, GptSize::Small),
+            &opts,
+            &mut rows,
+        );
+    }
+    // The baby GPT takes seconds a step on two cores: only when asked for by name.
+    if opts.only.as_deref() == Some("gpt-baby") {
+        run_models(
+            "gpt-baby",
+            gpt_configs(&dev, GptSize::Baby),
+            &opts,
+            &mut rows,
+        );
     }
     if opts.runs("matmul") {
         run_matmul(&dev, &opts, &mut rows);

@@ -8,7 +8,7 @@ use typed_amp::dfdx::nn::builders::{
     AccurateGeLU, BatchNorm2D, LayerNorm1D, Linear, Repeated, Residual,
 };
 use typed_amp::nn::builders::{
-    ClassPool, ClassToken, Conv2D, Flatten, MaxPool2D, Patches, SelfAttention,
+    ClassPool, ClassToken, Conv2D, Flatten, MaxPool2D, PackedSelfAttention, Patches,
 };
 use typed_amp::prelude::*;
 
@@ -62,9 +62,11 @@ cnn!(CnnO2Bf16, policy = "O2", dtype = "bf16");
 cnn!(CnnO3Bf16, policy = "O3", dtype = "bf16", allow_bf16_updates);
 
 /// One pre-norm transformer block of the ViT: `x + attention(norm(x))`, then
-/// `x + fc2(gelu(fc1(norm(x))))`.
+/// `x + fc2(gelu(fc1(norm(x))))`. The attention projects queries, keys and values with one
+/// packed `64 → 192` layer (PyTorch's `nn.MultiheadAttention` layout) and runs as one fused op
+/// ([`typed_amp::ops::attention`]).
 pub type VitBlock = (
-    Residual<(LayerNorm1D<64>, SelfAttention<64, 4>)>,
+    Residual<(LayerNorm1D<64>, PackedSelfAttention<64, 4, 192>)>,
     Residual<(
         LayerNorm1D<64>,
         Linear<64, 128>,
