@@ -167,6 +167,9 @@ pub type AutoDevice = Cpu;
 pub(crate) use cuda::launch_cfg;
 #[cfg(feature = "cuda")]
 pub use cuda::{Cuda, CudaError};
+// typed-amp patch: kernel parameters by value.
+#[cfg(feature = "cuda")]
+pub(crate) use cuda::{Dims, Info2, Info3, Info4, SizeArray};
 #[cfg(feature = "cuda")]
 pub type AutoDevice = Cuda;
 

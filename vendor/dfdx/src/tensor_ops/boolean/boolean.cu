@@ -5,13 +5,16 @@
 extern "C" __global__ void NAME( \
     const size_t numel, \
     const size_t num_dims, \
-    const size_t *dims, \
+    const Dims dims_arg, \
     const bool *lhs, \
-    const size_t *lhs_strides, \
+    const Dims lhs_strides_arg, \
     const bool *rhs, \
-    const size_t *rhs_strides, \
+    const Dims rhs_strides_arg, \
     bool *out \
 ) { \
+    const size_t *dims = dims_arg.v; /* typed-amp patch */ \
+    const size_t *lhs_strides = lhs_strides_arg.v; /* typed-amp patch */ \
+    const size_t *rhs_strides = rhs_strides_arg.v; /* typed-amp patch */ \
     for (unsigned int out_i = blockIdx.x * blockDim.x + threadIdx.x; out_i < numel; out_i += blockDim.x * gridDim.x) { \
         unsigned int lhs_i = get_strided_index(out_i, num_dims, dims, lhs_strides); \
         unsigned int rhs_i = get_strided_index(out_i, num_dims, dims, rhs_strides); \

@@ -1,7 +1,7 @@
 use super::BooleanKernel;
 use crate::{
     shapes::Shape,
-    tensor::{launch_cfg, Cuda, CudaError, Tensor},
+    tensor::{launch_cfg, Cuda, CudaError, Dims, Tensor},
 };
 use cudarc::driver::*;
 
@@ -27,20 +27,20 @@ impl Cuda {
 
         let mut storage = unsafe { self.alloc_empty(numel) }?;
 
-        let dims: CudaSlice<usize> = self.dev.htod_copy(shape.concrete().into())?;
-        let lhs_strides: CudaSlice<usize> = self.dev.htod_copy(lhs.strides.into())?;
-        let rhs_strides: CudaSlice<usize> = self.dev.htod_copy(rhs.strides.into())?;
+        let dims = Dims::new(shape.concrete()); // typed-amp patch: by value
+        let lhs_strides = Dims::new(lhs.strides); // typed-amp patch: by value
+        let rhs_strides = Dims::new(rhs.strides); // typed-amp patch: by value
 
         let fwd_fn = self.dev.get_func(MODULE_NAME, fn_name).unwrap();
         let cfg = launch_cfg::<128>(numel as u32);
         let params = (
             numel,             // const size_t numel,
             S::NUM_DIMS,       // const size_t num_dims,
-            &dims,             // const size_t *dims,
+            dims,              // const Dims dims,
             lhs.data.as_ref(), // const bool *lhs,
-            &lhs_strides,      // const size_t *lhs_strides,
+            lhs_strides,       // const Dims lhs_strides,
             rhs.data.as_ref(), // const bool *rhs,
-            &rhs_strides,      // const size_t *rhs_strides,
+            rhs_strides,       // const Dims rhs_strides,
             &mut storage,      // bool *out,
         );
         unsafe { fwd_fn.launch(cfg, params) }?;

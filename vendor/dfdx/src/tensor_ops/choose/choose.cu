@@ -46,29 +46,37 @@ __device__ void choose_bwd(
 extern "C" __global__ void FWD( \
     const size_t numel, \
     const size_t num_dims, \
-    const size_t *dims, \
+    const Dims dims_arg, \
     const bool *cond, \
-    const size_t *cond_strides, \
+    const Dims cond_strides_arg, \
     const TYPENAME *lhs, \
-    const size_t *lhs_strides, \
+    const Dims lhs_strides_arg, \
     const TYPENAME *rhs, \
-    const size_t *rhs_strides, \
+    const Dims rhs_strides_arg, \
     TYPENAME *out \
 ) { \
+    const size_t *dims = dims_arg.v; /* typed-amp patch */ \
+    const size_t *cond_strides = cond_strides_arg.v; /* typed-amp patch */ \
+    const size_t *lhs_strides = lhs_strides_arg.v; /* typed-amp patch */ \
+    const size_t *rhs_strides = rhs_strides_arg.v; /* typed-amp patch */ \
     choose_fwd(numel, num_dims, dims, cond, cond_strides, lhs, lhs_strides, rhs, rhs_strides, out); \
 } \
 extern "C" __global__ void BWD( \
     const size_t numel, \
     const size_t num_dims, \
-    const size_t *dims, \
+    const Dims dims_arg, \
     const bool *cond, \
-    const size_t *cond_strides, \
+    const Dims cond_strides_arg, \
     TYPENAME *grad_lhs, \
-    const size_t *lhs_strides, \
+    const Dims lhs_strides_arg, \
     TYPENAME *grad_rhs, \
-    const size_t *rhs_strides, \
+    const Dims rhs_strides_arg, \
     const TYPENAME *grad_out \
 ) { \
+    const size_t *dims = dims_arg.v; /* typed-amp patch */ \
+    const size_t *cond_strides = cond_strides_arg.v; /* typed-amp patch */ \
+    const size_t *lhs_strides = lhs_strides_arg.v; /* typed-amp patch */ \
+    const size_t *rhs_strides = rhs_strides_arg.v; /* typed-amp patch */ \
     choose_bwd(numel, num_dims, dims, cond, cond_strides, grad_lhs, lhs_strides, grad_rhs, rhs_strides, grad_out); \
 }
 

@@ -1,9 +1,9 @@
 use crate::{
     dtypes::*,
     shapes::*,
-    tensor::{launch_cfg, Cuda, Storage, Tensor},
+    tensor::{launch_cfg, Cuda, Dims, Storage, Tensor},
 };
-use cudarc::driver::{CudaSlice, LaunchAsync};
+use cudarc::driver::LaunchAsync;
 
 const PTX_SRC: &str = include_str!(concat!(env!("OUT_DIR"), "/choose.ptx"));
 
@@ -60,23 +60,23 @@ where
 
         let mut storage = unsafe { self.alloc_empty::<E>(numel) }?;
 
-        let dims: CudaSlice<usize> = self.dev.htod_copy(shape.concrete().into())?;
-        let cond_strides: CudaSlice<usize> = self.dev.htod_copy(cond.strides.into())?;
-        let lhs_strides: CudaSlice<usize> = self.dev.htod_copy(lhs.strides.into())?;
-        let rhs_strides: CudaSlice<usize> = self.dev.htod_copy(rhs.strides.into())?;
+        let dims = Dims::new(shape.concrete()); // typed-amp patch: by value
+        let cond_strides = Dims::new(cond.strides); // typed-amp patch: by value
+        let lhs_strides = Dims::new(lhs.strides); // typed-amp patch: by value
+        let rhs_strides = Dims::new(rhs.strides); // typed-amp patch: by value
 
         let fwd_fn = self.dev.get_func(Self::MOD, Self::FNS[0]).unwrap();
         let cfg = launch_cfg::<128>(numel as u32);
         let params = (
             numel,              // const size_t numel,
             S::NUM_DIMS,        // const size_t num_dims,
-            &dims,              // const size_t *dims,
+            dims,               // const Dims dims,
             cond.data.as_ref(), // const bool *cond,
-            &cond_strides,      // const size_t *cond_strides,
+            cond_strides,       // const Dims cond_strides,
             lhs.data.as_ref(),  // const float *lhs,
-            &lhs_strides,       // const size_t *lhs_strides,
+            lhs_strides,        // const Dims lhs_strides,
             rhs.data.as_ref(),  // const float *rhs,
-            &rhs_strides,       // const size_t *rhs_strides,
+            rhs_strides,        // const Dims rhs_strides,
             &mut storage,       // float *out,
         );
         unsafe { fwd_fn.launch(cfg, params) }?;
@@ -95,22 +95,22 @@ where
         let bwd_fn = self.dev.get_func(Self::MOD, Self::FNS[1]).unwrap();
         let numel = cond.shape.num_elements();
 
-        let dims: CudaSlice<usize> = self.dev.htod_copy(cond.shape.concrete().into())?;
-        let lhs_strides: CudaSlice<usize> = self.dev.htod_copy(lhs.strides.into())?;
-        let cond_strides: CudaSlice<usize> = self.dev.htod_copy(cond.strides.into())?;
-        let rhs_strides: CudaSlice<usize> = self.dev.htod_copy(rhs.strides.into())?;
+        let dims = Dims::new(cond.shape.concrete()); // typed-amp patch: by value
+        let lhs_strides = Dims::new(lhs.strides); // typed-amp patch: by value
+        let cond_strides = Dims::new(cond.strides); // typed-amp patch: by value
+        let rhs_strides = Dims::new(rhs.strides); // typed-amp patch: by value
 
         let cfg = launch_cfg::<128>(numel as u32);
         let params = (
             numel,              // const size_t numel,
             S::NUM_DIMS,        // const size_t num_dims,
-            &dims,              // const size_t *dims,
+            dims,               // const Dims dims,
             cond.data.as_ref(), // const bool *cond,
-            &cond_strides,      // const size_t *cond_strides,
+            cond_strides,       // const Dims cond_strides,
             grad_lhs,           // float *grad_lhs,
-            &lhs_strides,       // const size_t *lhs_strides,
+            lhs_strides,        // const Dims lhs_strides,
             grad_rhs,           // float *grad_rhs,
-            &rhs_strides,       // const size_t *rhs_strides,
+            rhs_strides,        // const Dims rhs_strides,
             grad_out,           // const float *grad_out,
         );
         unsafe { bwd_fn.launch(cfg, params) }?;

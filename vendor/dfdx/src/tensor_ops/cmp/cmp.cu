@@ -4,14 +4,18 @@
 extern "C" __global__ void FWD( \
     const size_t numel, \
     const size_t num_dims, \
-    const size_t *dims, \
+    const Dims dims_arg, \
     const TYPENAME *lhs, \
-    const size_t *lhs_strides, \
+    const Dims lhs_strides_arg, \
     const TYPENAME *rhs, \
-    const size_t *rhs_strides, \
+    const Dims rhs_strides_arg, \
     bool *out, \
-    const size_t *out_strides \
+    const Dims out_strides_arg \
 ) { \
+    const size_t *dims = dims_arg.v; /* typed-amp patch */ \
+    const size_t *lhs_strides = lhs_strides_arg.v; /* typed-amp patch */ \
+    const size_t *rhs_strides = rhs_strides_arg.v; /* typed-amp patch */ \
+    const size_t *out_strides = out_strides_arg.v; /* typed-amp patch */ \
     for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < numel; i += blockDim.x * gridDim.x) { \
         unsigned int lhs_i = get_strided_index(i, num_dims, dims, lhs_strides); \
         unsigned int rhs_i = get_strided_index(i, num_dims, dims, rhs_strides); \
@@ -23,13 +27,16 @@ extern "C" __global__ void FWD( \
 extern "C" __global__ void SCALAR_FWD( \
     const size_t numel, \
     const size_t num_dims, \
-    const size_t *dims, \
+    const Dims dims_arg, \
     const TYPENAME *lhs, \
-    const size_t *lhs_strides, \
+    const Dims lhs_strides_arg, \
     TYPENAME scalar, \
     bool *out, \
-    const size_t *out_strides \
+    const Dims out_strides_arg \
 ) { \
+    const size_t *dims = dims_arg.v; /* typed-amp patch */ \
+    const size_t *lhs_strides = lhs_strides_arg.v; /* typed-amp patch */ \
+    const size_t *out_strides = out_strides_arg.v; /* typed-amp patch */ \
     for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < numel; i += blockDim.x * gridDim.x) { \
         unsigned int lhs_i = get_strided_index(i, num_dims, dims, lhs_strides); \
         unsigned int out_i = get_strided_index(i, num_dims, dims, out_strides); \

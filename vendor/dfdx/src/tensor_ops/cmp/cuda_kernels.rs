@@ -1,9 +1,9 @@
 use crate::{
     dtypes::*,
     shapes::Shape,
-    tensor::{launch_cfg, Cuda, Tensor},
+    tensor::{launch_cfg, Cuda, Dims, Tensor},
 };
-use cudarc::driver::{CudaSlice, LaunchAsync};
+use cudarc::driver::LaunchAsync;
 
 use super::{
     CmpKernel, EqKernelOp, GeKernelOp, GtKernelOp, LeKernelOp, LtKernelOp, NeKernelOp,
@@ -52,23 +52,23 @@ impl<E: Unit, Op: CmpOpCudaKernel<E>> CmpKernel<Op, E> for Cuda {
         let mut storage = unsafe { self.alloc_empty::<bool>(numel) }?;
         self.dev.memset_zeros(&mut storage)?;
 
-        let dims: CudaSlice<usize> = self.dev.htod_copy(shape.concrete().into())?;
-        let lhs_strides: CudaSlice<usize> = self.dev.htod_copy(lhs.strides.into())?;
-        let rhs_strides: CudaSlice<usize> = self.dev.htod_copy(rhs.strides.into())?;
-        let out_strides: CudaSlice<usize> = self.dev.htod_copy(strides.into())?;
+        let dims = Dims::new(shape.concrete()); // typed-amp patch: by value
+        let lhs_strides = Dims::new(lhs.strides); // typed-amp patch: by value
+        let rhs_strides = Dims::new(rhs.strides); // typed-amp patch: by value
+        let out_strides = Dims::new(strides); // typed-amp patch: by value
 
         let fwd_fn = self.dev.get_func(Op::MODULE_NAME, Op::FWD_FN_NAME).unwrap();
         let cfg = launch_cfg::<128>(numel as u32);
         let params = (
             numel,             // const size_t numel,
             S::NUM_DIMS,       // const size_t num_dims,
-            &dims,             // const size_t *dims,
+            dims,              // const Dims dims,
             lhs.data.as_ref(), // const float *lhs,
-            &lhs_strides,      // const size_t *lhs_strides,
+            lhs_strides,       // const Dims lhs_strides,
             rhs.data.as_ref(), // const float *rhs,
-            &rhs_strides,      // const size_t *rhs_strides,
+            rhs_strides,       // const Dims rhs_strides,
             &mut storage,      // bool *out,
-            &out_strides,      // const size_t *out_strides
+            out_strides,       // const Dims out_strides
         );
         unsafe { fwd_fn.launch(cfg, params) }?;
         Ok(self.build_tensor(shape, strides, storage))
@@ -93,21 +93,21 @@ impl<E: Unit, Op: ScalarCmpOpCudaKernel<E>> ScalarCmpKernel<Op, E> for Cuda {
         let mut storage = unsafe { self.alloc_empty::<bool>(numel) }?;
         self.dev.memset_zeros(&mut storage)?;
 
-        let dims: CudaSlice<usize> = self.dev.htod_copy(shape.concrete().into())?;
-        let lhs_strides: CudaSlice<usize> = self.dev.htod_copy(lhs.strides.into())?;
-        let out_strides: CudaSlice<usize> = self.dev.htod_copy(strides.into())?;
+        let dims = Dims::new(shape.concrete()); // typed-amp patch: by value
+        let lhs_strides = Dims::new(lhs.strides); // typed-amp patch: by value
+        let out_strides = Dims::new(strides); // typed-amp patch: by value
 
         let fwd_fn = self.dev.get_func(Op::MODULE_NAME, Op::FWD_FN_NAME).unwrap();
         let cfg = launch_cfg::<128>(numel as u32);
         let params = (
             numel,             // const size_t numel,
             S::NUM_DIMS,       // const size_t num_dims,
-            &dims,             // const size_t *dims,
+            dims,              // const Dims dims,
             lhs.data.as_ref(), // const float *lhs,
-            &lhs_strides,      // const size_t *lhs_strides,
+            lhs_strides,       // const Dims lhs_strides,
             scalar,            // float scalar,
             &mut storage,      // bool *out,
-            &out_strides,      // const size_t *out_strides
+            out_strides,       // const Dims out_strides
         );
         unsafe { fwd_fn.launch(cfg, params) }?;
         Ok(self.build_tensor(shape, strides, storage))

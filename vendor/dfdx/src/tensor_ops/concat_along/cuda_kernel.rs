@@ -1,7 +1,7 @@
 use crate::tensor_ops::utilities::cuda_kernels::with_headers;
 use crate::{
     shapes::*,
-    tensor::{launch_cfg, Cuda, GhostTensor, Tensor},
+    tensor::{cuda::MAX_DIMS, launch_cfg, Cuda, GhostTensor, SizeArray, Tensor},
 };
 use cudarc::{
     driver::{DeviceSlice, LaunchAsync},
@@ -32,21 +32,22 @@ impl<E: Dtype + CudaTypeName> super::ConcatAlongKernel<E> for Cuda {
         let fwd = self.dev.get_func(&module_name, "fwd").unwrap();
         let cfg = launch_cfg::<128>(c.data.len() as u32);
 
-        let mut info = Vec::with_capacity(3 + 4 * A::NUM_DIMS);
-        info.push(c.data.len());
-        info.push(A::NUM_DIMS);
-        info.push(ax);
-        info.extend(a.shape.concrete());
-        info.extend(a.strides);
-        info.extend(b.shape.concrete());
-        info.extend(b.strides);
-        let info = self.dev.htod_copy(info)?;
+        // typed-amp patch: passed by value (`ConcatInfo`), not copied to a device buffer per
+        // launch.
+        let info = ConcatInfo::new(
+            [c.data.len(), A::NUM_DIMS, ax]
+                .into_iter()
+                .chain(a.shape.concrete())
+                .chain(a.strides)
+                .chain(b.shape.concrete())
+                .chain(b.strides),
+        );
 
         unsafe {
             fwd.launch(
                 cfg,
                 (
-                    &info,
+                    info,
                     a.data.as_ref(),
                     b.data.as_ref(),
                     std::sync::Arc::get_mut(&mut c.data).unwrap(),
@@ -70,30 +71,39 @@ impl<E: Dtype + CudaTypeName> super::ConcatAlongKernel<E> for Cuda {
         let bwd = self.dev.get_func(&module_name, "bwd").unwrap();
         let cfg = launch_cfg::<128>(grad_out.data.len() as u32);
 
-        let mut info = Vec::with_capacity(3 + 4 * A::NUM_DIMS);
-        info.push(grad_out.data.len());
-        info.push(A::NUM_DIMS);
-        info.push(ax);
-        info.extend(a.shape.concrete());
-        info.extend(a.strides);
-        info.extend(b.shape.concrete());
-        info.extend(b.strides);
-        let info = self.dev.htod_copy(info)?;
+        // typed-amp patch: passed by value (`ConcatInfo`), not copied to a device buffer per
+        // launch.
+        let info = ConcatInfo::new(
+            [grad_out.data.len(), A::NUM_DIMS, ax]
+                .into_iter()
+                .chain(a.shape.concrete())
+                .chain(a.strides)
+                .chain(b.shape.concrete())
+                .chain(b.strides),
+        );
 
-        unsafe { bwd.launch(cfg, (&info, grad_a, grad_b, grad_out)) }?;
+        unsafe { bwd.launch(cfg, (info, grad_a, grad_b, grad_out)) }?;
         Ok(())
     }
 }
 
+/// typed-amp patch: the kernels' `info` (numel, num_dims, axis, then both operands' dims and
+/// strides), passed by value: `ConcatInfo` in the kernel source.
+type ConcatInfo = SizeArray<{ 3 + 4 * MAX_DIMS }>;
+
 const KERNEL: &str = "
 #include \"cuda_utils.cuh\"
 
+// typed-amp patch: `info` is passed by value (`ConcatInfo` of the Rust side).
+typedef SizeArray<3 + 4 * MAX_DIMS> ConcatInfo;
+
 extern \"C\" __global__ void fwd(
-    const size_t *info, // numel, num_dims, axis, a_dims, a_strides, b_dims, b_strides
+    const ConcatInfo info_arg, // numel, num_dims, axis, a_dims, a_strides, b_dims, b_strides
     const $Ty *lhs,
     const $Ty *rhs,
     $Ty *out
 ) {
+    const size_t *info = info_arg.v; // typed-amp patch
     const size_t numel = info[0];
     const size_t num_dims = info[1];
     const size_t axis = info[2];
@@ -137,11 +147,12 @@ extern \"C\" __global__ void fwd(
 }
 
 extern \"C\" __global__ void bwd(
-    const size_t *info, // numel, num_dims, axis, a_dims, a_strides, b_dims, b_strides
+    const ConcatInfo info_arg, // numel, num_dims, axis, a_dims, a_strides, b_dims, b_strides
     $Ty *grad_lhs,
     $Ty *grad_rhs,
     const $Ty *grad_out
 ) {
+    const size_t *info = info_arg.v; // typed-amp patch
     const size_t numel = info[0];
     const size_t num_dims = info[1];
     const size_t axis = info[2];

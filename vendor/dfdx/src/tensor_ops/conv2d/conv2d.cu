@@ -1,4 +1,5 @@
 #include "cuda_fp16.h"
+#include "cuda_utils.cuh" // typed-amp patch: `Dims`
 
 struct Conv2DOp {
     size_t kernel;
@@ -171,9 +172,10 @@ __device__ void sum_transposed_filters(
 extern "C" __global__ void UNFOLD_INPUT( \
     const Conv2DOp op, \
     const TYPENAME *image, \
-    const size_t *strides, \
+    const Dims strides_arg, \
     TYPENAME *patches \
 ) { \
+    const size_t *strides = strides_arg.v; /* typed-amp patch */ \
     unfold_input_into_patches(op, image, strides, patches); \
 } \
 extern "C" __global__ void UNFOLD_OUTPUT( \
@@ -186,17 +188,19 @@ extern "C" __global__ void UNFOLD_OUTPUT( \
 extern "C" __global__ void TR_FILTERS( \
     const Conv2DOp op, \
     const TYPENAME *filters, \
-    const size_t *strides, \
+    const Dims strides_arg, \
     TYPENAME *filters_tr \
 ) { \
+    const size_t *strides = strides_arg.v; /* typed-amp patch */ \
     transpose_filters(op, filters, strides, filters_tr); \
 } \
 extern "C" __global__ void SUM_TR_FILTERS( \
     const Conv2DOp op, \
     const TYPENAME *filters_tr, \
     TYPENAME *filters, \
-    const size_t *strides \
+    const Dims strides_arg \
 ) { \
+    const size_t *strides = strides_arg.v; /* typed-amp patch */ \
     sum_transposed_filters(op, filters_tr, filters, strides); \
 }
 

@@ -4,7 +4,7 @@ use cudarc::driver::{DeviceRepr, LaunchAsync, ValidAsZeroBits};
 use crate::{
     dtypes::*,
     shapes::*,
-    tensor::{launch_cfg, Cuda, Tensor, Tensorlike},
+    tensor::{launch_cfg, Cuda, Dims, Tensor, Tensorlike},
 };
 
 use std::sync::Arc;
@@ -105,14 +105,14 @@ where
         let mut patches = unsafe { self.get_workspace::<E>(patches_numel) }?;
         let mut patches = unsafe { patches.transmute_mut::<E>(patches_numel).unwrap() };
 
-        let img_strides = self.dev.htod_copy(make_4d::<L>(img.strides).into())?;
+        let img_strides = Dims::new(make_4d::<L>(img.strides)); // typed-amp patch: by value
 
         let out_buf = Arc::get_mut(&mut out.data).unwrap();
 
         unsafe {
             let unfold_fn = self.dev.get_func(Self::MOD, Self::FNS[0]).unwrap();
             let cfg = launch_cfg::<128>((op.batch * op.chan_in * op.h_out * op.w_out) as u32);
-            let params = (op, img.data.as_ref(), &img_strides, &mut patches);
+            let params = (op, img.data.as_ref(), img_strides, &mut patches);
             unfold_fn.launch(cfg, params)?;
 
             // LHS    (G, O/G, C/G*K*K)
@@ -177,7 +177,7 @@ where
 
         let mut ftr = unsafe { self.alloc_empty::<E>(filters_numel) }?;
         let mut grad_ftr = unsafe { self.alloc_empty::<E>(op.batch * filters_numel) }?;
-        let f_strides = self.dev.htod_copy(rhs.strides.into())?;
+        let f_strides = Dims::new(rhs.strides); // typed-amp patch: by value
 
         self.par_stream.wait_for_default()?;
 
@@ -196,7 +196,7 @@ where
             tr_fn.launch_on_stream(
                 self.par_stream.as_ref(),
                 cfg,
-                (op, rhs.data.as_ref(), &f_strides, &mut ftr),
+                (op, rhs.data.as_ref(), f_strides, &mut ftr),
             )?;
 
             self.par_stream.wait_for_default()?;
@@ -282,7 +282,7 @@ where
             // into grad_rhs
             let sum_fn = self.dev.get_func(Self::MOD, Self::FNS[3]).unwrap();
             let cfg = launch_cfg::<128>(rhs.shape.num_elements() as u32);
-            sum_fn.launch(cfg, (op, &grad_ftr, grad_rhs, &f_strides))?;
+            sum_fn.launch(cfg, (op, &grad_ftr, grad_rhs, f_strides))?;
         }
 
         self.dev.wait_for(self.par_stream.as_ref())?;

@@ -4,7 +4,7 @@ use cudarc::driver::{DeviceRepr, LaunchAsync, ValidAsZeroBits};
 use crate::{
     dtypes::*,
     shapes::*,
-    tensor::{launch_cfg, Cuda, Tensor, Tensorlike},
+    tensor::{launch_cfg, Cuda, Dims, Tensor, Tensorlike},
 };
 
 use std::sync::Arc;
@@ -106,8 +106,8 @@ where
             * op.kernel;
         let mut ftr = unsafe { self.alloc_empty::<E>(ftr_numel) }?;
 
-        let img_strides = self.dev.htod_copy(make_4d::<L>(lhs.strides).into())?;
-        let f_strides = self.dev.htod_copy(rhs.strides.into())?;
+        let img_strides = Dims::new(make_4d::<L>(lhs.strides)); // typed-amp patch: by value
+        let f_strides = Dims::new(rhs.strides); // typed-amp patch: by value
 
         let out_buf = Arc::get_mut(&mut out.data).unwrap();
 
@@ -121,13 +121,13 @@ where
             // generate patches for matmul
             let unfold_fn = self.dev.get_func(Self::MOD, Self::FNS[0]).unwrap();
             let cfg = launch_cfg::<128>((op.batch * op.chan_in * op.h_out * op.w_out) as u32);
-            unfold_fn.launch(cfg, (op, lhs.data.as_ref(), &img_strides, &mut patches))?;
+            unfold_fn.launch(cfg, (op, lhs.data.as_ref(), img_strides, &mut patches))?;
 
             // prepare filters for backward operations by
             // swapping dims 0 and 1 and adding a batch dimension
             let tr_fn = self.dev.get_func(Self::MOD, Self::FNS[2]).unwrap();
             let cfg = launch_cfg::<128>(rhs.shape.num_elements() as u32);
-            tr_fn.launch(cfg, (op, rhs.data.as_ref(), &f_strides, &mut ftr))?;
+            tr_fn.launch(cfg, (op, rhs.data.as_ref(), f_strides, &mut ftr))?;
 
             if op.groups == 1 {
                 self.gemm_batch(

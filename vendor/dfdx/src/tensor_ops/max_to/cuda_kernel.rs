@@ -1,13 +1,11 @@
 use crate::{
     dtypes::*,
     shapes::*,
-    tensor::{launch_cfg, Cuda, Tensor},
+    tensor::{launch_cfg, Cuda, Info2, Info3, Tensor},
     tensor_ops::reduction_utils::*,
 };
 
 use cudarc::driver::{DeviceSlice, LaunchAsync};
-
-use std::vec::Vec;
 
 const PTX_SRC: &str = include_str!(concat!(env!("OUT_DIR"), "/max_to.ptx"));
 
@@ -80,10 +78,8 @@ where
         let (dims, strides) = permute_for_reductions::<_, Ax>(inp.shape.concrete(), inp.strides);
         let num_dims = dims.len();
 
-        let mut info = Vec::with_capacity(num_dims * 2);
-        info.extend(dims);
-        info.extend(strides);
-        let info = self.dev.htod_copy(info)?;
+        // typed-amp patch: passed by value (`Info2`), not copied to a device buffer per launch.
+        let info = Info2::new(dims.into_iter().chain(strides));
 
         let physical_numel = inp.data.len();
         let (dst_physical_numel, dst_strides) =
@@ -96,7 +92,7 @@ where
             physical_numel,    // const size_t numel,
             num_dims,          // const size_t num_dims,
             chunk_len,         // const size_t chunk_len,
-            &info,             // const size_t *info,
+            info,              // const Info2 info,
             inp.data.as_ref(), // const float *inp,
             &mut storage,      // float *out
         );
@@ -128,17 +124,20 @@ where
 
         let cfg = launch_cfg::<128>(physical_numel as u32);
 
-        let mut info = Vec::with_capacity(Src::NUM_DIMS * 3);
-        info.extend(inp.shape.concrete());
-        info.extend(inp.strides);
-        info.extend(out_strides);
-        let info = self.dev.htod_copy(info)?;
+        // typed-amp patch: passed by value (`Info3`), not copied to a device buffer per launch.
+        let info = Info3::new(
+            inp.shape
+                .concrete()
+                .into_iter()
+                .chain(inp.strides)
+                .chain(out_strides),
+        );
 
         let params = (
             physical_numel,    // const size_t numel,
             Src::NUM_DIMS,     // const size_t num_dims,
             elems_per_thread,  // const float elems_per_thread,
-            &info,             // const size_t *info,
+            info,              // const Info3 info,
             inp.data.as_ref(), // const float *inp,
             grad_inp,          // float *grad_inp,
             out.data.as_ref(), // const float *out,

@@ -103,23 +103,23 @@ extern "C" __global__ void FWD( \
     const size_t numel, \
     const size_t num_dims, \
     const size_t chunk_len, \
-    const size_t *info, \
+    const Info2 info, /* typed-amp patch: by value */ \
     const TYPENAME *inp, \
     TYPENAME *out \
 ) { \
-    max_to_fwd(numel, num_dims, chunk_len, info, inp, out); \
+    max_to_fwd(numel, num_dims, chunk_len, info.v, inp, out); \
 } \
 extern "C" __global__ void BWD( \
     const size_t numel, \
     const size_t num_dims, \
     const TYPENAME elems_per_thread, \
-    const size_t *info, \
+    const Info3 info, /* typed-amp patch: by value */ \
     const TYPENAME *inp, \
     TYPENAME *grad_inp, \
     const TYPENAME *out, \
     const TYPENAME *grad_out \
 ) { \
-    max_to_bwd(numel, num_dims, elems_per_thread, info, inp, grad_inp, out, grad_out); \
+    max_to_bwd(numel, num_dims, elems_per_thread, info.v, inp, grad_inp, out, grad_out); \
 }
 
 MAX(__half, max_to_fwd_f16, max_to_bwd_f16);

@@ -1,7 +1,7 @@
 use crate::{
     dtypes::*,
     shapes::*,
-    tensor::{launch_cfg, Cuda, Tensor},
+    tensor::{launch_cfg, Cuda, Dims, Tensor},
 };
 
 use std::sync::Arc;
@@ -72,14 +72,14 @@ where
                 .load_ptx(PTX_SRC.into(), Self::FWD, &[Self::FWD, Self::BWD])?;
         }
 
-        let inp_strides = self.dev.htod_copy(make_4d::<I>(inp.strides).into())?;
-        let out_strides = self.dev.htod_copy(make_4d::<O>(out.strides).into())?;
+        let inp_strides = Dims::new(make_4d::<I>(inp.strides)); // typed-amp patch: by value
+        let out_strides = Dims::new(make_4d::<O>(out.strides)); // typed-amp patch: by value
         let fwd_fn = self.dev.get_func(Self::FWD, Self::FWD).unwrap();
         let cfg = launch_cfg::<128>(out.shape().num_elements() as u32);
         let params = (
             op,                           // const Pool2dOp op,
-            &inp_strides,                 // const size_t *inp_strides,
-            &out_strides,                 // const size_t *out_strides,
+            inp_strides,                  // const Dims inp_strides,
+            out_strides,                  // const Dims out_strides,
             inp.data.as_ref(),            // const float *inp,
             Arc::make_mut(&mut out.data), // float *out
         );
@@ -94,14 +94,14 @@ where
         out: &Tensor<O, E, Self>,
         grad_out: &Self::Vec,
     ) -> Result<(), Self::Err> {
-        let inp_strides = self.dev.htod_copy(make_4d::<I>(inp.strides).into())?;
-        let out_strides = self.dev.htod_copy(make_4d::<O>(out.strides).into())?;
+        let inp_strides = Dims::new(make_4d::<I>(inp.strides)); // typed-amp patch: by value
+        let out_strides = Dims::new(make_4d::<O>(out.strides)); // typed-amp patch: by value
         let bwd_fn = self.dev.get_func(Self::FWD, Self::BWD).unwrap();
         let cfg = launch_cfg::<128>(inp.shape().num_elements() as u32);
         let params = (
             op,                // const Pool2dOp op,
-            &inp_strides,      // const size_t *inp_strides,
-            &out_strides,      // const size_t *out_strides,
+            inp_strides,       // const Dims inp_strides,
+            out_strides,       // const Dims out_strides,
             inp.data.as_ref(), // const float *inp,
             grad_inp,          // float *grad_inp,
             out.data.as_ref(), // const float *out,

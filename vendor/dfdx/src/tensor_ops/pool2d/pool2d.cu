@@ -164,22 +164,26 @@ __device__ void pool2d_bwd(
 #define POOL_OP(TYPENAME, fwd, bwd) \
 extern "C" __global__ void fwd( \
     const Pool2dOp op, \
-    const size_t *inp_strides, \
-    const size_t *out_strides, \
+    const Dims inp_strides_arg, \
+    const Dims out_strides_arg, \
     const TYPENAME *inp, \
     TYPENAME *out \
 ) { \
+    const size_t *inp_strides = inp_strides_arg.v; /* typed-amp patch */ \
+    const size_t *out_strides = out_strides_arg.v; /* typed-amp patch */ \
     pool2d_fwd(op, inp_strides, out_strides, inp, out); \
 } \
 extern "C" __global__ void bwd( \
     const Pool2dOp op, \
-    const size_t *inp_strides, \
-    const size_t *out_strides, \
+    const Dims inp_strides_arg, \
+    const Dims out_strides_arg, \
     const TYPENAME *inp, \
     TYPENAME *grad_inp, \
     const TYPENAME *out, \
     const TYPENAME *grad_out \
 ) { \
+    const size_t *inp_strides = inp_strides_arg.v; /* typed-amp patch */ \
+    const size_t *out_strides = out_strides_arg.v; /* typed-amp patch */ \
     pool2d_bwd(op, inp_strides, out_strides, inp, grad_inp, out, grad_out); \
 }
 

@@ -1,15 +1,13 @@
 use crate::tensor_ops::utilities::cuda_kernels::with_headers;
 use crate::{
     shapes::*,
-    tensor::{launch_cfg, Cuda, Tensor},
+    tensor::{launch_cfg, Cuda, Info4, Tensor},
 };
 use cudarc::{
     driver::{DeviceSlice, LaunchAsync},
     nvrtc::{compile_ptx_with_opts, CompileOptions},
     types::CudaTypeName,
 };
-
-use std::vec::Vec;
 
 impl<E: Dtype + CudaTypeName> super::ReshapeKernel<E> for Cuda {
     fn forward<Src: Shape, Dst: Shape>(
@@ -33,19 +31,22 @@ impl<E: Dtype + CudaTypeName> super::ReshapeKernel<E> for Cuda {
         let numel = inp.shape.num_elements();
         let mut storage = unsafe { self.alloc_empty::<E>(numel) }?;
 
-        let mut info = Vec::with_capacity(Src::NUM_DIMS * 2 + Dst::NUM_DIMS * 2);
-        info.extend(inp.shape.concrete());
-        info.extend(inp.strides);
-        info.extend(dst.concrete());
-        info.extend(dst.strides());
-        let info = self.dev.htod_copy(info)?;
+        // typed-amp patch: passed by value (`Info4`), not copied to a device buffer per launch.
+        let info = Info4::new(
+            inp.shape
+                .concrete()
+                .into_iter()
+                .chain(inp.strides)
+                .chain(dst.concrete())
+                .chain(dst.strides()),
+        );
 
         let cfg = launch_cfg::<128>(numel as u32);
         let params = (
             numel,             // const size_t numel,
             Src::NUM_DIMS,     // const size_t inp_num_dims,
             Dst::NUM_DIMS,     // const size_t out_num_dims,
-            &info,             // const size_t *info,
+            info,              // const Info4 info,
             inp.data.as_ref(), // const float *inp,
             &mut storage,      // float *out
         );
@@ -76,19 +77,22 @@ impl<E: Dtype + CudaTypeName> super::ReshapeKernel<E> for Cuda {
 
         let numel = grad_inp.len();
 
-        let mut info = Vec::with_capacity(Src::NUM_DIMS * 2 + Dst::NUM_DIMS * 2);
-        info.extend(inp.shape.concrete());
-        info.extend(inp.strides);
-        info.extend(dst.concrete());
-        info.extend(dst.strides());
-        let info = self.dev.htod_copy(info)?;
+        // typed-amp patch: passed by value (`Info4`), not copied to a device buffer per launch.
+        let info = Info4::new(
+            inp.shape
+                .concrete()
+                .into_iter()
+                .chain(inp.strides)
+                .chain(dst.concrete())
+                .chain(dst.strides()),
+        );
 
         let cfg = launch_cfg::<128>(numel as u32);
         let params = (
             numel,         // const size_t numel,
             Src::NUM_DIMS, // const size_t inp_num_dims,
             Dst::NUM_DIMS, // const size_t out_num_dims,
-            &info,         // const size_t *info,
+            info,          // const Info4 info,
             grad_inp,      // float *grad_inp,
             grad_out,      // const float *grad_out,
         );
@@ -110,10 +114,11 @@ extern \"C\" __global__ void reshape_fwd(
     const size_t numel,
     const size_t inp_num_dims,
     const size_t out_num_dims,
-    const size_t *info,
+    const Info4 info_arg, // typed-amp patch: by value
     const $T *inp,
     $T *out
 ) {
+    const size_t *info = info_arg.v; // typed-amp patch
     const size_t *inp_dims = info;
     const size_t *inp_strides = info + inp_num_dims;
     const size_t *out_dims = info + 2 * inp_num_dims;
@@ -139,10 +144,11 @@ extern \"C\" __global__ void reshape_bwd(
     const size_t numel,
     const size_t inp_num_dims,
     const size_t out_num_dims,
-    const size_t *info,
+    const Info4 info_arg, // typed-amp patch: by value
     $T *grad_inp,
     const $T *grad_out
 ) {
+    const size_t *info = info_arg.v; // typed-amp patch
     const size_t *inp_dims = info;
     const size_t *inp_strides = info + inp_num_dims;
     const size_t *out_dims = info + 2 * inp_num_dims;

@@ -46,9 +46,9 @@ where
         let strides = inp.shape.strides();
 
         let mut out = unsafe { self.alloc_empty::<E>(numel) }?;
-        let dims = self.dev.htod_copy(inp.shape.concrete().into())?;
-        let inp_strides = self.dev.htod_copy(inp.strides.into())?;
-        let out_strides = self.dev.htod_copy(strides.into())?;
+        let dims = Dims::new(inp.shape.concrete()); // typed-amp patch: by value
+        let inp_strides = Dims::new(inp.strides); // typed-amp patch: by value
+        let out_strides = Dims::new(strides); // typed-amp patch: by value
 
         let fwd = self.dev.get_func(Self::FNS[0], Self::FNS[0]).unwrap();
         let cfg = launch_cfg::<128>(inp.shape.num_elements() as u32);
@@ -56,9 +56,9 @@ where
             op,
             S::NUM_DIMS,
             numel,
-            &dims,
-            &inp_strides,
-            &out_strides,
+            dims,
+            inp_strides,
+            out_strides,
             inp.data.as_ref(),
             &mut out,
         );
@@ -75,9 +75,9 @@ where
         let numel = inp.shape.num_elements();
         let strides = inp.shape.strides();
 
-        let dims = self.dev.htod_copy(inp.shape.concrete().into())?;
-        let inp_strides = self.dev.htod_copy(inp.strides.into())?;
-        let out_strides = self.dev.htod_copy(strides.into())?;
+        let dims = Dims::new(inp.shape.concrete()); // typed-amp patch: by value
+        let inp_strides = Dims::new(inp.strides); // typed-amp patch: by value
+        let out_strides = Dims::new(strides); // typed-amp patch: by value
 
         let bwd = self.dev.get_func(Self::FNS[0], Self::FNS[1]).unwrap();
         let cfg = launch_cfg::<128>(inp.shape.num_elements() as u32);
@@ -85,9 +85,9 @@ where
             op,
             S::NUM_DIMS,
             numel,
-            &dims,
-            &inp_strides,
-            &out_strides,
+            dims,
+            inp_strides,
+            out_strides,
             grad_inp,
             grad_out,
         );

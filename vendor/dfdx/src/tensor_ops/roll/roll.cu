@@ -83,22 +83,22 @@ extern "C" __global__ void FWD( \
     const RollOp op, \
     const size_t num_dims, \
     const size_t numel, \
-    const size_t *dims, \
-    const size_t *inp_strides, \
-    const size_t *out_strides, \
+    const Dims dims, /* typed-amp patch: by value */ \
+    const Dims inp_strides, \
+    const Dims out_strides, \
     const TY *inp, \
     TY *out \
-) { roll_fwd(op, num_dims, numel, dims, inp_strides, out_strides, inp, out); } \
+) { roll_fwd(op, num_dims, numel, dims.v, inp_strides.v, out_strides.v, inp, out); } \
 extern "C" __global__ void BWD( \
     const RollOp op, \
     const size_t num_dims, \
     const size_t numel, \
-    const size_t *dims, \
-    const size_t *inp_strides, \
-    const size_t *out_strides, \
+    const Dims dims, /* typed-amp patch: by value */ \
+    const Dims inp_strides, \
+    const Dims out_strides, \
     TY *grad_inp, \
     const TY *grad_out \
-) { roll_bwd(op, num_dims, numel, dims, inp_strides, out_strides, grad_inp, grad_out); }
+) { roll_bwd(op, num_dims, numel, dims.v, inp_strides.v, out_strides.v, grad_inp, grad_out); }
 
 ROLL(__half, roll_fwd_f16, roll_bwd_f16);
 ROLL(float, roll_fwd_f32, roll_bwd_f32);

@@ -2,7 +2,7 @@
 use crate::{
     dtypes::*,
     shapes::{RemoveDimTo, ReplaceDimTo, Shape},
-    tensor::{launch_cfg, Cuda, Storage, Tensor},
+    tensor::{launch_cfg, Cuda, Dims, Storage, Tensor},
 };
 use cudarc::driver::{DeviceSlice, LaunchAsync};
 
@@ -33,10 +33,10 @@ macro_rules! impl_cuda_kernels {
                 let mut storage = unsafe { self.alloc_empty::<$TypeName>(numel) }?;
                 self.dev.memset_zeros(&mut storage)?;
 
-                let inp_dims = self.dev.htod_copy(inp.shape.concrete().into())?;
-                let idx_dims = self.dev.htod_copy(idx.shape.concrete().into())?;
-                let inp_strides = self.dev.htod_copy(inp.strides.into())?;
-                let idx_strides = self.dev.htod_copy(idx.strides.into())?;
+                let inp_dims = Dims::new(inp.shape.concrete()); // typed-amp patch: by value
+                let idx_dims = Dims::new(idx.shape.concrete()); // typed-amp patch: by value
+                let inp_strides = Dims::new(inp.strides); // typed-amp patch: by value
+                let idx_strides = Dims::new(idx.strides); // typed-amp patch: by value
 
                 let fwd_fn = self.dev.get_func($GatherMod, $GatherFwd).unwrap();
                 let cfg = launch_cfg::<128>(numel as u32);
@@ -44,12 +44,12 @@ macro_rules! impl_cuda_kernels {
                     numel,             // const size_t numel,
                     inp.data.as_ref(), // const float *inp,
                     Src::NUM_DIMS,     // const size_t inp_num_dims,
-                    &inp_dims,         // const size_t *inp_dims,
-                    &inp_strides,      // const size_t *inp_strides,
+                    inp_dims,          // const Dims inp_dims,
+                    inp_strides,       // const Dims inp_strides,
                     idx.data.as_ref(), // const float *idx,
                     Idx::NUM_DIMS,     // const size_t idx_num_dims,
-                    &idx_dims,         // const size_t *idx_dims,
-                    &idx_strides,      // const size_t *idx_strides,
+                    idx_dims,          // const Dims idx_dims,
+                    idx_strides,       // const Dims idx_strides,
                     &mut storage,      // float *out,
                     Dst::NUM_DIMS,     // const size_t out_num_dims,
                 );
@@ -72,22 +72,22 @@ macro_rules! impl_cuda_kernels {
                 let bwd_fn = self.dev.get_func($GatherMod, $GatherBwd).unwrap();
                 let numel = grad_out.len();
 
-                let inp_dims = self.dev.htod_copy(inp.shape.concrete().into())?;
-                let idx_dims = self.dev.htod_copy(idx.shape.concrete().into())?;
-                let inp_strides = self.dev.htod_copy(inp.strides.into())?;
-                let idx_strides = self.dev.htod_copy(idx.strides.into())?;
+                let inp_dims = Dims::new(inp.shape.concrete()); // typed-amp patch: by value
+                let idx_dims = Dims::new(idx.shape.concrete()); // typed-amp patch: by value
+                let inp_strides = Dims::new(inp.strides); // typed-amp patch: by value
+                let idx_strides = Dims::new(idx.strides); // typed-amp patch: by value
 
                 let cfg = launch_cfg::<128>(numel as u32);
                 let params = (
                     numel,             // const size_t numel,
                     grad_inp,          // float *grad_inp,
                     Src::NUM_DIMS,     // const size_t inp_num_dims,
-                    &inp_dims,         // const size_t *inp_dims,
-                    &inp_strides,      // const size_t *inp_strides,
+                    inp_dims,          // const Dims inp_dims,
+                    inp_strides,       // const Dims inp_strides,
                     idx.data.as_ref(), // const float *idx,
                     Idx::NUM_DIMS,     // const size_t idx_num_dims,
-                    &idx_dims,         // const size_t *idx_dims,
-                    &idx_strides,      // const size_t *idx_strides,
+                    idx_dims,          // const Dims idx_dims,
+                    idx_strides,       // const Dims idx_strides,
                     grad_out,          // const float *grad_out,
                     Dst::NUM_DIMS,     // const size_t out_num_dims,
                 );
@@ -118,12 +118,12 @@ macro_rules! impl_cuda_kernels {
                 let mut storage = unsafe { self.alloc_empty::<$TypeName>(numel) }?;
                 self.dev.memset_zeros(&mut storage)?;
 
-                let inp_dims = self.dev.htod_copy(inp.shape.concrete().into())?;
-                let idx_dims = self.dev.htod_copy(idx.shape.concrete().into())?;
-                let dst_dims = self.dev.htod_copy(dst.concrete().into())?;
-                let inp_strides = self.dev.htod_copy(inp.strides.into())?;
-                let idx_strides = self.dev.htod_copy(idx.strides.into())?;
-                let dst_strides = self.dev.htod_copy(dst.strides().into())?;
+                let inp_dims = Dims::new(inp.shape.concrete()); // typed-amp patch: by value
+                let idx_dims = Dims::new(idx.shape.concrete()); // typed-amp patch: by value
+                let dst_dims = Dims::new(dst.concrete()); // typed-amp patch: by value
+                let inp_strides = Dims::new(inp.strides); // typed-amp patch: by value
+                let idx_strides = Dims::new(idx.strides); // typed-amp patch: by value
+                let dst_strides = Dims::new(dst.strides()); // typed-amp patch: by value
 
                 let fwd_fn = self.dev.get_func($SelectMod, $SelectFwd).unwrap();
                 let cfg = launch_cfg::<128>(numel as u32);
@@ -131,15 +131,15 @@ macro_rules! impl_cuda_kernels {
                     numel,             // const size_t numel,
                     inp.data.as_ref(), // const float *inp,
                     Src::NUM_DIMS,     // const size_t inp_num_dims,
-                    &inp_dims,         // const size_t *inp_dims,
-                    &inp_strides,      // const size_t *inp_strides,
+                    inp_dims,          // const Dims inp_dims,
+                    inp_strides,       // const Dims inp_strides,
                     idx.data.as_ref(), // const float *idx,
                     Idx::NUM_DIMS,     // const size_t idx_num_dims,
-                    &idx_dims,         // const size_t *idx_dims,
-                    &idx_strides,      // const size_t *idx_strides,
+                    idx_dims,          // const Dims idx_dims,
+                    idx_strides,       // const Dims idx_strides,
                     &mut storage,      // float *out,
-                    &dst_dims,         // const size_t *out_dims,
-                    &dst_strides,      // const size_t *out_strides
+                    dst_dims,          // const Dims out_dims,
+                    dst_strides,       // const Dims out_strides
                 );
                 unsafe { fwd_fn.launch(cfg, params) }?;
 
@@ -160,27 +160,27 @@ macro_rules! impl_cuda_kernels {
                 let bwd_fn = self.dev.get_func($SelectMod, $SelectBwd).unwrap();
                 let numel = grad_out.len();
 
-                let inp_dims = self.dev.htod_copy(inp.shape.concrete().into())?;
-                let idx_dims = self.dev.htod_copy(idx.shape.concrete().into())?;
-                let out_dims = self.dev.htod_copy(out.shape.concrete().into())?;
-                let inp_strides = self.dev.htod_copy(inp.strides.into())?;
-                let idx_strides = self.dev.htod_copy(idx.strides.into())?;
-                let out_strides = self.dev.htod_copy(out.strides.into())?;
+                let inp_dims = Dims::new(inp.shape.concrete()); // typed-amp patch: by value
+                let idx_dims = Dims::new(idx.shape.concrete()); // typed-amp patch: by value
+                let out_dims = Dims::new(out.shape.concrete()); // typed-amp patch: by value
+                let inp_strides = Dims::new(inp.strides); // typed-amp patch: by value
+                let idx_strides = Dims::new(idx.strides); // typed-amp patch: by value
+                let out_strides = Dims::new(out.strides); // typed-amp patch: by value
 
                 let cfg = launch_cfg::<128>(numel as u32);
                 let params = (
                     numel,             // const size_t numel,
                     grad_inp,          // float *grad_inp,
                     Src::NUM_DIMS,     // const size_t inp_num_dims,
-                    &inp_dims,         // const size_t *inp_dims,
-                    &inp_strides,      // const size_t *inp_strides,
+                    inp_dims,          // const Dims inp_dims,
+                    inp_strides,       // const Dims inp_strides,
                     idx.data.as_ref(), // const float *idx,
                     Idx::NUM_DIMS,     // const size_t idx_num_dims,
-                    &idx_dims,         // const size_t *idx_dims,
-                    &idx_strides,      // const size_t *idx_strides,
+                    idx_dims,          // const Dims idx_dims,
+                    idx_strides,       // const Dims idx_strides,
                     grad_out,          // const float *grad_out,
-                    &out_dims,         // const size_t *out_dims,
-                    &out_strides,      // const size_t *out_strides
+                    out_dims,          // const Dims out_dims,
+                    out_strides,       // const Dims out_strides
                 );
                 unsafe { bwd_fn.launch(cfg, params) }?;
                 Ok(())

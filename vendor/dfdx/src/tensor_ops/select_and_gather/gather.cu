@@ -91,30 +91,38 @@ extern "C" __global__ void FWD( \
     const size_t numel, \
     const TYPENAME *inp, \
     const size_t inp_num_dims, \
-    const size_t *inp_dims, \
-    const size_t *inp_strides, \
+    const Dims inp_dims_arg, \
+    const Dims inp_strides_arg, \
     const size_t *idx, \
     const size_t idx_num_dims, \
-    const size_t *idx_dims, \
-    const size_t *idx_strides, \
+    const Dims idx_dims_arg, \
+    const Dims idx_strides_arg, \
     TYPENAME *out, \
     const size_t out_num_dims \
 ) { \
+    const size_t *inp_dims = inp_dims_arg.v; /* typed-amp patch */ \
+    const size_t *inp_strides = inp_strides_arg.v; /* typed-amp patch */ \
+    const size_t *idx_dims = idx_dims_arg.v; /* typed-amp patch */ \
+    const size_t *idx_strides = idx_strides_arg.v; /* typed-amp patch */ \
     gather_fwd(numel, inp, inp_num_dims, inp_dims, inp_strides, idx, idx_num_dims, idx_dims, idx_strides, out, out_num_dims); \
 } \
 extern "C" __global__ void BWD( \
     const size_t numel, \
     TYPENAME *grad_inp, \
     const size_t inp_num_dims, \
-    const size_t *inp_dims, \
-    const size_t *inp_strides, \
+    const Dims inp_dims_arg, \
+    const Dims inp_strides_arg, \
     const size_t *idx, \
     const size_t idx_num_dims, \
-    const size_t *idx_dims, \
-    const size_t *idx_strides, \
+    const Dims idx_dims_arg, \
+    const Dims idx_strides_arg, \
     const TYPENAME *grad_out, \
     const size_t out_num_dims \
 ) { \
+    const size_t *inp_dims = inp_dims_arg.v; /* typed-amp patch */ \
+    const size_t *inp_strides = inp_strides_arg.v; /* typed-amp patch */ \
+    const size_t *idx_dims = idx_dims_arg.v; /* typed-amp patch */ \
+    const size_t *idx_strides = idx_strides_arg.v; /* typed-amp patch */ \
     gather_bwd(numel, grad_inp, inp_num_dims, inp_dims, inp_strides, idx, idx_num_dims, idx_dims, idx_strides, grad_out, out_num_dims); \
 }
 

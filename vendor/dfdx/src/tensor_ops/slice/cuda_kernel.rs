@@ -2,9 +2,9 @@ use crate::{
     dtypes::*,
     prelude::cpu::NdIndex,
     shapes::*,
-    tensor::{launch_cfg, Cuda, Tensor},
+    tensor::{launch_cfg, Cuda, Dims, Tensor},
 };
-use cudarc::driver::{CudaSlice, LaunchAsync};
+use cudarc::driver::LaunchAsync;
 
 const PTX_SRC: &str = include_str!(concat!(env!("OUT_DIR"), "/slice.ptx"));
 
@@ -76,16 +76,16 @@ where
 
         let mut storage = unsafe { self.alloc_empty::<E>(numel) }?;
 
-        let dims: CudaSlice<usize> = self.dev.htod_copy(dst.concrete().into())?;
-        let strides: CudaSlice<usize> = self.dev.htod_copy(strides.into())?;
+        let dims = Dims::new(dst.concrete()); // typed-amp patch: by value
+        let strides = Dims::new(strides); // typed-amp patch: by value
 
         let fwd_fn = self.dev.get_func(Self::MOD, Self::FNS[0]).unwrap();
         let cfg = launch_cfg::<128>(numel as u32);
         let params = (
             numel,             // const size_t numel,
             Src::NUM_DIMS,     // const size_t num_dims,
-            &dims,             // const size_t *dims,
-            &strides,          // const size_t *strides,
+            dims,              // const Dims dims,
+            strides,           // const Dims strides,
             start_idx,         // const size_t offset,
             inp.data.as_ref(), // const T *inp,
             &mut storage,      // T *out
@@ -112,16 +112,16 @@ where
         let start_idx = NdIndex::new(inp.shape, inp.strides)
             .get_strided_index(inp.shape.first_idx_in_slice(slice));
 
-        let dims: CudaSlice<usize> = self.dev.htod_copy(dst.concrete().into())?;
-        let strides: CudaSlice<usize> = self.dev.htod_copy(strides.into())?;
+        let dims = Dims::new(dst.concrete()); // typed-amp patch: by value
+        let strides = Dims::new(strides); // typed-amp patch: by value
 
         let bwd_fn = self.dev.get_func(Self::MOD, Self::FNS[1]).unwrap();
         let cfg = launch_cfg::<128>(numel as u32);
         let params = (
             numel,         // const size_t numel,
             Src::NUM_DIMS, // const size_t num_dims,
-            &dims,         // const size_t *dims,
-            &strides,      // const size_t *strides,
+            dims,          // const Dims dims,
+            strides,       // const Dims strides,
             start_idx,     // const size_t offset,
             grad_inp,      // T *grad_inp,
             grad_out,      // const T *out

@@ -38,12 +38,14 @@ __device__ void slice_bwd(
 extern "C" __global__ void FN( \
     const size_t numel, \
     const size_t num_dims, \
-    const size_t *dims, \
-    const size_t *strides, \
+    const Dims dims_arg, \
+    const Dims strides_arg, \
     const size_t offset, \
     const TYPENAME *inp, \
     TYPENAME *out \
 ) { \
+    const size_t *dims = dims_arg.v; /* typed-amp patch */ \
+    const size_t *strides = strides_arg.v; /* typed-amp patch */ \
     slice_fwd(numel, num_dims, dims, strides, offset, inp, out); \
 }
 
@@ -53,12 +55,14 @@ SLICE_FWD(TYPENAME, FWD) \
 extern "C" __global__ void BWD( \
     const size_t numel, \
     const size_t num_dims, \
-    const size_t *dims, \
-    const size_t *strides, \
+    const Dims dims_arg, \
+    const Dims strides_arg, \
     const size_t offset, \
     TYPENAME *grad_inp, \
     const TYPENAME *grad_out \
 ) { \
+    const size_t *dims = dims_arg.v; /* typed-amp patch */ \
+    const size_t *strides = strides_arg.v; /* typed-amp patch */ \
     slice_bwd(numel, num_dims, dims, strides, offset, grad_inp, grad_out); \
 }
 

@@ -1,13 +1,11 @@
 use crate::{
     dtypes::*,
     shapes::*,
-    tensor::{launch_cfg, Cuda, Tensor, Tensorlike},
+    tensor::{launch_cfg, Cuda, Info2, Info3, Tensor, Tensorlike},
     tensor_ops::reduction_utils::*,
 };
 
 use cudarc::driver::{DeviceRepr, DeviceSlice, LaunchAsync, ValidAsZeroBits};
-
-use std::vec::Vec;
 
 const PTX_SRC: &str = include_str!(concat!(env!("OUT_DIR"), "/sum_to.ptx"));
 
@@ -65,10 +63,8 @@ where
         let (dims, strides) = permute_for_reductions::<_, Ax>(inp.shape.concrete(), inp.strides);
         let num_dims = dims.len();
 
-        let mut info = Vec::with_capacity(num_dims * 2);
-        info.extend(dims);
-        info.extend(strides);
-        let info = self.dev.htod_copy(info)?;
+        // typed-amp patch: passed by value (`Info2`), not copied to a device buffer per launch.
+        let info = Info2::new(dims.into_iter().chain(strides));
 
         let elems_per_thread = E::from_usize(reduction_elems_per_thread::<_, Src>(
             inp.shape.concrete(),
@@ -91,7 +87,7 @@ where
             num_dims,          // const size_t num_dims,
             elems_per_thread,  // const float elems_per_thread,
             chunk_len,         // const size_t chunk_len,
-            &info,             // const size_t *info,
+            info,              // const Info2 info,
             inp.data.as_ref(), // const float *inp,
             &mut storage,      // float *out
         );
@@ -123,17 +119,20 @@ where
 
         let cfg = launch_cfg::<128>(physical_numel as u32);
 
-        let mut info: Vec<usize> = Vec::with_capacity(3 * Src::NUM_DIMS);
-        info.extend(inp.shape().concrete());
-        info.extend(inp.strides());
-        info.extend(out_strides);
-        let info = self.dev.htod_copy(info)?;
+        // typed-amp patch: passed by value (`Info3`), not copied to a device buffer per launch.
+        let info = Info3::new(
+            inp.shape()
+                .concrete()
+                .into_iter()
+                .chain(inp.strides())
+                .chain(out_strides),
+        );
 
         let params = (
             physical_numel,   // const size_t numel,
             Src::NUM_DIMS,    // const size_t num_dims,
             elems_per_thread, // const float elems_per_thread,
-            &info,            // const size_t *info,
+            info,             // const Info3 info,
             grad_inp,         // float *grad_inp,
             grad_out,         // const float *grad_out,
         );

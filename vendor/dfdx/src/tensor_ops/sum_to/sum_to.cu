@@ -60,21 +60,21 @@ extern "C" __global__ void FWD( \
     const size_t num_dims, \
     const TYPENAME elems_per_thread, \
     const size_t chunk_len, \
-    const size_t *info, \
+    const Info2 info, /* typed-amp patch: by value */ \
     const TYPENAME *inp, \
     TYPENAME *out \
 ) { \
-    sum_to_fwd(numel, num_dims, elems_per_thread, chunk_len, info, inp, out); \
+    sum_to_fwd(numel, num_dims, elems_per_thread, chunk_len, info.v, inp, out); \
 } \
 extern "C" __global__ void BWD( \
     const size_t numel, \
     const size_t num_dims, \
     const TYPENAME elems_per_thread, \
-    const size_t *info, \
+    const Info3 info, /* typed-amp patch: by value */ \
     TYPENAME *grad_inp, \
     const TYPENAME *grad_out \
 ) { \
-    sum_to_bwd(numel, num_dims, elems_per_thread, info, grad_inp, grad_out); \
+    sum_to_bwd(numel, num_dims, elems_per_thread, info.v, grad_inp, grad_out); \
 }
 
 SUM(__half, sum_to_fwd_f16, sum_to_bwd_f16);
@@ -135,7 +135,7 @@ extern "C" __global__ void sum_to_fwd_amp_f16(
     const size_t num_dims,
     const __half elems_per_thread,
     const size_t chunk_len,
-    const size_t *info,
+    const Info2 info_arg, // typed-amp patch: by value
     const __half *inp,
     __half *out
 ) {
@@ -145,6 +145,7 @@ extern "C" __global__ void sum_to_fwd_amp_f16(
         return;
     }
 
+    const size_t *info = info_arg.v; // typed-amp patch
     const size_t *dims = info;
     const size_t *strides = info + num_dims;
 
@@ -203,7 +204,7 @@ extern "C" __global__ void sum_to_fwd_bf16(
     const size_t num_dims,
     const __nv_bfloat16 elems_per_thread,
     const size_t chunk_len,
-    const size_t *info,
+    const Info2 info_arg, // typed-amp patch: by value
     const __nv_bfloat16 *inp,
     __nv_bfloat16 *out
 ) {
@@ -213,6 +214,7 @@ extern "C" __global__ void sum_to_fwd_bf16(
         return;
     }
 
+    const size_t *info = info_arg.v; // typed-amp patch
     const size_t *dims = info;
     const size_t *strides = info + num_dims;
 
@@ -224,11 +226,11 @@ extern "C" __global__ void sum_to_bwd_bf16(
     const size_t numel,
     const size_t num_dims,
     const __nv_bfloat16 elems_per_thread,
-    const size_t *info,
+    const Info3 info, // typed-amp patch: by value
     __nv_bfloat16 *grad_inp,
     const __nv_bfloat16 *grad_out
 ) {
-    sum_to_bwd(numel, num_dims, elems_per_thread, info, grad_inp, grad_out);
+    sum_to_bwd(numel, num_dims, elems_per_thread, info.v, grad_inp, grad_out);
 }
 
 #endif // typed-amp patch: bf16

@@ -1,7 +1,7 @@
 use crate::{
     dtypes::*,
     shapes::*,
-    tensor::{launch_cfg, Cuda, Tensor},
+    tensor::{launch_cfg, Cuda, Dims, Tensor},
 };
 
 use std::sync::Arc;
@@ -89,15 +89,10 @@ where
                 .load_ptx(PTX_SRC.into(), Self::FWD, &[Self::FWD, Self::BWD])?;
         }
 
-        let strides = self.dev.htod_copy(make_4d::<I>(inp.strides).into())?;
+        let strides = Dims::new(make_4d::<I>(inp.strides)); // typed-amp patch: by value
         let fwd_fn = self.dev.get_func(Self::FWD, Self::FWD).unwrap();
         let cfg = launch_cfg::<128>(out.shape().num_elements() as u32);
-        let params = (
-            op,
-            &strides,
-            inp.data.as_ref(),
-            Arc::make_mut(&mut out.data),
-        );
+        let params = (op, strides, inp.data.as_ref(), Arc::make_mut(&mut out.data));
         unsafe { fwd_fn.launch(cfg, params) }?;
         Ok(())
     }
@@ -109,10 +104,10 @@ where
         out: &Tensor<O, E, Self>,
         grad_out: &Self::Vec,
     ) -> Result<(), Self::Err> {
-        let strides = self.dev.htod_copy(make_4d::<I>(inp.strides).into())?;
+        let strides = Dims::new(make_4d::<I>(inp.strides)); // typed-amp patch: by value
         let bwd_fn = self.dev.get_func(Self::FWD, Self::BWD).unwrap();
         let cfg = launch_cfg::<128>(out.shape().num_elements() as u32);
-        let params = (op, &strides, grad_inp, grad_out);
+        let params = (op, strides, grad_inp, grad_out);
         unsafe { bwd_fn.launch(cfg, params) }?;
         Ok(())
     }

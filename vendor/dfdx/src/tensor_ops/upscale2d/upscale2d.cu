@@ -150,18 +150,20 @@ __device__ void bilinear_upscale2d_bwd(
 #define UPSCALE_OP(TYPENAME, fwd, bwd, fwd_FN, bwd_FN) \
 extern "C" __global__ void fwd( \
     const Upscale2dOp op, \
-    const size_t *inp_strides, \
+    const Dims inp_strides_arg, \
     const TYPENAME *inp, \
     TYPENAME *out \
 ) { \
+    const size_t *inp_strides = inp_strides_arg.v; /* typed-amp patch */ \
     fwd_FN(op, inp_strides, inp, out); \
 } \
 extern "C" __global__ void bwd( \
     const Upscale2dOp op, \
-    const size_t *inp_strides, \
+    const Dims inp_strides_arg, \
     TYPENAME *grad_inp, \
     const TYPENAME *grad_out \
 ) { \
+    const size_t *inp_strides = inp_strides_arg.v; /* typed-amp patch */ \
     bwd_FN(op, inp_strides, grad_inp, grad_out); \
 }
 

@@ -1,15 +1,21 @@
 #include "cuda_utils.cuh"
 
+// typed-amp patch: `info` (dims and strides) is a kernel parameter passed by value (`Info3`, see
+// cuda_utils.cuh) instead of a pointer to a buffer copied from the host on every launch; each
+// backward kernel takes its own three arrays (the right-hand one's were at offsets 3 to 5 of one
+// shared buffer of six). The indexing arithmetic is unchanged.
+
 #define LONG_BINARY_OP(TYPENAME, FORWARD, BACKWARD_LHS, BACKWARD_RHS, OP_STRUCT, FUNC, DFDX, DFDY) \
 extern "C" __global__ void FORWARD( \
     const OP_STRUCT op, \
     const size_t numel, \
     const size_t num_dims, \
-    const size_t *info, \
+    const Info3 info_arg, \
     const TYPENAME *lhs, \
     const TYPENAME *rhs, \
     TYPENAME *out \
 ) { \
+    const size_t *info = info_arg.v; \
     const size_t *dims = info; \
     const size_t *lhs_strides = info + num_dims; \
     const size_t *rhs_strides = info + 2 * num_dims; \
@@ -35,13 +41,14 @@ extern "C" __global__ void BACKWARD_LHS( \
     const OP_STRUCT op, \
     const size_t numel, \
     const size_t num_dims, \
-    const size_t *info, \
+    const Info3 info_arg, \
     const TYPENAME *lhs, \
     TYPENAME *grad_lhs, \
     const size_t chunk_len, \
     const TYPENAME *rhs, \
     const TYPENAME *grad_out \
 ) { \
+    const size_t *info = info_arg.v; \
     const size_t *dims = info + 0 * num_dims; \
     const size_t *out_strides = info + 1 * num_dims; \
     const size_t *rhs_strides = info + 2 * num_dims; \
@@ -68,16 +75,17 @@ extern "C" __global__ void BACKWARD_RHS( \
     const OP_STRUCT op, \
     const size_t numel, \
     const size_t num_dims, \
-    const size_t *info, \
+    const Info3 info_arg, \
     const TYPENAME *lhs, \
     const TYPENAME *rhs, \
     TYPENAME *grad_rhs, \
     const size_t chunk_len, \
     const TYPENAME *grad_out \
 ) { \
-    const size_t *dims = info + 3 * num_dims; \
-    const size_t *out_strides = info + 4 * num_dims; \
-    const size_t *lhs_strides = info + 5 * num_dims; \
+    const size_t *info = info_arg.v; \
+    const size_t *dims = info + 0 * num_dims; \
+    const size_t *out_strides = info + 1 * num_dims; \
+    const size_t *lhs_strides = info + 2 * num_dims; \
     TYPENAME zero = 0.0; \
     for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < numel; i += blockDim.x * gridDim.x) { \
         unsigned int tmp_i = i; \

@@ -243,11 +243,14 @@ impl<E: Dtype, K: BinaryOpCudaKernel<E> + DeviceRepr + Clone> BinaryKernel<K, E>
             Cow::Owned(rhs) => rhs.strides,
         };
 
-        let mut info: Vec<usize> = Vec::with_capacity(3 * S::NUM_DIMS);
-        info.extend(shape.concrete());
-        info.extend(lhs_strides);
-        info.extend(rhs_strides);
-        let info = self.dev.htod_copy(info)?;
+        // typed-amp patch: passed by value (`Info3`), not copied to a device buffer per launch.
+        let info = Info3::new(
+            shape
+                .concrete()
+                .into_iter()
+                .chain(lhs_strides)
+                .chain(rhs_strides),
+        );
 
         match (lhs, rhs) {
             (Cow::Borrowed(lhs), Cow::Borrowed(rhs)) => {
@@ -256,7 +259,7 @@ impl<E: Dtype, K: BinaryOpCudaKernel<E> + DeviceRepr + Clone> BinaryKernel<K, E>
                     op,
                     numel,             // const size_t numel,
                     S::NUM_DIMS,       // const size_t num_dims,
-                    &info,             // const size_t *info,
+                    info,              // const Info3 info,
                     lhs.data.as_ref(), // const float *lhs,
                     rhs.data.as_ref(), // const float *rhs,
                     &mut storage,      // float *out,
@@ -276,7 +279,7 @@ impl<E: Dtype, K: BinaryOpCudaKernel<E> + DeviceRepr + Clone> BinaryKernel<K, E>
                             op,
                             numel,
                             S::NUM_DIMS,
-                            &info,
+                            info,
                             lhs.data.as_ref(),
                             0u64,
                             Arc::make_mut(&mut rhs.data),
@@ -289,7 +292,7 @@ impl<E: Dtype, K: BinaryOpCudaKernel<E> + DeviceRepr + Clone> BinaryKernel<K, E>
                             op,
                             numel,                        // const size_t numel,
                             S::NUM_DIMS,                  // const size_t num_dims,
-                            &info,                        // const size_t *info,
+                            info,                         // const Info3 info,
                             0u64,                         // const float *lhs,
                             rhs.data.as_ref(),            // const float *rhs,
                             Arc::make_mut(&mut lhs.data), // float *out,
@@ -303,7 +306,7 @@ impl<E: Dtype, K: BinaryOpCudaKernel<E> + DeviceRepr + Clone> BinaryKernel<K, E>
                         op,
                         numel,             // const size_t numel,
                         S::NUM_DIMS,       // const size_t num_dims,
-                        &info,             // const size_t *info,
+                        info,              // const Info3 info,
                         lhs.data.as_ref(), // const float *lhs,
                         rhs.data.as_ref(), // const float *rhs,
                         &mut storage,      // float *out,
@@ -358,14 +361,20 @@ impl<E: Dtype, K: BinaryOpCudaKernel<E> + DeviceRepr + Clone> BinaryKernel<K, E>
             rhs_strides,
         );
 
-        let mut info: Vec<usize> = Vec::with_capacity(6 * S::NUM_DIMS);
-        info.extend(out_dims1);
-        info.extend(out_strides1);
-        info.extend(rhs_strides1);
-        info.extend(out_dims2);
-        info.extend(out_strides2);
-        info.extend(lhs_strides2);
-        let info = self.dev.htod_copy(info)?;
+        // typed-amp patch: passed by value (`Info3`, one for each kernel), not copied to a device
+        // buffer per launch.
+        let info_lhs = Info3::new(
+            out_dims1
+                .into_iter()
+                .chain(out_strides1)
+                .chain(rhs_strides1),
+        );
+        let info_rhs = Info3::new(
+            out_dims2
+                .into_iter()
+                .chain(out_strides2)
+                .chain(lhs_strides2),
+        );
 
         match (lhs.data(), rhs.data()) {
             (Some(lhs_buf), Some(rhs_buf)) => {
@@ -373,7 +382,7 @@ impl<E: Dtype, K: BinaryOpCudaKernel<E> + DeviceRepr + Clone> BinaryKernel<K, E>
                     op.clone(),      // const OP_STRUCT op,
                     numel,           // const size_t numel,
                     S::NUM_DIMS,     // const size_t num_dims,
-                    &info,           // const size_t *info,
+                    info_lhs,        // const Info3 info,
                     lhs_buf,         // const TYPENAME *lhs,
                     grad_lhs,        // TYPENAME *grad_lhs,
                     numel / lhs_len, // const size_t chunk_len,
@@ -384,7 +393,7 @@ impl<E: Dtype, K: BinaryOpCudaKernel<E> + DeviceRepr + Clone> BinaryKernel<K, E>
                     op,              // const OP_STRUCT op,
                     numel,           // const size_t numel,
                     S::NUM_DIMS,     // const size_t num_dims,
-                    &info,           // const size_T * info,
+                    info_rhs,        // const Info3 info,
                     lhs_buf,         // const TYPENAME *lhs,
                     rhs_buf,         // const TYPENAME *rhs,
                     grad_rhs,        // TYPENAME *grad_rhs,
@@ -402,7 +411,7 @@ impl<E: Dtype, K: BinaryOpCudaKernel<E> + DeviceRepr + Clone> BinaryKernel<K, E>
                     op.clone(),      // const OP_STRUCT op,
                     numel,           // const size_t numel,
                     S::NUM_DIMS,     // const size_t num_dims,
-                    &info,           // const size_t *info,
+                    info_lhs,        // const Info3 info,
                     0u64,            // const TYPENAME *lhs,
                     grad_lhs,        // TYPENAME *grad_lhs,
                     numel / lhs_len, // const size_t chunk_len,
@@ -413,7 +422,7 @@ impl<E: Dtype, K: BinaryOpCudaKernel<E> + DeviceRepr + Clone> BinaryKernel<K, E>
                     op,              // const OP_STRUCT op,
                     numel,           // const size_t numel,
                     S::NUM_DIMS,     // const size_t num_dims,
-                    &info,           // const size_T * info,
+                    info_rhs,        // const Info3 info,
                     0u64,            // const TYPENAME *lhs,
                     0u64,            // const TYPENAME *rhs,
                     grad_rhs,        // TYPENAME *grad_rhs,

@@ -2,6 +2,21 @@
 #include "cuda_bf16.h" // typed-amp patch
 #include "compatibility.cuh"
 
+// typed-amp patch: shapes and strides travel to the kernels by value, as kernel parameters, instead
+// of in a device buffer allocated and copied from the host on every launch. `SizeArray<N>` is
+// `SizeArray<N>` of `src/tensor/cuda/mod.rs` (`#[repr(C)] [usize; N]`): the kernels read it in
+// place (`info.v`, a pointer into the parameter space) with the arithmetic they used on the
+// buffer. dfdx's shapes have at most 6 dimensions (`Rank6`); unused entries are zero.
+#define MAX_DIMS 6
+template <unsigned int N> struct SizeArray { size_t v[N]; };
+// One shape or one set of strides.
+typedef SizeArray<MAX_DIMS> Dims;
+// Two, three or four of them packed one after another (`info` of the reductions and the binary
+// ops, offsets `k * num_dims` as before).
+typedef SizeArray<2 * MAX_DIMS> Info2;
+typedef SizeArray<3 * MAX_DIMS> Info3;
+typedef SizeArray<4 * MAX_DIMS> Info4;
+
 __device__ unsigned int get_strided_index(
     unsigned int idx,
     const size_t num_dims,
