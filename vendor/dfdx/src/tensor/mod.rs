@@ -135,6 +135,12 @@
 //! 1. Call [Cache::empty_cache()], which will empty out all of the saved allocations.
 //! 2. Disable the cache entirely by calling [Cache::disable_cache()]. This will
 //! empty out any existing allocations and prevent any new ones from being cached.
+//!
+//! typed-amp patch: in this fork the `Cuda` device's cache is on from the moment it is built
+//! (upstream built both devices with the cache off, whatever the paragraph above says); the
+//! `Cpu` device's is still off until [Cache::enable_cache()]. A `Cuda` allocation that fails for
+//! lack of memory empties the cache and tries once more. `Cuda::transfer_counts` counts the
+//! allocations the cache could not serve.
 
 pub(crate) mod cache;
 pub(crate) mod cpu;
@@ -167,9 +173,11 @@ pub type AutoDevice = Cpu;
 pub(crate) use cuda::launch_cfg;
 #[cfg(feature = "cuda")]
 pub use cuda::{Cuda, CudaError};
-// typed-amp patch: kernel parameters by value.
+// typed-amp patch: kernel parameters by value; the device's allocation and copy counts.
 #[cfg(feature = "cuda")]
 pub(crate) use cuda::{Dims, Info2, Info3, Info4, SizeArray};
+#[cfg(feature = "cuda")]
+pub use cuda::{TransferCounts, TransferEvent, TransferKind};
 #[cfg(feature = "cuda")]
 pub type AutoDevice = Cuda;
 

@@ -5,7 +5,7 @@ use crate::{
     tensor::{masks::triangle_mask, storage_traits::*, unique_id, Cpu, CpuError, NoneTape, Tensor},
 };
 
-use super::{device::CachableCudaSlice, Cuda, CudaError};
+use super::{Cuda, CudaError};
 
 use cudarc::driver::{CudaSlice, DeviceSlice};
 use rand::Rng;
@@ -18,6 +18,7 @@ impl Cuda {
         buf: Vec<E>,
     ) -> Result<Tensor<S, E, Self>, CudaError> {
         let mut slice = unsafe { self.alloc_empty(buf.len()) }?;
+        self.counts.htod(std::mem::size_of_val(buf.as_slice())); // typed-amp patch: counted
         self.dev.htod_copy_into(buf, &mut slice)?;
         Ok(self.build_tensor(shape, shape.strides(), slice))
     }
@@ -28,10 +29,7 @@ impl Cuda {
         strides: S::Concrete,
         slice: CudaSlice<E>,
     ) -> Tensor<S, E, Self> {
-        let data = CachableCudaSlice {
-            data: slice,
-            cache: self.cache.clone(),
-        };
+        let data = self.cachable(slice);
         Tensor {
             id: unique_id(),
             data: Arc::new(data),
@@ -55,7 +53,7 @@ impl<E: Unit> ZerosTensor<E> for Cuda {
 
 impl<E: Unit> ZeroFillStorage<E> for Cuda {
     fn try_fill_with_zeros(&self, storage: &mut Self::Vec) -> Result<(), Self::Err> {
-        self.dev.memset_zeros(&mut storage.data)?;
+        self.dev.memset_zeros(&mut *storage.data)?;
         Ok(())
     }
 }
@@ -104,6 +102,8 @@ where
 
 impl<E: Unit> OneFillStorage<E> for Cuda {
     fn try_fill_with_ones(&self, storage: &mut Self::Vec) -> Result<(), Self::Err> {
+        // typed-amp patch: counted.
+        self.counts.htod(storage.len() * std::mem::size_of::<E>());
         self.dev
             .htod_copy_into(std::vec![E::ONE; storage.len()], &mut storage.data)?;
         Ok(())
@@ -143,6 +143,7 @@ where
             let mut rng = self.cpu.rng.lock();
             buf.resize_with(storage.len(), || rng.sample(&distr));
         }
+        self.counts.htod(std::mem::size_of_val(buf.as_slice())); // typed-amp patch: counted
         self.dev.htod_copy_into(buf, &mut storage.data)?;
         Ok(())
     }
@@ -158,8 +159,9 @@ impl<E: Unit> CopySlice<E> for Cuda {
         let storage = Arc::make_mut(&mut dst.data);
         dst.device
             .dev
-            .htod_sync_copy_into(src, &mut storage.data)
+            .htod_sync_copy_into(src, &mut *storage.data)
             .unwrap();
+        dst.device.counts.htod(std::mem::size_of_val(src)); // typed-amp patch: counted
     }
     fn copy_into<S: Shape, T>(src: &Tensor<S, E, Self, T>, dst: &mut [E]) {
         assert_eq!(
@@ -170,8 +172,9 @@ impl<E: Unit> CopySlice<E> for Cuda {
         let storage: &Self::Vec = src.data.as_ref();
         src.device
             .dev
-            .dtoh_sync_copy_into(&storage.data, dst)
+            .dtoh_sync_copy_into(&*storage.data, dst)
             .unwrap();
+        src.device.counts.dtoh(std::mem::size_of_val(dst)); // typed-amp patch: counted
     }
 }
 

@@ -12,7 +12,11 @@ use cudarc::{
 };
 
 use std::{
-    sync::{Arc, Mutex, MutexGuard},
+    mem::ManuallyDrop,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, MutexGuard,
+    },
     vec::Vec,
 };
 
@@ -30,6 +34,247 @@ pub struct Cuda {
     pub(crate) par_stream: Arc<CudaStream>,
     pub(crate) workspace: Arc<Mutex<CudaSlice<u8>>>,
     pub(crate) cache: Arc<TensorCache<CUdeviceptr>>,
+    /// typed-amp patch: what this device (and every clone of it) asked the driver for; see
+    /// [Cuda::transfer_counts].
+    pub(crate) counts: Arc<Counters>,
+    /// typed-amp patch: held by the device's clones only (not by its buffers): when the last
+    /// clone is dropped, the cache's buffers are freed and the cache is turned off, so that
+    /// buffers dropped later are freed too instead of cached for nobody.
+    #[allow(unused)]
+    pub(crate) cache_guard: Arc<CacheGuard>,
+}
+
+/// typed-amp patch: see `Cuda::cache_guard`.
+#[derive(Debug)]
+pub(crate) struct CacheGuard {
+    cache: Arc<TensorCache<CUdeviceptr>>,
+    dev: Arc<CudaDevice>,
+}
+
+impl Drop for CacheGuard {
+    fn drop(&mut self) {
+        self.cache.disable();
+        empty_cache(&self.cache, &self.dev);
+    }
+}
+
+/// Frees every buffer `cache` holds (upstream's `try_empty_cache`, shared with [CacheGuard]).
+fn empty_cache(cache: &TensorCache<CUdeviceptr>, dev: &Arc<CudaDevice>) {
+    #[cfg(not(feature = "no-std"))]
+    let mut cache = cache.allocations.write().unwrap();
+    #[cfg(feature = "no-std")]
+    let mut cache = cache.allocations.write();
+    for (&key, allocations) in cache.iter_mut() {
+        for alloc in allocations.drain(..) {
+            let data = unsafe { dev.upgrade_device_ptr::<u8>(alloc, key.num_bytes) };
+            drop(data);
+        }
+    }
+    cache.clear();
+}
+
+/// typed-amp patch: how many device allocations and host ↔ device copies a [Cuda] device made,
+/// since it was built or since [Cuda::reset_transfer_counts]. Read with [Cuda::transfer_counts].
+///
+/// Every allocation and copy dfdx makes on the device is counted: tensor buffers (the ones its
+/// cache could not serve), its workspace, tensors uploaded from the host or read back
+/// (`tensor_from_vec`, `as_vec`, `array`, `copy_from`, `copy_into`, random initialisation,
+/// `ones`), and buffer clones. Memsets are not copies and are not counted; neither is what
+/// cuBLAS or cuDNN allocate for themselves, nor what code outside dfdx does with cudarc directly
+/// on [Cuda::cuda_device] (it can count its work with [Cuda::record_alloc],
+/// [Cuda::record_htod] and [Cuda::record_dtoh], or use [Cuda::read_to_host] and
+/// [Cuda::write_from_host], which count).
+///
+/// A training step whose shapes do not change should, once warmed up, allocate nothing (every
+/// buffer comes from the cache, see [Cache]) and read back at most what it chooses to read
+/// (e.g. one flag saying whether the gradients were finite).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TransferCounts {
+    /// Device allocations (`cuMemAlloc`/`cuMemAllocAsync`).
+    pub allocs: u64,
+    /// Bytes those allocations asked for.
+    pub alloc_bytes: u64,
+    /// Buffers served from the cache instead of allocated.
+    pub reuses: u64,
+    /// Host → device copies.
+    pub htod: u64,
+    /// Bytes those copies moved.
+    pub htod_bytes: u64,
+    /// Device → host copies; each one waits for the device to finish the work queued before it.
+    pub dtoh: u64,
+    /// Bytes those copies moved.
+    pub dtoh_bytes: u64,
+    /// Device → device copies: a tensor buffer cloned (e.g. to write into a shared one), tensors
+    /// concatenated or stacked.
+    pub dtod: u64,
+}
+
+impl std::ops::Sub for TransferCounts {
+    type Output = TransferCounts;
+    /// The counts made between two readings (`later - earlier`).
+    fn sub(self, earlier: TransferCounts) -> TransferCounts {
+        TransferCounts {
+            allocs: self.allocs - earlier.allocs,
+            alloc_bytes: self.alloc_bytes - earlier.alloc_bytes,
+            reuses: self.reuses - earlier.reuses,
+            htod: self.htod - earlier.htod,
+            htod_bytes: self.htod_bytes - earlier.htod_bytes,
+            dtoh: self.dtoh - earlier.dtoh,
+            dtoh_bytes: self.dtoh_bytes - earlier.dtoh_bytes,
+            dtod: self.dtod - earlier.dtod,
+        }
+    }
+}
+
+impl std::fmt::Display for TransferCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} allocations ({} bytes), {} reused from the cache, {} host→device copies ({} bytes), {} device→host copies ({} bytes), {} device→device copies",
+            self.allocs,
+            self.alloc_bytes,
+            self.reuses,
+            self.htod,
+            self.htod_bytes,
+            self.dtoh,
+            self.dtoh_bytes,
+            self.dtod
+        )
+    }
+}
+
+/// typed-amp patch: what a traced allocation or copy was (see [Cuda::trace_transfers]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TransferKind {
+    /// A device allocation.
+    Alloc,
+    /// A host → device copy.
+    HostToDevice,
+    /// A device → host copy.
+    DeviceToHost,
+    /// A device → device copy.
+    DeviceToDevice,
+}
+
+/// typed-amp patch: one allocation or copy counted while [Cuda::trace_transfers] was on: what it
+/// was, how many bytes, and the call stack that made it.
+#[derive(Debug)]
+pub struct TransferEvent {
+    /// What it was.
+    pub kind: TransferKind,
+    /// Its size in bytes.
+    pub bytes: usize,
+    /// Where it was made (`Backtrace::force_capture`; function names need symbols, lines debug
+    /// information).
+    pub backtrace: std::backtrace::Backtrace,
+}
+
+impl std::fmt::Display for TransferEvent {
+    /// The kind, the size, then the backtrace's frames in this crate, typed-amp's crates and the
+    /// calling test or program (`dfdx`, `typed_amp` or `tests/` in the frame), innermost first.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "{:?} of {} bytes, from:", self.kind, self.bytes)?;
+        let bt = self.backtrace.to_string();
+        let mut lines = bt.lines().peekable();
+        while let Some(line) = lines.next() {
+            let frame = line.trim_start();
+            if frame.starts_with("at ") {
+                continue;
+            }
+            let at = lines
+                .peek()
+                .map(|l| l.trim_start())
+                .filter(|l| l.starts_with("at "));
+            let ours = ["dfdx", "typed_amp", "tests/"]
+                .iter()
+                .any(|needle| frame.contains(needle) || at.is_some_and(|a| a.contains(needle)));
+            let internal = frame.contains("TransferEvent") || frame.contains("Counters::");
+            if ours && !internal {
+                writeln!(f, "    {frame}")?;
+                if let Some(at) = at {
+                    writeln!(f, "        {at}")?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// typed-amp patch: the counters behind [TransferCounts], shared by a [Cuda] device, its clones
+/// and its buffers.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    allocs: AtomicU64,
+    alloc_bytes: AtomicU64,
+    reuses: AtomicU64,
+    htod: AtomicU64,
+    htod_bytes: AtomicU64,
+    dtoh: AtomicU64,
+    dtoh_bytes: AtomicU64,
+    dtod: AtomicU64,
+    tracing: std::sync::atomic::AtomicBool,
+    trace: Mutex<Vec<TransferEvent>>,
+}
+
+impl Counters {
+    pub(crate) fn alloc(&self, bytes: usize) {
+        self.allocs.fetch_add(1, Ordering::Relaxed);
+        self.alloc_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.traced(TransferKind::Alloc, bytes);
+    }
+    pub(crate) fn reuse(&self) {
+        self.reuses.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn htod(&self, bytes: usize) {
+        self.htod.fetch_add(1, Ordering::Relaxed);
+        self.htod_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.traced(TransferKind::HostToDevice, bytes);
+    }
+    pub(crate) fn dtoh(&self, bytes: usize) {
+        self.dtoh.fetch_add(1, Ordering::Relaxed);
+        self.dtoh_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.traced(TransferKind::DeviceToHost, bytes);
+    }
+    pub(crate) fn dtod(&self, bytes: usize) {
+        self.dtod.fetch_add(1, Ordering::Relaxed);
+        self.traced(TransferKind::DeviceToDevice, bytes);
+    }
+    fn traced(&self, kind: TransferKind, bytes: usize) {
+        if self.tracing.load(Ordering::Relaxed) {
+            let backtrace = std::backtrace::Backtrace::force_capture();
+            self.trace.lock().unwrap().push(TransferEvent {
+                kind,
+                bytes,
+                backtrace,
+            });
+        }
+    }
+    fn read(&self) -> TransferCounts {
+        TransferCounts {
+            allocs: self.allocs.load(Ordering::Relaxed),
+            alloc_bytes: self.alloc_bytes.load(Ordering::Relaxed),
+            reuses: self.reuses.load(Ordering::Relaxed),
+            htod: self.htod.load(Ordering::Relaxed),
+            htod_bytes: self.htod_bytes.load(Ordering::Relaxed),
+            dtoh: self.dtoh.load(Ordering::Relaxed),
+            dtoh_bytes: self.dtoh_bytes.load(Ordering::Relaxed),
+            dtod: self.dtod.load(Ordering::Relaxed),
+        }
+    }
+    fn reset(&self) {
+        for c in [
+            &self.allocs,
+            &self.alloc_bytes,
+            &self.reuses,
+            &self.htod,
+            &self.htod_bytes,
+            &self.dtoh,
+            &self.dtoh_bytes,
+            &self.dtod,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -106,7 +351,22 @@ impl Cuda {
         #[cfg(feature = "cudnn")]
         let cudnn = cudarc::cudnn::Cudnn::new(dev.clone())?;
         let par_stream = Arc::new(dev.fork_default_stream()?);
+        let counts: Arc<Counters> = Default::default();
         let workspace = Arc::new(Mutex::new(dev.alloc_zeros::<u8>(0)?));
+        // typed-amp patch: counted.
+        counts.alloc(0);
+
+        // typed-amp patch: the caching allocator is on from the start (upstream builds it off):
+        // a dropped tensor's buffer goes to the cache and the next buffer of the same size and
+        // type reuses it, so a training step whose shapes repeat allocates nothing once warmed
+        // up. `disable_cache` turns it off (and frees what it holds), `empty_cache` frees what it
+        // holds; an allocation that fails for lack of memory empties it and tries again.
+        let cache: Arc<TensorCache<CUdeviceptr>> = Default::default();
+        cache.enable();
+        let cache_guard = Arc::new(CacheGuard {
+            cache: cache.clone(),
+            dev: dev.clone(),
+        });
         Ok(Self {
             cpu,
             dev,
@@ -115,8 +375,83 @@ impl Cuda {
             cudnn,
             par_stream,
             workspace,
-            cache: Default::default(),
+            cache,
+            counts,
+            cache_guard,
         })
+    }
+
+    /// typed-amp patch: the device allocations and host ↔ device copies this device (with all
+    /// its clones) made since it was built or since the last [Cuda::reset_transfer_counts]. See
+    /// [TransferCounts] for what is counted.
+    ///
+    /// ```ignore
+    /// dev.reset_transfer_counts();
+    /// train_one_step(&dev);
+    /// let counts = dev.transfer_counts();
+    /// assert_eq!(counts.allocs, 0, "{counts}");
+    /// ```
+    pub fn transfer_counts(&self) -> TransferCounts {
+        self.counts.read()
+    }
+
+    /// typed-amp patch: sets every count of [Cuda::transfer_counts] back to zero (for this device
+    /// and all its clones).
+    pub fn reset_transfer_counts(&self) {
+        self.counts.reset()
+    }
+
+    /// typed-amp patch: while on, every allocation and copy that [Cuda::transfer_counts] counts
+    /// (buffers reused from the cache excepted) is also recorded with the call stack that made
+    /// it, for [Cuda::take_transfer_trace]: to find out who allocates or reads back. Capturing a
+    /// backtrace is slow; leave it off when timing. Off when the device is built.
+    pub fn trace_transfers(&self, on: bool) {
+        self.counts.tracing.store(on, Ordering::Relaxed);
+    }
+
+    /// typed-amp patch: the allocations and copies recorded while [Cuda::trace_transfers] was on,
+    /// oldest first, emptying the record.
+    pub fn take_transfer_trace(&self) -> Vec<TransferEvent> {
+        std::mem::take(&mut *self.counts.trace.lock().unwrap())
+    }
+
+    /// typed-amp patch: counts a device allocation of `bytes` made outside dfdx (with cudarc on
+    /// [Cuda::cuda_device]), so that [Cuda::transfer_counts] includes it.
+    pub fn record_alloc(&self, bytes: usize) {
+        self.counts.alloc(bytes)
+    }
+
+    /// typed-amp patch: counts a host → device copy of `bytes` made outside dfdx.
+    pub fn record_htod(&self, bytes: usize) {
+        self.counts.htod(bytes)
+    }
+
+    /// typed-amp patch: counts a device → host copy of `bytes` made outside dfdx.
+    pub fn record_dtoh(&self, bytes: usize) {
+        self.counts.dtoh(bytes)
+    }
+
+    /// typed-amp patch: copies device memory on this device's stream into a new `Vec`, waiting
+    /// for the work queued before it, and counts the copy.
+    pub fn read_to_host<T: DeviceRepr>(&self, src: &CudaSlice<T>) -> Result<Vec<T>, CudaError> {
+        let dst = self.dev.dtoh_sync_copy(src)?;
+        self.counts.dtoh(std::mem::size_of_val(dst.as_slice()));
+        Ok(dst)
+    }
+
+    /// typed-amp patch: copies `src` into device memory `dst` of the same length on this device's
+    /// stream, synchronously (`src` is only borrowed), and counts the copy.
+    ///
+    /// # Panics
+    /// If the lengths differ (as cudarc's `htod_sync_copy_into`).
+    pub fn write_from_host<T: DeviceRepr, Dst: DevicePtrMut<T>>(
+        &self,
+        src: &[T],
+        dst: &mut Dst,
+    ) -> Result<(), CudaError> {
+        self.dev.htod_sync_copy_into(src, dst)?;
+        self.counts.htod(std::mem::size_of_val(src));
+        Ok(())
     }
 }
 
@@ -124,15 +459,39 @@ impl Cuda {
     /// Allocates an empty [CudaSlice] either from the cache or by allocating new memory.
     /// In either case, the memory will have uninitialized values, meaning the user must
     /// initialize it before using it.
+    ///
+    /// typed-amp patch: counted ([Cuda::transfer_counts]: an allocation, or a reuse); an
+    /// allocation that fails for lack of memory empties the cache (whose buffers, of other
+    /// sizes, hold memory nobody uses) and tries once more.
     pub(crate) unsafe fn alloc_empty<E: DeviceRepr>(
         &self,
         len: usize,
     ) -> Result<CudaSlice<E>, CudaError> {
-        let data = self.cache.try_pop::<E>(len).map_or_else(
-            || self.dev.alloc::<E>(len),
-            |ptr| Ok(self.dev.upgrade_device_ptr(ptr, len)),
-        )?;
+        if let Some(ptr) = self.cache.try_pop::<E>(len) {
+            self.counts.reuse();
+            return Ok(self.dev.upgrade_device_ptr(ptr, len));
+        }
+        let data = match self.dev.alloc::<E>(len) {
+            Err(DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY))
+                if self.cache.len() > 0 =>
+            {
+                self.try_empty_cache()?;
+                self.dev.alloc::<E>(len)?
+            }
+            data => data?,
+        };
+        self.counts.alloc(len * std::mem::size_of::<E>());
         Ok(data)
+    }
+
+    /// typed-amp patch: a cached buffer (see [Cuda::alloc_empty]) that returns to the cache when
+    /// dropped, as a tensor's.
+    pub(crate) fn cachable<E>(&self, data: CudaSlice<E>) -> CachableCudaSlice<E> {
+        CachableCudaSlice {
+            data: ManuallyDrop::new(data),
+            cache: self.cache.clone(),
+            counts: self.counts.clone(),
+        }
     }
     #[allow(unused)]
     pub(crate) unsafe fn get_workspace<E>(
@@ -146,6 +505,7 @@ impl Cuda {
         if workspace.num_bytes() < num_bytes_required {
             // we are about to memset this to zero, so this is still okay
             *workspace = unsafe { self.dev.alloc::<u8>(num_bytes_required) }?;
+            self.counts.alloc(num_bytes_required); // typed-amp patch: counted
         }
 
         Ok(workspace)
@@ -167,29 +527,42 @@ impl HasErr for Cuda {
 #[derive(Debug)]
 pub struct CachableCudaSlice<E> {
     /// The actual data.
-    pub(crate) data: CudaSlice<E>,
+    ///
+    /// typed-amp patch: `ManuallyDrop`, so that [Drop] can move the allocation into the cache
+    /// (upstream swapped in `CudaDevice::null()`, a zero-byte `cuMemAllocAsync` and its free on
+    /// every drop; `cuMemAlloc` rejects zero bytes where there are no memory pools).
+    pub(crate) data: ManuallyDrop<CudaSlice<E>>,
     /// A cache of device pointers that can be reused.
     pub(crate) cache: Arc<TensorCache<CUdeviceptr>>,
+    /// typed-amp patch: the device's counts ([Cuda::transfer_counts]).
+    pub(crate) counts: Arc<Counters>,
 }
 
 impl<E: cudarc::driver::DeviceRepr> Clone for CachableCudaSlice<E> {
     fn clone(&self) -> Self {
         let dev = self.data.device();
         let len = self.data.len();
+        // typed-amp patch: counted.
+        self.counts.dtod(len * std::mem::size_of::<E>());
         let data = self.cache.try_pop::<E>(len).map_or_else(
-            || self.data.try_clone().unwrap(),
+            || {
+                self.counts.alloc(len * std::mem::size_of::<E>());
+                self.data.try_clone().unwrap()
+            },
             |ptr| {
+                self.counts.reuse();
                 // SAFETY:
                 // 1. we know that ptr is valid for `num_bytes` because it was registered for that.
                 // 2. we are about to set the memory with dtod_copy
                 let mut slice = unsafe { dev.upgrade_device_ptr(ptr, len) };
-                dev.dtod_copy(&self.data, &mut slice).unwrap();
+                dev.dtod_copy(&*self.data, &mut slice).unwrap();
                 slice
             },
         );
         Self {
-            data,
+            data: ManuallyDrop::new(data),
             cache: self.cache.clone(),
+            counts: self.counts.clone(),
         }
     }
 }
@@ -241,15 +614,17 @@ impl<E> std::ops::DerefMut for CachableCudaSlice<E> {
 
 impl<E> Drop for CachableCudaSlice<E> {
     fn drop(&mut self) {
+        // typed-amp patch: the field is `ManuallyDrop`; it is taken (or dropped) exactly once,
+        // here.
+        // SAFETY: `self.data` is not used again after this.
+        let data = unsafe { ManuallyDrop::take(&mut self.data) };
         if self.cache.is_enabled() {
-            let dev = self.data.device();
-            // Replaces the CudaSlice with a 0 length CudaSlice. This won't take additional
-            // memory, but will give us ownership of the actual data.
-            let data = std::mem::replace(&mut self.data, dev.null().unwrap());
             let numel = data.len();
             // Get access to the raw pointer without freeing it.
             let ptr = data.leak();
             self.cache.insert::<E>(numel, ptr);
+        } else {
+            drop(data);
         }
     }
 }
@@ -272,17 +647,7 @@ impl Cache for Cuda {
     }
 
     fn try_empty_cache(&self) -> Result<(), Self::Err> {
-        #[cfg(not(feature = "no-std"))]
-        let mut cache = self.cache.allocations.write().unwrap();
-        #[cfg(feature = "no-std")]
-        let mut cache = self.cache.allocations.write();
-        for (&key, allocations) in cache.iter_mut() {
-            for alloc in allocations.drain(..) {
-                let data = unsafe { self.dev.upgrade_device_ptr::<u8>(alloc, key.num_bytes) };
-                drop(data);
-            }
-        }
-        cache.clear();
+        empty_cache(&self.cache, &self.dev);
         Ok(())
     }
 }
@@ -299,10 +664,7 @@ impl<E: Unit> Storage<E> for Cuda {
     fn try_alloc_len(&self, len: usize) -> Result<Self::Vec, Self::Err> {
         let mut data = unsafe { self.alloc_empty(len) }?;
         self.dev.memset_zeros(&mut data)?;
-        Ok(CachableCudaSlice {
-            data,
-            cache: self.cache.clone(),
-        })
+        Ok(self.cachable(data))
     }
 
     fn len(&self, v: &Self::Vec) -> usize {
@@ -324,8 +686,9 @@ impl<E: Unit> Storage<E> for Cuda {
         };
         let buf = std::sync::Arc::get_mut(&mut cpu_tensor.data).unwrap();
         self.dev
-            .dtoh_sync_copy_into(&tensor.data.data, &mut buf.data)
+            .dtoh_sync_copy_into(&*tensor.data.data, &mut buf.data)
             .unwrap();
+        self.counts.dtoh(std::mem::size_of_val(buf.data.as_slice())); // typed-amp patch
         self.cpu.tensor_to_vec::<S, _>(&cpu_tensor)
     }
 }

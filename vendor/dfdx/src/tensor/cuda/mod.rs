@@ -1,7 +1,7 @@
 mod allocate;
 mod device;
 
-pub use device::{Cuda, CudaError};
+pub use device::{Cuda, CudaError, TransferCounts, TransferEvent, TransferKind};
 
 /// typed-amp patch: the most dimensions a dfdx shape has (`Rank6`), and so the length of one
 /// shape or one set of strides in a [SizeArray] kernel parameter.

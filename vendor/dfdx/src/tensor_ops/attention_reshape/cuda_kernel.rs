@@ -73,13 +73,19 @@ where
         let num_heads = NUM_HEADS;
 
         let q_shape = (Const, seq, Const);
-        let mut q_storage = self.dev.alloc_zeros::<E>(q_shape.num_elements())?;
+        // typed-amp patch: from the cache (and counted), zeroed as before.
+        let mut q_storage = unsafe { self.alloc_empty::<E>(q_shape.num_elements()) }?;
+        self.dev.memset_zeros(&mut q_storage)?;
 
         let k_shape = (Const, Const, total_length);
-        let mut k_storage = self.dev.alloc_zeros::<E>(k_shape.num_elements())?;
+        // typed-amp patch: from the cache (and counted), zeroed as before.
+        let mut k_storage = unsafe { self.alloc_empty::<E>(k_shape.num_elements()) }?;
+        self.dev.memset_zeros(&mut k_storage)?;
 
         let v_shape = (Const, total_length, Const);
-        let mut v_storage = self.dev.alloc_zeros::<E>(v_shape.num_elements())?;
+        // typed-amp patch: from the cache (and counted), zeroed as before.
+        let mut v_storage = unsafe { self.alloc_empty::<E>(v_shape.num_elements()) }?;
+        self.dev.memset_zeros(&mut v_storage)?;
 
         let numel = q_shape.num_elements() + k_shape.num_elements() + v_shape.num_elements();
         let op = AttentionReshapeOp {

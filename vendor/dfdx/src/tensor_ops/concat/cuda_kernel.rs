@@ -22,6 +22,9 @@ impl<E: Dtype + CudaTypeName> super::ConcatKernel<E> for Cuda {
         let shape = a.shape.concat_shape(&b.shape);
         let mut buf = unsafe { self.alloc_empty::<E>(shape.num_elements()) }?;
         debug_assert_eq!(buf.len(), a.data.len() + b.data.len());
+        // typed-amp patch: counted (`Cuda::transfer_counts`).
+        self.counts.dtod(a.data.len() * std::mem::size_of::<E>());
+        self.counts.dtod(b.data.len() * std::mem::size_of::<E>());
         self.dev
             .dtod_copy(a.data.as_ref(), &mut buf.slice_mut(0..a.data.len()))?;
         self.dev

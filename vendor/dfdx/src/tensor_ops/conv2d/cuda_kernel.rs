@@ -175,8 +175,11 @@ where
         let mut patches = unsafe { self.get_workspace::<E>(patches_numel) }?;
         let mut patches = unsafe { patches.transmute_mut::<E>(patches_numel).unwrap() };
 
-        let mut ftr = unsafe { self.alloc_empty::<E>(filters_numel) }?;
-        let mut grad_ftr = unsafe { self.alloc_empty::<E>(op.batch * filters_numel) }?;
+        // typed-amp patch: scratch buffers that go back to the cache when dropped (a bare
+        // `CudaSlice` is freed instead, so every call allocated them again).
+        let mut ftr = self.cachable(unsafe { self.alloc_empty::<E>(filters_numel) }?);
+        let mut grad_ftr =
+            self.cachable(unsafe { self.alloc_empty::<E>(op.batch * filters_numel) }?);
         let f_strides = Dims::new(rhs.strides); // typed-amp patch: by value
 
         self.par_stream.wait_for_default()?;

@@ -104,7 +104,9 @@ where
             * (op.chan_in / op.groups)
             * op.kernel
             * op.kernel;
-        let mut ftr = unsafe { self.alloc_empty::<E>(ftr_numel) }?;
+        // typed-amp patch: a scratch buffer that goes back to the cache when dropped (a bare
+        // `CudaSlice` is freed instead, so every call allocated it again).
+        let mut ftr = self.cachable(unsafe { self.alloc_empty::<E>(ftr_numel) }?);
 
         let img_strides = Dims::new(make_4d::<L>(lhs.strides)); // typed-amp patch: by value
         let f_strides = Dims::new(rhs.strides); // typed-amp patch: by value

@@ -40,6 +40,7 @@ impl<E: Dtype + CudaTypeName> super::StackKernel<E> for Cuda {
         let mut offset = 0;
         for item in inps {
             debug_assert_eq!(item.data.len(), item_numel);
+            self.counts.dtod(item_numel * std::mem::size_of::<E>()); // typed-amp patch: counted (`Cuda::transfer_counts`)
             self.dev.dtod_copy(
                 item.data.as_ref(),
                 &mut data.slice_mut(offset..offset + item_numel),
