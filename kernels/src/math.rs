@@ -128,14 +128,26 @@ pub fn gelu_derivative(x: f32) -> f32 {
     0.5 * right + left * normal * FRAC_1_SQRT_2
 }
 
-/// `pub fn $name(xs: &mut [f32])`: `$f` of every element, in place, in code compiled for AVX2
-/// and FMA where the CPU has them (eight lanes instead of SSE2's four). Rust never contracts
-/// `a·b + c` into a fused multiply-add, so both builds give the same bits. (`$f` is called by
+/// `pub fn $name(xs: &mut [f32])`: `$f` of every element, in place, in code compiled for AVX-512
+/// (sixteen lanes) or AVX2 and FMA (eight) where the CPU has them, else SSE2's four. Rust never
+/// contracts `a·b + c` into a fused multiply-add, so every build gives the same bits. (`$f` is called by
 /// name: through a closure, the call was not inlined into the AVX2 loop and ran unvectorised.)
 macro_rules! slice_form {
     ($(#[$doc:meta])* $name:ident, $f:ident) => {
         $(#[$doc])*
         pub fn $name(xs: &mut [f32]) {
+            #[cfg(target_arch = "x86_64")]
+            if crate::level::level() >= crate::level::Level::Avx512 {
+                #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+                fn widest(xs: &mut [f32]) {
+                    for x in xs {
+                        *x = $f(*x);
+                    }
+                }
+                // SAFETY: the level is at least AVX-512, which is only detected (or forced) on
+                // a CPU with AVX-512F, BW and VL (and AVX2 and FMA).
+                return unsafe { widest(xs) };
+            }
             #[cfg(target_arch = "x86_64")]
             if crate::level::level() >= crate::level::Level::Avx2 {
                 #[target_feature(enable = "avx2,fma")]

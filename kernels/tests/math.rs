@@ -20,8 +20,8 @@
 //!   then `1 − e` rounded.
 
 use typed_amp_kernels::math::{
-    erf_f32, exp_f32, gelu, gelu_derivative, gelu_derivative_slice, gelu_slice, ERF_CENTRE,
-    ERF_LARGE, ERF_SMALL, ERF_SPLIT, EXP_TAYLOR, LN2_HI, LN2_LO,
+    erf_f32, exp_f32, exp_slice, gelu, gelu_derivative, gelu_derivative_slice, gelu_slice,
+    ERF_CENTRE, ERF_LARGE, ERF_SMALL, ERF_SPLIT, EXP_TAYLOR, LN2_HI, LN2_LO,
 };
 use typed_amp_kernels::{detected_level, force_level, Level};
 
@@ -187,21 +187,32 @@ fn gelu_is_within_its_derived_bound() {
     }
 }
 
-/// The slice forms (built for AVX2 and FMA where the CPU has them) give the scalar functions'
-/// bits: Rust contracts no multiply-add into an FMA, so the wider build computes the same
-/// (NaN stays NaN).
+/// The slice forms (built for AVX-512, or AVX2 and FMA, where the CPU has them) give the scalar
+/// functions' bits at every level: Rust contracts no multiply-add into an FMA, so the wider
+/// builds compute the same (NaN stays NaN).
 #[test]
 fn gelu_slices_give_the_scalar_bits_at_every_level() {
     let xs: Vec<f32> = (0..100_003)
         .map(|i| (-12.0 + i as f64 * 2.4e-4) as f32)
         .chain([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-40])
         .collect();
-    for lvl in [Level::Portable, detected_level()] {
+    let levels = [Level::Portable, Level::Avx2, Level::Avx512];
+    for lvl in levels.into_iter().filter(|&l| l <= detected_level()) {
         force_level(Some(lvl));
         let mut f = xs.clone();
         gelu_slice(&mut f);
         let mut df = xs.clone();
         gelu_derivative_slice(&mut df);
+        let mut e = xs.clone();
+        exp_slice(&mut e);
+        for (i, &x) in xs.iter().enumerate() {
+            let want = exp_f32(x);
+            assert!(
+                e[i].to_bits() == want.to_bits() || (e[i].is_nan() && want.is_nan()),
+                "{lvl:?} exp({x}): {} vs {want}",
+                e[i]
+            );
+        }
         // The same bits, or NaN for both (a NaN's sign and payload are not specified).
         let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
         for (i, &x) in xs.iter().enumerate() {
