@@ -27,6 +27,10 @@ pub enum RunError {
     /// The arguments do not describe a run.
     #[error("{0}")]
     Usage(String),
+    /// A file given to the command cannot be used for it (a checkpoint that is not a GPT's, an
+    /// export whose tensors do not fit the model): the message names it.
+    #[error("{0}")]
+    File(String),
     /// A run of `compare`, trained in a process of its own, failed with exit code `code` (1 or
     /// 2) after printing its error.
     #[error("the {label} run failed with exit code {code}")]

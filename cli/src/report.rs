@@ -4,7 +4,8 @@ use serde_json::{json, Value};
 
 use crate::run::{EpochReport, RunConfig, RunReport};
 
-fn mib(bytes: u64) -> String {
+/// `bytes` in MiB, two decimals.
+pub(crate) fn mib(bytes: u64) -> String {
     format!("{:.2} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
@@ -91,13 +92,23 @@ pub fn comparison_table(runs: &[RunReport]) -> String {
                 .collect(),
         );
     }
-    let widths: Vec<usize> = (0..runs.len())
+    let names: Vec<&str> = rows.iter().map(|(n, _)| *n).collect();
+    render_columns(&names, &cells)
+}
+
+/// A table of one column per run: `cells[0]` is the header row (the runs' names), `cells[i]`
+/// the row named `names[i - 1]`; every row has a cell per run.
+pub(crate) fn render_columns(names: &[&str], cells: &[Vec<String>]) -> String {
+    let runs = cells.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..runs)
         .map(|c| cells.iter().map(|row| row[c].len()).max().unwrap_or(0))
         .collect();
-    let names = std::iter::once("").chain(rows.iter().map(|(n, _)| *n));
+    // The names' column: 20 characters, or the longest name's.
+    let first = names.iter().map(|n| n.len()).max().unwrap_or(0).max(20);
+    let names = std::iter::once("").chain(names.iter().copied());
     let mut out = String::new();
-    for (name, row) in names.zip(&cells) {
-        let mut line = format!("{name:<20}");
+    for (name, row) in names.zip(cells) {
+        let mut line = format!("{name:<first$}");
         for (cell, width) in row.iter().zip(&widths) {
             line.push_str(&format!(" {cell:<width$} "));
         }
