@@ -134,7 +134,7 @@ impl GptConfig {
     /// Whether iteration `done` (counted from 1) ends with an evaluation: every
     /// `--eval-every` iterations and at the run's last one.
     pub fn evaluates_after(&self, done: usize) -> bool {
-        done % self.eval_every == 0 || done == self.iters
+        done.is_multiple_of(self.eval_every) || done == self.iters
     }
 }
 

@@ -250,8 +250,9 @@ where
         if scheduled || done == last {
             let val_loss = validation_loss::<M, D>(&dev, &model, corpus, &val_starts, cfg.batch)?;
             if scheduled {
+                // A NaN loss is never the best, except as the first.
                 progress.best_val_loss = Some(match progress.best_val_loss {
-                    Some(best) if !(val_loss < best) => best,
+                    Some(best) if best <= val_loss || val_loss.is_nan() => best,
                     _ => val_loss,
                 });
             }
