@@ -9,7 +9,8 @@ impl<E: CudaElem> HostKernel<E> for Cuda {
         if raw(self, &**buf)?.len == 0 {
             return Ok(Vec::new());
         }
-        Ok(self.cuda_device().dtoh_sync_copy(&**buf)?)
+        // Counted with dfdx's copies (`Cuda::transfer_counts`).
+        self.read_to_host(&**buf)
     }
 
     fn try_write(
@@ -29,7 +30,7 @@ impl<E: CudaElem> HostKernel<E> for Cuda {
         if b.len == 0 {
             return Ok(());
         }
-        // Synchronous, because `values` is only borrowed.
-        Ok(self.cuda_device().htod_sync_copy_into(values, &mut **buf)?)
+        // Synchronous, because `values` is only borrowed; counted with dfdx's copies.
+        self.write_from_host(values, &mut **buf)
     }
 }

@@ -388,6 +388,8 @@ impl StatsDevice for Cuda {
         Ok(if slots == 0 {
             dev.null()?
         } else {
+            // Counted with dfdx's own allocations (`Cuda::transfer_counts`).
+            self.record_alloc(slots * std::mem::size_of::<f32>());
             dev.alloc_zeros(slots)?
         })
     }
@@ -397,7 +399,8 @@ impl StatsDevice for Cuda {
         if stats.len() == 0 {
             return Ok(Vec::new());
         }
-        Ok(self.cuda_device().dtoh_sync_copy(stats)?)
+        // The step's one read-back, counted with dfdx's copies (`Cuda::transfer_counts`).
+        self.read_to_host(stats)
     }
 }
 
