@@ -1078,8 +1078,16 @@ mod fused_ops {
     trait PerFusedPrecision {
         fn run<E: AmpElem>(&mut self)
         where
-            Cpu: Kernels<E> + AttentionKernel<E> + LmHeadKernel<E> + EmbeddingKernel<E>,
-            Cuda: Kernels<E> + AttentionKernel<E> + LmHeadKernel<E> + EmbeddingKernel<E>;
+            Cpu: Kernels<E>
+                + typed_amp::ops::Ops<E>
+                + AttentionKernel<E>
+                + LmHeadKernel<E>
+                + EmbeddingKernel<E>,
+            Cuda: Kernels<E>
+                + typed_amp::ops::Ops<E>
+                + AttentionKernel<E>
+                + LmHeadKernel<E>
+                + EmbeddingKernel<E>;
     }
 
     macro_rules! fused_loop {
@@ -1254,7 +1262,7 @@ mod fused_ops {
     ) -> (Vec<f64>, Vec<f64>)
     where
         E: AmpElem,
-        D: AmpDevice + Kernels<E>,
+        D: AmpDevice + Kernels<E> + typed_amp::ops::Ops<E>,
     {
         let x: Tensor<(usize, usize, Const<M3>), E, D> =
             dev.tensor_from_vec(qkv.to_vec(), (b, t, Const));
@@ -1277,8 +1285,8 @@ mod fused_ops {
         causal: bool,
         seed: u64,
     ) where
-        Cpu: Kernels<E>,
-        Cuda: Kernels<E>,
+        Cpu: Kernels<E> + typed_amp::ops::Ops<E>,
+        Cuda: Kernels<E> + typed_amp::ops::Ops<E>,
     {
         let d = AttentionDims {
             batch: b,
@@ -1321,8 +1329,16 @@ mod fused_ops {
     impl PerFusedPrecision for FusedAttention {
         fn run<E: AmpElem>(&mut self)
         where
-            Cpu: Kernels<E> + AttentionKernel<E> + LmHeadKernel<E> + EmbeddingKernel<E>,
-            Cuda: Kernels<E> + AttentionKernel<E> + LmHeadKernel<E> + EmbeddingKernel<E>,
+            Cpu: Kernels<E>
+                + typed_amp::ops::Ops<E>
+                + AttentionKernel<E>
+                + LmHeadKernel<E>
+                + EmbeddingKernel<E>,
+            Cuda: Kernels<E>
+                + typed_amp::ops::Ops<E>
+                + AttentionKernel<E>
+                + LmHeadKernel<E>
+                + EmbeddingKernel<E>,
         {
             let (g, c) = (&self.gpu, &self.cpu);
             let mut seed = 0;
@@ -1387,8 +1403,16 @@ mod fused_ops {
     impl PerFusedPrecision for AttentionAccumulates {
         fn run<E: AmpElem>(&mut self)
         where
-            Cpu: Kernels<E> + AttentionKernel<E> + LmHeadKernel<E> + EmbeddingKernel<E>,
-            Cuda: Kernels<E> + AttentionKernel<E> + LmHeadKernel<E> + EmbeddingKernel<E>,
+            Cpu: Kernels<E>
+                + typed_amp::ops::Ops<E>
+                + AttentionKernel<E>
+                + LmHeadKernel<E>
+                + EmbeddingKernel<E>,
+            Cuda: Kernels<E>
+                + typed_amp::ops::Ops<E>
+                + AttentionKernel<E>
+                + LmHeadKernel<E>
+                + EmbeddingKernel<E>,
         {
             for causal in [true, false] {
                 let d = AttentionDims {
@@ -1586,7 +1610,7 @@ mod fused_ops {
     ) -> HeadRun
     where
         E: AmpElem,
-        D: AmpDevice + Kernels<E> + TensorFromVec<usize> + HostKernel<f32>,
+        D: AmpDevice + Kernels<E> + typed_amp::ops::Ops<E> + TensorFromVec<usize> + HostKernel<f32>,
     {
         let ht: Tensor<(usize, usize, Const<C>), E, D> =
             dev.tensor_from_vec(h.to_vec(), (b, s, Const));
@@ -1604,8 +1628,8 @@ mod fused_ops {
 
     fn head_case<const V: usize, const C: usize, E: AmpElem>(gpu: &Cuda, cpu: &Cpu, rows: usize)
     where
-        Cpu: Kernels<E>,
-        Cuda: Kernels<E>,
+        Cpu: Kernels<E> + typed_amp::ops::Ops<E>,
+        Cuda: Kernels<E> + typed_amp::ops::Ops<E>,
     {
         let mut rng = StdRng::seed_from_u64(rows as u64 + C as u64);
         let h = values::<E>(&mut rng, rows * C, 1.0);
@@ -1657,8 +1681,16 @@ mod fused_ops {
     impl PerFusedPrecision for FusedHead {
         fn run<E: AmpElem>(&mut self)
         where
-            Cpu: Kernels<E> + AttentionKernel<E> + LmHeadKernel<E> + EmbeddingKernel<E>,
-            Cuda: Kernels<E> + AttentionKernel<E> + LmHeadKernel<E> + EmbeddingKernel<E>,
+            Cpu: Kernels<E>
+                + typed_amp::ops::Ops<E>
+                + AttentionKernel<E>
+                + LmHeadKernel<E>
+                + EmbeddingKernel<E>,
+            Cuda: Kernels<E>
+                + typed_amp::ops::Ops<E>
+                + AttentionKernel<E>
+                + LmHeadKernel<E>
+                + EmbeddingKernel<E>,
         {
             head_case::<84, 24, E>(&self.gpu, &self.cpu, 37);
             head_case::<84, 128, E>(&self.gpu, &self.cpu, 37);
@@ -1713,7 +1745,7 @@ mod fused_ops {
                 fn go<E: AmpElem, D: AmpDevice + Kernels<E> + LmHeadKernel<E>>(
                     dev: &D,
                     d: LmHeadDims,
-                    (dl, h, w, old_h, old_w): (&[f32], &[f32], &[f32], &[f32], &[f32]),
+                    [dl, h, w, old_h, old_w]: [&[f32]; 5],
                 ) -> (Vec<f32>, Vec<f32>) {
                     let (dlb, hb, wb) = (
                         Buf::<D, E>::new(dev, dl),
@@ -1744,7 +1776,7 @@ mod fused_ops {
                     .unwrap();
                     (gh.read(dev), gw.read(dev))
                 }
-                let inputs = (&dl[..], &h[..], &w[..], &old_h[..], &old_w[..]);
+                let inputs = [&dl[..], &h[..], &w[..], &old_h[..], &old_w[..]];
                 if dev_is_gpu {
                     go::<E, Cuda>(&self.gpu, d, inputs)
                 } else {
@@ -1816,7 +1848,7 @@ mod fused_ops {
     ) -> (Vec<f32>, Vec<f32>, Vec<f32>)
     where
         E: AmpElem,
-        D: AmpDevice + Kernels<E> + TensorFromVec<usize> + HostKernel<f32>,
+        D: AmpDevice + Kernels<E> + typed_amp::ops::Ops<E> + TensorFromVec<usize> + HostKernel<f32>,
     {
         let tokens: Tensor<(usize, usize), usize, D> = dev.tensor_from_vec(ids.to_vec(), (b, s));
         let te: Tensor<(Const<V>, Const<C>), E, D> =
@@ -1843,8 +1875,8 @@ mod fused_ops {
         cpu: &Cpu,
         (b, s): (usize, usize),
     ) where
-        Cpu: Kernels<E>,
-        Cuda: Kernels<E>,
+        Cpu: Kernels<E> + typed_amp::ops::Ops<E>,
+        Cuda: Kernels<E> + typed_amp::ops::Ops<E>,
     {
         let mut rng = StdRng::seed_from_u64((b * s + C) as u64);
         // Repeated tokens, unevenly.
@@ -1909,8 +1941,16 @@ mod fused_ops {
     impl PerFusedPrecision for FusedEmbedding {
         fn run<E: AmpElem>(&mut self)
         where
-            Cpu: Kernels<E> + AttentionKernel<E> + LmHeadKernel<E> + EmbeddingKernel<E>,
-            Cuda: Kernels<E> + AttentionKernel<E> + LmHeadKernel<E> + EmbeddingKernel<E>,
+            Cpu: Kernels<E>
+                + typed_amp::ops::Ops<E>
+                + AttentionKernel<E>
+                + LmHeadKernel<E>
+                + EmbeddingKernel<E>,
+            Cuda: Kernels<E>
+                + typed_amp::ops::Ops<E>
+                + AttentionKernel<E>
+                + LmHeadKernel<E>
+                + EmbeddingKernel<E>,
         {
             let (g, c) = (&self.gpu, &self.cpu);
             embed_case::<11, 40, 24, E>(g, c, (3, 37));

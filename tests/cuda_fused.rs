@@ -88,7 +88,9 @@ fn layer_norm_run<D, E, const M: usize>(
     params: (&[f32], &[f32]),
 ) -> [Vec<f64>; 4]
 where
-    D: typed_amp::device::AmpDevice + typed_amp::device::Kernels<E>,
+    D: typed_amp::device::AmpDevice
+        + typed_amp::device::Kernels<E>
+        + typed_amp::ops::layernorm::LayerNormOp<E>,
     E: AmpElem,
 {
     let rows = x.len() / M;
@@ -118,8 +120,8 @@ where
 
 fn layer_norm_case<E: AmpElem>(gpu: &Cuda)
 where
-    Cpu: typed_amp::device::Kernels<E>,
-    Cuda: typed_amp::device::Kernels<E>,
+    Cpu: typed_amp::device::Kernels<E> + typed_amp::ops::Ops<E>,
+    Cuda: typed_amp::device::Kernels<E> + typed_amp::ops::Ops<E>,
 {
     const M: usize = 96;
     let rows = 300;
@@ -191,7 +193,10 @@ fn linear_run<D, E, const I: usize, const O: usize>(
     (w, b): (&[E], &[E]),
 ) -> [Vec<f64>; 4]
 where
-    D: typed_amp::device::AmpDevice + typed_amp::device::Kernels<E>,
+    D: typed_amp::device::AmpDevice
+        + typed_amp::device::Kernels<E>
+        + typed_amp::ops::linear::LinearOp<E>
+        + typed_amp::ops::relu::ReluOp<E>,
     E: AmpElem,
 {
     let rows = x.len() / I;
@@ -220,8 +225,8 @@ where
 
 fn linear_case<E: AmpElem>(gpu: &Cuda)
 where
-    Cpu: typed_amp::device::Kernels<E>,
-    Cuda: typed_amp::device::Kernels<E>,
+    Cpu: typed_amp::device::Kernels<E> + typed_amp::ops::Ops<E>,
+    Cuda: typed_amp::device::Kernels<E> + typed_amp::ops::Ops<E>,
 {
     const I: usize = 72;
     const O: usize = 40;

@@ -60,7 +60,7 @@ mod enabled {
     use typed_amp::distributed::mpi::MpiCollective;
     use typed_amp::distributed::{AllReduce, Collective, DataParallel};
     use typed_amp::prelude::*;
-    use typed_amp::{device::AmpDevice, optim::LowPrecisionUpdates};
+    use typed_amp::{device::AmpDevice, ops::AmpOps, optim::LowPrecisionUpdates};
     use typed_amp_data::FashionMnist;
 
     use crate::run::{
@@ -143,7 +143,7 @@ mod enabled {
         }
     }
 
-    fn run_on<D: AmpDevice, C: AllReduce<D>>(
+    fn run_on<D: AmpOps, C: AllReduce<D>>(
         cfg: &RunConfig,
         data: &FashionMnist,
         dev: D,

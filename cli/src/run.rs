@@ -17,7 +17,7 @@ use typed_amp::prelude::*;
 use typed_amp::scaler::ScalerState;
 use typed_amp::step::StepProtocol;
 use typed_amp::{
-    device::AmpDevice, error::AmpError, master::TrainTarget, optim::LowPrecisionUpdates,
+    error::AmpError, master::TrainTarget, ops::AmpOps, optim::LowPrecisionUpdates,
     params::Parameters, tape::MixedTape,
 };
 use typed_amp_data::FashionMnist;
@@ -195,7 +195,7 @@ pub(crate) fn run_model<M, I, O, D, C, P>(
     make_optimizer: impl FnOnce(&MasterOf<M, D>) -> O,
 ) -> Result<RunReport, RunError>
 where
-    D: AmpDevice + Kernels<InputElem<M, D>>,
+    D: AmpOps + Kernels<InputElem<M, D>>,
     C: Collective,
     P: StepProtocol<D> + RunScaler,
     M: AmpModel<D>,
@@ -386,7 +386,7 @@ pub(crate) fn run_metadata(
 }
 
 /// Size of the run's checkpoint, written to a temporary file and removed.
-pub(crate) fn measure_checkpoint<D: AmpDevice, T: TrainTarget<D>, O: OptimizerState<D>>(
+pub(crate) fn measure_checkpoint<D: AmpOps, T: TrainTarget<D>, O: OptimizerState<D>>(
     model: &mut T,
     opt: &O,
     scaler: &GradScaler,
@@ -426,11 +426,7 @@ pub fn run(cfg: &RunConfig, data: &FashionMnist) -> Result<RunReport, RunError> 
     }
 }
 
-fn run_on<D: AmpDevice>(
-    cfg: &RunConfig,
-    data: &FashionMnist,
-    dev: D,
-) -> Result<RunReport, RunError> {
+fn run_on<D: AmpOps>(cfg: &RunConfig, data: &FashionMnist, dev: D) -> Result<RunReport, RunError> {
     let adam = AdamConfig {
         lr: cfg.lr,
         ..Default::default()

@@ -15,7 +15,7 @@ use typed_amp::loss::Loss;
 use typed_amp::master::{TrainTarget, WorkingCopy};
 use typed_amp::nn::builders::{CausalSelfAttention, TokenEmbedding};
 use typed_amp::nn::modules::{ScaledNormal, INIT_STD};
-use typed_amp::ops::lm_head::{try_lm_head_loss, try_lm_logits};
+use typed_amp::ops::lm_head::{try_lm_head_loss, try_lm_logits, LmHeadOp};
 use typed_amp::params::{ParamVisitorMut, Parameters};
 use typed_amp::precision::AmpElem;
 use typed_amp::prelude::*;
@@ -176,6 +176,9 @@ pub type BabyBlock = (
     )>,
 );
 
+/// FP32 logits over the vocabulary at every position, `(batch, tokens, VOCAB)`.
+pub type Logits<D> = Tensor<(usize, usize, Const<VOCAB>), f32, D>;
+
 /// What training and sampling need of a GPT beyond [`AmpModel`]: the head and loss (the
 /// token table tied to the head), and its initialisation.
 pub trait GptModel<D: AmpDevice>: AmpModel<D> {
@@ -194,7 +197,7 @@ pub trait GptModel<D: AmpDevice>: AmpModel<D> {
     fn try_logits(
         working: &WorkingCopy<WorkingOf<Self, D>>,
         tokens: Tensor<(usize, usize), usize, D>,
-    ) -> Result<Tensor<(usize, usize, Const<VOCAB>), f32, D>, D::Err>;
+    ) -> Result<Logits<D>, D::Err>;
 }
 
 /// GPT-2's initialisation of a built model: every matrix `N(0, 0.02)`, the residual branches'
@@ -254,7 +257,7 @@ macro_rules! gpt {
             norm: LayerNorm1D<{ GptSize::$size.const_width() }>,
         }
 
-        impl<D: AmpDevice> GptModel<D> for $name
+        impl<D: AmpDevice + LmHeadOp<$elem>> GptModel<D> for $name
         where
             WorkingCopy<WorkingOf<$name, D>>: ModuleMut<
                     Tensor<(usize, usize), usize, D, MixedTape<D>>,
@@ -280,7 +283,7 @@ macro_rules! gpt {
             fn try_logits(
                 working: &WorkingCopy<WorkingOf<Self, D>>,
                 tokens: Tensor<(usize, usize), usize, D>,
-            ) -> Result<Tensor<(usize, usize, Const<VOCAB>), f32, D>, D::Err> {
+            ) -> Result<Logits<D>, D::Err> {
                 let h = working.try_forward(tokens)?;
                 try_lm_logits(&h, &working.embed.wte)
             }

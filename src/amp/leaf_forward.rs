@@ -74,7 +74,7 @@ macro_rules! run_linear {
             X: CastTo<P, Output = Tensor<S, E, D, T>, Error = D::Err>,
             S: LinearInput<I, O>,
             E: AmpElem,
-            D: AmpDevice + Kernels<E>,
+            D: AmpDevice + Kernels<E> + crate::ops::linear::LinearOp<E>,
             T: crate::tape::AmpTape<D>,
             dfdx::nn::modules::$layer<I, O, E, D>:
                 Module<Tensor<S, E, D, T>, Output = Tensor<S::Output, E, D, T>, Error = D::Err>,
@@ -94,7 +94,7 @@ macro_rules! run_linear {
         where
             S: LinearInput<I, O>,
             E: AmpElem,
-            D: AmpDevice + Kernels<E>,
+            D: AmpDevice + Kernels<E> + crate::ops::linear::LinearOp<E>,
             T: crate::tape::AmpTape<D>,
             dfdx::nn::modules::$layer<I, O, E, D>:
                 Module<Tensor<S, E, D, T>, Output = Tensor<S::Output, E, D, T>, Error = D::Err>,
@@ -151,7 +151,7 @@ impl<S, E, D, T> RunActivation<dfdx::nn::modules::ReLU> for Tensor<S, E, D, T>
 where
     S: Shape,
     E: AmpElem,
-    D: AmpDevice + Kernels<E>,
+    D: AmpDevice + Kernels<E> + crate::ops::relu::ReluOp<E>,
     T: crate::tape::AmpTape<D> + dfdx::prelude::Tape<E, D>,
 {
     type Output = Tensor<S, E, D, T>;

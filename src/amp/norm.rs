@@ -129,6 +129,7 @@ impl<const M: usize, S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>, T: AmpTape
 where
     Self: Module<Tensor<S, f32, D, T>, Output = Tensor<S, f32, D, T>, Error = D::Err>,
     T: Tape<E, D>,
+    D: crate::ops::layernorm::LayerNormOp<E>,
 {
     type Output = Tensor<S, E, D, T>;
     type Error = D::Err;

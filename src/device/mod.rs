@@ -28,17 +28,14 @@
 mod allocator;
 pub use allocator::keep_freed_memory;
 
-pub use crate::ops::attention::AttentionOp;
 pub use crate::ops::batchnorm::MixedBatchNormKernel;
 pub use crate::ops::cast::CastKernel;
-pub use crate::ops::embedding::EmbeddingOp;
 pub use crate::ops::fill::FillKernel;
 pub use crate::ops::host::HostKernel;
-pub use crate::ops::layernorm::{LayerNormOp, MixedLayerNormKernel};
-pub use crate::ops::linear::{LinearKernel, LinearOp};
-pub use crate::ops::lm_head::LmHeadOp;
+pub use crate::ops::layernorm::MixedLayerNormKernel;
+pub use crate::ops::linear::LinearKernel;
 pub use crate::ops::reduce::ReduceKernel;
-pub use crate::ops::relu::{ReluKernel, ReluOp};
+pub use crate::ops::relu::ReluKernel;
 pub use crate::ops::unscale::UnscaleKernel;
 pub use crate::ops::update::UpdateKernel;
 
@@ -63,13 +60,7 @@ macro_rules! define_capabilities {
             + HostKernel<E>
             + CastKernel<E, E>
             + UpdateKernel<E>
-            + LinearOp<E>
-            + ReluOp<E>
             + MixedBatchNormKernel<E>
-            + LayerNormOp<E>
-            + AttentionOp<E>
-            + LmHeadOp<E>
-            + EmbeddingOp<E>
             $(
                 + CastKernel<E, $elem>
                 + CastKernel<$elem, E>
@@ -91,14 +82,8 @@ macro_rules! define_capabilities {
                 + HostKernel<E>
                 + CastKernel<E, E>
                 + UpdateKernel<E>
-                + LinearOp<E>
-                + ReluOp<E>
-                + MixedBatchNormKernel<E>
-                + LayerNormOp<E>
-                + AttentionOp<E>
-                + LmHeadOp<E>
-                + EmbeddingOp<E>
-                $(
+                        + MixedBatchNormKernel<E>
+                                $(
                     + CastKernel<E, $elem>
                     + CastKernel<$elem, E>
                     + dfdx::tensor_ops::ToDtypeKernel<E, $elem>

@@ -43,3 +43,47 @@ pub mod softmax;
 pub mod unscale;
 pub mod update;
 pub(crate) mod utilities;
+
+use crate::precision::AmpElem;
+
+pub use attention::AttentionOp;
+pub use embedding::EmbeddingOp;
+pub use layernorm::LayerNormOp;
+pub use linear::LinearOp;
+pub use lm_head::LmHeadOp;
+pub use relu::ReluOp;
+
+macro_rules! define_op_bundles {
+    ($([$marker:ident, $elem:ty, $variant:ident, $name:literal, $st:ident, $index:literal])*) => {
+        /// Every op on tensors for element type `E`: how a device runs typed-amp's layers (each
+        /// op's trait has the composed computation as its default; the CPU and CUDA fuse them).
+        pub trait Ops<E: AmpElem>:
+            LinearOp<E> + ReluOp<E> + LayerNormOp<E> + AttentionOp<E> + LmHeadOp<E> + EmbeddingOp<E>
+        {
+        }
+
+        impl<E: AmpElem, D> Ops<E> for D where
+            D: LinearOp<E>
+                + ReluOp<E>
+                + LayerNormOp<E>
+                + AttentionOp<E>
+                + LmHeadOp<E>
+                + EmbeddingOp<E>
+        {
+        }
+
+        /// A device that trains typed-amp's models: [`AmpDevice`](crate::device::AmpDevice) (the
+        /// buffer kernels) and [`Ops<E>`] for every precision of
+        /// [`with_precisions!`](crate::with_precisions). What code generic over the device
+        /// names (`fn train<D: AmpOps>(..)`); `Cpu` and, with the `cuda` feature, `Cuda` are.
+        #[diagnostic::on_unimplemented(
+            message = "`{Self}` cannot run typed-amp's ops",
+            note = "train on `dfdx::prelude::Cpu`, or on `dfdx::prelude::Cuda` with typed-amp's `cuda` feature"
+        )]
+        pub trait AmpOps: crate::device::AmpDevice $(+ Ops<$elem>)* {}
+
+        impl<D: crate::device::AmpDevice $(+ Ops<$elem>)*> AmpOps for D {}
+    };
+}
+
+crate::with_precisions!(define_op_bundles);

@@ -400,7 +400,7 @@ impl<D: AmpDevice> MixedGradients<D> {
         &mut self,
         params: [(UniqueId, usize); N],
         dev: &D,
-    ) -> Result<([Option<FreshBuf<'_, D>>; N], &mut Gradients<E, D>), D::Err>
+    ) -> Result<ParamsAndStore<'_, D, E, N>, D::Err>
     where
         D: Device<E>,
     {
@@ -498,6 +498,11 @@ impl<D: AmpDevice> MixedGradients<D> {
         }
     }
 }
+
+/// Parameters' FP32 gradient buffers beside a store, as [`MixedGradients::params_and_store_mut`]
+/// hands them out.
+pub(crate) type ParamsAndStore<'a, D, E, const N: usize> =
+    ([Option<FreshBuf<'a, D>>; N], &'a mut Gradients<E, D>);
 
 /// An FP32 gradient buffer for a fused op, and whether it is fresh (to overwrite) or holds a
 /// gradient already (to add to); see [`MixedGradients::param_grad_mut`].

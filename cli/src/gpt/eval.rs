@@ -1,9 +1,9 @@
 //! The validation loss: mean cross-entropy over the fixed validation windows, from the model's
 //! FP32 logits, in f64 on the host.
 
-use typed_amp::device::AmpDevice;
 use typed_amp::error::AmpError;
 use typed_amp::master::TrainTarget;
+use typed_amp::ops::AmpOps;
 use typed_amp::prelude::*;
 use typed_amp_data::{CharCorpus, TextSplit};
 use typed_amp_models::gpt::{GptModel, VOCAB};
@@ -38,7 +38,7 @@ pub(crate) fn validation_loss<M, D>(
     batch: usize,
 ) -> Result<f64, RunError>
 where
-    D: AmpDevice,
+    D: AmpOps,
     M: GptModel<D>,
 {
     let context = M::SIZE.context();

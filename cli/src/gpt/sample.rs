@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use typed_amp::device::AmpDevice;
 use typed_amp::error::AmpError;
 use typed_amp::master::TrainTarget;
+use typed_amp::ops::AmpOps;
 use typed_amp::prelude::*;
 use typed_amp_data::DataError;
 use typed_amp_models::gpt::{GptModel, VOCAB};
@@ -110,7 +110,7 @@ pub(crate) fn encode(vocab: &[char], text: &str) -> Result<Vec<usize>, DataError
         .collect()
 }
 
-fn sample_on<D: AmpDevice>(
+fn sample_on<D: AmpOps>(
     cfg: &SampleConfig,
     file: &GptFile,
     prompt: &[usize],
@@ -131,7 +131,7 @@ fn sample_model<M, D>(
     dev: D,
 ) -> Result<Sample, RunError>
 where
-    D: AmpDevice,
+    D: AmpOps,
     M: GptModel<D>,
 {
     let mut model = M::try_build(&dev)?;

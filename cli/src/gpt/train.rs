@@ -10,10 +10,10 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use typed_amp::amp::MasterOf;
 use typed_amp::checkpoint;
-use typed_amp::device::AmpDevice;
 use typed_amp::dfdx::optim::Adam;
 use typed_amp::error::AmpError;
 use typed_amp::master::TrainTarget;
+use typed_amp::ops::AmpOps;
 use typed_amp::optim::{LearningRate, MasterOptimizer};
 use typed_amp::params::Parameters;
 use typed_amp::prelude::*;
@@ -81,7 +81,7 @@ pub fn train_gpt(cfg: &GptConfig, corpus: &CharCorpus) -> Result<GptReport, RunE
     }
 }
 
-fn train_on<D: AmpDevice>(
+fn train_on<D: AmpOps>(
     cfg: &GptConfig,
     corpus: &CharCorpus,
     dev: D,
@@ -124,7 +124,7 @@ fn iteration_bar(cfg: &GptConfig, first: usize, show: bool) -> ProgressBar {
 }
 
 /// Writes the run's checkpoint to `path`.
-fn save<M: GptModel<D>, D: AmpDevice>(
+fn save<M: GptModel<D>, D: AmpOps>(
     path: &Path,
     model: &mut M::Weights,
     opt: &impl typed_amp::optim::OptimizerState<D>,
@@ -148,7 +148,7 @@ pub(crate) fn train_model<M, D>(
     dev: D,
 ) -> Result<GptReport, RunError>
 where
-    D: AmpDevice,
+    D: AmpOps,
     M: GptModel<D>,
     Adam<MasterOf<M, D>, f32, D>: MasterOptimizer<MasterOf<M, D>, D>,
 {

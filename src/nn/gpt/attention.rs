@@ -17,7 +17,7 @@ use crate::amp::AmpLayer;
 use crate::device::AmpDevice;
 use crate::error::AmpError;
 use crate::master::{CompositePaired, PairVisitor, Paired};
-use crate::ops::attention::try_attention;
+use crate::ops::attention::{try_attention, AttentionOp};
 use crate::ops::cast::CastDevice;
 use crate::params::{ParamPath, ParamVisitor, ParamVisitorMut, Parameters};
 use crate::precision::{AmpElem, Precision};
@@ -222,6 +222,7 @@ where
     W: AmpElem,
     D: CastDevice<W, ScoresUnder<Pol>>
         + CastDevice<ScoresUnder<Pol>, W>
+        + AttentionOp<W>
         + dfdx::prelude::Storage<E>,
     T: AmpTape<D> + Tape<W, D> + Tape<ScoresUnder<Pol>, D>,
     Tensor<(B, S, Const<M>), E, D, T>:
@@ -264,7 +265,7 @@ where
     S: Dim,
     K: Mask,
     E: AmpElem,
-    D: CastDevice<E, f32> + CastDevice<f32, E>,
+    D: CastDevice<E, f32> + CastDevice<f32, E> + AttentionOp<E>,
     T: AmpTape<D> + Tape<E, D> + Tape<f32, D>,
     A: Module<
         Tensor<(B, S, Const<M>), E, D, T>,

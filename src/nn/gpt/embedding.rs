@@ -10,7 +10,7 @@ use rand::Rng;
 use rand_distr::{Distribution, StandardNormal};
 
 use crate::ops::cast::CastDevice;
-use crate::ops::embedding::try_embed;
+use crate::ops::embedding::{try_embed, EmbeddingOp};
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
@@ -114,7 +114,7 @@ where
     B: Dim,
     S: Dim,
     E: AmpElem,
-    D: CastDevice<E, f32> + CastDevice<f32, E>,
+    D: CastDevice<E, f32> + CastDevice<f32, E> + EmbeddingOp<E>,
     T: AmpTape<D> + Tape<E, D>,
 {
     type Output = Tensor<(B, S, Const<C>), E, D, T>;

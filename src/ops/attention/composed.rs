@@ -7,6 +7,7 @@ use dfdx::prelude::{
 };
 
 use crate::ops::cast::{Cast, CastDevice};
+use crate::ops::utilities::Tokens;
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
@@ -16,7 +17,7 @@ use crate::tape::AmpTape;
 pub fn try_attention_composed<const M: usize, const M3: usize, const H: usize, B, S, E, Sc, D, T>(
     qkv: Tensor<(B, S, Const<M3>), E, D, T>,
     causal: bool,
-) -> Result<Tensor<(B, S, Const<M>), E, D, T>, D::Err>
+) -> Result<Tokens<B, S, M, E, D, T>, D::Err>
 where
     B: Dim,
     S: Dim,

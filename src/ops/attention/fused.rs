@@ -4,6 +4,7 @@ use dfdx::prelude::{Const, Dim, HasShape, PutTape, Shape, SplitTape, Tape, Tenso
 
 use super::{AttentionDims, AttentionKernel};
 use crate::ops::cast::CastDevice;
+use crate::ops::utilities::Tokens;
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
@@ -15,7 +16,7 @@ use crate::tape::AmpTape;
 pub fn try_attention_fused<const M: usize, const M3: usize, const H: usize, B, S, E, D, T>(
     qkv: Tensor<(B, S, Const<M3>), E, D, T>,
     causal: bool,
-) -> Result<Tensor<(B, S, Const<M>), E, D, T>, D::Err>
+) -> Result<Tokens<B, S, M, E, D, T>, D::Err>
 where
     B: Dim,
     S: Dim,

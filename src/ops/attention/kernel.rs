@@ -1,11 +1,8 @@
-//! Attention's two traits: the op on tensors, whose default is the composed computation, and
-//! the fused kernels' passes over buffers that a device implementing the fused op provides.
+//! The fused attention's kernels' trait and its sizes.
 
-use dfdx::prelude::{Const, Dim, HasErr, Storage, Tape, Tensor};
+use dfdx::prelude::{HasErr, Storage};
 
-use crate::ops::cast::CastDevice;
 use crate::precision::AmpElem;
-use crate::tape::AmpTape;
 
 /// The sizes of one attention op: `batch × tokens` rows of `3 × heads × head_dim` packed
 /// queries, keys and values in, `batch × tokens` rows of `heads × head_dim` out.
@@ -37,31 +34,6 @@ impl AttentionDims {
     /// The scores' scale, `1 / √head_dim`.
     pub fn scale(&self) -> f32 {
         (1.0 / (self.head_dim as f64).sqrt()) as f32
-    }
-}
-
-/// How a device runs multi-head attention over packed `[q | k | v]` rows of element type `E`,
-/// with its scores (`QKᵀ/√d`, the mask and the softmax) in precision `Sc`.
-///
-/// The default is the composed computation ([`super::try_attention_composed`]): the heads split
-/// by reshapes and permutes, `QKᵀ` as a batched product, the mask added, the scores cast to `Sc`
-/// for the softmax and back, `PV`, and the heads merged; every intermediate kept for the
-/// backward pass, the `T × T` scores included. A device with the fused kernels
-/// ([`AttentionKernel`]) overrides it with [`super::try_attention_fused`] for FP32 scores.
-pub trait AttentionOp<E: AmpElem>: HasErr + Sized {
-    /// Attention over `qkv` (`(batch, tokens, 3M)`, `M = H × head_dim`): `(batch, tokens, M)`.
-    fn try_attention<const M: usize, const M3: usize, const H: usize, B, S, Sc, T>(
-        qkv: Tensor<(B, S, Const<M3>), E, Self, T>,
-        causal: bool,
-    ) -> Result<Tensor<(B, S, Const<M>), E, Self, T>, Self::Err>
-    where
-        Self: CastDevice<E, Sc> + CastDevice<Sc, E>,
-        B: Dim,
-        S: Dim,
-        Sc: AmpElem,
-        T: AmpTape<Self> + Tape<E, Self> + Tape<Sc, Self>,
-    {
-        super::try_attention_composed::<M, M3, H, B, S, E, Sc, Self, T>(qkv, causal)
     }
 }
 

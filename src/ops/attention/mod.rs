@@ -19,31 +19,34 @@ mod cpu_kernel;
 mod cuda_kernel;
 mod fused;
 mod kernel;
+mod op;
 #[cfg(test)]
 mod tests;
 
 use dfdx::prelude::{Const, Cpu, Dim, Tape, Tensor};
 
 use crate::ops::cast::CastDevice;
+use crate::ops::utilities::Tokens;
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
 pub use composed::try_attention_composed;
 pub use fused::try_attention_fused;
-pub use kernel::{AttentionDims, AttentionKernel, AttentionOp};
+pub use kernel::{AttentionDims, AttentionKernel};
+pub use op::AttentionOp;
 
 /// Multi-head attention over `qkv` (`(batch, tokens, 3M)`, queries, keys and values side by
 /// side, `M = H × head_dim`), causal or not, with its scores in `Sc`: `(batch, tokens, M)`.
 pub fn try_attention<const M: usize, const M3: usize, const H: usize, B, S, E, Sc, D, T>(
     qkv: Tensor<(B, S, Const<M3>), E, D, T>,
     causal: bool,
-) -> Result<Tensor<(B, S, Const<M>), E, D, T>, D::Err>
+) -> Result<Tokens<B, S, M, E, D, T>, D::Err>
 where
     B: Dim,
     S: Dim,
     E: AmpElem,
     Sc: AmpElem,
-    D: CastDevice<E, Sc> + CastDevice<Sc, E>,
+    D: CastDevice<E, Sc> + CastDevice<Sc, E> + AttentionOp<E>,
     T: AmpTape<D> + Tape<E, D> + Tape<Sc, D>,
 {
     let _timing = typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::Products);
@@ -55,7 +58,7 @@ impl<E: AmpElem> AttentionOp<E> for Cpu {
     fn try_attention<const M: usize, const M3: usize, const H: usize, B, S, Sc, T>(
         qkv: Tensor<(B, S, Const<M3>), E, Self, T>,
         causal: bool,
-    ) -> Result<Tensor<(B, S, Const<M>), E, Self, T>, Self::Err>
+    ) -> Result<Tokens<B, S, M, E, Self, T>, Self::Err>
     where
         Self: CastDevice<E, Sc> + CastDevice<Sc, E>,
         B: Dim,
@@ -77,7 +80,7 @@ impl<E: crate::ops::utilities::cuda::CudaElem> AttentionOp<E> for dfdx::prelude:
     fn try_attention<const M: usize, const M3: usize, const H: usize, B, S, Sc, T>(
         qkv: Tensor<(B, S, Const<M3>), E, Self, T>,
         causal: bool,
-    ) -> Result<Tensor<(B, S, Const<M>), E, Self, T>, Self::Err>
+    ) -> Result<Tokens<B, S, M, E, Self, T>, Self::Err>
     where
         Self: CastDevice<E, Sc> + CastDevice<Sc, E>,
         B: Dim,

@@ -7,6 +7,7 @@ use dfdx::prelude::{
 };
 
 use crate::ops::cast::CastDevice;
+use crate::ops::utilities::Tokens;
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
@@ -15,7 +16,7 @@ pub fn try_embed_composed<const V: usize, const P: usize, const C: usize, B, S, 
     tokens: Tensor<(B, S), usize, D, T>,
     wte: &Tensor<(Const<V>, Const<C>), E, D>,
     wpe: &Tensor<(Const<P>, Const<C>), E, D>,
-) -> Result<Tensor<(B, S, Const<C>), E, D, T>, D::Err>
+) -> Result<Tokens<B, S, C, E, D, T>, D::Err>
 where
     B: Dim,
     S: Dim,

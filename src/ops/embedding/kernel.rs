@@ -1,11 +1,8 @@
-//! The embedding's two traits: the op on tensors (default: composed) and the fused kernels'
-//! passes over buffers.
+//! The fused embedding's kernels' trait and its sizes.
 
-use dfdx::prelude::{Const, Dim, HasErr, Storage, Tape, Tensor};
+use dfdx::prelude::{HasErr, Storage};
 
-use crate::ops::cast::CastDevice;
 use crate::precision::AmpElem;
-use crate::tape::AmpTape;
 
 /// The sizes of one embedding: `batch × tokens` token ids into rows of `width`, from a table of
 /// `vocab` token rows and `positions` position rows.
@@ -21,29 +18,6 @@ pub struct EmbeddingDims {
     pub vocab: usize,
     /// Rows of the position table.
     pub positions: usize,
-}
-
-/// How a device runs a GPT's input embedding: `x[b, t] = wte[token[b, t]] + wpe[t]` in the
-/// tables' element type `E`.
-///
-/// The default composes dfdx's ops ([`super::try_embed_composed`]: a gather, a slice of the
-/// position table broadcast over the batch, an add). A device with [`EmbeddingKernel`]s runs
-/// [`super::try_embed_fused`].
-pub trait EmbeddingOp<E: AmpElem>: HasErr + Sized {
-    /// The embedding of `tokens` (`(batch, tokens)` ids below `V`, at most `P` tokens).
-    fn try_embed<const V: usize, const P: usize, const C: usize, B, S, T>(
-        tokens: Tensor<(B, S), usize, Self, T>,
-        wte: &Tensor<(Const<V>, Const<C>), E, Self>,
-        wpe: &Tensor<(Const<P>, Const<C>), E, Self>,
-    ) -> Result<Tensor<(B, S, Const<C>), E, Self, T>, Self::Err>
-    where
-        Self: CastDevice<E, f32> + CastDevice<f32, E>,
-        B: Dim,
-        S: Dim,
-        T: AmpTape<Self> + Tape<E, Self>,
-    {
-        super::try_embed_composed(tokens, wte, wpe)
-    }
 }
 
 /// The fused embedding's passes: the forward in FP32 rounded once, the backward straight into

@@ -14,18 +14,21 @@ mod cpu_kernel;
 mod cuda_kernel;
 mod fused;
 mod kernel;
+mod op;
 #[cfg(test)]
 mod tests;
 
 use dfdx::prelude::{Const, Cpu, Dim, Tape, Tensor};
 
 use crate::ops::cast::CastDevice;
+use crate::ops::utilities::Tokens;
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
 pub use composed::try_embed_composed;
 pub use fused::try_embed_fused;
-pub use kernel::{EmbeddingDims, EmbeddingKernel, EmbeddingOp};
+pub use kernel::{EmbeddingDims, EmbeddingKernel};
+pub use op::EmbeddingOp;
 
 /// The embedding of `tokens` (`(batch, tokens)` ids below `V`, at most `P` tokens): `(batch,
 /// tokens, C)` in the tables' precision, on `tokens`' tape.
@@ -33,12 +36,12 @@ pub fn try_embed<const V: usize, const P: usize, const C: usize, B, S, E, D, T>(
     tokens: Tensor<(B, S), usize, D, T>,
     wte: &Tensor<(Const<V>, Const<C>), E, D>,
     wpe: &Tensor<(Const<P>, Const<C>), E, D>,
-) -> Result<Tensor<(B, S, Const<C>), E, D, T>, D::Err>
+) -> Result<Tokens<B, S, C, E, D, T>, D::Err>
 where
     B: Dim,
     S: Dim,
     E: AmpElem,
-    D: CastDevice<E, f32> + CastDevice<f32, E>,
+    D: CastDevice<E, f32> + CastDevice<f32, E> + EmbeddingOp<E>,
     T: AmpTape<D> + Tape<E, D>,
 {
     D::try_embed(tokens, wte, wpe)
@@ -50,7 +53,7 @@ impl<E: AmpElem> EmbeddingOp<E> for Cpu {
         tokens: Tensor<(B, S), usize, Self, T>,
         wte: &Tensor<(Const<V>, Const<C>), E, Self>,
         wpe: &Tensor<(Const<P>, Const<C>), E, Self>,
-    ) -> Result<Tensor<(B, S, Const<C>), E, Self, T>, Self::Err>
+    ) -> Result<Tokens<B, S, C, E, Self, T>, Self::Err>
     where
         Self: CastDevice<E, f32> + CastDevice<f32, E>,
         B: Dim,
@@ -68,7 +71,7 @@ impl<E: crate::ops::utilities::cuda::CudaElem> EmbeddingOp<E> for dfdx::prelude:
         tokens: Tensor<(B, S), usize, Self, T>,
         wte: &Tensor<(Const<V>, Const<C>), E, Self>,
         wpe: &Tensor<(Const<P>, Const<C>), E, Self>,
-    ) -> Result<Tensor<(B, S, Const<C>), E, Self, T>, Self::Err>
+    ) -> Result<Tokens<B, S, C, E, Self, T>, Self::Err>
     where
         Self: CastDevice<E, f32> + CastDevice<f32, E>,
         B: Dim,

@@ -15,6 +15,7 @@ mod cpu_kernel;
 #[cfg(feature = "cuda")]
 mod cuda_kernel;
 mod kernel;
+mod op;
 
 use dfdx::nn::modules::LayerNorm1D;
 use dfdx::prelude::{Cpu, HasShape, Module, PutTape, Shape, SplitTape, Tape, Tensor};
@@ -23,7 +24,8 @@ use crate::ops::cast::CastDevice;
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
-pub use kernel::{try_layernorm_composed, LayerNormOp, MixedLayerNormKernel, RowStats};
+pub use kernel::{MixedLayerNormKernel, RowStats};
+pub use op::{try_layernorm_composed, LayerNormOp};
 
 /// `layer` over the last dimension of `x` (16-bit or FP32), its parameters and statistics in
 /// FP32, the output in `x`'s precision; the device's [`LayerNormOp`] decides how.
@@ -33,7 +35,7 @@ pub fn try_layer_norm<const M: usize, S: Shape, E, D, T>(
 ) -> Result<Tensor<S, E, D, T>, D::Err>
 where
     E: AmpElem,
-    D: CastDevice<E, f32> + CastDevice<f32, E>,
+    D: CastDevice<E, f32> + CastDevice<f32, E> + LayerNormOp<E>,
     T: AmpTape<D> + Tape<E, D>,
     LayerNorm1D<M, f32, D>:
         Module<Tensor<S, f32, D, T>, Output = Tensor<S, f32, D, T>, Error = D::Err>,

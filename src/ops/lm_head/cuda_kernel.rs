@@ -129,6 +129,7 @@ fn raw_ids(dev: &Cuda, ids: &CudaSlice<usize>) -> Result<Raw, CudaError> {
     })
 }
 
+/// One warp per row, at most 65,535 blocks (the kernel strides over the rest).
 fn warp_rows(rows: usize) -> LaunchConfig {
     let per_block = (BLOCK / 32) as usize;
     LaunchConfig {

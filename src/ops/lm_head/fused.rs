@@ -6,6 +6,7 @@ use dfdx::prelude::{
 
 use super::{LmHeadDims, LmHeadKernel};
 use crate::ops::cast::CastDevice;
+use crate::ops::utilities::Tokens;
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
@@ -100,7 +101,7 @@ where
 pub fn try_lm_logits_fused<const V: usize, const C: usize, B, S, E, D>(
     h: &Tensor<(B, S, Const<C>), E, D>,
     w: &Tensor<(Const<V>, Const<C>), E, D>,
-) -> Result<Tensor<(B, S, Const<V>), f32, D>, D::Err>
+) -> Result<Tokens<B, S, V, f32, D>, D::Err>
 where
     B: Dim,
     S: Dim,

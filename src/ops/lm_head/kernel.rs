@@ -1,11 +1,8 @@
-//! The language-model head's two traits: the op on tensors (default: composed), and the fused
-//! kernels' passes over buffers.
+//! The fused language-model head's kernels' trait and its sizes.
 
-use dfdx::prelude::{Const, Dim, HasErr, Rank0, Storage, Tape, Tensor};
+use dfdx::prelude::{HasErr, Storage};
 
-use crate::ops::cast::CastDevice;
 use crate::precision::AmpElem;
-use crate::tape::AmpTape;
 
 /// The sizes of one head: `rows` hidden states of `width` against a `vocab × width` weight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,45 +13,6 @@ pub struct LmHeadDims {
     pub width: usize,
     /// The vocabulary's size.
     pub vocab: usize,
-}
-
-/// How a device runs the language-model head over hidden states of element type `E`:
-/// `logits = h · Wᵀ` and the mean cross-entropy of the logits against the targets, in FP32 (the
-/// policy table's loss row).
-///
-/// The default composes dfdx's ops ([`super::try_lm_head_loss_composed`]): a product in `E`,
-/// a cast of the logits to FP32, log-softmax, and the one-hot targets' cross-entropy, each
-/// keeping its output for the backward pass. A device with [`LmHeadKernel`]s runs
-/// [`super::try_lm_head_loss_fused`].
-pub trait LmHeadOp<E: AmpElem>: HasErr + Sized {
-    /// The mean cross-entropy of `h · wᵀ` against `targets` (token ids below `V`), as an FP32
-    /// scalar on `h`'s tape; the gradient reaches `h` and `w` (whose gradient is FP32).
-    fn try_lm_head_loss<const V: usize, const C: usize, B, S, T>(
-        h: Tensor<(B, S, Const<C>), E, Self, T>,
-        w: &Tensor<(Const<V>, Const<C>), E, Self>,
-        targets: &Tensor<(B, S), usize, Self>,
-    ) -> Result<Tensor<Rank0, f32, Self, T>, Self::Err>
-    where
-        Self: CastDevice<E, f32> + CastDevice<f32, E>,
-        B: Dim,
-        S: Dim,
-        T: AmpTape<Self> + Tape<E, Self>,
-    {
-        super::try_lm_head_loss_composed(h, w, targets)
-    }
-
-    /// The logits `h · wᵀ` in FP32, for evaluation and sampling (no tape).
-    fn try_lm_logits<const V: usize, const C: usize, B, S>(
-        h: &Tensor<(B, S, Const<C>), E, Self>,
-        w: &Tensor<(Const<V>, Const<C>), E, Self>,
-    ) -> Result<Tensor<(B, S, Const<V>), f32, Self>, Self::Err>
-    where
-        Self: CastDevice<E, f32> + CastDevice<f32, E>,
-        B: Dim,
-        S: Dim,
-    {
-        super::try_lm_logits_composed(h, w)
-    }
 }
 
 /// The fused head's passes: the logits from the product's store straight in FP32 (never

@@ -16,6 +16,7 @@ mod cpu_kernel;
 mod cuda_kernel;
 mod fused;
 mod kernel;
+mod op;
 #[cfg(test)]
 mod tests;
 
@@ -23,12 +24,14 @@ use dfdx::prelude::{Const, Cpu, Dim, Rank0, Tape, Tensor};
 
 use crate::loss::Loss;
 use crate::ops::cast::CastDevice;
+use crate::ops::utilities::Tokens;
 use crate::precision::AmpElem;
 use crate::tape::{AmpTape, MixedTape};
 
 pub use composed::{try_lm_head_loss_composed, try_lm_logits_composed};
 pub use fused::{try_lm_head_loss_fused, try_lm_logits_fused};
-pub use kernel::{LmHeadDims, LmHeadKernel, LmHeadOp};
+pub use kernel::{LmHeadDims, LmHeadKernel};
+pub use op::LmHeadOp;
 
 /// The mean cross-entropy of the logits `h · wᵀ` against `targets` (`(batch, tokens)` token
 /// ids below `V`): a [`Loss`], FP32 whatever `h`'s precision.
@@ -41,7 +44,7 @@ where
     B: Dim,
     S: Dim,
     E: AmpElem,
-    D: CastDevice<E, f32> + CastDevice<f32, E>,
+    D: CastDevice<E, f32> + CastDevice<f32, E> + LmHeadOp<E>,
 {
     let _timing = typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::Products);
     Ok(Loss::new(D::try_lm_head_loss(h, w, targets)?))
@@ -51,12 +54,12 @@ where
 pub fn try_lm_logits<const V: usize, const C: usize, B, S, E, D>(
     h: &Tensor<(B, S, Const<C>), E, D>,
     w: &Tensor<(Const<V>, Const<C>), E, D>,
-) -> Result<Tensor<(B, S, Const<V>), f32, D>, D::Err>
+) -> Result<Tokens<B, S, V, f32, D>, D::Err>
 where
     B: Dim,
     S: Dim,
     E: AmpElem,
-    D: CastDevice<E, f32> + CastDevice<f32, E>,
+    D: CastDevice<E, f32> + CastDevice<f32, E> + LmHeadOp<E>,
 {
     D::try_lm_logits(h, w)
 }
@@ -80,7 +83,7 @@ impl<E: AmpElem> LmHeadOp<E> for Cpu {
     fn try_lm_logits<const V: usize, const C: usize, B, S>(
         h: &Tensor<(B, S, Const<C>), E, Self>,
         w: &Tensor<(Const<V>, Const<C>), E, Self>,
-    ) -> Result<Tensor<(B, S, Const<V>), f32, Self>, Self::Err>
+    ) -> Result<Tokens<B, S, V, f32, Self>, Self::Err>
     where
         Self: CastDevice<E, f32> + CastDevice<f32, E>,
         B: Dim,
@@ -110,7 +113,7 @@ impl<E: crate::ops::utilities::cuda::CudaElem> LmHeadOp<E> for dfdx::prelude::Cu
     fn try_lm_logits<const V: usize, const C: usize, B, S>(
         h: &Tensor<(B, S, Const<C>), E, Self>,
         w: &Tensor<(Const<V>, Const<C>), E, Self>,
-    ) -> Result<Tensor<(B, S, Const<V>), f32, Self>, Self::Err>
+    ) -> Result<Tokens<B, S, V, f32, Self>, Self::Err>
     where
         Self: CastDevice<E, f32> + CastDevice<f32, E>,
         B: Dim,

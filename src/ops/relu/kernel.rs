@@ -1,24 +1,8 @@
 //! ReLU's kernels' trait.
 
-use dfdx::prelude::{HasErr, Shape, Storage, Tape, Tensor};
+use dfdx::prelude::{HasErr, Storage};
 
-use crate::device::{AmpDevice, Kernels};
 use crate::precision::AmpElem;
-use crate::tape::AmpTape;
-
-/// How a device runs ReLU on activations of element type `E`: the default is dfdx's op; a
-/// device with [`ReluKernel`]s fuses it into the op before it where that op offers
-/// ([`super::try_relu_fused`]).
-pub trait ReluOp<E: AmpElem>: HasErr + Sized {
-    /// `max(x, 0)`.
-    fn try_relu<S: Shape, T>(x: Tensor<S, E, Self, T>) -> Result<Tensor<S, E, Self, T>, Self::Err>
-    where
-        Self: AmpDevice + Kernels<E>,
-        T: AmpTape<Self> + Tape<E, Self>,
-    {
-        x.try_relu()
-    }
-}
 
 /// ReLU's kernels, for fusing it into the op before it.
 pub trait ReluKernel<E: AmpElem>: Storage<E> + HasErr {

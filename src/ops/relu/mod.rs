@@ -14,6 +14,7 @@ mod cpu_kernel;
 #[cfg(feature = "cuda")]
 mod cuda_kernel;
 mod kernel;
+mod op;
 
 use std::cell::RefCell;
 
@@ -23,7 +24,8 @@ use crate::device::{AmpDevice, Kernels};
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
-pub use kernel::{ReluKernel, ReluOp};
+pub use kernel::ReluKernel;
+pub use op::ReluOp;
 
 /// What an op that offers to fuse a ReLU keeps for its backward: its output once the ReLU
 /// overwrote it (empty if no ReLU came).
@@ -35,7 +37,7 @@ pub fn try_relu<S, E, D, T>(x: Tensor<S, E, D, T>) -> Result<Tensor<S, E, D, T>,
 where
     S: Shape,
     E: AmpElem,
-    D: AmpDevice + Kernels<E>,
+    D: AmpDevice + Kernels<E> + ReluOp<E>,
     T: AmpTape<D> + Tape<E, D>,
 {
     D::try_relu(x)

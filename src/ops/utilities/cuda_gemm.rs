@@ -155,8 +155,6 @@ pub(crate) fn gemm(
     .map_err(|e: CublasError| CudaError::Blas(e))
 }
 
-/// One warp per row, at most 65,535 blocks (the kernel strides over the rest).
-
 #[cfg(test)]
 mod tests {
     use super::{col_major, ColMajor, Operand};

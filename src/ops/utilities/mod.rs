@@ -9,6 +9,11 @@ pub(crate) mod cuda;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_gemm;
 
+/// `(batch, tokens, W)` rows of a sequence model's activations (what attention, the embedding
+/// and the language-model head take and return).
+pub type Tokens<B, S, const W: usize, E, D, T = dfdx::prelude::NoneTape> =
+    dfdx::prelude::Tensor<(B, S, dfdx::prelude::Const<W>), E, D, T>;
+
 /// A device that keeps small per-tensor results (non-finite flags, sums of squares) in a buffer
 /// of its own until they are read back, once per step.
 pub trait StatsDevice: dfdx::prelude::HasErr + Clone + 'static {
