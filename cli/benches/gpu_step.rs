@@ -71,6 +71,8 @@ where
     >,
     Adam<MasterOf<M, Cuda>, f32, Cuda>: MasterOptimizer<MasterOf<M, Cuda>, Cuda>,
 {
+    // Memory the last model's run left in dfdx's cache is free memory to this one.
+    dev.empty_cache();
     dev.synchronize();
     let baseline = used_memory();
     let mut peak = baseline;
@@ -113,6 +115,8 @@ where
     M: GptModel<Cuda>,
     Adam<MasterOf<M, Cuda>, f32, Cuda>: MasterOptimizer<MasterOf<M, Cuda>, Cuda>,
 {
+    // Memory the last model's run left in dfdx's cache is free memory to this one.
+    dev.empty_cache();
     dev.synchronize();
     let baseline = used_memory();
     let mut peak = baseline;
