@@ -11,7 +11,8 @@
 #                  torch.set_num_threads for PyTorch
 #   --out DIR      where the raw JSON lines go (default target/compare_cpu)
 #   --from DIR     print the table from an earlier run's DIR without running anything
-#   ARGS           passed to both benches: --only mlp|cnn|vit|matmul, --steps N, --warmup W,
+#   ARGS           passed to both benches: --only mlp|cnn|vit|gpt-small|gpt-baby|matmul, --steps N,
+#                  --warmup W,
 #                  --min-time S, --max-steps N (and PyTorch-only ones, which the Rust bench
 #                  ignores: --max-time S, --min-steps N, --no-fp16)
 #
@@ -47,9 +48,32 @@ if [[ -z "$from" ]]; then
     echo "running typed-amp (RAYON_NUM_THREADS=$threads) ..." >&2
     RAYON_NUM_THREADS="$threads" cargo bench -q --bench cpu_step -- --json "${args[@]}" \
         > "$out/typed_amp.jsonl"
+    # A GPT's step is set against its products' time at our GEMM rate: the products too.
+    only=""
+    for ((i = 0; i < ${#args[@]}; i++)); do
+        [[ "${args[$i]}" == "--only" ]] && only="${args[$((i + 1))]:-}"
+    done
+    pass=()
+    for ((i = 0; i < ${#args[@]}; i++)); do
+        if [[ "${args[$i]}" == "--only" ]]; then i=$((i + 1)); else pass+=("${args[$i]}"); fi
+    done
+    if [[ "$only" == gpt-* ]]; then
+        RAYON_NUM_THREADS="$threads" cargo bench -q --bench cpu_step -- --json --only matmul "${pass[@]}" \
+            >> "$out/typed_amp.jsonl"
+    fi
     echo "running PyTorch ($python, $threads threads) ..." >&2
-    "$python" "$root/benches/peers/torch_cpu_step.py" --json --threads "$threads" "${args[@]}" \
-        > "$out/torch.jsonl"
+    case "$only" in
+        gpt-small|gpt-baby)
+            "$python" "$root/benches/peers/torch_gpt.py" step --json --threads "$threads" \
+                --size "${only#gpt-}" "${pass[@]}" > "$out/torch.jsonl" ;;
+        *)
+            "$python" "$root/benches/peers/torch_cpu_step.py" --json --threads "$threads" "${args[@]}" \
+                > "$out/torch.jsonl"
+            if [[ -z "$only" ]]; then
+                "$python" "$root/benches/peers/torch_gpt.py" step --json --threads "$threads" \
+                    --size small "${pass[@]}" >> "$out/torch.jsonl"
+            fi ;;
+    esac
     from="$out"
 fi
 
@@ -109,7 +133,13 @@ titles = {
     "mlp": "MLP 784-512-512-10 (ReLU), batch 256, Adam, cross-entropy",
     "cnn": "CNN conv16-BN-ReLU-pool, conv32-BN-ReLU-pool, linear 1568-10, batch 128, Adam",
     "vit": "ViT 7x7 patches, width 64, 4 heads, 4 pre-norm blocks, MLP 128, GELU, batch 128, Adam",
+    "gpt-small": "GPT small: 4 layers, 4 heads, width 128, context 64, batch 12, AdamW, clipping 1.0",
+    "gpt-baby": "GPT baby: 6 layers, 6 heads, width 384, context 256, batch 64, dropout 0.2, AdamW",
 }
+# (layers, width, context, batch) of each GPT, for its products' FLOPs: 6 · tokens ·
+# (12·L·C² + V·C + L·T·C), as typed_amp_models::gpt::GptSize::step_product_flops counts them.
+gpt_sizes = {"gpt-small": (4, 128, 64, 12), "gpt-baby": (6, 384, 256, 64)}
+VOCAB = 84
 # Rows: (precision, typed-amp config, torch config on the same row or None).
 layout = [
     ("fp32", "dfdx-fp32", "torch-fp32"),
@@ -120,6 +150,16 @@ layout = [
 ]
 # The ViT has no plain-dfdx row (its attention is typed-amp's): O0 faces torch-fp32.
 layouts = {
+    "gpt-small": [
+        ("fp32", "O0", "torch-fp32"),
+        ("bf16", "O2-BF16", "torch-bf16-autocast"),
+        ("fp16", "O2-FP16", "torch-fp16-autocast"),
+    ],
+    "gpt-baby": [
+        ("fp32", "O0", "torch-fp32"),
+        ("bf16", "O2-BF16", "torch-bf16-autocast"),
+        ("fp16", "O2-FP16", "torch-fp16-autocast"),
+    ],
     "vit": [
         ("fp32", "O0", "torch-fp32"),
         ("bf16", "O2-BF16", "torch-bf16-autocast"),
@@ -151,6 +191,16 @@ for model, title in titles.items():
         ("our O0 / torch-fp32", o("O0"), t("torch-fp32")),
     ]:
         print(f"    {label:<32} {fmt_ratio(a, b)}")
+    if model in gpt_sizes:
+        L, C, T, B = gpt_sizes[model]
+        gflop = 6 * B * T * (12 * L * C * C + VOCAB * C + L * T * C) / 1e9
+        print(f"  the step's matrix products: {gflop:.2f} GFLOP; the step against their time at our GEMM rate at 1024^3")
+        for cfg, dt in [("O0", "f32"), ("O2-BF16", "bf16"), ("O2-FP16", "f16")]:
+            r, g = o(cfg), ours.get(("matmul", f"{dt}-1024"))
+            if r and g:
+                limit = gflop / g["gflops"] * 1e3
+                print(f"    {cfg:<8} {r['ms_per_step']:8.2f} ms vs {limit:8.2f} ms at {g['gflops']:.0f} GFLOP/s ({dt}): "
+                      f"{r['ms_per_step'] / limit:5.2f}x the limit")
 
 if any(k[0] == "matmul" for k in list(ours) + list(torch)):
     print()

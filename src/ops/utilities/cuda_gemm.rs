@@ -1,13 +1,11 @@
 //! Matrix products for the fused ops' CUDA kernels, on dfdx's cuBLAS handle (so on dfdx's
 //! stream): row-major operands of a 16-bit or FP32 element type, FP32 accumulation
 //! (`cublasGemmEx`, `CUBLAS_COMPUTE_32F`), an output of the operands' type or FP32, rounded once
-//! (cuBLAS's internal reductions kept in FP32 where the output is 16-bit).
+//! (the dfdx fork sets its handle's math mode so that cuBLAS's internal reductions stay in FP32
+//! for 16-bit outputs too).
 
 use cudarc::cublas::result::{gemm_ex, CublasError};
-use cudarc::cublas::sys::{
-    cublasComputeType_t, cublasGemmAlgo_t, cublasGetMathMode, cublasMath_t, cublasOperation_t,
-    cublasSetMathMode, cudaDataType,
-};
+use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use dfdx::tensor::{CpuError, Cuda, CudaError};
 
 fn wrong() -> CudaError {
@@ -64,42 +62,6 @@ fn col_major((m, k, n): (usize, usize, usize), a: Operand, b: Operand, ldc: usiz
     }
 }
 
-/// Restores the handle's math mode when dropped.
-struct MathMode(Option<cudarc::cublas::sys::cublasHandle_t>);
-
-impl MathMode {
-    /// Keeps cuBLAS's internal reductions (split-K) in the FP32 compute type where the output is
-    /// 16-bit, so that the output is rounded once. Only from the default mode, the one dfdx
-    /// leaves its handle in; any other mode is left as it is.
-    fn exact_reductions(handle: cudarc::cublas::sys::cublasHandle_t) -> Self {
-        let mut mode: u32 = u32::MAX;
-        // SAFETY: cuBLAS writes the handle's mode, a 4-byte enum value, into `mode`, a u32 (not
-        // into a Rust enum, which could not hold a combination of flags).
-        let got = unsafe { cublasGetMathMode(handle, (&mut mode as *mut u32).cast()) };
-        if got.result().is_err() || mode != cublasMath_t::CUBLAS_DEFAULT_MATH as u32 {
-            return MathMode(None);
-        }
-        // SAFETY: a valid handle and mode.
-        let set = unsafe {
-            cublasSetMathMode(
-                handle,
-                cublasMath_t::CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION,
-            )
-        };
-        MathMode(set.result().is_ok().then_some(handle))
-    }
-}
-
-impl Drop for MathMode {
-    fn drop(&mut self) {
-        if let Some(handle) = self.0 {
-            // SAFETY: the handle is dfdx's, alive as long as the device this guard borrowed
-            // from; the mode is the default it had.
-            unsafe { cublasSetMathMode(handle, cublasMath_t::CUBLAS_DEFAULT_MATH) };
-        }
-    }
-}
-
 /// Row-major `C = A·B + beta·C` (`beta` 0 or 1) with FP32 accumulation: `A` and `B` of element
 /// type `ab_tag`, `C` of `c_tag`, every pointer on `dev` and addressing what the shapes and
 /// strides reach (the callers check lengths first).
@@ -122,7 +84,6 @@ pub(crate) fn gemm(
     let (m, n, k) = (int(g.m)?, int(g.n)?, int(g.k)?);
     let (lda, ldb, ldc) = (int(g.a.1)?, int(g.b.1)?, int(g.ldc)?);
     let handle = *dev.cublas().handle();
-    let _mode = (c_tag != "f32").then(|| MathMode::exact_reductions(handle));
     let alpha = 1.0f32;
     // SAFETY: the pointers are device memory of `dev` holding at least what the dimensions and
     // leading dimensions reach (checked by the callers), of the element types named; alpha and

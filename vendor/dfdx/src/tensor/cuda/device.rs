@@ -348,6 +348,18 @@ impl Cuda {
         let cpu = Cpu::seed_from_u64(seed);
         let dev = CudaDevice::new(ordinal)?;
         let blas = Arc::new(CudaBlas::new(dev.clone())?);
+        // typed-amp patch: 16-bit products keep cuBLAS's internal reductions (split-K) in the
+        // compute type, FP32: by default cuBLAS may sum split-K partials in the output's 16-bit
+        // type, which rounded fp16 outputs several units in the last place away from an FP32 sum
+        // rounded once (seen on an H200), and bf16 ones more. Products of f32 are unaffected.
+        // SAFETY: a valid handle, just created, and a valid mode.
+        unsafe {
+            cudarc::cublas::sys::cublasSetMathMode(
+                *blas.handle(),
+                cudarc::cublas::sys::cublasMath_t::CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION,
+            )
+        }
+        .result()?;
         #[cfg(feature = "cudnn")]
         let cudnn = cudarc::cudnn::Cudnn::new(dev.clone())?;
         let par_stream = Arc::new(dev.fork_default_stream()?);
