@@ -18,6 +18,7 @@ use dfdx::prelude::Storage;
 use dfdx::tensor::{CpuError, Cuda, CudaError};
 
 use super::{LmHeadDims, LmHeadKernel};
+use crate::ops::cast::CastKernel;
 use crate::ops::utilities::cuda::{
     check_device, launch, launch_with, raw, raw_mut, CudaElem, OpSource, Raw, BLOCK,
 };
@@ -268,9 +269,12 @@ impl<E: CudaElem> LmHeadKernel<E> for Cuda {
         let (hidden, n) = check_dims(&d)?;
         let (dl, hr, wr) = (raw(self, &**dlogits)?, raw(self, &**h)?, raw(self, &**w)?);
         check(dl.len == n && hr.len == hidden && wr.len == d.vocab * d.width)?;
-        let dh = match dh {
-            Some((g, accumulate)) => Some((raw_mut(self, &mut **g)?, accumulate)),
-            None => None,
+        let (dh, dh_buf) = match dh {
+            Some((g, accumulate)) => {
+                let r = raw_mut(self, &mut **g)?;
+                (Some((r, accumulate)), Some((g, accumulate)))
+            }
+            None => (None, None),
         };
         let dw = match dw {
             Some((g, fresh)) => Some((raw_mut(self, &mut **g)?, fresh, g)),
@@ -284,8 +288,19 @@ impl<E: CudaElem> LmHeadKernel<E> for Cuda {
                     .is_none_or(|(g, _, _)| g.len == d.vocab * d.width),
         )?;
         if let Some((g, accumulate)) = dh {
-            // dh (rows × width) = dlogits (rows × vocab) · w (vocab × width); vocab > 0.
+            // dh (rows × width) = dlogits (rows × vocab) · w (vocab × width); vocab > 0. Added
+            // to an earlier gradient, the product goes to FP32 first and the sum is rounded once
+            // (cuBLAS's beta·C would round the product to dh's type before the sum).
             if d.rows > 0 && d.width > 0 {
+                let mut acc = if accumulate {
+                    Some(Storage::<f32>::try_alloc_len(self, g.len)?)
+                } else {
+                    None
+                };
+                let target = match acc.as_mut() {
+                    Some(acc) => (raw_mut(self, &mut **acc)?.ptr, "f32", d.width),
+                    None => (g.ptr, E::TAG, d.width),
+                };
                 gemm(
                     self,
                     (d.rows, d.vocab, d.width),
@@ -302,9 +317,12 @@ impl<E: CudaElem> LmHeadKernel<E> for Cuda {
                         },
                         E::TAG,
                     ),
-                    (g.ptr, E::TAG, d.width),
-                    if accumulate { 1.0 } else { 0.0 },
+                    target,
+                    0.0,
                 )?;
+                if let (Some(acc), Some((dh, _))) = (acc, dh_buf) {
+                    CastKernel::<f32, E>::try_add_cast(self, &acc, dh)?;
+                }
             }
         }
         if let Some((g, fresh, buf)) = dw {
