@@ -60,7 +60,7 @@ mod enabled {
     use typed_amp::distributed::mpi::MpiCollective;
     use typed_amp::distributed::{AllReduce, Collective, DataParallel};
     use typed_amp::prelude::*;
-    use typed_amp::{device::AmpDevice, ops::AmpOps, optim::LowPrecisionUpdates};
+    use typed_amp::{ops::AmpOps, optim::LowPrecisionUpdates};
     use typed_amp_data::FashionMnist;
 
     use crate::run::{
