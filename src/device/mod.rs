@@ -11,16 +11,19 @@
 //! | [`ReduceKernel`] | Σx² and max\|x\| (clipping, layer probes) | [`crate::ops::reduce`] |
 //! | [`FillKernel`] | fill, scale, clamp in place | [`crate::ops::fill`] |
 //! | [`HostKernel`] | exact copies to and from the host (checkpoints) | [`crate::ops::host`] |
-//! | [`LinearOp`] | the linear layer, fused (bias, ReLU, FP32 weight gradient) | [`crate::ops::linear`] |
+//! | [`LinearOp`](crate::ops::linear::LinearOp) | the linear layer, fused (bias, ReLU, FP32 weight gradient) | [`crate::ops::linear`] |
 //! | [`MixedBatchNormKernel`] | batch norm over 16-bit activations with FP32 statistics | [`crate::ops::batchnorm`] |
-//! | [`LayerNormOp`] | layer norm over 16-bit activations with FP32 statistics, fused | [`crate::ops::layernorm`] |
-//! | [`AttentionOp`] | multi-head attention, fused where the scores are FP32 | [`crate::ops::attention`] |
-//! | [`EmbeddingOp`] | a GPT's token and position embedding, fused | [`crate::ops::embedding`] |
-//! | [`LmHeadOp`] | a language model's head and FP32 cross-entropy, fused | [`crate::ops::lm_head`] |
-//! | [`ReluOp`] | ReLU, fused into the op before it | [`crate::ops::relu`] |
+//! | [`LayerNormOp`](crate::ops::layernorm::LayerNormOp) | layer norm over 16-bit activations with FP32 statistics, fused | [`crate::ops::layernorm`] |
+//! | [`AttentionOp`](crate::ops::attention::AttentionOp) | multi-head attention, fused where the scores are FP32 | [`crate::ops::attention`] |
+//! | [`EmbeddingOp`](crate::ops::embedding::EmbeddingOp) | a GPT's token and position embedding, fused | [`crate::ops::embedding`] |
+//! | [`LmHeadOp`](crate::ops::lm_head::LmHeadOp) | a language model's head and FP32 cross-entropy, fused | [`crate::ops::lm_head`] |
+//! | [`ReluOp`](crate::ops::relu::ReluOp) | ReLU, fused into the op before it | [`crate::ops::relu`] |
 //! | [`UpdateKernel`] | the optimizer's update fused with the working copy's refresh | [`crate::ops::update`] |
 //!
-//! [`Kernels<E>`] bundles them, with dfdx's `Device<E>` and `ConvDevice<E>`, for one element type,
+//! The `…Op` rows are tensor-level ops (each with a composed default that a device overrides
+//! with its fused kernel), bundled by [`Ops<E>`](crate::ops::Ops) and
+//! [`AmpOps`](crate::ops::AmpOps) above this module. [`Kernels<E>`] bundles the buffer-level
+//! kernels, with dfdx's `Device<E>` and `ConvDevice<E>`, for one element type,
 //! and [`AmpDevice`] is `Kernels<E>` for every precision of
 //! [`with_precisions!`](crate::with_precisions). Both are implemented for every device that has
 //! the capabilities: dfdx's `Cpu` and, with the `cuda` feature, `Cuda`.

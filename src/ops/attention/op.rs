@@ -14,7 +14,7 @@ use crate::tape::AmpTape;
 /// by reshapes and permutes, `QKᵀ` as a batched product, the mask added, the scores cast to `Sc`
 /// for the softmax and back, `PV`, and the heads merged; every intermediate kept for the
 /// backward pass, the `T × T` scores included. A device with the fused kernels
-/// ([`AttentionKernel`]) overrides it with [`super::try_attention_fused`] for FP32 scores.
+/// ([`AttentionKernel`](super::AttentionKernel)) overrides it with [`super::try_attention_fused`] for FP32 scores.
 pub trait AttentionOp<E: AmpElem>: HasErr + Sized {
     /// Attention over `qkv` (`(batch, tokens, 3M)`, `M = H × head_dim`): `(batch, tokens, M)`.
     fn try_attention<const M: usize, const M3: usize, const H: usize, B, S, Sc, T>(
