@@ -6,26 +6,10 @@ use crate::{
 
 use cudarc::driver::{DeviceSlice, LaunchAsync};
 
-use rand_distr::Bernoulli;
-
-/// typed-amp patch: the kernels draw the mask themselves (see `dropout.cu`): an element is dropped
-/// when its 64-bit draw is below this threshold, `p · 2^64` as rand_distr's `Bernoulli` computes
-/// it (`u64::MAX` for `p = 1`: everything is dropped). Before, the host drew the mask with
-/// `StdRng` and copied it to a new device buffer in every forward and every backward; the masks
-/// now differ from the CPU's for the same seed (each is a Bernoulli(p) draw per element, and
-/// forward and backward still agree).
-///
-/// # Panics
-/// If `prob` is not in `[0, 1]`, as `Bernoulli::new(prob).unwrap()` did.
-fn drop_threshold(prob: f64) -> u64 {
-    Bernoulli::new(prob).unwrap();
-    if prob == 1.0 {
-        u64::MAX
-    } else {
-        // rand_distr 0.4's `Bernoulli::new`: `(p * SCALE) as u64`, SCALE = 2^64.
-        (prob * 2.0 * (1u64 << 63) as f64) as u64
-    }
-}
+// typed-amp patch: the kernels draw the mask themselves (see `dropout.cu`, and `super::drops`,
+// the same formula on the CPU): before, the host drew the mask with `StdRng` and copied it to a
+// new device buffer in every forward and every backward.
+use super::drop_threshold;
 
 const PTX_SRC: &str = include_str!(concat!(env!("OUT_DIR"), "/dropout.ptx"));
 
@@ -94,17 +78,16 @@ where
         unsafe { fwd_fn.launch(cfg, params) }?;
         Ok(self.build_tensor(inp.shape, inp.strides, storage))
     }
-    fn backward<S: Shape>(
+    fn backward(
         &self,
         op: super::DropoutKernelOp,
-        inp: &Tensor<S, E, Self>,
         grad_inp: &mut Self::Vec,
         grad_out: &Self::Vec,
     ) -> Result<(), Self::Err> {
         let threshold = drop_threshold(op.prob);
         let prob = E::from_f64(op.prob).unwrap();
         let bwd_fn = self.dev.get_func(Self::MOD, Self::FNS[1]).unwrap();
-        let numel = inp.data.len();
+        let numel = grad_out.len();
         let cfg = launch_cfg::<128>(numel as u32);
         let params = (prob, numel, op.seed, threshold, grad_inp, grad_out);
         unsafe { bwd_fn.launch(cfg, params) }?;

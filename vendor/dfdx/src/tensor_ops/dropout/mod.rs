@@ -21,13 +21,47 @@ pub trait DropoutKernel<E: Dtype>: Storage<E> + RandomU64 {
         op: DropoutKernelOp,
         inp: &Tensor<S, E, Self>,
     ) -> Result<Tensor<S, E, Self>, Self::Err>;
-    fn backward<S: Shape>(
+    /// typed-amp patch: takes no input tensor. The mask is drawn again from the op's seed, so
+    /// the backward needs only the gradients; holding the input kept a whole activation alive
+    /// until the backward for its length alone.
+    fn backward(
         &self,
         op: DropoutKernelOp,
-        inp: &Tensor<S, E, Self>,
         grad_inp: &mut Self::Vec,
         grad_out: &Self::Vec,
     ) -> Result<(), Self::Err>;
+}
+
+/// typed-amp patch: the drop threshold of a Bernoulli(`prob`) draw from a uniform `u64`: an
+/// element is dropped when its draw is below `prob · 2^64` (rand_distr 0.4's `Bernoulli`
+/// threshold), or always for `prob = 1` (`u64::MAX`).
+///
+/// # Panics
+/// If `prob` is not in `[0, 1]`, as `Bernoulli::new(prob).unwrap()` did.
+pub(crate) fn drop_threshold(prob: f64) -> u64 {
+    assert!(
+        (0.0..=1.0).contains(&prob),
+        "dropout probability {prob} is not in [0, 1]"
+    );
+    if prob == 1.0 {
+        u64::MAX
+    } else {
+        // rand_distr 0.4's `Bernoulli::new`: `(p * SCALE) as u64`, SCALE = 2^64.
+        (prob * 2.0 * (1u64 << 63) as f64) as u64
+    }
+}
+
+/// typed-amp patch: whether element `i` is dropped: the `(i + 1)`-th output of SplitMix64
+/// seeded with `seed` is below `threshold`. A counter-based draw, so any element's draw is
+/// computed on its own (in parallel, in the backward again, on the GPU by `dropout.cu`'s
+/// `dropout_drops`, which is the same formula: the CPU and CUDA masks agree for a seed).
+#[inline(always)]
+pub(crate) fn drops(seed: u64, threshold: u64, i: u64) -> bool {
+    let mut z = seed.wrapping_add(i.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    threshold == u64::MAX || z < threshold
 }
 
 /// Zeros elements with probability `p` and scales all elements by `1 / (1 - p)`.
@@ -70,11 +104,14 @@ impl<S: Shape, E: Dtype, D: DropoutKernel<E>, T: Tape<E, D>> Tensor<S, E, D, T> 
         let out = inp.device.forward(op, &inp)?;
         let inp_ghost = inp.ghost();
         let out_ghost = out.ghost();
+        let dev = inp.device.clone();
+        // typed-amp patch: the input itself is not kept (see `DropoutKernel::backward`).
+        drop(inp);
         tape.add_backward_op(move |grads| {
             grads.try_alloc_for(&inp_ghost)?;
             grads.try_alloc_for(&out_ghost)?;
             let (grad_inp, grad_out) = grads.mut_and_ref(&inp_ghost, &out_ghost);
-            inp.device.backward(op, &inp, grad_inp, grad_out)
+            dev.backward(op, grad_inp, grad_out)
         });
         Ok(out.put_tape(tape))
     }
