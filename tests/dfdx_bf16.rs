@@ -502,10 +502,9 @@ fn tanh_sigmoid_gelu_forward_backward() {
 
 #[test]
 fn dropout_train_forward_backward() {
-    // Same seed on both devices: the same Bernoulli mask. Kept elements are x / bf16(1 - p)
-    // (p = 0.25: 0.75 is exact, the division rounds: R = 1 on M = max|y|); the backward multiplies
-    // the incoming c by bf16(1 / 0.75) (one rounding of the constant) and rounds the product:
-    // R = 2 on M = max|c| / 0.75.
+    // Same seed on both devices: the same Bernoulli mask. Kept elements are x · f32(1 / (1 − p))
+    // computed in f32 and rounded once to bf16 (R = 1 on M = max|y|); the backward multiplies
+    // the incoming c the same way and adds it to a zero gradient: R = 2 on M = max|c| / 0.75.
     macro_rules! run {
         ($E:ty, $x:expr, $c:expr) => {{
             type E = $E;

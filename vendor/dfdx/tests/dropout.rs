@@ -1,6 +1,6 @@
 //! The fork's dropout on the CPU: its mask is the counter-based SplitMix64 draw that the CUDA
 //! kernels make (`dropout.cu`), a Bernoulli(p) per element, the same in the forward and the
-//! backward, and kept elements are scaled by `1 / (1 − p)` with one rounding.
+//! backward, and kept elements are multiplied by `1 / (1 − p)` (rounded to f32) in f32.
 
 use typed_amp_dfdx::prelude::*;
 use typed_amp_dfdx::tensor::RandomU64;
@@ -42,13 +42,13 @@ fn the_mask_is_splitmix64_of_the_seed_and_index_and_kept_values_are_scaled_once(
         let expected = if dropped {
             0.0
         } else {
-            (x[i] as f64 / 0.8) as f32
+            x[i] * (1.0 / 0.8f64) as f32
         };
         assert_eq!(y[i], expected, "element {i}");
     }
-    // Kept elements everywhere are x / 0.8 rounded once.
+    // Kept elements everywhere are x · f32(1 / 0.8).
     for (i, (&yi, &xi)) in y.iter().zip(&x).enumerate() {
-        assert!(yi == 0.0 || yi == (xi as f64 / 0.8) as f32, "element {i}");
+        assert!(yi == 0.0 || yi == xi * (1.0 / 0.8f64) as f32, "element {i}");
     }
     // The dropped count is Binomial(n, p): within 5 standard deviations of n·p.
     let dropped = y.iter().filter(|&&v| v == 0.0).count() as f64;
@@ -72,7 +72,7 @@ fn the_backward_draws_the_forward_mask_again() {
     let gx = g.get(&x).as_vec();
     for i in 0..n {
         let expected = if kept[i] {
-            (c[i] as f64 / 0.7) as f32
+            c[i] * (1.0 / 0.7f64) as f32
         } else {
             0.0
         };

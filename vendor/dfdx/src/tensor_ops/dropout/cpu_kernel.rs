@@ -1,39 +1,45 @@
 use crate::{
     shapes::{Dtype, Shape},
     tensor::{unique_id, Cpu, Tensor},
+    tensor_ops::utilities::cpu_f32::{
+        add_from_f32, as_f32_mut, from_f32, is_half, par_elementwise, to_f32, BLOCK,
+    },
 };
 
 use num_traits::Float;
-use rayon::prelude::*;
 
 use super::{drop_threshold, drops};
 
-/// typed-amp patch: elements per parallel task. Each element's draw depends only on the seed
-/// and its index (`super::drops`), so the split changes no result.
-const CHUNK: usize = 1 << 14;
-
-/// typed-amp patch: `1 / (1 − p)` in f64, the scale of kept elements (0 for `p = 1`, where
-/// nothing is kept).
-fn keep_scale(prob: f64) -> f64 {
+/// typed-amp patch: the scale of kept elements, `1 / (1 − p)` rounded to f32 (0 for `p = 1`,
+/// where nothing is kept).
+fn keep_scale(prob: f64) -> f32 {
     if prob < 1.0 {
-        1.0 / (1.0 - prob)
+        (1.0 / (1.0 - prob)) as f32
     } else {
         0.0
     }
 }
 
-/// typed-amp patch: `x · scale` rounded once to `E` (the product in f64, which holds any f32,
-/// f16 or bf16 product exactly enough for one rounding to give the nearest `E`).
-#[inline(always)]
-fn scaled<E: Dtype>(x: E, scale: f64) -> E {
-    E::from_f64(x.to_f64().unwrap_or(f64::NAN) * scale).unwrap_or(x)
+/// typed-amp patch: `v[j] = 0` where element `first + j` is dropped, else `v[j] · scale`, in
+/// f32.
+#[inline]
+fn mask_f32(seed: u64, threshold: u64, scale: f32, first: usize, v: &mut [f32]) {
+    for (j, x) in v.iter_mut().enumerate() {
+        *x = if drops(seed, threshold, (first + j) as u64) {
+            0.0
+        } else {
+            *x * scale
+        };
+    }
 }
 
 // typed-amp patch: the mask is drawn per element by a counter-based generator (`super::drops`,
-// SplitMix64 of the seed and the element's index, as the CUDA kernels do) in parallel chunks.
-// Before, one `StdRng` (ChaCha12) drew a `Bernoulli` per element on one thread, in the forward
-// and again in the backward, and kept elements were divided in `E`'s own arithmetic: on the
-// baby GPT (13 dropouts over 6.3 M elements a step) that was 16% of a training step.
+// SplitMix64 of the seed and the element's index, as the CUDA kernels do), in parallel pieces;
+// kept elements are multiplied by the f32 scale in f32 (16-bit elements widened a block at a
+// time) and rounded once to `E`, as CUDA's float arithmetic does. Before, one `StdRng`
+// (ChaCha12) drew a `Bernoulli` per element on one thread, in the forward and again in the
+// backward, and kept elements were divided in `E`'s own scalar arithmetic: on the baby GPT
+// (13 dropouts over 6.3 M elements a step) that was 16% of a CPU training step.
 impl<E: Float + Dtype> super::DropoutKernel<E> for Cpu {
     fn forward<S: Shape>(
         &self,
@@ -43,18 +49,28 @@ impl<E: Float + Dtype> super::DropoutKernel<E> for Cpu {
         let threshold = drop_threshold(op.prob);
         let scale = keep_scale(op.prob);
         let mut data = (*inp.data).clone();
-        data.par_chunks_mut(CHUNK)
-            .enumerate()
-            .for_each(|(c, chunk)| {
-                let first = (c * CHUNK) as u64;
-                for (i, x) in chunk.iter_mut().enumerate() {
-                    *x = if drops(op.seed, threshold, first + i as u64) {
+        par_elementwise(&mut data, BLOCK, |off, piece| {
+            if let Some(piece) = as_f32_mut(piece) {
+                mask_f32(op.seed, threshold, scale, off, piece);
+            } else if is_half::<E>() {
+                let mut buf = [0.0f32; BLOCK];
+                for (b, block) in piece.chunks_mut(BLOCK).enumerate() {
+                    let v = &mut buf[..block.len()];
+                    to_f32(block, v);
+                    mask_f32(op.seed, threshold, scale, off + b * BLOCK, v);
+                    from_f32(v, block);
+                }
+            } else {
+                let scale = E::from_f32(scale).unwrap();
+                for (j, x) in piece.iter_mut().enumerate() {
+                    *x = if drops(op.seed, threshold, (off + j) as u64) {
                         E::zero()
                     } else {
-                        scaled(*x, scale)
+                        *x * scale
                     };
                 }
-            });
+            }
+        });
         Ok(Tensor {
             id: unique_id(),
             data: std::sync::Arc::new(data),
@@ -74,18 +90,27 @@ impl<E: Float + Dtype> super::DropoutKernel<E> for Cpu {
         assert_eq!(grad_inp.len(), grad_out.len());
         let threshold = drop_threshold(op.prob);
         let scale = keep_scale(op.prob);
-        grad_inp
-            .par_chunks_mut(CHUNK)
-            .zip(grad_out.par_chunks(CHUNK))
-            .enumerate()
-            .for_each(|(c, (gi, go))| {
-                let first = (c * CHUNK) as u64;
-                for (i, (gi, go)) in gi.iter_mut().zip(go).enumerate() {
-                    if !drops(op.seed, threshold, first + i as u64) {
-                        *gi += scaled(*go, scale);
+        let grad_out: &[E] = grad_out;
+        par_elementwise(grad_inp, BLOCK, |off, piece| {
+            if is_half::<E>() || as_f32_mut(piece).is_some() {
+                // grad_inp += mask · scale · grad_out, in f32, rounded once to E.
+                let mut buf = [0.0f32; BLOCK];
+                for (b, block) in piece.chunks_mut(BLOCK).enumerate() {
+                    let start = off + b * BLOCK;
+                    let v = &mut buf[..block.len()];
+                    to_f32(&grad_out[start..start + block.len()], v);
+                    mask_f32(op.seed, threshold, scale, start, v);
+                    add_from_f32(v, block);
+                }
+            } else {
+                let scale = E::from_f32(scale).unwrap();
+                for (j, g) in piece.iter_mut().enumerate() {
+                    if !drops(op.seed, threshold, (off + j) as u64) {
+                        *g += grad_out[off + j] * scale;
                     }
                 }
-            });
+            }
+        });
         Ok(())
     }
 }
