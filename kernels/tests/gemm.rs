@@ -316,6 +316,9 @@ fn training_step_shapes() {
             (16, 784, 9, RowMajor, RowMajor),
             (32, 196, 144, RowMajor, RowMajor),
             (3, 1100, 5, RowMajor, RowMajor),
+            // Wider than one B block of every path (the bf16-pair path's is 768 columns) and
+            // deeper than one k block: three column blocks, the last ragged, A packed for each.
+            (29, 1601, 1030, RowMajor, ColMajor),
             // A ViT's attention per (sample, head), 17 tokens of 16 (rows of 64, so padded):
             // QKᵀ, PV, and the backward's dP·K and Pᵀ·dO.
             (17, 17, 16, PaddedRows, ColMajor),
