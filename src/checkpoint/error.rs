@@ -47,6 +47,15 @@ pub enum CheckpointError {
         /// What is wrong.
         detail: String,
     },
+    /// The file's state breaks one of typed-amp's rules (a static loss scale above FP16's
+    /// largest value): the rule's own error, with the file.
+    #[error("{path}: {source}")]
+    Rule {
+        /// The file.
+        path: PathBuf,
+        /// The rule's error.
+        source: AmpError,
+    },
     /// The device failed while copying tensors.
     #[error(transparent)]
     Amp(#[from] AmpError),

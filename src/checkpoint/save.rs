@@ -10,7 +10,7 @@ use crate::amp::{built_policy, AmpConfig};
 use crate::device::{AmpDevice, HostKernel, Kernels};
 use crate::error::AmpError;
 use crate::master::TrainTarget;
-use crate::optim::{OptimizerState, StateRef};
+use crate::optim::{OptimizerState, StateRef, StoreInvariant};
 use crate::params::{ParamVisitor, Parameters};
 use crate::precision::{dtype_of, AmpElem, DType, Precision};
 use crate::scaler::GradScaler;
@@ -21,6 +21,7 @@ use super::format::st_dtype;
 use super::format::FORMAT;
 use super::policy::{layout_metadata, model_policy, policy_settings};
 use super::scaler_meta::scaler_metadata;
+use super::validate::invariant_violation;
 
 /// A tensor ready to serialise.
 pub(super) struct Entry {
@@ -41,45 +42,68 @@ pub(super) fn entry<S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>>(
     }
 }
 
-/// Collects `prefix.<path>` entries for every parameter of a model.
+/// Errors (naming the file and the tensor) if `values` break `invariant`: `load` would refuse
+/// the file, so it is not written (an earlier checkpoint at `file` stays as it was).
+fn check_before_saving<E: AmpElem>(
+    file: &Path,
+    name: &str,
+    values: &[E],
+    invariant: StoreInvariant,
+) -> Result<(), CheckpointError> {
+    match invariant_violation(values, invariant) {
+        None => Ok(()),
+        Some(detail) => Err(CheckpointError::Tensor {
+            path: file.to_path_buf(),
+            name: name.to_string(),
+            detail: format!("not saved: it {detail}"),
+        }),
+    }
+}
+
+/// Collects `prefix.<path>` entries for every parameter of a model, each finite.
 pub(super) struct SaveParams<'e> {
+    file: &'e Path,
     prefix: &'static str,
     entries: &'e mut BTreeMap<String, Entry>,
 }
 
 impl<D: AmpDevice> ParamVisitor<D> for SaveParams<'_> {
-    type Error = AmpError;
+    type Error = CheckpointError;
     fn visit<S: Shape, E: AmpElem>(
         &mut self,
         path: &str,
         param: &Tensor<S, E, D>,
         _trainable: bool,
-    ) -> Result<(), AmpError>
+    ) -> Result<(), CheckpointError>
     where
         D: Kernels<E>,
     {
         let values =
             HostKernel::<E>::try_read(param.device(), param.storage()).map_err(AmpError::device)?;
-        self.entries
-            .insert(format!("{}.{path}", self.prefix), entry(param, &values));
+        let name = format!("{}.{path}", self.prefix);
+        check_before_saving(self.file, &name, &values, StoreInvariant::Finite)?;
+        self.entries.insert(name, entry(param, &values));
         Ok(())
     }
 }
 
-/// Collects `optim.<store>.<path>` entries for every trainable master parameter.
+/// Collects `optim.<store>.<path>` entries for every trainable master parameter, each meeting
+/// its store's invariant.
 pub(super) struct SaveState<'s, 'e> {
+    file: &'e Path,
     stores: &'s [(&'static str, StateRef<'s>)],
+    invariants: &'s [StoreInvariant],
     entries: &'e mut BTreeMap<String, Entry>,
 }
 
 impl<D: AmpDevice> ParamVisitor<D> for SaveState<'_, '_> {
-    type Error = AmpError;
+    type Error = CheckpointError;
     fn visit<S: Shape, E: AmpElem>(
         &mut self,
         path: &str,
         param: &Tensor<S, E, D>,
         trainable: bool,
-    ) -> Result<(), AmpError>
+    ) -> Result<(), CheckpointError>
     where
         D: Kernels<E>,
     {
@@ -87,7 +111,7 @@ impl<D: AmpDevice> ParamVisitor<D> for SaveState<'_, '_> {
             return Ok(());
         }
         let dev = param.device();
-        for (name, store) in self.stores {
+        for ((name, store), invariant) in self.stores.iter().zip(self.invariants) {
             let store = store
                 .get::<E, D>()
                 .ok_or_else(|| state_precision_mismatch(path))?;
@@ -96,8 +120,9 @@ impl<D: AmpDevice> ParamVisitor<D> for SaveState<'_, '_> {
                 continue;
             };
             let values = HostKernel::<E>::try_read(dev, buf).map_err(AmpError::device)?;
-            self.entries
-                .insert(format!("optim.{name}.{path}"), entry(param, &values));
+            let name = format!("optim.{name}.{path}");
+            check_before_saving(self.file, &name, &values, *invariant)?;
+            self.entries.insert(name, entry(param, &values));
         }
         Ok(())
     }
@@ -171,14 +196,34 @@ where
     target.sync_buffers_to_master()?;
     let mut entries = BTreeMap::new();
     target.master().visit_params(&mut SaveParams {
+        file: path,
         prefix: "master",
         entries: &mut entries,
     })?;
     let stores = optimizer.stores();
+    let invariants: Vec<StoreInvariant> = stores
+        .iter()
+        .map(|(name, _)| optimizer.store_invariant(name))
+        .collect();
     target.master().visit_params(&mut SaveState {
+        file: path,
         stores: &stores,
+        invariants: &invariants,
         entries: &mut entries,
     })?;
+    // The state as a whole, as `load` checks it.
+    let counts: Vec<(&'static str, usize)> = stores
+        .iter()
+        .map(|(store, _)| {
+            let prefix = format!("optim.{store}.");
+            let count = entries.keys().filter(|k| k.starts_with(&prefix)).count();
+            (*store, count)
+        })
+        .collect();
+    let trainable = target.layout().iter().filter(|p| p.trainable).count();
+    optimizer
+        .check_state(&optimizer.scalars(), &counts, trainable)
+        .map_err(|detail| refuse(format!("the optimizer's state is inconsistent: {detail}")))?;
 
     let mut meta: HashMap<String, String> = extra
         .iter()
@@ -202,9 +247,7 @@ where
     meta.insert("optim.kind".into(), optimizer.kind().into());
     // How many parameters each store holds state for (0 before the optimizer's first update):
     // `load` then tells state that was never there from state that was removed.
-    for (store, _) in &stores {
-        let prefix = format!("optim.{store}.");
-        let count = entries.keys().filter(|k| k.starts_with(&prefix)).count();
+    for (store, count) in &counts {
         meta.insert(format!("optim.entries.{store}"), count.to_string());
     }
     for (name, value) in optimizer.scalars() {
