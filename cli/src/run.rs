@@ -434,6 +434,25 @@ pub(crate) fn run_metadata(
     ])
 }
 
+/// Adam's eps under O3 in FP16: 1e-4, the usual one for FP16 Adam. The default 1e-8 rounds to
+/// 0 in FP16, where O3 keeps Adam's state, and the library refuses it
+/// ([`AmpError::EpsilonUnderflows`]): a second moment that underflows to 0 would leave the
+/// update divided by eps alone.
+pub(crate) const O3_FP16_EPS: f64 = 1e-4;
+
+/// `adam` for an optimizer over weights and state of precision `E`: [`O3_FP16_EPS`] in FP16,
+/// unchanged otherwise.
+pub(crate) fn adam_for<E: typed_amp::precision::AmpElem>(adam: AdamConfig) -> AdamConfig {
+    if typed_amp::precision::dtype_of::<E>() == typed_amp::precision::DType::F16 {
+        AdamConfig {
+            eps: O3_FP16_EPS,
+            ..adam
+        }
+    } else {
+        adam
+    }
+}
+
 /// Size of the run's checkpoint, serialised but not written.
 pub(crate) fn measure_checkpoint<D: AmpOps, T: TrainTarget<D>, O: OptimizerState<D>>(
     model: &mut T,
@@ -485,7 +504,7 @@ fn run_on<D: AmpOps>(cfg: &RunConfig, data: &FashionMnist, dev: D) -> Result<Run
         };
         ($model:ty, $input:ty, $low:ty) => {
             run_model::<$model, $input, _, D, _, _>(cfg, data, dev, &SingleProcess, Ok, |m| {
-                LowPrecisionUpdates(Adam::<_, $low, D>::new(m, adam))
+                LowPrecisionUpdates(Adam::<_, $low, D>::new(m, adam_for::<$low>(adam)))
             })
         };
     }

@@ -1193,3 +1193,32 @@ fn a_run_whose_state_is_not_finite_does_not_overwrite_the_checkpoint() {
     );
     assert!(std::fs::read(&path).unwrap() == good, "the file changed");
 }
+
+/// Issue 34, item 4: `train --policy O3` (FP16) got NaN weights from its first Adam update
+/// (eps 1e-8 is 0 in FP16 arithmetic), skipped every later step and exited 3. Adam now
+/// computes in FP32 registers over the FP16 weights and state, with eps 1e-4: it trains.
+#[test]
+fn o3_fp16_trains() {
+    let out = typed_amp(&[
+        "train",
+        "--policy",
+        "O3",
+        "--epochs",
+        "2",
+        "--quiet",
+        "--data-dir",
+        SUBSET,
+    ]);
+    let stdout = ok(&out);
+    assert!(
+        stdout.contains("O3-FP16") && stdout.contains("(0 skipped)"),
+        "{stdout}"
+    );
+    let accuracy: f32 = stdout
+        .split("test accuracy ")
+        .nth(1)
+        .and_then(|s| s.split('%').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap();
+    assert!(accuracy > 60.0, "{stdout}");
+}
