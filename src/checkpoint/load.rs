@@ -20,7 +20,7 @@ use super::error::{format_detail, state_precision_mismatch, CheckpointError};
 use super::format::FORMAT;
 use super::policy::{layout_difference, model_policy, policy_differences, saved_policy};
 use super::scaler_meta::parse_scaler;
-use super::validate::{tensor_values, CheckTensors};
+use super::validate::{tensor_values, CheckTensors, StoreCheck};
 
 /// Writes `prefix.<path>` tensors of a checkpoint into the visited parameters.
 pub(super) struct LoadParams<'a> {
@@ -323,7 +323,13 @@ where
         stores: optimizer
             .stores()
             .into_iter()
-            .map(|(name, _)| (name, optimizer.store_invariant(name), None, None, 0))
+            .map(|(name, _)| StoreCheck {
+                name,
+                invariant: optimizer.store_invariant(name),
+                with: None,
+                without: None,
+                present: 0,
+            })
             .collect(),
         trainable: 0,
     };
@@ -332,9 +338,16 @@ where
     let entries: Vec<(&'static str, usize)> = check
         .stores
         .iter()
-        .map(|(store, _, _, _, present)| (*store, *present))
+        .map(|store| (store.name, store.present))
         .collect();
-    for (store, _, with, without, present) in check.stores {
+    for StoreCheck {
+        name: store,
+        with,
+        without,
+        present,
+        ..
+    } in check.stores
+    {
         if let (Some(other), Some(missing)) = (&with, &without) {
             return Err(CheckpointError::Tensor {
                 path: path.to_path_buf(),

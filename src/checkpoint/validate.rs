@@ -87,6 +87,20 @@ pub(super) fn tensor_values<S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>>(
     Ok(values)
 }
 
+/// What [`CheckTensors`] found of one optimizer store.
+pub(super) struct StoreCheck {
+    /// The store's name.
+    pub(super) name: &'static str,
+    /// What its values must satisfy.
+    pub(super) invariant: StoreInvariant,
+    /// The first trainable parameter's entry found, by tensor name.
+    pub(super) with: Option<String>,
+    /// The first trainable parameter's entry missing, by tensor name.
+    pub(super) without: Option<String>,
+    /// How many trainable parameters have an entry.
+    pub(super) present: usize,
+}
+
 /// Checks, before anything is written, that the checkpoint holds every master tensor and a
 /// complete optimizer state (for each store, every trainable parameter's entry, or none where
 /// it was saved before the optimizer's first update: its `optim.entries.<store>` says 0), each
@@ -95,15 +109,8 @@ pub(super) fn tensor_values<S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>>(
 pub(super) struct CheckTensors<'a> {
     pub(super) file: &'a Path,
     pub(super) tensors: &'a SafeTensors<'a>,
-    /// Per optimizer store: its name, its invariant, the first trainable path with and without
-    /// an entry, and how many have one.
-    pub(super) stores: Vec<(
-        &'static str,
-        StoreInvariant,
-        Option<String>,
-        Option<String>,
-        usize,
-    )>,
+    /// Per optimizer store, what was found.
+    pub(super) stores: Vec<StoreCheck>,
     /// How many trainable parameters the model has.
     pub(super) trainable: usize,
 }
@@ -131,14 +138,14 @@ impl<D: AmpDevice> ParamVisitor<D> for CheckTensors<'_> {
             return Ok(());
         }
         self.trainable += 1;
-        for (store, invariant, with, without, present) in &mut self.stores {
-            let name = format!("optim.{store}.{path}");
+        for store in &mut self.stores {
+            let name = format!("optim.{}.{path}", store.name);
             if self.tensors.tensor(&name).is_ok() {
-                tensor_values(self.file, self.tensors, &name, param, *invariant)?;
-                with.get_or_insert_with(|| name.clone());
-                *present += 1;
+                tensor_values(self.file, self.tensors, &name, param, store.invariant)?;
+                store.with.get_or_insert_with(|| name.clone());
+                store.present += 1;
             } else {
-                without.get_or_insert(name);
+                store.without.get_or_insert(name);
             }
         }
         Ok(())
