@@ -59,8 +59,9 @@ pub enum CheckpointError {
         /// What is wrong with it.
         detail: String,
     },
-    /// The file's state breaks one of typed-amp's rules (a static loss scale above FP16's
-    /// largest value): the rule's own error, with the file.
+    /// The state breaks one of typed-amp's rules: a checkpoint's static loss scale above FP16's
+    /// largest value (load), or a step whose outcome never reached the scaler's update (save):
+    /// the rule's own error, with the file.
     #[error("{path}: {source}")]
     Rule {
         /// The file.

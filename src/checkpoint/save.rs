@@ -224,6 +224,16 @@ where
         detail: format!("not saved: {detail}"),
     };
     GradScaler::from_state(scaler.state()).map_err(|e| refuse(e.to_string()))?;
+    // A step whose outcome never reached the scaler's update (dropped in the last iteration):
+    // the scaler's state would not count it.
+    if write {
+        scaler
+            .check_no_step_in_flight()
+            .map_err(|source| CheckpointError::Rule {
+                path: path.to_path_buf(),
+                source,
+            })?;
+    }
     if let Some((name, value)) = optimizer.scalars().into_iter().find(|(_, v)| *v < 0) {
         return Err(refuse(format!("optimizer state `{name}` is {value}")));
     }
