@@ -15,6 +15,24 @@ pub enum AmpError {
     )]
     ConflictingGradients,
 
+    /// An optimizer over 16-bit weights (O3's [`LowPrecisionUpdates`](crate::optim::LowPrecisionUpdates))
+    /// was given an epsilon that rounds to zero in its state's precision (Adam's default 1e-8
+    /// in FP16): its second moment, stored in that precision, underflows to 0 for small
+    /// gradients and the update divides by the epsilon alone. Refused before the first update.
+    #[error(
+        "the optimizer's eps of {eps} rounds to 0 in {precision}, the precision of its weights and state: \
+         a second moment that underflows to 0 there leaves an update divided by eps alone; \
+         use an eps that {precision} holds (at least {smallest:e}; 1e-4 is usual for FP16 Adam), or FP32 master weights (O2)"
+    )]
+    EpsilonUnderflows {
+        /// The optimizer's epsilon.
+        eps: f64,
+        /// The state's precision.
+        precision: crate::precision::DType,
+        /// The smallest positive value of that precision.
+        smallest: f32,
+    },
+
     /// A master module and its working copy do not have the same parameters.
     #[error("master and working modules differ at `{path}`: {detail}")]
     ParamMismatch {

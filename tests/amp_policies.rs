@@ -558,3 +558,54 @@ fn bf16_o2_trains_without_a_scaler_and_skips_a_step_with_a_nan_gradient() {
     assert_eq!(opt.step_count(), 61);
     assert_ne!(param_bytes(model.master()), master_before);
 }
+
+/// Issue 34, item 4: O3-FP16 with Adam never trained: its update ran in FP16 arithmetic, where
+/// Adam's eps of 1e-8 is 0 (NaN weights from the first update). Adam's kernel now computes in
+/// FP32 registers over FP16 weights and state, and an eps that rounds to 0 in FP16 is refused
+/// with a typed error before anything changes.
+#[test]
+fn o3_fp16_adam_trains_and_an_eps_that_rounds_to_zero_in_fp16_is_refused() {
+    let dev = Cpu::default();
+    let (data, held_out) = clusters(&dev, TRAIN_BATCHES + HELD_OUT_BATCHES).split(TRAIN_BATCHES);
+    let initial = 4f32.ln();
+    let o3 = train::<MlpO3, _, _>(&data, &held_out, |m| {
+        LowPrecisionUpdates(Adam::new(
+            m,
+            AdamConfig {
+                eps: 1e-4,
+                ..adam()
+            },
+        ))
+    });
+    eprintln!("MLP O3-FP16 with Adam: held-out loss {o3:.4} (chance {initial:.4})");
+    assert!(
+        o3.is_finite() && o3 < 0.8 * initial,
+        "O3-FP16 Adam learned: {o3}"
+    );
+
+    // Adam's default eps, 1e-8, is 0 in FP16: refused at the step, nothing changed.
+    let mut model = MlpO3::try_build(&Cpu::seed_from_u64(42)).unwrap();
+    let mut opt = LowPrecisionUpdates(Adam::new(model.master(), adam()));
+    let scaler = MlpO3::scaler();
+    let (x, y) = &data.batches[0];
+    let grads = model.alloc_grads().unwrap();
+    let logits = model
+        .working_mut()
+        .try_forward_mut(x.clone().traced_mixed(grads))
+        .unwrap();
+    let loss = cross_entropy_with_logits_loss(logits, y.clone());
+    let scaled = scaler.scale(loss).backward().unwrap();
+    let before = param_bytes(model.master());
+    let unscaled = scaler.unscale(&mut model, scaled).unwrap();
+    let err = scaler.step(&mut opt, unscaled).unwrap_err();
+    let message = err.to_string();
+    assert!(
+        matches!(err, AmpError::EpsilonUnderflows { .. }),
+        "{message}"
+    );
+    assert!(
+        message.contains("eps of 0.00000001 rounds to 0 in") && message.contains("1e-4"),
+        "{message}"
+    );
+    assert_eq!(param_bytes(model.master()), before, "the weights changed");
+}

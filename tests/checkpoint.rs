@@ -442,7 +442,12 @@ fn incomplete_non_finite_or_out_of_range_state_is_refused_before_anything_change
             "a refused load changed the model"
         );
         assert_eq!(fresh_scaler.get_scale(), 65536.0);
-        err.to_string()
+        let err = err.to_string();
+        assert!(
+            err.contains(path.to_str().unwrap()),
+            "every refusal names the file: {err}"
+        );
+        err
     };
 
     // One parameter's Adam moment missing while the others are there.
@@ -491,11 +496,105 @@ fn incomplete_non_finite_or_out_of_range_state_is_refused_before_anything_change
         m.insert("scaler.scale_bits".into(), 70000f32.to_bits().to_string());
     });
     assert!(err.contains("70000") && err.contains("65504"), "{err}");
+    // A finite negative value in Adam's second moment (one of 30 random byte flips hit this):
+    // `sqrt(v)` would put NaN into the master on the first step. It used to be accepted.
+    let err = refused(&|t, _| {
+        let v = t
+            .iter_mut()
+            .find(|(name, ..)| name == "optim.moment2.fc1.weight")
+            .unwrap();
+        v.3[4..8].copy_from_slice(&(-1.5f32).to_le_bytes());
+    });
+    assert!(
+        err.contains("tensor `optim.moment2.fc1.weight`")
+            && err.contains("holds a negative value (-1.5 at element 1)"),
+        "{err}"
+    );
+    // A negative first moment is a valid state (a mean of signed gradients); inf is not.
+    let err = refused(&|t, _| {
+        let v = t
+            .iter_mut()
+            .find(|(name, ..)| name == "optim.moment1.fc2.bias")
+            .unwrap();
+        v.3[..4].copy_from_slice(&f32::NEG_INFINITY.to_le_bytes());
+    });
+    assert!(
+        err.contains("optim.moment1.fc2.bias") && err.contains("non-finite value (-inf"),
+        "{err}"
+    );
+    // A step count of 0 beside moments that three updates wrote.
+    let err = refused(&|_, m| {
+        m.insert("optim.scalar.step_count".into(), "0".into());
+    });
+    assert!(
+        err.contains("inconsistent") && err.contains("Adam's step count is 0"),
+        "{err}"
+    );
+    // One moment removed whole, its recorded count edited to match.
+    let err = refused(&|t, m| {
+        t.retain(|(name, ..)| !name.starts_with("optim.moment1."));
+        m.insert("optim.entries.moment1".into(), "0".into());
+    });
+    assert!(
+        err.contains("`moment1` holds state for 0 parameters and its `moment2` for 6"),
+        "{err}"
+    );
 
     // The untouched file still loads.
     std::fs::write(&path, &saved).unwrap();
     checkpoint::load(&path, &mut fresh, &mut fresh_opt, &mut fresh_scaler).unwrap();
     assert_eq!(master_bits(&fresh), master_bits(&model));
+}
+
+/// `save` refuses to write what `load` would refuse to read: a non-finite master or optimizer
+/// value, or a negative Adam second moment (a run whose loss is not finite used to save its
+/// NaN weights over its last good checkpoint). The earlier file stays as it was.
+#[test]
+fn state_that_breaks_its_invariants_is_not_saved_over_an_earlier_checkpoint() {
+    use typed_amp::device::HostKernel;
+    use typed_amp::master::TrainTarget;
+    let dev = Cpu::seed_from_u64(8);
+    let dir = TempDir::new("checkpoint-save-invalid");
+    let path = dir.join("run.safetensors");
+    let mut model = Net::build(&dev).unwrap();
+    let mut opt: Adam<NetMaster<Cpu>, f32, Cpu> = Adam::new(model.master(), AdamConfig::default());
+    let mut scaler = GradScaler::default();
+    train_steps(&mut model, &mut opt, &mut scaler, 0..2);
+    checkpoint::save(&path, &mut model, &opt, &scaler, &BTreeMap::new()).unwrap();
+    let good = std::fs::read(&path).unwrap();
+
+    // A negative second moment.
+    let weight = model.master().fc1.weight.clone();
+    let m2 = opt.moments_mut().1.get_or_alloc_mut(&weight).unwrap();
+    let saved_m2 = HostKernel::<f32>::try_read(&dev, m2).unwrap();
+    let mut bad = saved_m2.clone();
+    bad[2] = -0.25;
+    HostKernel::<f32>::try_write(&dev, m2, &bad).unwrap();
+    let err = checkpoint::save(&path, &mut model, &opt, &scaler, &BTreeMap::new())
+        .expect_err("a negative second moment was saved")
+        .to_string();
+    assert!(
+        err.contains(path.to_str().unwrap())
+            && err.contains("tensor `optim.moment2.fc1.weight`: not saved")
+            && err.contains("negative value (-0.25 at element 2)"),
+        "{err}"
+    );
+    assert!(std::fs::read(&path).unwrap() == good, "the file changed");
+    let m2 = opt.moments_mut().1.get_or_alloc_mut(&weight).unwrap();
+    HostKernel::<f32>::try_write(&dev, m2, &saved_m2).unwrap();
+
+    // A NaN master weight.
+    let mut values = model.master().fc2.bias.as_vec();
+    values[0] = f32::NAN;
+    HostKernel::<f32>::try_write(&dev, model.master_mut().fc2.bias.storage_mut(), &values).unwrap();
+    let err = checkpoint::save(&path, &mut model, &opt, &scaler, &BTreeMap::new())
+        .expect_err("a NaN master was saved")
+        .to_string();
+    assert!(
+        err.contains("tensor `master.fc2.bias`: not saved") && err.contains("non-finite"),
+        "{err}"
+    );
+    assert!(std::fs::read(&path).unwrap() == good, "the file changed");
 }
 
 #[test]

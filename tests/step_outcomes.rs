@@ -260,3 +260,41 @@ fn a_loss_never_merged_is_refused_before_the_weights_change() {
     let mut total = c0.unscale(&mut model, first).unwrap();
     assert!(total.merge(scalers.get(1).unwrap(), second).is_err());
 }
+
+/// Issue 34, item 8: an outcome dropped in a run's last iteration has no later backward or
+/// update to notice it; saving a checkpoint then would record a scaler that never counted
+/// the step. `checkpoint::save` refuses it with the rule's error, naming the file and the step,
+/// and writes nothing; once the outcome reaches the update, the save goes through.
+#[test]
+fn a_checkpoint_is_not_saved_while_a_steps_outcome_has_not_reached_the_update() {
+    use std::collections::BTreeMap;
+    use typed_amp::checkpoint::{self, CheckpointError};
+    let dir = std::env::temp_dir().join(format!("typed-amp-outcome-save-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("run.st");
+    let (dev, mut model, mut opt) = setup(7);
+    let mut scaler = GradScaler::new(1024.0, 2.0, 0.5, 1).unwrap();
+    let outcome = step(&dev, &mut model, &mut opt, &scaler);
+    scaler.update(outcome).unwrap();
+    let last = step(&dev, &mut model, &mut opt, &scaler);
+    assert!(scaler.check_no_step_in_flight().is_err());
+    let err = checkpoint::save(&path, &mut model, &opt, &scaler, &BTreeMap::new()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CheckpointError::Rule {
+                source: AmpError::OutcomeNotUpdated { step: 2 },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains(path.to_str().unwrap()) && err.to_string().contains("step 2"),
+        "{err}"
+    );
+    assert!(!path.exists(), "a file was written");
+    scaler.update(last).unwrap();
+    checkpoint::save(&path, &mut model, &opt, &scaler, &BTreeMap::new()).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -370,6 +370,53 @@ fn a_disabled_scaler_still_skips_a_non_finite_step() {
     assert_eq!(scaler.get_scale(), 1.0, "a disabled scaler keeps scale 1");
 }
 
+/// A finite gradient whose square overflows FP32 (|g| > 2^64) used to be stepped on: Adam's
+/// second moment became inf, and a checkpoint of it was refused by its own run's `--resume`.
+/// Any magnitude above `GRADIENT_LIMIT` (2^62) is an overflow: the step is skipped, master
+/// weights and Adam's state unchanged; one at the limit steps, its state finite.
+#[test]
+fn a_finite_gradient_whose_square_overflows_fp32_is_skipped_like_an_overflow() {
+    use typed_amp::optim::OptimizerState;
+    use typed_amp::step::GRADIENT_LIMIT;
+    assert_eq!(GRADIENT_LIMIT, 2f32.powi(62));
+    let dev = Cpu::seed_from_u64(19);
+    let mut model = Fp32Weights::build::<Mlp>(&dev).unwrap();
+    let mut opt = Adam::new(model.master(), Default::default());
+    let mut scaler = GradScaler::disabled();
+    let (x, y) = batch(&dev);
+    let x = x.to_dtype::<f32>();
+    for (value, skipped) in [(2e19f32, true), (-3e38, true), (GRADIENT_LIMIT, false)] {
+        let logits = model
+            .working()
+            .forward(x.clone().traced_mixed(model.alloc_grads().unwrap()));
+        let loss = cross_entropy_with_logits_loss(logits, y.clone());
+        let mut grads = scaler.scale(loss).backward().unwrap();
+        inject(grads.grads_mut(), &model.working().0.weight, value);
+        let before = fp32_bits(&model);
+        let unscaled = scaler.unscale(&mut model, grads).unwrap();
+        assert_eq!(unscaled.found_inf(), skipped, "{value}");
+        let outcome = scaler.step(&mut opt, unscaled).unwrap();
+        assert_eq!(outcome.skipped(), skipped, "{value}");
+        if skipped {
+            assert_eq!(outcome.non_finite_params(), ["0.weight".to_string()]);
+            assert_eq!(
+                fp32_bits(&model),
+                before,
+                "{value}: a skipped step changes nothing"
+            );
+            assert_eq!(opt.scalars(), vec![("step_count", 0)]);
+        }
+        scaler.update(outcome).unwrap();
+    }
+    assert_eq!(opt.scalars(), vec![("step_count", 1)]);
+    // The step at the limit: every moment finite (its square is 2^124).
+    let (m1, m2) = opt.moments();
+    for store in [m1, m2] {
+        let v = store.get(&model.master().0.weight).as_vec();
+        assert!(v.iter().all(|x| x.is_finite()), "{v:?}");
+    }
+}
+
 type Fp32Mlp = Fp32Weights<<Mlp as BuildOnDevice<Cpu, f32>>::Built, Cpu>;
 
 fn fp32_bits<M: Parameters<Cpu>>(model: &Fp32Weights<M, Cpu>) -> Vec<(String, DType, Vec<u8>)> {

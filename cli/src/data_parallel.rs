@@ -164,7 +164,10 @@ mod enabled {
             };
             ($model:ty, $input:ty, $low:ty) => {
                 run_model::<$model, $input, _, D, C, _>(cfg, data, dev, comm, make_dist, |m| {
-                    LowPrecisionUpdates(Adam::<_, $low, D>::new(m, adam))
+                    LowPrecisionUpdates(Adam::<_, $low, D>::new(
+                        m,
+                        crate::run::adam_for::<$low>(adam),
+                    ))
                 })
             };
         }

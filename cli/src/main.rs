@@ -158,10 +158,17 @@ fn parse_model(name: &str) -> Result<ModelChoice, String> {
     }
 }
 
-/// Errors unless `--save`'s directory exists: checked now rather than when the first
-/// checkpoint is due.
+/// Errors unless `--save` names a file (not a directory) in a directory that exists: checked
+/// now rather than when the first checkpoint is due.
 fn check_save_dir(save: Option<&Path>) -> Result<(), String> {
     if let Some(save) = save {
+        if save.is_dir() {
+            return Err(format!(
+                "--save {}: is a directory; --save names the checkpoint file to write (e.g. {})",
+                save.display(),
+                save.join("run.safetensors").display()
+            ));
+        }
         let dir = save
             .parent()
             .filter(|d| !d.as_os_str().is_empty())

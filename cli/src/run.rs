@@ -8,7 +8,7 @@ use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
 use std::time::Instant;
 use typed_amp::amp::{AmpConfig, AmpModel, MasterOf, WorkingOf};
-use typed_amp::checkpoint::{self};
+use typed_amp::checkpoint::{self, CheckpointError};
 use typed_amp::device::Kernels;
 use typed_amp::dfdx::optim::Adam;
 use typed_amp::distributed::{record_world_size, shard, Collective, DataParallel, SingleProcess};
@@ -29,15 +29,25 @@ use crate::epoch::{epoch_bar, evaluate, forward_loss, Logits, Tally};
 use crate::footprint::{check_memory, peak_rss, reset_peak_rss};
 pub use crate::save_claim::{claim_save_path, SaveClaim};
 
+/// The value of `key` in the metadata `meta` of the checkpoint at `path`. A value that is
+/// missing or does not parse is a damaged checkpoint (exit code 1), named with the file.
 pub(crate) fn meta_get<T: std::str::FromStr>(
+    path: &std::path::Path,
     meta: &BTreeMap<String, String>,
     key: &str,
 ) -> Result<T, RunError> {
-    meta.get(key).and_then(|v| v.parse().ok()).ok_or_else(|| {
-        RunError::Usage(format!(
-            "the checkpoint has no valid `{key}`: was it written by `typed-amp train`?"
-        ))
-    })
+    match meta.get(key) {
+        Some(value) => value.parse().map_err(|_| {
+            RunError::File(format!(
+                "{}: the checkpoint's `{key}` is `{value}`, which is not a valid {key}: the checkpoint is damaged",
+                path.display()
+            ))
+        }),
+        None => Err(RunError::File(format!(
+            "{}: the checkpoint records no `{key}`: it is damaged, or was not written by `typed-amp train`",
+            path.display()
+        ))),
+    }
 }
 
 /// Every model, policy and dtype the CLI trains, each as `$train!(Model, Layout, optimizer
@@ -79,6 +89,23 @@ macro_rules! for_each_model {
 #[cfg(feature = "mpi")] // for `data_parallel`
 pub(crate) use for_each_model;
 
+/// The usage error of a resume on another number of ranks than the checkpoint's, saying how
+/// `typed-amp` resumes it: `--data-parallel` under `mpirun -n N`, or without it for one process.
+pub(crate) fn world_size_error(path: &std::path::Path, err: AmpError) -> RunError {
+    let how = match err {
+        AmpError::WorldSize { saved: 1, .. } => {
+            " (typed-amp: a checkpoint of one process resumes without `--data-parallel`)"
+                .to_string()
+        }
+        AmpError::WorldSize { saved, .. } => format!(
+            " (typed-amp: `mpirun -n {saved} typed-amp train --data-parallel --resume {} ...`)",
+            path.display()
+        ),
+        _ => String::new(),
+    };
+    RunError::Usage(format!("{}: {err}{how}", path.display()))
+}
+
 /// Where a run resumes from the checkpoint at `path` (its metadata `meta`): the epochs and
 /// steps it has done. A checkpoint of other settings, of a finished run, or whose step count is
 /// no whole number of this run's epochs is a usage error.
@@ -106,7 +133,7 @@ pub(crate) fn resume_point(
     expect("seed", cfg.seed.to_string())?;
     expect("epochs", cfg.epochs.to_string())?;
     expect("lr", cfg.lr.to_string())?;
-    let done: usize = meta_get(meta, "epoch")?;
+    let done: usize = meta_get(path, meta, "epoch")?;
     if done >= cfg.epochs {
         // Resuming would train nothing and exit as if it had.
         return Err(RunError::Usage(format!(
@@ -122,7 +149,7 @@ pub(crate) fn resume_point(
     }
     // Checkpoints are written at the end of an epoch: a step count that is not a whole
     // number of this run's epochs belongs to other data or another batch size.
-    let step: u64 = meta_get(meta, "step")?;
+    let step: u64 = meta_get(path, meta, "step")?;
     if (steps_per_epoch as u64).checked_mul(done as u64) != Some(step) {
         return Err(RunError::Usage(format!(
             "{} records {step} steps after {done} epochs, but this run takes {steps_per_epoch} steps per epoch ({} training examples, batch {}): it was trained on other data, or is damaged",
@@ -246,13 +273,13 @@ where
         // The number of ranks first: it decides the shards, and the error says what to do (a
         // data-parallel run's checkpoint resumes only with `--data-parallel` on as many ranks).
         typed_amp::distributed::check_world_size(&meta, comm.size())
-            .map_err(|e| RunError::Usage(format!("{}: {e}", path.display())))?;
+            .map_err(|e| world_size_error(path, e))?;
         let (done, step) = resume_point(cfg, path, &meta, steps_per_epoch, shard_len)?;
         let mut scaler = M::scaler();
         checkpoint::load_with_policy(path, &mut model, &mut opt, &mut scaler, &M::CONFIG)?;
         protocol.load_state(scaler.state())?;
         (first_epoch, steps) = (done, step);
-        rng.set_word_pos(meta_get::<u128>(&meta, "rng_word_pos")?);
+        rng.set_word_pos(meta_get::<u128>(path, &meta, "rng_word_pos")?);
     }
     // The same model everywhere (the same seed builds it; a broadcast makes sure).
     protocol.sync_model(&mut model)?;
@@ -263,6 +290,8 @@ where
     let last_epoch = cfg.stop_after.map_or(cfg.epochs, |n| {
         first_epoch.saturating_add(n).min(cfg.epochs)
     });
+    // The last save's refusal, if the last epoch's state could not be saved.
+    let mut refused_save: Option<CheckpointError> = None;
     heap::reset_peak();
     let heap_at_start = heap::current();
     for epoch in first_epoch..last_epoch {
@@ -323,7 +352,27 @@ where
                 record_world_size(&mut meta, comm.size());
             }
             let scaler = GradScaler::from_state(protocol.state())?;
-            checkpoint::save_with_policy(path, &mut model, &opt, &scaler, &M::CONFIG, &meta)?;
+            match checkpoint::save_with_policy(path, &mut model, &opt, &scaler, &M::CONFIG, &meta) {
+                Ok(_) => refused_save = None,
+                // A state `--resume` would refuse (non-finite weights, as a run whose loss is
+                // not finite may have) is not written over the last checkpoint.
+                Err(err @ CheckpointError::NotSaved { .. }) => {
+                    eprintln!(
+                        "warning: epoch {}: {err}; {} keeps the last checkpoint that could be saved",
+                        epoch + 1,
+                        path.display()
+                    );
+                    refused_save = Some(err);
+                }
+                Err(err) => return Err(err.into()),
+            }
+        }
+    }
+    // The last epoch's state was not saved: a run whose loss is not finite ends with exit code 3
+    // (its verdict says why); one whose loss is finite must not end as if it had saved.
+    if let (Some(err), Some(last)) = (refused_save, epochs.last()) {
+        if last.train_loss.is_finite() {
+            return Err(err.into());
         }
     }
     // Every rank ends with the same weights and scale (checked, bit for bit).
@@ -385,18 +434,33 @@ pub(crate) fn run_metadata(
     ])
 }
 
-/// Size of the run's checkpoint, written to a temporary file and removed.
+/// Adam's eps under O3 in FP16: 1e-4, the usual one for FP16 Adam. The default 1e-8 rounds to
+/// 0 in FP16, where O3 keeps Adam's state, and the library refuses it
+/// ([`AmpError::EpsilonUnderflows`]): a second moment that underflows to 0 would leave the
+/// update divided by eps alone.
+pub(crate) const O3_FP16_EPS: f64 = 1e-4;
+
+/// `adam` for an optimizer over weights and state of precision `E`: [`O3_FP16_EPS`] in FP16,
+/// unchanged otherwise.
+pub(crate) fn adam_for<E: typed_amp::precision::AmpElem>(adam: AdamConfig) -> AdamConfig {
+    if typed_amp::precision::dtype_of::<E>() == typed_amp::precision::DType::F16 {
+        AdamConfig {
+            eps: O3_FP16_EPS,
+            ..adam
+        }
+    } else {
+        adam
+    }
+}
+
+/// Size of the run's checkpoint, serialised but not written.
 pub(crate) fn measure_checkpoint<D: AmpOps, T: TrainTarget<D>, O: OptimizerState<D>>(
     model: &mut T,
     opt: &O,
     scaler: &GradScaler,
     policy: &AmpConfig,
 ) -> Result<u64, RunError> {
-    let path =
-        std::env::temp_dir().join(format!("typed-amp-size-{}.safetensors", std::process::id()));
-    let size = checkpoint::save_with_policy(&path, model, opt, scaler, policy, &BTreeMap::new())?;
-    let _ = std::fs::remove_file(&path);
-    Ok(size)
+    Ok(checkpoint::serialized_size(model, opt, scaler, policy)?)
 }
 
 /// Trains `cfg.arch` under `cfg.policy` with Adam, on `cfg.device`. With `cfg.save`, claims it
@@ -440,7 +504,7 @@ fn run_on<D: AmpOps>(cfg: &RunConfig, data: &FashionMnist, dev: D) -> Result<Run
         };
         ($model:ty, $input:ty, $low:ty) => {
             run_model::<$model, $input, _, D, _, _>(cfg, data, dev, &SingleProcess, Ok, |m| {
-                LowPrecisionUpdates(Adam::<_, $low, D>::new(m, adam))
+                LowPrecisionUpdates(Adam::<_, $low, D>::new(m, adam_for::<$low>(adam)))
             })
         };
     }

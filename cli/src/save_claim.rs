@@ -68,20 +68,14 @@ pub fn claim_save_path(
         },
         None => None,
     };
-    let prefix = format!(".{name}.tmp-");
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let file_name = entry.file_name();
-        let Some(pid) = file_name
-            .to_str()
-            .and_then(|n| n.strip_prefix(&prefix))
-            .and_then(|pid| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid != std::process::id() && Path::new("/proc").join(pid.to_string()).exists() {
+    // Temporary files of writes killed before their rename: removed now (the lock says no
+    // other typed-amp run is saving here), not only at this run's first save.
+    typed_amp::checkpoint::remove_stale_temporaries(save);
+    for (tmp, pid) in typed_amp::checkpoint::temporaries(save) {
+        if pid != std::process::id() && typed_amp::checkpoint::writer_may_be_running(pid, &tmp) {
             warnings.push(format!(
                 "{} belongs to process {pid}, which is running: another program may be writing {}",
-                entry.path().display(),
+                tmp.display(),
                 save.display()
             ));
         }

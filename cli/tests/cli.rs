@@ -938,3 +938,287 @@ fn saving_over_another_file_warns_and_a_running_writer_is_refused() {
         "{stderr}"
     );
 }
+
+/// Issue 34, item 1: `--policy O0 --lr 2e7` grows the weights until finite gradients' squares
+/// overflow FP32; the run exited 0 having saved inf in Adam's second moment, and its own
+/// `--resume` refused the file (exit 1). Such a step is now skipped like an overflow: the file a
+/// run writes is resumed, and holds only finite state.
+#[test]
+fn a_checkpoint_of_a_run_whose_gradients_squares_overflow_resumes() {
+    let dir = TempDir::new("cli-square-overflow");
+    let ckpt = dir.join("f1.st");
+    let arg = ckpt.to_str().unwrap();
+    let run = [
+        "train",
+        "--policy",
+        "O0",
+        "--lr",
+        "2e7",
+        "--epochs",
+        "2",
+        "--quiet",
+        "--data-dir",
+        SUBSET,
+    ];
+    let out = typed_amp(&[&run[..], &["--stop-after", "1", "--save", arg]].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    for (name, bytes) in tensors(&ckpt) {
+        let finite = bytes
+            .chunks_exact(4)
+            .all(|b| f32::from_le_bytes(b.try_into().unwrap()).is_finite());
+        assert!(finite, "`{name}` holds a non-finite value");
+    }
+    // Skipped steps, not an inf second moment.
+    assert_ne!(user_meta_or_none(&ckpt, "step"), None);
+    let out = typed_amp(&[&run[..], &["--resume", arg]].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(0) || out.status.code() == Some(3),
+        "the run's own checkpoint is refused: {stderr}"
+    );
+    assert!(!stderr.contains("non-finite"), "{stderr}");
+}
+
+fn user_meta_or_none(path: &Path, key: &str) -> Option<String> {
+    let bytes = std::fs::read(path).unwrap();
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    header
+        .metadata()
+        .as_ref()?
+        .get(&format!("user.{key}"))
+        .cloned()
+}
+
+/// Issue 34, item 3: damaged metadata (a value that does not parse, a key removed) is a damaged
+/// checkpoint: exit code 1 and an error naming the file, not a usage error (exit 2) without
+/// it. The static-scale refusal of an edited `scaler.mode` names the file too.
+#[test]
+fn damaged_checkpoint_metadata_is_an_error_naming_the_file() {
+    let dir = TempDir::new("cli-damaged-meta");
+    let (good, edited) = (dir.join("good.st"), dir.join("edited.st"));
+    let o2 = [&TWO_EPOCHS[..], &["--policy", "O2"]].concat();
+    ok(&typed_amp(
+        &[
+            &o2[..],
+            &["--stop-after", "1", "--save", good.to_str().unwrap()],
+        ]
+        .concat(),
+    ));
+    let arg = edited.to_str().unwrap();
+    let resume = || typed_amp(&[&o2[..], &["--resume", arg]].concat());
+    type Edit = fn(&mut common::RawMetadata);
+    let cases: [(Edit, &str); 4] = [
+        (
+            |m| {
+                m.insert("user.rng_word_pos".into(), "banana".into());
+            },
+            "`rng_word_pos` is `banana`",
+        ),
+        (
+            |m| {
+                m.remove("user.epoch");
+            },
+            "records no `epoch`",
+        ),
+        (
+            |m| {
+                m.insert("user.step".into(), "-1".into());
+            },
+            "`step` is `-1`",
+        ),
+        (
+            |m| {
+                m.insert("scaler.mode".into(), "static".into());
+                m.insert("scaler.scale_bits".into(), 70000f32.to_bits().to_string());
+            },
+            "65504",
+        ),
+    ];
+    for (edit, says) in cases {
+        std::fs::copy(&good, &edited).unwrap();
+        common::rewrite(&edited, |_, meta| edit(meta));
+        let out = resume();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{says}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!("error: {arg}: ")) && stderr.contains(says),
+            "{stderr}"
+        );
+    }
+}
+
+/// Issue 34, item 5: `--save DIR` where DIR is a directory was trained into and failed at the
+/// first save (exit 1, after a warning that it would overwrite DIR); now it is a usage error
+/// before training, as a directory that does not exist is.
+#[test]
+fn save_to_a_directory_is_a_usage_error_before_training() {
+    let dir = TempDir::new("cli-save-dir");
+    let arg = dir.to_str().unwrap();
+    let out = typed_amp(&[&TWO_EPOCHS[..], &["--save", arg]].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("error: --save {arg}: is a directory")),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("overwrite"), "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).is_empty());
+}
+
+/// Issue 34, item 5: two identical runs write byte-identical checkpoints (the metadata's order
+/// used to vary from process to process).
+#[test]
+fn identical_runs_write_identical_files() {
+    let dir = TempDir::new("cli-deterministic");
+    let (a, b) = (dir.join("a.st"), dir.join("b.st"));
+    for path in [&a, &b] {
+        ok(&typed_amp(
+            &[
+                &TWO_EPOCHS[..],
+                &["--stop-after", "1", "--save", path.to_str().unwrap()],
+            ]
+            .concat(),
+        ));
+    }
+    assert!(
+        std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(),
+        "the two files differ"
+    );
+}
+
+/// Issue 34, item 5: a killed writer's `.NAME.tmp-PID` is removed by the next run saving to
+/// `NAME` (it stayed while a zombie or a process that reused the PID held it): a PID that no
+/// longer runs, and one that runs but started after the file was written.
+#[test]
+fn a_killed_writers_temporary_files_are_removed_by_the_next_save() {
+    let dir = TempDir::new("cli-stale-tmp");
+    let path = dir.join("run.st");
+    let arg = path.to_str().unwrap();
+    // A process that has exited and been waited for.
+    let mut gone = Command::new("true").spawn().unwrap();
+    gone.wait().unwrap();
+    let dead = dir.join(format!(".run.st.tmp-{}", gone.id()));
+    std::fs::write(&dead, b"partial").unwrap();
+    // A zombie: killed, not waited for yet.
+    let mut zombie = Command::new("sleep").arg("60").spawn().unwrap();
+    zombie.kill().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let of_zombie = dir.join(format!(".run.st.tmp-{}", zombie.id()));
+    std::fs::write(&of_zombie, b"partial").unwrap();
+    // A PID reused: the file was last written long before the process now holding the PID
+    // started.
+    let mut later = Command::new("sleep").arg("60").spawn().unwrap();
+    let reused = dir.join(format!(".run.st.tmp-{}", later.id()));
+    std::fs::write(&reused, b"partial").unwrap();
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&reused)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+
+    let out = typed_amp(&[&TWO_EPOCHS[..], &["--stop-after", "1", "--save", arg]].concat());
+    later.kill().unwrap();
+    later.wait().unwrap();
+    zombie.wait().unwrap();
+    ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("warning"), "{stderr}");
+    for tmp in [&dead, &of_zombie, &reused] {
+        assert!(!tmp.exists(), "{} was left behind", tmp.display());
+    }
+    assert!(path.exists());
+}
+
+/// Issue 34, item 5: a single process resuming a data-parallel run's checkpoint is told how
+/// `typed-amp` resumes it (`--data-parallel` under `mpirun -n N`).
+#[test]
+fn a_resume_on_another_rank_count_names_data_parallel() {
+    let dir = TempDir::new("cli-world-size");
+    let path = dir.join("run.st");
+    let arg = path.to_str().unwrap();
+    ok(&typed_amp(
+        &[&TWO_EPOCHS[..], &["--stop-after", "1", "--save", arg]].concat(),
+    ));
+    common::rewrite(&path, |_, meta| {
+        meta.insert("user.world_size".into(), "2".into());
+    });
+    let out = typed_amp(&[&TWO_EPOCHS[..], &["--resume", arg]].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(arg)
+            && stderr.contains("2 rank(s)")
+            && stderr.contains("mpirun -n 2 typed-amp train --data-parallel"),
+        "{stderr}"
+    );
+}
+
+/// Issue 34, items 1 and 4: a run whose state stops being finite (O3's 16-bit weights under an
+/// absurd learning rate) does not save it over the checkpoint already at `--save` (it used to
+/// write hundreds of thousands of non-finite values): it warns, keeps the file, and ends with
+/// exit code 3.
+#[test]
+fn a_run_whose_state_is_not_finite_does_not_overwrite_the_checkpoint() {
+    let dir = TempDir::new("cli-nan-state");
+    let path = dir.join("run.st");
+    let arg = path.to_str().unwrap();
+    ok(&typed_amp(
+        &[&TWO_EPOCHS[..], &["--stop-after", "1", "--save", arg]].concat(),
+    ));
+    let good = std::fs::read(&path).unwrap();
+    let out = typed_amp(&[
+        "train",
+        "--policy",
+        "O3",
+        "--lr",
+        "1e10",
+        "--epochs",
+        "1",
+        "--batch",
+        "500",
+        "--quiet",
+        "--data-dir",
+        SUBSET,
+        "--save",
+        arg,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("not saved") && stderr.contains("keeps the last checkpoint"),
+        "{stderr}"
+    );
+    assert!(std::fs::read(&path).unwrap() == good, "the file changed");
+}
+
+/// Issue 34, item 4: `train --policy O3` (FP16) got NaN weights from its first Adam update
+/// (eps 1e-8 is 0 in FP16 arithmetic), skipped every later step and exited 3. Adam now
+/// computes in FP32 registers over the FP16 weights and state, with eps 1e-4: it trains.
+#[test]
+fn o3_fp16_trains() {
+    let out = typed_amp(&[
+        "train",
+        "--policy",
+        "O3",
+        "--epochs",
+        "2",
+        "--quiet",
+        "--data-dir",
+        SUBSET,
+    ]);
+    let stdout = ok(&out);
+    assert!(
+        stdout.contains("O3-FP16") && stdout.contains("(0 skipped)"),
+        "{stdout}"
+    );
+    let accuracy: f32 = stdout
+        .split("test accuracy ")
+        .nth(1)
+        .and_then(|s| s.split('%').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap();
+    assert!(accuracy > 60.0, "{stdout}");
+}

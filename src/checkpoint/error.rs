@@ -47,6 +47,28 @@ pub enum CheckpointError {
         /// What is wrong.
         detail: String,
     },
+    /// `save` refused to write a state that `load` would refuse: a non-finite master or
+    /// optimizer value, or one that breaks its store's invariant. Nothing was written: an
+    /// earlier checkpoint at `path` is as it was.
+    #[error("{path}: tensor `{name}`: not saved: it {detail}")]
+    NotSaved {
+        /// The file that was not written.
+        path: PathBuf,
+        /// The tensor's name.
+        name: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// The state breaks one of typed-amp's rules: a checkpoint's static loss scale above FP16's
+    /// largest value (load), or a step whose outcome never reached the scaler's update (save):
+    /// the rule's own error, with the file.
+    #[error("{path}: {source}")]
+    Rule {
+        /// The file.
+        path: PathBuf,
+        /// The rule's error.
+        source: AmpError,
+    },
     /// The device failed while copying tensors.
     #[error(transparent)]
     Amp(#[from] AmpError),

@@ -11,7 +11,7 @@ use crate::amp::{built_policy, AmpConfig};
 use crate::device::{AmpDevice, HostKernel, Kernels};
 use crate::error::AmpError;
 use crate::master::TrainTarget;
-use crate::optim::{OptimizerState, StateMut};
+use crate::optim::{OptimizerState, StateMut, StoreInvariant};
 use crate::params::{ParamVisitor, ParamVisitorMut, Parameters};
 use crate::precision::{AmpElem, Precision};
 use crate::scaler::{GradScaler, ScaleMode};
@@ -20,7 +20,7 @@ use super::error::{format_detail, state_precision_mismatch, CheckpointError};
 use super::format::FORMAT;
 use super::policy::{layout_difference, model_policy, policy_differences, saved_policy};
 use super::scaler_meta::parse_scaler;
-use super::validate::{tensor_values, CheckTensors};
+use super::validate::{tensor_values, CheckTensors, StoreCheck};
 
 /// Writes `prefix.<path>` tensors of a checkpoint into the visited parameters.
 pub(super) struct LoadParams<'a> {
@@ -41,7 +41,13 @@ impl<D: AmpDevice> ParamVisitorMut<D> for LoadParams<'_> {
         D: Kernels<E>,
     {
         let name = format!("{}.{path}", self.prefix);
-        let values = tensor_values(self.file, self.tensors, &name, &*param)?;
+        let values = tensor_values(
+            self.file,
+            self.tensors,
+            &name,
+            &*param,
+            StoreInvariant::Finite,
+        )?;
         let dev = param.device().clone();
         HostKernel::<E>::try_write(&dev, param.storage_mut(), &values)
             .map_err(|e| CheckpointError::Amp(AmpError::device(e)))
@@ -76,7 +82,14 @@ impl<D: AmpDevice> ParamVisitor<D> for LoadState<'_, '_> {
                 // Saved before the optimizer's first update of this parameter.
                 continue;
             }
-            let values = tensor_values(self.file, self.tensors, &name, param)?;
+            // Checked against the store's invariant before anything was written.
+            let values = tensor_values(
+                self.file,
+                self.tensors,
+                &name,
+                param,
+                StoreInvariant::Finite,
+            )?;
             let store = store
                 .get::<E, D>()
                 .ok_or_else(|| state_precision_mismatch(path))?;
@@ -266,7 +279,12 @@ where
     match GradScaler::from_state(scaler_state) {
         Ok(_) => {}
         // The static-scale rule keeps its own error, as at every other way to a static scale.
-        Err(rule @ AmpError::StaticScaleOverflowsFp16 { .. }) => return Err(rule.into()),
+        Err(rule @ AmpError::StaticScaleOverflowsFp16 { .. }) => {
+            return Err(CheckpointError::Rule {
+                path: path.to_path_buf(),
+                source: rule,
+            })
+        }
         Err(e) => return Err(mismatch(e.to_string())),
     }
     if scaler_state.mode != scaler.mode() {
@@ -305,11 +323,31 @@ where
         stores: optimizer
             .stores()
             .into_iter()
-            .map(|(name, _)| (name, None, None, 0))
+            .map(|(name, _)| StoreCheck {
+                name,
+                invariant: optimizer.store_invariant(name),
+                with: None,
+                without: None,
+                present: 0,
+            })
             .collect(),
+        trainable: 0,
     };
     target.master().visit_params(&mut check)?;
-    for (store, with, without, present) in check.stores {
+    let trainable = check.trainable;
+    let entries: Vec<(&'static str, usize)> = check
+        .stores
+        .iter()
+        .map(|store| (store.name, store.present))
+        .collect();
+    for StoreCheck {
+        name: store,
+        with,
+        without,
+        present,
+        ..
+    } in check.stores
+    {
         if let (Some(other), Some(missing)) = (&with, &without) {
             return Err(CheckpointError::Tensor {
                 path: path.to_path_buf(),
@@ -344,6 +382,12 @@ where
             });
         }
     }
+
+    // The state as a whole (Adam's step count against its moments), once each store is known
+    // to be complete.
+    optimizer
+        .check_state(&scalars, &entries, trainable)
+        .map_err(|detail| mismatch(format!("the optimizer's state is inconsistent: {detail}")))?;
 
     target.master_mut().visit_params_mut(&mut LoadParams {
         file: path,

@@ -21,7 +21,8 @@ mod save;
 mod scaler_meta;
 mod validate;
 
+pub use atomic::{remove_stale_temporaries, temporaries, writer_may_be_running};
 pub use error::CheckpointError;
 pub use format::FORMAT;
 pub use load::{load, load_with_policy, read_metadata};
-pub use save::{save, save_with_policy};
+pub use save::{save, save_with_policy, serialized_size};

@@ -10,7 +10,7 @@ use crate::amp::{built_policy, AmpConfig};
 use crate::device::{AmpDevice, HostKernel, Kernels};
 use crate::error::AmpError;
 use crate::master::TrainTarget;
-use crate::optim::{OptimizerState, StateRef};
+use crate::optim::{OptimizerState, StateRef, StoreInvariant};
 use crate::params::{ParamVisitor, Parameters};
 use crate::precision::{dtype_of, AmpElem, DType, Precision};
 use crate::scaler::GradScaler;
@@ -21,6 +21,7 @@ use super::format::st_dtype;
 use super::format::FORMAT;
 use super::policy::{layout_metadata, model_policy, policy_settings};
 use super::scaler_meta::scaler_metadata;
+use super::validate::invariant_violation;
 
 /// A tensor ready to serialise.
 pub(super) struct Entry {
@@ -41,45 +42,74 @@ pub(super) fn entry<S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>>(
     }
 }
 
-/// Collects `prefix.<path>` entries for every parameter of a model.
+/// Errors (naming the file and the tensor) if `values` break `invariant`: `load` would refuse
+/// the file, so it is not written (an earlier checkpoint at `file` stays as it was).
+fn check_before_saving<E: AmpElem>(
+    file: &Path,
+    name: &str,
+    values: &[E],
+    invariant: StoreInvariant,
+) -> Result<(), CheckpointError> {
+    match invariant_violation(values, invariant) {
+        None => Ok(()),
+        Some(detail) => Err(CheckpointError::NotSaved {
+            path: file.to_path_buf(),
+            name: name.to_string(),
+            detail,
+        }),
+    }
+}
+
+/// Collects `prefix.<path>` entries for every parameter of a model, each finite.
 pub(super) struct SaveParams<'e> {
+    file: &'e Path,
+    /// Whether values are checked (not when only measuring).
+    check: bool,
     prefix: &'static str,
     entries: &'e mut BTreeMap<String, Entry>,
 }
 
 impl<D: AmpDevice> ParamVisitor<D> for SaveParams<'_> {
-    type Error = AmpError;
+    type Error = CheckpointError;
     fn visit<S: Shape, E: AmpElem>(
         &mut self,
         path: &str,
         param: &Tensor<S, E, D>,
         _trainable: bool,
-    ) -> Result<(), AmpError>
+    ) -> Result<(), CheckpointError>
     where
         D: Kernels<E>,
     {
         let values =
             HostKernel::<E>::try_read(param.device(), param.storage()).map_err(AmpError::device)?;
-        self.entries
-            .insert(format!("{}.{path}", self.prefix), entry(param, &values));
+        let name = format!("{}.{path}", self.prefix);
+        if self.check {
+            check_before_saving(self.file, &name, &values, StoreInvariant::Finite)?;
+        }
+        self.entries.insert(name, entry(param, &values));
         Ok(())
     }
 }
 
-/// Collects `optim.<store>.<path>` entries for every trainable master parameter.
+/// Collects `optim.<store>.<path>` entries for every trainable master parameter, each meeting
+/// its store's invariant.
 pub(super) struct SaveState<'s, 'e> {
+    file: &'e Path,
+    /// Whether values are checked (not when only measuring).
+    check: bool,
     stores: &'s [(&'static str, StateRef<'s>)],
+    invariants: &'s [StoreInvariant],
     entries: &'e mut BTreeMap<String, Entry>,
 }
 
 impl<D: AmpDevice> ParamVisitor<D> for SaveState<'_, '_> {
-    type Error = AmpError;
+    type Error = CheckpointError;
     fn visit<S: Shape, E: AmpElem>(
         &mut self,
         path: &str,
         param: &Tensor<S, E, D>,
         trainable: bool,
-    ) -> Result<(), AmpError>
+    ) -> Result<(), CheckpointError>
     where
         D: Kernels<E>,
     {
@@ -87,7 +117,7 @@ impl<D: AmpDevice> ParamVisitor<D> for SaveState<'_, '_> {
             return Ok(());
         }
         let dev = param.device();
-        for (name, store) in self.stores {
+        for ((name, store), invariant) in self.stores.iter().zip(self.invariants) {
             let store = store
                 .get::<E, D>()
                 .ok_or_else(|| state_precision_mismatch(path))?;
@@ -96,8 +126,11 @@ impl<D: AmpDevice> ParamVisitor<D> for SaveState<'_, '_> {
                 continue;
             };
             let values = HostKernel::<E>::try_read(dev, buf).map_err(AmpError::device)?;
-            self.entries
-                .insert(format!("optim.{name}.{path}"), entry(param, &values));
+            let name = format!("optim.{name}.{path}");
+            if self.check {
+                check_before_saving(self.file, &name, &values, *invariant)?;
+            }
+            self.entries.insert(name, entry(param, &values));
         }
         Ok(())
     }
@@ -120,7 +153,7 @@ where
     T: TrainTarget<D>,
     O: OptimizerState<D>,
 {
-    save_checkpoint(path, target, optimizer, scaler, None, extra)
+    save_checkpoint(path, target, optimizer, scaler, None, extra, true)
 }
 
 /// [`save`] for a model declared with `#[amp]`, recording its `policy` (`Model::AMP_CONFIG`):
@@ -141,7 +174,32 @@ where
     T: TrainTarget<D>,
     O: OptimizerState<D>,
 {
-    save_checkpoint(path, target, optimizer, scaler, Some(policy), extra)
+    save_checkpoint(path, target, optimizer, scaler, Some(policy), extra, true)
+}
+
+/// The size in bytes of the file [`save_with_policy`] would write with empty `extra` metadata,
+/// without writing anything and whatever the state holds (a diverged run's NaN weights
+/// included, which `save` refuses).
+pub fn serialized_size<D, T, O>(
+    target: &mut T,
+    optimizer: &O,
+    scaler: &GradScaler,
+    policy: &AmpConfig,
+) -> Result<u64, CheckpointError>
+where
+    D: AmpDevice,
+    T: TrainTarget<D>,
+    O: OptimizerState<D>,
+{
+    save_checkpoint(
+        Path::new("(measured)"),
+        target,
+        optimizer,
+        scaler,
+        Some(policy),
+        &BTreeMap::new(),
+        false,
+    )
 }
 
 pub(super) fn save_checkpoint<D, T, O>(
@@ -151,6 +209,7 @@ pub(super) fn save_checkpoint<D, T, O>(
     scaler: &GradScaler,
     policy: Option<&AmpConfig>,
     extra: &BTreeMap<String, String>,
+    write: bool,
 ) -> Result<u64, CheckpointError>
 where
     D: AmpDevice,
@@ -165,20 +224,54 @@ where
         detail: format!("not saved: {detail}"),
     };
     GradScaler::from_state(scaler.state()).map_err(|e| refuse(e.to_string()))?;
+    // A step whose outcome never reached the scaler's update (dropped in the last iteration):
+    // the scaler's state would not count it.
+    if write {
+        scaler
+            .check_no_step_in_flight()
+            .map_err(|source| CheckpointError::Rule {
+                path: path.to_path_buf(),
+                source,
+            })?;
+    }
     if let Some((name, value)) = optimizer.scalars().into_iter().find(|(_, v)| *v < 0) {
         return Err(refuse(format!("optimizer state `{name}` is {value}")));
     }
     target.sync_buffers_to_master()?;
     let mut entries = BTreeMap::new();
     target.master().visit_params(&mut SaveParams {
+        file: path,
+        check: write,
         prefix: "master",
         entries: &mut entries,
     })?;
     let stores = optimizer.stores();
+    let invariants: Vec<StoreInvariant> = stores
+        .iter()
+        .map(|(name, _)| optimizer.store_invariant(name))
+        .collect();
     target.master().visit_params(&mut SaveState {
+        file: path,
+        check: write,
         stores: &stores,
+        invariants: &invariants,
         entries: &mut entries,
     })?;
+    // The state as a whole, as `load` checks it.
+    let counts: Vec<(&'static str, usize)> = stores
+        .iter()
+        .map(|(store, _)| {
+            let prefix = format!("optim.{store}.");
+            let count = entries.keys().filter(|k| k.starts_with(&prefix)).count();
+            (*store, count)
+        })
+        .collect();
+    let trainable = target.layout().iter().filter(|p| p.trainable).count();
+    if write {
+        optimizer
+            .check_state(&optimizer.scalars(), &counts, trainable)
+            .map_err(|detail| refuse(format!("the optimizer's state is inconsistent: {detail}")))?;
+    }
 
     let mut meta: HashMap<String, String> = extra
         .iter()
@@ -202,9 +295,7 @@ where
     meta.insert("optim.kind".into(), optimizer.kind().into());
     // How many parameters each store holds state for (0 before the optimizer's first update):
     // `load` then tells state that was never there from state that was removed.
-    for (store, _) in &stores {
-        let prefix = format!("optim.{store}.");
-        let count = entries.keys().filter(|k| k.starts_with(&prefix)).count();
+    for (store, count) in &counts {
         meta.insert(format!("optim.entries.{store}"), count.to_string());
     }
     for (name, value) in optimizer.scalars() {
@@ -224,8 +315,100 @@ where
                 })
         })
         .collect::<Result<_, _>>()?;
-    let bytes = safetensors::tensor::serialize(views, &Some(meta))
+    let mut bytes = safetensors::tensor::serialize(views, &Some(meta))
         .map_err(|err| refuse(format_detail(&err, &[])))?;
-    write_atomically(path, &bytes)?;
+    sort_metadata(&mut bytes);
+    if write {
+        write_atomically(path, &bytes)?;
+    }
     Ok(bytes.len() as u64)
+}
+
+/// Puts the metadata of a serialised safetensors file in order, in place, so that the same
+/// state always gives the same bytes: safetensors writes the metadata from a `HashMap`, in an
+/// order that changes from process to process. Each `"key":"value"` pair keeps its bytes and
+/// only the pairs' order changes, so the header keeps its length. A header that does not start
+/// as safetensors' own does is left alone.
+fn sort_metadata(bytes: &mut [u8]) {
+    const START: &[u8] = b"{\"__metadata__\":{";
+    /// The index after the JSON string that starts at `start`, if one does.
+    fn string_end(bytes: &[u8], start: usize) -> Option<usize> {
+        if bytes.get(start) != Some(&b'"') {
+            return None;
+        }
+        let mut i = start + 1;
+        while let Some(&b) = bytes.get(i) {
+            match b {
+                b'\\' => i += 2,
+                b'"' => return Some(i + 1),
+                _ => i += 1,
+            }
+        }
+        None
+    }
+    if bytes.get(8..8 + START.len()) != Some(START) {
+        return;
+    }
+    let begin = 8 + START.len();
+    let mut pairs: Vec<Vec<u8>> = Vec::new();
+    let mut at = begin;
+    let end = loop {
+        if bytes.get(at) == Some(&b'}') && pairs.is_empty() {
+            return;
+        }
+        let Some(key_end) = string_end(bytes, at) else {
+            return;
+        };
+        if bytes.get(key_end) != Some(&b':') {
+            return;
+        }
+        let Some(value_end) = string_end(bytes, key_end + 1) else {
+            return;
+        };
+        pairs.push(bytes[at..value_end].to_vec());
+        match bytes.get(value_end) {
+            Some(b',') => at = value_end + 1,
+            Some(b'}') => break value_end,
+            _ => return,
+        }
+    };
+    pairs.sort();
+    bytes[begin..end].copy_from_slice(&pairs.join(&b',')[..]);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    /// The same metadata, inserted in another order, gives the same bytes.
+    #[test]
+    fn metadata_is_written_in_order() {
+        let serialise = |keys: &[&str]| {
+            let meta: HashMap<String, String> = keys
+                .iter()
+                .map(|k| (k.to_string(), format!("v\"{k}\\")))
+                .collect();
+            let data = [1u8, 2, 3, 4];
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1], &data)
+                    .unwrap();
+            let mut bytes = safetensors::tensor::serialize([("t", view)], &Some(meta)).unwrap();
+            super::sort_metadata(&mut bytes);
+            bytes
+        };
+        let keys: Vec<String> = (0..40).map(|i| format!("key{i}")).collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let reversed: Vec<&str> = keys.iter().rev().copied().collect();
+        let a = serialise(&keys);
+        for _ in 0..5 {
+            assert_eq!(serialise(&reversed), a);
+        }
+        // Still a valid file, with every pair.
+        let (_, header) = safetensors::SafeTensors::read_metadata(&a).unwrap();
+        let meta = header.metadata().clone().unwrap();
+        assert_eq!(meta.len(), 40);
+        assert_eq!(meta["key7"], "v\"key7\\");
+        let header_text = std::str::from_utf8(&a[8..]).unwrap();
+        assert!(header_text.find("key0").unwrap() < header_text.find("key1\"").unwrap());
+    }
 }

@@ -7,18 +7,40 @@ use dfdx::prelude::{HasShape, Shape, Tensor};
 use safetensors::SafeTensors;
 
 use crate::device::{AmpDevice, Kernels};
+use crate::optim::StoreInvariant;
 use crate::params::ParamVisitor;
 use crate::precision::{dtype_of, AmpElem};
 
 use super::error::CheckpointError;
 use super::format::{dtype_of_st, st_dtype_name};
 
-/// The values of tensor `name`, which must be stored in precision `E` with `param`'s shape.
+/// Why `values` break `invariant`, if they do: the first value that does, as the end of a
+/// sentence about the tensor (`holds a negative value (-1 at element 3): …`).
+pub(super) fn invariant_violation<E: AmpElem>(
+    values: &[E],
+    invariant: StoreInvariant,
+) -> Option<String> {
+    values.iter().enumerate().find_map(|(i, v)| {
+        let value = AmpElem::to_f32(*v);
+        invariant.violation(value).map(|kind| {
+            let why = if kind == "negative" {
+                ": this optimizer state is an average of squares, never negative"
+            } else {
+                ""
+            };
+            format!("holds a {kind} value ({value} at element {i}){why}")
+        })
+    })
+}
+
+/// The values of tensor `name`, which must be stored in precision `E` with `param`'s shape,
+/// and meet `invariant`.
 pub(super) fn tensor_values<S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>>(
     file: &Path,
     tensors: &SafeTensors<'_>,
     name: &str,
     param: &Tensor<S, E, D>,
+    invariant: StoreInvariant,
 ) -> Result<Vec<E>, CheckpointError> {
     let err = |detail: String| CheckpointError::Tensor {
         path: file.to_path_buf(),
@@ -56,27 +78,41 @@ pub(super) fn tensor_values<S: Shape, E: AmpElem, D: AmpDevice + Kernels<E>>(
         .chunks_exact(size)
         .map(E::from_le_bytes)
         .collect();
-    // Masters, statistics and optimizer moments are finite in any state `save` writes: a step
-    // with a non-finite gradient is skipped before anything changes.
-    if let Some(i) = values.iter().position(|v| !AmpElem::to_f32(*v).is_finite()) {
-        return Err(err(format!(
-            "holds a non-finite value ({} at element {i})",
-            AmpElem::to_f32(values[i])
-        )));
+    // Masters, statistics and optimizer state meet their invariants in any state `save`
+    // writes: it checks them, and a step with a gradient that overflows (inf, NaN, or above
+    // `GRADIENT_LIMIT`) is skipped before anything changes.
+    if let Some(detail) = invariant_violation(&values, invariant) {
+        return Err(err(detail));
     }
     Ok(values)
+}
+
+/// What [`CheckTensors`] found of one optimizer store.
+pub(super) struct StoreCheck {
+    /// The store's name.
+    pub(super) name: &'static str,
+    /// What its values must satisfy.
+    pub(super) invariant: StoreInvariant,
+    /// The first trainable parameter's entry found, by tensor name.
+    pub(super) with: Option<String>,
+    /// The first trainable parameter's entry missing, by tensor name.
+    pub(super) without: Option<String>,
+    /// How many trainable parameters have an entry.
+    pub(super) present: usize,
 }
 
 /// Checks, before anything is written, that the checkpoint holds every master tensor and a
 /// complete optimizer state (for each store, every trainable parameter's entry, or none where
 /// it was saved before the optimizer's first update: its `optim.entries.<store>` says 0), each
-/// in the right precision and shape, and finite.
+/// in the right precision and shape, finite, and meeting its store's invariant (Adam's second
+/// moment is not negative).
 pub(super) struct CheckTensors<'a> {
     pub(super) file: &'a Path,
     pub(super) tensors: &'a SafeTensors<'a>,
-    /// Per optimizer store: its name, the first trainable path with and without an entry, and
-    /// how many have one.
-    pub(super) stores: Vec<(&'static str, Option<String>, Option<String>, usize)>,
+    /// Per optimizer store, what was found.
+    pub(super) stores: Vec<StoreCheck>,
+    /// How many trainable parameters the model has.
+    pub(super) trainable: usize,
 }
 
 impl<D: AmpDevice> ParamVisitor<D> for CheckTensors<'_> {
@@ -90,18 +126,26 @@ impl<D: AmpDevice> ParamVisitor<D> for CheckTensors<'_> {
     where
         D: Kernels<E>,
     {
-        tensor_values(self.file, self.tensors, &format!("master.{path}"), param)?;
+        let finite = StoreInvariant::Finite;
+        tensor_values(
+            self.file,
+            self.tensors,
+            &format!("master.{path}"),
+            param,
+            finite,
+        )?;
         if !trainable {
             return Ok(());
         }
-        for (store, with, without, present) in &mut self.stores {
-            let name = format!("optim.{store}.{path}");
+        self.trainable += 1;
+        for store in &mut self.stores {
+            let name = format!("optim.{}.{path}", store.name);
             if self.tensors.tensor(&name).is_ok() {
-                tensor_values(self.file, self.tensors, &name, param)?;
-                with.get_or_insert_with(|| name.clone());
-                *present += 1;
+                tensor_values(self.file, self.tensors, &name, param, store.invariant)?;
+                store.with.get_or_insert_with(|| name.clone());
+                store.present += 1;
             } else {
-                without.get_or_insert(name);
+                store.without.get_or_insert(name);
             }
         }
         Ok(())

@@ -42,8 +42,28 @@ where
     }
 }
 
+/// Errors with [`AmpError::EpsilonUnderflows`] if `eps` rounds to zero in `E`.
+fn check_epsilon<E: AmpElem>(eps: Option<f64>) -> Result<(), AmpError> {
+    match eps {
+        Some(eps) if eps > 0.0 && AmpElem::to_f32(<E as AmpElem>::from_f32(eps as f32)) == 0.0 => {
+            // The smallest positive value: the bits of 1 in the last place above zero.
+            let smallest = AmpElem::to_f32(E::from_le_bytes(&{
+                let mut one = vec![0u8; crate::precision::dtype_of::<E>().size_in_bytes()];
+                one[0] = 1;
+                one
+            }));
+            Err(AmpError::EpsilonUnderflows {
+                eps,
+                precision: crate::precision::dtype_of::<E>(),
+                smallest,
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 macro_rules! low_precision_optimizer {
-    ($($opt:ident),*) => {$(
+    ($($opt:ident => $eps:expr),*) => {$(
         impl<M, E, D> MasterOptimizer<M, D> for LowPrecisionUpdates<$opt<M, E, D>>
         where
             M: TensorCollection<E, D>,
@@ -51,11 +71,19 @@ macro_rules! low_precision_optimizer {
             E::Precision: LowPrecision,
             D: AmpDevice + Kernels<E>,
         {
+            /// Errors with [`AmpError::EpsilonUnderflows`], before anything changes, if the
+            /// optimizer's eps (Adam, RMSprop) rounds to zero in `E`.
             fn try_update(&mut self, master: &mut M, grads: &MixedGradients<D>) -> Result<(), AmpError> {
+                #[allow(clippy::redundant_closure_call)]
+                check_epsilon::<E>(($eps)(&self.0))?;
                 self.0.update(master, &store_of::<E, D>(grads)).map_err(map_update_error)
             }
         }
     )*};
 }
 
-low_precision_optimizer!(Sgd, Adam, RMSprop);
+low_precision_optimizer!(
+    Sgd => |_: &Sgd<M, E, D>| None,
+    Adam => |o: &Adam<M, E, D>| Some(o.cfg.eps),
+    RMSprop => |o: &RMSprop<M, E, D>| Some(o.cfg.eps)
+);

@@ -13,4 +13,4 @@ pub use constructors::{adam, adamw, adamw_config, sgd};
 pub use low_precision::LowPrecisionUpdates;
 pub use master_optimizer::MasterOptimizer;
 pub use schedule::{cosine_lr, LearningRate};
-pub use state::{OptimizerState, StateMut, StateRef};
+pub use state::{OptimizerState, StateMut, StateRef, StoreInvariant};

@@ -39,6 +39,33 @@ impl<'a> StateMut<'a> {
     }
 }
 
+/// What every value of an optimizer's state store must satisfy, beyond the precision and shape
+/// of its parameter: checked when a checkpoint is loaded (before anything changes) and when one
+/// is saved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreInvariant {
+    /// Finite (SGD's velocity, Adam's first moment).
+    Finite,
+    /// Finite and not negative (Adam's second moment, a weighted average of squares: a
+    /// negative value would make `sqrt(v)` NaN and the next update NaN).
+    FiniteNonNegative,
+}
+
+impl StoreInvariant {
+    /// Which kind of value `value` is that breaks this invariant (`"non-finite"`,
+    /// `"negative"`), if it breaks it.
+    pub fn violation(self, value: f32) -> Option<&'static str> {
+        if !value.is_finite() {
+            Some("non-finite")
+        } else if self == StoreInvariant::FiniteNonNegative && value < 0.0 {
+            Some("negative")
+        } else {
+            None
+        }
+    }
+}
+
 /// An optimizer whose state can be saved and restored, so that a resumed run continues exactly.
 ///
 /// State is a few named per-parameter stores in the optimizer's precision (SGD's `velocity`,
@@ -54,6 +81,25 @@ pub trait OptimizerState<D: AmpDevice> {
     fn scalars(&self) -> Vec<(&'static str, i64)>;
     /// Restores one scalar; errors on a name this optimizer does not have.
     fn set_scalar(&mut self, name: &str, value: i64) -> Result<(), AmpError>;
+    /// What every value of the store `name` must satisfy ([`StoreInvariant::Finite`] unless
+    /// the optimizer says more).
+    fn store_invariant(&self, name: &str) -> StoreInvariant {
+        let _ = name;
+        StoreInvariant::Finite
+    }
+    /// Checks that a state is consistent as a whole, before it is loaded: `scalars` are the
+    /// state's scalars (by [`OptimizerState::scalars`]' names, each at least 0), `entries` how
+    /// many of the `trainable` parameters each store holds state for. Returns why not, as a
+    /// sentence. By default any state is.
+    fn check_state(
+        &self,
+        scalars: &[(&'static str, i64)],
+        entries: &[(&'static str, usize)],
+        trainable: usize,
+    ) -> Result<(), String> {
+        let _ = (scalars, entries, trainable);
+        Ok(())
+    }
 }
 
 impl<M, E: AmpElem, D: AmpDevice + Kernels<E>> OptimizerState<D> for Sgd<M, E, D> {
@@ -111,6 +157,46 @@ impl<M, E: AmpElem, D: AmpDevice + Kernels<E>> OptimizerState<D> for Adam<M, E, 
             ))),
         }
     }
+    fn store_invariant(&self, name: &str) -> StoreInvariant {
+        match name {
+            "moment2" => StoreInvariant::FiniteNonNegative,
+            _ => StoreInvariant::Finite,
+        }
+    }
+    /// Every update counts a step and writes both moments of every trainable parameter (each
+    /// gets a gradient, zero when unused): the moments hold state for the same parameters, and
+    /// for some exactly when the step count is above 0.
+    fn check_state(
+        &self,
+        scalars: &[(&'static str, i64)],
+        entries: &[(&'static str, usize)],
+        trainable: usize,
+    ) -> Result<(), String> {
+        let count = |name: &str| entries.iter().find(|(n, _)| *n == name).map(|(_, c)| *c);
+        let t = scalars
+            .iter()
+            .find(|(n, _)| *n == "step_count")
+            .map_or(0, |(_, t)| *t);
+        let (Some(m1), Some(m2)) = (count("moment1"), count("moment2")) else {
+            return Ok(());
+        };
+        if m1 != m2 {
+            return Err(format!(
+                "Adam's `moment1` holds state for {m1} parameters and its `moment2` for {m2}: every update writes both"
+            ));
+        }
+        if t == 0 && m1 > 0 {
+            return Err(format!(
+                "Adam's step count is 0, but its moments hold state for {m1} parameters: every update counts a step"
+            ));
+        }
+        if t > 0 && m1 == 0 && trainable > 0 {
+            return Err(format!(
+                "Adam's step count is {t}, but its moments hold no state: every update writes the moments of all {trainable} trainable parameters"
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl<O: OptimizerState<D>, D: AmpDevice> OptimizerState<D> for LowPrecisionUpdates<O> {
@@ -128,5 +214,16 @@ impl<O: OptimizerState<D>, D: AmpDevice> OptimizerState<D> for LowPrecisionUpdat
     }
     fn set_scalar(&mut self, name: &str, value: i64) -> Result<(), AmpError> {
         self.0.set_scalar(name, value)
+    }
+    fn store_invariant(&self, name: &str) -> StoreInvariant {
+        self.0.store_invariant(name)
+    }
+    fn check_state(
+        &self,
+        scalars: &[(&'static str, i64)],
+        entries: &[(&'static str, usize)],
+        trainable: usize,
+    ) -> Result<(), String> {
+        self.0.check_state(scalars, entries, trainable)
     }
 }

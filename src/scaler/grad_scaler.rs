@@ -260,6 +260,14 @@ impl GradScaler {
         self.state.mode != ScaleMode::Disabled
     }
 
+    /// Errors with [`AmpError::OutcomeNotUpdated`] if a step taken with gradients this scaler
+    /// scaled has an outcome that has not reached its update (dropped, forgotten, or not given
+    /// yet): the scaler's state does not count that step. `checkpoint::save` checks it, so an
+    /// outcome dropped in a run's last iteration is found when the run saves.
+    pub fn check_no_step_in_flight(&self) -> Result<(), AmpError> {
+        self.ledger.check_none_pending()
+    }
+
     /// The current scale (PyTorch's `get_scale()`; `scale` is the method that scales a loss).
     pub fn get_scale(&self) -> f32 {
         self.state.scale

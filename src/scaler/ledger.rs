@@ -69,6 +69,14 @@ impl Ledger {
         }
     }
 
+    /// Errors if any step is still waiting for its outcome to reach the update.
+    pub(crate) fn check_none_pending(&self) -> Result<(), AmpError> {
+        match self.book().pending.first() {
+            Some(p) => Err(AmpError::OutcomeNotUpdated { step: p.step }),
+            None => Ok(()),
+        }
+    }
+
     /// Crosses out the steps whose outcomes an update counted.
     pub(crate) fn settle(&self, steps: &[u64]) {
         let mut book = self.book();

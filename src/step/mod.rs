@@ -44,6 +44,8 @@ mod protocol;
 mod unscaled;
 mod update;
 
+/// The largest gradient magnitude a step takes (2^62): see [`crate::ops::unscale::GRADIENT_LIMIT`].
+pub use crate::ops::unscale::GRADIENT_LIMIT;
 pub use accumulation::Accumulation;
 pub(crate) use backward::check_fresh;
 pub use backward::{RawGrads, ScaledGrads, ScaledLoss};

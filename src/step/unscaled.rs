@@ -100,12 +100,15 @@ impl<T: TrainTarget<D>, D: AmpDevice, K: StepKind> std::fmt::Debug for UnscaledG
 }
 
 impl<'t, T: TrainTarget<D>, D: AmpDevice, K: StepKind> UnscaledGrads<'t, T, D, K> {
-    /// Whether any gradient (of any precision) held inf or NaN. The step will be skipped.
+    /// Whether any gradient (of any precision) held inf or NaN, or a value larger in magnitude
+    /// than [`GRADIENT_LIMIT`](crate::step::GRADIENT_LIMIT) (whose square overflows what Adam
+    /// and gradient norms compute). The step will be skipped.
     pub fn found_inf(&self) -> bool {
         self.found_inf
     }
 
-    /// Paths of the parameters whose gradients held inf or NaN, in model order (empty unless
+    /// Paths of the parameters whose gradients held inf, NaN or a value above
+    /// [`GRADIENT_LIMIT`](crate::step::GRADIENT_LIMIT), in model order (empty unless
     /// [`UnscaledGrads::found_inf`]).
     pub fn non_finite_params(&self) -> &[String] {
         &self.non_finite

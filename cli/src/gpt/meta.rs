@@ -60,10 +60,14 @@ fn float(value: Option<f64>) -> String {
     value.map_or_else(|| "none".to_string(), |v| v.to_string())
 }
 
-fn parse_float(meta: &BTreeMap<String, String>, key: &str) -> Result<Option<f64>, RunError> {
+fn parse_float(
+    path: &Path,
+    meta: &BTreeMap<String, String>,
+    key: &str,
+) -> Result<Option<f64>, RunError> {
     match meta.get(key).map(String::as_str) {
         Some("none") => Ok(None),
-        _ => meta_get::<f64>(meta, key).map(Some),
+        _ => meta_get::<f64>(path, meta, key).map(Some),
     }
 }
 
@@ -149,7 +153,7 @@ pub(crate) fn resume_progress(
             corpus.vocab_string()
         ))
     })?;
-    let iteration: u64 = meta_get(meta, "iteration")?;
+    let iteration: u64 = meta_get(path, meta, "iteration")?;
     if iteration >= cfg.iters as u64 {
         return Err(RunError::Usage(format!(
             "{} has already done {iteration} iterations of a run of {}: there is nothing left to train{}",
@@ -162,7 +166,7 @@ pub(crate) fn resume_progress(
             }
         )));
     }
-    let device_draws: u64 = meta_get(meta, "device_rng_draws")?;
+    let device_draws: u64 = meta_get(path, meta, "device_rng_draws")?;
     if Some(device_draws) != device_draws_per_step(cfg.size).checked_mul(iteration) {
         return Err(RunError::Usage(format!(
             "{} records {device_draws} draws of the device's random numbers after {iteration} iterations, the {} GPT makes {} per iteration: the checkpoint is damaged",
@@ -173,11 +177,11 @@ pub(crate) fn resume_progress(
     }
     Ok(Progress {
         iteration,
-        rng_word_pos: meta_get(meta, "rng_word_pos")?,
+        rng_word_pos: meta_get(path, meta, "rng_word_pos")?,
         device_draws,
-        best_val_loss: parse_float(meta, "best_val_loss")?,
-        skipped_after_20: meta_get(meta, "skipped_after_20")?,
-        loss_ema: parse_float(meta, "loss_ema")?,
+        best_val_loss: parse_float(path, meta, "best_val_loss")?,
+        skipped_after_20: meta_get(path, meta, "skipped_after_20")?,
+        loss_ema: parse_float(path, meta, "loss_ema")?,
     })
 }
 

@@ -3,12 +3,13 @@ use rayon::prelude::*;
 
 use super::UnscaleKernel;
 use crate::ops::utilities::cpu::{
-    any_non_finite, as_f32_mut, check_lengths, for_each_f32_chunk, map_f32_chunks, slot_of, CHUNK,
+    any_overflowing, as_f32_mut, check_lengths, for_each_f32_chunk, map_f32_chunks, slot_of, CHUNK,
     TASK,
 };
 use crate::precision::AmpElem;
 
-/// `buf *= inv_scale` and whether any result is inf or NaN: chunk by chunk (each scaled and
+/// `buf *= inv_scale` and whether any result overflows (inf, NaN, or above
+/// [`GRADIENT_LIMIT`](super::GRADIENT_LIMIT) in magnitude): chunk by chunk (each scaled and
 /// checked while in L1), in parallel tasks for large buffers (the master gradients are this
 /// pass's bulk: 2 MiB for the MLP, read and written once a step), and with no write at all for
 /// a scale of 1 (FP32 and BF16 steps without a loss scale), where `x * 1.0` is `x`.
@@ -18,7 +19,7 @@ fn unscale_f32(buf: &mut [f32], inv_scale: f32) -> bool {
             if inv_scale != 1.0 {
                 chunk.iter_mut().for_each(|x| *x *= inv_scale);
             }
-            non_finite | any_non_finite(chunk)
+            non_finite | any_overflowing(chunk)
         })
     };
     if buf.len() <= TASK {
@@ -48,7 +49,7 @@ impl<E: AmpElem> UnscaleKernel<E> for Cpu {
                 *d = *s * inv_scale;
             }
             // The result is checked, not only the input: see the trait's documentation.
-            non_finite |= any_non_finite(out);
+            non_finite |= any_overflowing(out);
         });
         *slot_of(stats, slot)? = f32::from(u8::from(non_finite));
         Ok(())
@@ -72,10 +73,10 @@ impl<E: AmpElem> UnscaleKernel<E> for Cpu {
         // becomes inf in the buffer, so it is checked again after rounding.
         map_f32_chunks::<E>(buf, |chunk| {
             chunk.iter_mut().for_each(|x| *x *= inv_scale);
-            non_finite |= any_non_finite(chunk);
+            non_finite |= any_overflowing(chunk);
         });
         if !non_finite && !E::FULL_RANGE {
-            for_each_f32_chunk::<E>(buf, |_, chunk| non_finite |= any_non_finite(chunk));
+            for_each_f32_chunk::<E>(buf, |_, chunk| non_finite |= any_overflowing(chunk));
         }
         *slot_of(stats, slot)? = f32::from(u8::from(non_finite));
         Ok(())

@@ -12,14 +12,16 @@ const SOURCE: OpSource = OpSource {
     templates: r#"
 // `src` and `dst` may be the same buffer: each element is read before it is written, by the same
 // thread. The result is checked as stored, after the division and the rounding to `D`: that is
-// what the optimizer would receive. `flag` was zeroed in stream order before this launch and is
+// what the optimizer would receive. A magnitude above GRADIENT_LIMIT (2^62, bits 0x5e800000;
+// inf and NaN have larger bits) is an overflow too: its square would overflow FP32 in Adam's
+// second moment. `flag` was zeroed in stream order before this launch and is
 // only ever set, so blocks need not agree on who writes it.
 template <typename S, typename D>
 __device__ void amp_unscale(u64 n, const S *src, D *dst, float inv_scale, float *flag) {
     int bad = 0;
     FOR_EACH(i, n) {
         store(dst, i, load(src, i) * inv_scale);
-        bad |= non_finite(load(dst, i));
+        bad |= (__float_as_uint((float)load(dst, i)) & 0x7fffffffu) > 0x5e800000u;
     }
     if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1.0f;
 }

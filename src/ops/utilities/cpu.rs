@@ -11,14 +11,13 @@ pub(crate) const CHUNK: usize = 1024;
 /// overhead is noise, small enough that a 512 × 512 weight splits across two cores.
 pub(crate) const TASK: usize = 1 << 15;
 
-/// Exponent bits of an FP32 value; all set means inf or NaN.
-const F32_EXPONENT: u32 = 0x7f80_0000;
-
-/// Whether any value is inf or NaN, written so that the loop vectorises.
+/// Whether any value is inf, NaN, or larger in magnitude than
+/// [`GRADIENT_LIMIT`](crate::ops::unscale::GRADIENT_LIMIT), written so that the loop vectorises.
 #[inline]
-pub(crate) fn any_non_finite(values: &[f32]) -> bool {
+pub(crate) fn any_overflowing(values: &[f32]) -> bool {
+    use crate::ops::unscale::GRADIENT_LIMIT_BITS;
     values.iter().fold(0u32, |acc, v| {
-        acc | u32::from(v.to_bits() & F32_EXPONENT == F32_EXPONENT)
+        acc | u32::from(v.to_bits() & 0x7fff_ffff > GRADIENT_LIMIT_BITS)
     }) != 0
 }
 

@@ -167,6 +167,61 @@ impl CpuCompute for bf16 {
     }
 }
 
+/// typed-amp patch: the type an optimizer's update is computed in on the CPU: `f32` for the
+/// 16-bit types (as fused Adam kernels do: weights and state stay 16-bit, the arithmetic does not
+/// round at each operation, and Adam's default eps of 1e-8, which is 0 in f16, is not rounded
+/// away), the type itself otherwise (upstream's arithmetic).
+pub trait OptimCompute: Sized + Copy {
+    type Compute: Dtype;
+    fn widen(self) -> Self::Compute;
+    fn narrow(c: Self::Compute) -> Self;
+}
+
+macro_rules! optim_compute_in_self {
+    ($($t:ty),*) => {
+        $(
+            impl OptimCompute for $t {
+                type Compute = $t;
+                #[inline(always)]
+                fn widen(self) -> $t {
+                    self
+                }
+                #[inline(always)]
+                fn narrow(c: $t) -> $t {
+                    c
+                }
+            }
+        )*
+    };
+}
+optim_compute_in_self!(f32, f64, i8, i16, i32, i64, i128, isize, u8, u16, u32, u64, u128, usize);
+
+#[cfg(feature = "f16")]
+impl OptimCompute for f16 {
+    type Compute = f32;
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline(always)]
+    fn narrow(c: f32) -> Self {
+        f16::from_f32(c)
+    }
+}
+
+#[cfg(feature = "f16")]
+impl OptimCompute for bf16 {
+    type Compute = f32;
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline(always)]
+    fn narrow(c: f32) -> Self {
+        bf16::from_f32(c)
+    }
+}
+
 /// Represents something that has a [Dtype].
 pub trait HasDtype {
     type Dtype: Dtype;

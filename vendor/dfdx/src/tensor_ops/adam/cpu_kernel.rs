@@ -1,6 +1,6 @@
 use super::{AdamConfig, AdamKernel, WeightDecay};
 use crate::{
-    dtypes::{CpuCompute, Dtype, NotMixedPrecision},
+    dtypes::{Dtype, NotMixedPrecision, OptimCompute},
     tensor::Cpu,
 };
 #[allow(unused_imports)]
@@ -53,9 +53,10 @@ impl AdamKernel<crate::dtypes::AMP<crate::dtypes::f16>> for Cpu {
     }
 }
 
-// typed-amp patch: computes in `E::Compute` (f32 for bf16, `E` otherwise, see [CpuCompute]) and
-// rounds `p`, `m` and `v` once each; for every dtype but bf16 the arithmetic is upstream's.
-impl<E: Dtype + NotMixedPrecision + CpuCompute> AdamKernel<E> for Cpu
+// typed-amp patch: computes in `E::Compute` (f32 for f16 and bf16, `E` otherwise, see
+// [OptimCompute]) and rounds `p`, `m` and `v` once each; for every dtype but the 16-bit ones the
+// arithmetic is upstream's.
+impl<E: Dtype + NotMixedPrecision + OptimCompute> AdamKernel<E> for Cpu
 where
     E::Compute: num_traits::Float,
 {
@@ -68,7 +69,7 @@ where
         moment2: &mut Self::Vec,
         grad: &Self::Vec,
     ) -> Result<(), Self::Err> {
-        type C<E> = <E as CpuCompute>::Compute;
+        type C<E> = <E as OptimCompute>::Compute;
         let betas = cfg.betas.map(C::<E>::from_f64).map(Option::unwrap);
         let eps = C::<E>::from_f64(cfg.eps).unwrap();
         let lr = C::<E>::from_f64(cfg.lr).unwrap();

@@ -44,10 +44,13 @@ impl HasCudaKernel<AMP<f16>> for Cuda {
     const FWD: &'static str = "adam_update_amp_f16";
 }
 
+// typed-amp patch: f16 weights and state are updated by the kernel that computes in float
+// (`adam_update_amp_f16`, the same `__half` buffers): in `__half` arithmetic Adam's eps of 1e-8
+// is 0 and `g * g` overflows above 256.
 #[cfg(feature = "f16")]
 impl HasCudaKernel<f16> for Cuda {
-    const MOD: &'static str = "adam_f16";
-    const FWD: &'static str = "adam_update_f16";
+    const MOD: &'static str = "adam_amp_f16";
+    const FWD: &'static str = "adam_update_amp_f16";
 }
 // typed-amp patch: bf16
 #[cfg(feature = "f16")]
