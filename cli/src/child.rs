@@ -2,9 +2,54 @@
 //! command ends.
 
 use std::ffi::OsString;
+use std::path::Path;
 use std::process::Stdio;
 
 use crate::config::RunError;
+
+/// What every `typed-amp train --json` process that `compare` starts is told beside its
+/// model's own options.
+#[derive(Debug)]
+pub struct TrainArgs<'a> {
+    /// Examples (or windows) per step.
+    pub batch: usize,
+    /// The run's seed.
+    pub seed: u64,
+    /// The learning rate (`Display` of an f64 reads back as the same f64).
+    pub lr: f64,
+    /// `--device` as written on the command line.
+    pub device: String,
+    /// Whether the process shows its progress bar.
+    pub progress: bool,
+    /// Where its data is (the default data where `None`).
+    pub data_dir: Option<&'a Path>,
+}
+
+impl TrainArgs<'_> {
+    /// `typed-amp train` with the model's own options `model` (from `--model` on), then these.
+    pub fn command_line(&self, model: &[String]) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec!["train".into()];
+        args.extend(model.iter().map(OsString::from));
+        for (flag, value) in [
+            ("--batch", self.batch.to_string()),
+            ("--seed", self.seed.to_string()),
+            ("--lr", self.lr.to_string()),
+            ("--device", self.device.clone()),
+        ] {
+            args.push(flag.into());
+            args.push(value.into());
+        }
+        args.push("--json".into());
+        if !self.progress {
+            args.push("--quiet".into());
+        }
+        if let Some(dir) = self.data_dir {
+            args.push("--data-dir".into());
+            args.push(dir.as_os_str().to_owned());
+        }
+        args
+    }
+}
 
 /// Exit code of a run that completed but trained nothing useful: every step was skipped, or
 /// the final loss is not finite.

@@ -13,6 +13,7 @@ mod epoch;
 mod footprint;
 pub mod gpt;
 pub mod heap;
+mod json_fields;
 pub mod memory;
 pub mod models;
 pub mod report;

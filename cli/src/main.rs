@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use typed_amp::amp::OptLevel;
-use typed_amp_cli::child::{run_child, Outcome, EXIT_DIVERGED};
+use typed_amp_cli::child::{run_child, Outcome, TrainArgs, EXIT_DIVERGED};
 use typed_amp_cli::data_parallel::Ranks;
 use typed_amp_cli::gpt::{self, GptConfig, GptSize, SampleConfig};
 use typed_amp_cli::heap::CountingAllocator;
@@ -453,38 +453,24 @@ fn diverged(report: &typed_amp_cli::run::RunReport) -> Option<String> {
 /// The arguments of a `typed-amp train --json` process that trains `cfg` on the data in
 /// `data_dir` (the default data where `None`).
 fn train_args(cfg: &RunConfig, data_dir: Option<&Path>) -> Vec<OsString> {
-    let mut args: Vec<OsString> = [
-        "train".to_string(),
-        "--model".to_string(),
-        cfg.arch.name().to_string(),
-        "--policy".to_string(),
+    let shared = TrainArgs {
+        batch: cfg.batch,
+        seed: cfg.seed,
+        lr: cfg.lr,
+        device: cfg.device.to_string(),
+        progress: cfg.progress,
+        data_dir,
+    };
+    shared.command_line(&[
+        "--model".into(),
+        cfg.arch.name().into(),
+        "--policy".into(),
         cfg.policy.to_string(),
-        "--dtype".to_string(),
-        cfg.dtype.name().to_string(),
-        "--epochs".to_string(),
+        "--dtype".into(),
+        cfg.dtype.name().into(),
+        "--epochs".into(),
         cfg.epochs.to_string(),
-        "--batch".to_string(),
-        cfg.batch.to_string(),
-        "--seed".to_string(),
-        cfg.seed.to_string(),
-        // `Display` of an f64 reads back as the same f64.
-        "--lr".to_string(),
-        cfg.lr.to_string(),
-        "--device".to_string(),
-        cfg.device.to_string(),
-        "--json".to_string(),
-    ]
-    .into_iter()
-    .map(OsString::from)
-    .collect();
-    if !cfg.progress {
-        args.push("--quiet".into());
-    }
-    if let Some(dir) = data_dir {
-        args.push("--data-dir".into());
-        args.push(dir.as_os_str().to_owned());
-    }
-    args
+    ])
 }
 
 /// What one configuration of `compare` gave, trained by its own process.

@@ -2,6 +2,7 @@
 
 use serde_json::{json, Value};
 
+use crate::json_fields::{bool_of, f64_of, field, optional_u64, pid_of, text_of, u64_of};
 use crate::run::{EpochReport, RunConfig, RunReport};
 
 /// `bytes` in MiB, two decimals.
@@ -122,35 +123,7 @@ pub(crate) fn render_columns(names: &[&str], cells: &[Vec<String>]) -> String {
 /// process printed it, for the run of `config`. Errors name the field that is missing or of
 /// the wrong type.
 pub fn run_from_json(config: &RunConfig, value: &Value) -> Result<RunReport, String> {
-    let field = |v: &Value, key: &str| -> Result<Value, String> {
-        v.get(key)
-            .cloned()
-            .ok_or_else(|| format!("no field `{key}`"))
-    };
-    let u64_of = |v: &Value, key: &str| -> Result<u64, String> {
-        field(v, key)?
-            .as_u64()
-            .ok_or_else(|| format!("`{key}` is not a whole number"))
-    };
-    let optional_u64 = |v: &Value, key: &str| -> Result<Option<u64>, String> {
-        match field(v, key)? {
-            Value::Null => Ok(None),
-            n => n
-                .as_u64()
-                .map(Some)
-                .ok_or_else(|| format!("`{key}` is not a whole number")),
-        }
-    };
-    // Non-finite values are written as `null` (JSON has no NaN).
-    let f32_of = |v: &Value, key: &str| -> Result<f32, String> {
-        match field(v, key)? {
-            Value::Null => Ok(f32::NAN),
-            n => n
-                .as_f64()
-                .map(|x| x as f32)
-                .ok_or_else(|| format!("`{key}` is not a number")),
-        }
-    };
+    let f32_of = |v: &Value, key: &str| f64_of(v, key).map(|x| x as f32);
     let epochs = field(value, "epochs")?
         .as_array()
         .ok_or("`epochs` is not a list")?
@@ -169,13 +142,8 @@ pub fn run_from_json(config: &RunConfig, value: &Value) -> Result<RunReport, Str
         .collect::<Result<Vec<_>, String>>()?;
     Ok(RunReport {
         config: config.clone(),
-        recipe: field(value, "recipe")?
-            .as_str()
-            .ok_or("`recipe` is not text")?
-            .to_string(),
-        master_weights: field(value, "master_weights")?
-            .as_bool()
-            .ok_or("`master_weights` is not true or false")?,
+        recipe: text_of(value, "recipe")?,
+        master_weights: bool_of(value, "master_weights")?,
         epochs,
         test_accuracy: f32_of(value, "test_accuracy")?,
         steps: u64_of(value, "steps")?,
@@ -186,7 +154,7 @@ pub fn run_from_json(config: &RunConfig, value: &Value) -> Result<RunReport, Str
         peak_rss_bytes: optional_u64(value, "peak_rss_bytes")?,
         peak_heap_bytes: optional_u64(value, "peak_heap_bytes")?,
         loop_peak_bytes: optional_u64(value, "loop_peak_bytes")?,
-        pid: u32::try_from(u64_of(value, "pid")?).map_err(|_| "`pid` is out of range")?,
+        pid: pid_of(value, "pid")?,
     })
 }
 

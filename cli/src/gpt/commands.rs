@@ -12,7 +12,7 @@ use super::report::{gpt_diverged, gpt_from_json, gpt_json, gpt_table};
 use super::sample::{sample, SampleConfig};
 use super::schedule::WARMUP_ITERS;
 use super::train::train_gpt;
-use crate::child::{run_child, Outcome};
+use crate::child::{run_child, Outcome, TrainArgs};
 use crate::config::{DeviceChoice, RunError};
 use crate::models::LowDtype;
 use crate::report::mib;
@@ -80,44 +80,30 @@ pub fn train_command(
 /// The arguments of a `typed-amp train --model gpt --json` process that trains `cfg` on the
 /// texts in `data_dir` (the embedded subset where `None`).
 fn train_args(cfg: &GptConfig, data_dir: Option<&Path>) -> Vec<OsString> {
-    let mut args: Vec<OsString> = [
-        "train".to_string(),
-        "--model".to_string(),
-        "gpt".to_string(),
-        "--gpt-size".to_string(),
-        cfg.size.name().to_string(),
-        "--policy".to_string(),
+    let shared = TrainArgs {
+        batch: cfg.batch,
+        seed: cfg.seed,
+        lr: cfg.lr,
+        device: cfg.device.to_string(),
+        progress: cfg.progress,
+        data_dir,
+    };
+    shared.command_line(&[
+        "--model".into(),
+        "gpt".into(),
+        "--gpt-size".into(),
+        cfg.size.name().into(),
+        "--policy".into(),
         cfg.policy.to_string(),
-        "--dtype".to_string(),
-        cfg.dtype.name().to_string(),
-        "--iters".to_string(),
+        "--dtype".into(),
+        cfg.dtype.name().into(),
+        "--iters".into(),
         cfg.iters.to_string(),
-        "--eval-every".to_string(),
+        "--eval-every".into(),
         cfg.eval_every.to_string(),
-        "--eval-windows".to_string(),
+        "--eval-windows".into(),
         cfg.eval_windows.to_string(),
-        "--batch".to_string(),
-        cfg.batch.to_string(),
-        "--seed".to_string(),
-        cfg.seed.to_string(),
-        // `Display` of an f64 reads back as the same f64.
-        "--lr".to_string(),
-        cfg.lr.to_string(),
-        "--device".to_string(),
-        cfg.device.to_string(),
-        "--json".to_string(),
-    ]
-    .into_iter()
-    .map(OsString::from)
-    .collect();
-    if !cfg.progress {
-        args.push("--quiet".into());
-    }
-    if let Some(dir) = data_dir {
-        args.push("--data-dir".into());
-        args.push(dir.as_os_str().to_owned());
-    }
-    args
+    ])
 }
 
 /// `typed-amp compare --model gpt`: trains FP32 (O0), O2-FP16 and O2-BF16 (or, with

@@ -4,6 +4,7 @@
 use serde_json::{json, Value};
 
 use super::config::{EvalPoint, GptConfig, GptReport};
+use crate::json_fields::{bool_of, f64_of, field, optional_u64, pid_of, text_of, u64_of};
 use crate::report::{mib, render_columns};
 
 /// One run as JSON (non-finite numbers as `null`).
@@ -53,32 +54,6 @@ pub fn gpt_json(report: &GptReport) -> Value {
 /// --json` process printed it, for the run of `config`. Errors name the field that is missing
 /// or of the wrong type.
 pub fn gpt_from_json(config: &GptConfig, value: &Value) -> Result<GptReport, String> {
-    let field = |v: &Value, key: &str| -> Result<Value, String> {
-        v.get(key)
-            .cloned()
-            .ok_or_else(|| format!("no field `{key}`"))
-    };
-    let u64_of = |v: &Value, key: &str| -> Result<u64, String> {
-        field(v, key)?
-            .as_u64()
-            .ok_or_else(|| format!("`{key}` is not a whole number"))
-    };
-    let optional_u64 = |v: &Value, key: &str| -> Result<Option<u64>, String> {
-        match field(v, key)? {
-            Value::Null => Ok(None),
-            n => n
-                .as_u64()
-                .map(Some)
-                .ok_or_else(|| format!("`{key}` is not a whole number")),
-        }
-    };
-    // Non-finite values are written as `null` (JSON has no NaN).
-    let f64_of = |v: &Value, key: &str| -> Result<f64, String> {
-        match field(v, key)? {
-            Value::Null => Ok(f64::NAN),
-            n => n.as_f64().ok_or_else(|| format!("`{key}` is not a number")),
-        }
-    };
     let evals = field(value, "evals")?
         .as_array()
         .ok_or("`evals` is not a list")?
@@ -93,13 +68,8 @@ pub fn gpt_from_json(config: &GptConfig, value: &Value) -> Result<GptReport, Str
         .collect::<Result<Vec<_>, String>>()?;
     Ok(GptReport {
         config: config.clone(),
-        recipe: field(value, "recipe")?
-            .as_str()
-            .ok_or("`recipe` is not text")?
-            .to_string(),
-        master_weights: field(value, "master_weights")?
-            .as_bool()
-            .ok_or("`master_weights` is not true or false")?,
+        recipe: text_of(value, "recipe")?,
+        master_weights: bool_of(value, "master_weights")?,
         evals,
         val_loss: f64_of(value, "val_loss")?,
         best_val_loss: f64_of(value, "best_val_loss")?,
@@ -117,7 +87,7 @@ pub fn gpt_from_json(config: &GptConfig, value: &Value) -> Result<GptReport, Str
         peak_rss_bytes: optional_u64(value, "peak_rss_bytes")?,
         peak_heap_bytes: optional_u64(value, "peak_heap_bytes")?,
         loop_peak_bytes: optional_u64(value, "loop_peak_bytes")?,
-        pid: u32::try_from(u64_of(value, "pid")?).map_err(|_| "`pid` is out of range")?,
+        pid: pid_of(value, "pid")?,
     })
 }
 
