@@ -111,4 +111,89 @@ mod tests {
             set_bf16_pair_emulation(false);
         }
     }
+
+    /// Packing every panel once (`driver::serial_whole_panels`) reorders the loops, never a
+    /// sum: its products must be bit for bit those of the blocked loops, for every element
+    /// type, operand layout and store (a 16-bit or f32 C, with and without the epilogue), on
+    /// shapes of several row, column and k blocks, odd ones included.
+    #[test]
+    fn whole_panel_packing_gives_the_blocked_loops_bits() {
+        use half::f16;
+        fn products<T: GemmElem + GemmOut<T>>(from: fn(f32) -> T, bits: fn(T) -> u32)
+        where
+            f32: GemmOut<T>,
+        {
+            let mut seed = 7u32;
+            let mut next = move || {
+                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            };
+            for (m, n, k) in [(500, 800, 600), (487, 801, 601), (13, 1601, 40)] {
+                let a: Vec<T> = (0..m * k).map(|_| from(next())).collect();
+                let b: Vec<T> = (0..k * n).map(|_| from(next())).collect();
+                let c0: Vec<T> = (0..m * n).map(|_| from(next())).collect();
+                let c0_f32: Vec<f32> = (0..m * n).map(|_| next()).collect();
+                let bias: Vec<f32> = (0..n).map(|_| next()).collect();
+                for (a_rs, a_cs) in [(k, 1), (1, m)] {
+                    for (b_rs, b_cs) in [(n, 1), (1, k)] {
+                        let a = MatRef {
+                            data: &a,
+                            rows: m,
+                            cols: k,
+                            rs: a_rs,
+                            cs: a_cs,
+                        };
+                        let b = MatRef {
+                            data: &b,
+                            rows: k,
+                            cols: n,
+                            rs: b_rs,
+                            cs: b_cs,
+                        };
+                        let run = |whole: bool| {
+                            driver::WHOLE_PANELS_OFF.with(|f| f.set(!whole));
+                            let mut legacy = c0.clone();
+                            gemm_slices(a, b, &mut legacy, n, 1, true, 1);
+                            let mut epi16 = c0.clone();
+                            let epi = Epilogue {
+                                alpha: 0.5,
+                                accumulate: true,
+                                bias: Some(&bias),
+                                activation: Activation::Relu,
+                            };
+                            let c = MatMut {
+                                data: &mut epi16,
+                                rows: m,
+                                cols: n,
+                                rs: 1,
+                                cs: m,
+                            };
+                            let r16 = gemm_epilogue_slices(a, b, c, &epi, 1);
+                            let mut epi32 = c0_f32.clone();
+                            let c = MatMut {
+                                data: &mut epi32,
+                                rows: m,
+                                cols: n,
+                                rs: n,
+                                cs: 1,
+                            };
+                            let r32 = gemm_epilogue_slices(a, b, c, &Epilogue::ACCUMULATE, 1);
+                            driver::WHOLE_PANELS_OFF.with(|f| f.set(false));
+                            let mut out: Vec<u32> = legacy.into_iter().map(bits).collect();
+                            out.extend(epi16.into_iter().map(bits));
+                            out.extend(epi32.into_iter().map(f32::to_bits));
+                            (out, r16.non_finite, r32.non_finite)
+                        };
+                        assert!(
+                            run(true) == run(false),
+                            "m {m} n {n} k {k} A ({a_rs},{a_cs}) B ({b_rs},{b_cs})"
+                        );
+                    }
+                }
+            }
+        }
+        products::<f32>(|x| x, f32::to_bits);
+        products::<f16>(f16::from_f32, |x| x.to_bits() as u32);
+        products::<bf16>(bf16::from_f32, |x| x.to_bits() as u32);
+    }
 }
