@@ -8,12 +8,16 @@
 //!   to the layer's precision (dfdx rounds the product, then its sum with the bias: twice), the
 //!   weight and bias gradients within the bound of an FP32 accumulation alone (the fused op
 //!   keeps them in FP32); and non-finite values found.
+//! - Exact GELU fused into the linear op before it ([`typed_amp::ops::gelu`]) against the same
+//!   linear op followed by dfdx's `accurate_gelu`, in FP32, FP16 and BF16 on odd sizes: output,
+//!   input, weight and bias gradients equal (the same FP32 formulas, rounded once).
 //! - The fused optimizer + refresh ([`typed_amp::ops::update`]) against dfdx's Adam and SGD
 //!   followed by the separate refresh: master weights, optimizer state and the working copy bit
 //!   for bit, on tensors large enough to take the parallel path.
 
 use typed_amp::device::HostKernel;
 use typed_amp::dfdx::nn::modules::Linear as LinearModule;
+use typed_amp::ops::gelu::try_gelu;
 use typed_amp::ops::linear::try_linear;
 use typed_amp::ops::relu::try_relu;
 use typed_amp::prelude::*;
@@ -253,6 +257,127 @@ fn a_nan_in_a_fused_layers_input_reaches_its_gradients() {
         // `max(x, 0)`), so with it only the weight gradient, through the input, sees the NaN.
         assert!(dw.iter().any(|v| v.is_nan()), "relu {relu}: {dw:?}");
     }
+}
+
+/// One GELU case: `rows × I` through the fused linear op, then exact GELU fused into it or
+/// dfdx's `accurate_gelu` after it; everything that comes out must be equal.
+fn gelu_case<const I: usize, const O: usize, E: AmpElem>(rows: usize, bias: bool, seed: u64)
+where
+    Cpu: typed_amp::device::Kernels<E>,
+{
+    let dev = Cpu::seed_from_u64(seed);
+    let xv = sample::<E>(&dev, rows * I, 1.0);
+    let wv = sample::<E>(&dev, O * I, 0.5);
+    let bv = sample::<E>(&dev, O, if bias { 0.5 } else { 0.0 });
+    let rv = sample::<E>(&dev, rows * O, 1.0);
+    let layer = LinearModule::<I, O, E, Cpu> {
+        weight: tensor(&dev, &wv, (Const::<O>, Const::<I>)),
+        bias: tensor(&dev, &bv, (Const::<O>,)),
+    };
+    let x: Tensor<(usize, Const<I>), E, Cpu> = tensor(&dev, &xv, (rows, Const::<I>));
+    let r: Tensor<(usize, Const<O>), E, Cpu> = tensor(&dev, &rv, (rows, Const::<O>));
+    let what = format!("{} rows {rows}, {I}→{O}", std::any::type_name::<E>());
+    let run = |fused: bool| {
+        let grads = MixedGradients::leaky();
+        let y = try_linear(&layer, x.clone().traced_mixed(grads)).unwrap();
+        let id = y.id();
+        let y = if fused {
+            let y = try_gelu(y).unwrap();
+            // Fused: the activation overwrote the product's output, whose id it keeps.
+            assert_eq!(y.id(), id, "GELU did not fuse, {what}");
+            y
+        } else {
+            y.accurate_gelu()
+        };
+        let y_values = f32s(&y.retaped::<NoneTape>());
+        let loss = (y * r.clone()).to_f32().sum();
+        let grads = Loss::new(loss).backward().unwrap().grads().clone();
+        let fp32 = |id| {
+            grads
+                .param_grad(id)
+                .map(|g| g.to_vec())
+                .expect("FP32 gradient")
+        };
+        (
+            y_values,
+            f32s(&grads.get(&x).expect("x's gradient")),
+            fp32(layer.weight.id()),
+            fp32(layer.bias.id()),
+        )
+    };
+    let (fused, composed) = (run(true), run(false));
+    assert_eq!(fused.0, composed.0, "output, {what}");
+    assert_eq!(fused.1, composed.1, "input gradient, {what}");
+    assert_eq!(fused.2, composed.2, "weight gradient, {what}");
+    assert_eq!(fused.3, composed.3, "bias gradient, {what}");
+    // And GELU itself ran: its dip below zero shows among more than a few outputs.
+    if rows * O > 4 {
+        assert!(
+            fused.0.iter().any(|v| *v < 0.0),
+            "GELU's dip below zero, {what}"
+        );
+    }
+}
+
+#[test]
+fn gelu_fused_into_the_linear_op_matches_dfdx_gelu_after_it() {
+    for bias in [false, true] {
+        gelu_case::<1, 1, f32>(1, bias, 31);
+        gelu_case::<7, 5, f32>(3, bias, 32);
+        gelu_case::<33, 130, f32>(17, bias, 33);
+        gelu_case::<129, 10, f32>(65, bias, 34);
+        // Over one parallel task of the kernels (2^15 elements).
+        gelu_case::<16, 1030, f32>(40, bias, 35);
+        gelu_case::<7, 5, f16>(3, bias, 36);
+        gelu_case::<33, 130, f16>(17, bias, 37);
+        gelu_case::<16, 1030, f16>(40, bias, 38);
+        gelu_case::<7, 5, bf16>(3, bias, 39);
+        gelu_case::<33, 130, bf16>(17, bias, 40);
+        gelu_case::<16, 1030, bf16>(40, bias, 41);
+    }
+}
+
+#[test]
+fn a_gelu_after_a_shared_linear_output_is_not_fused() {
+    let dev = Cpu::seed_from_u64(13);
+    let layer = dev.build_module::<Linear<4, 3>, bf16>();
+    let x: Tensor<Rank2<5, 4>, bf16, Cpu> = dev.sample_normal();
+    let y = try_linear(&layer, x.clone().leaky_traced_mixed()).unwrap();
+    let id = y.id();
+    let kept = y.retaped::<NoneTape>();
+    let before = kept.as_vec();
+    let z = try_gelu(y).unwrap();
+    assert_ne!(z.id(), id, "fused over a shared output");
+    assert_eq!(kept.as_vec(), before, "the shared output was overwritten");
+    assert_eq!(
+        z.retaped::<NoneTape>().as_vec(),
+        kept.clone().accurate_gelu().as_vec()
+    );
+}
+
+#[test]
+fn a_nan_before_a_fused_gelu_reaches_the_gradients() {
+    let dev = Cpu::seed_from_u64(14);
+    let layer = dev.build_module::<Linear<4, 3>, bf16>();
+    let mut xv = vec![0.5f32; 20];
+    xv[5] = f32::NAN;
+    let x: Tensor<(usize, Const<4>), bf16, Cpu> = tensor(&dev, &xv, (5, Const::<4>));
+    let y = try_gelu(try_linear(&layer, x.clone().leaky_traced_mixed()).unwrap()).unwrap();
+    let grads = Loss::new(y.to_f32().sum())
+        .backward()
+        .unwrap()
+        .grads()
+        .clone();
+    let fp32 = |id| grads.param_grad(id).map(|g| g.to_vec()).unwrap();
+    // GELU of NaN is NaN, and so is its derivative: the NaN row's output gradient is NaN, and
+    // so the bias gradient and the weight gradient (through every input) are.
+    assert!(fp32(layer.bias.id()).iter().all(|v| v.is_nan()));
+    assert!(fp32(layer.weight.id()).iter().any(|v| v.is_nan()));
+    assert!(f32s(&grads.get(&x).unwrap())
+        .iter()
+        .skip(4)
+        .take(4)
+        .any(|v| v.is_nan()));
 }
 
 /// An MLP big enough that its first layer takes the parallel update (over 32,768 weights).

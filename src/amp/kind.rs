@@ -13,8 +13,8 @@ pub struct Matmul;
 #[derive(Debug)]
 pub struct Linear;
 
-/// ReLU: the [`Neutral`] row, fused into a fused linear op just before it
-/// ([`crate::ops::relu`]).
+/// ReLU and exact GELU (`AccurateGeLU`): the [`Neutral`] row, fused into a fused linear op
+/// just before it ([`crate::ops::relu`], [`crate::ops::gelu`]).
 #[derive(Debug)]
 pub struct Activation;
 

@@ -37,7 +37,8 @@ amp_layers! {
         [const I: usize, const O: usize, E: Dtype, D: Device<E>] dm::Linear<I, O, E, D>,
         [const I: usize, const O: usize, E: Dtype, D: Device<E>] dm::UnbiasedLinear<I, O, E, D>;
     kind::Activation =>
-        [] dm::ReLU;
+        [] dm::ReLU,
+        [] dm::AccurateGeLU;
     kind::Norm =>
         [const C: usize, E: Dtype, D: Device<E>] dm::BatchNorm1D<C, E, D>,
         [const C: usize, E: Dtype, D: Device<E>] dm::BatchNorm2D<C, E, D>;
@@ -55,7 +56,6 @@ amp_layers! {
         [const V: usize, const M: usize, E: Dtype, D: Device<E>] dm::Embedding<V, M, E, D>;
     kind::Neutral =>
         [] dm::FastGeLU,
-        [] dm::AccurateGeLU,
         [] dm::Sigmoid,
         [] dm::Tanh,
         [] dm::Sin,

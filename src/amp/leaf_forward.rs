@@ -1,5 +1,5 @@
 //! The leaf rows with a forward of their own: linear layers (typed-amp's fused op, or O1's
-//! per-pass cast), activations (ReLU fused into the op before it) and layer norm (typed-amp's
+//! per-pass cast), activations (ReLU and exact GELU fused into the op before it) and layer norm (typed-amp's
 //! fused op wherever its parameters are FP32).
 
 use std::fmt::Debug;
@@ -158,6 +158,20 @@ where
     type Error = D::Err;
     fn try_activate(self, _layer: &dfdx::nn::modules::ReLU) -> Result<Self, D::Err> {
         crate::ops::relu::try_relu(self)
+    }
+}
+
+impl<S, E, D, T> RunActivation<dfdx::nn::modules::AccurateGeLU> for Tensor<S, E, D, T>
+where
+    S: Shape,
+    E: AmpElem,
+    D: AmpDevice + Kernels<E> + crate::ops::gelu::GeluOp<E>,
+    T: crate::tape::AmpTape<D> + dfdx::prelude::Tape<E, D>,
+{
+    type Output = Tensor<S, E, D, T>;
+    type Error = D::Err;
+    fn try_activate(self, _layer: &dfdx::nn::modules::AccurateGeLU) -> Result<Self, D::Err> {
+        crate::ops::gelu::try_gelu(self)
     }
 }
 

@@ -11,13 +11,14 @@
 //! | [`ReduceKernel`] | Σx² and max\|x\| (clipping, layer probes) | [`crate::ops::reduce`] |
 //! | [`FillKernel`] | fill, scale, clamp in place | [`crate::ops::fill`] |
 //! | [`HostKernel`] | exact copies to and from the host (checkpoints) | [`crate::ops::host`] |
-//! | [`LinearOp`](crate::ops::linear::LinearOp) | the linear layer, fused (bias, ReLU, FP32 weight gradient) | [`crate::ops::linear`] |
+//! | [`LinearOp`](crate::ops::linear::LinearOp) | the linear layer, fused (bias, ReLU or GELU, FP32 weight gradient) | [`crate::ops::linear`] |
 //! | [`MixedBatchNormKernel`] | batch norm over 16-bit activations with FP32 statistics | [`crate::ops::batchnorm`] |
 //! | [`LayerNormOp`](crate::ops::layernorm::LayerNormOp) | layer norm over 16-bit activations with FP32 statistics, fused | [`crate::ops::layernorm`] |
 //! | [`AttentionOp`](crate::ops::attention::AttentionOp) | multi-head attention, fused where the scores are FP32 | [`crate::ops::attention`] |
 //! | [`EmbeddingOp`](crate::ops::embedding::EmbeddingOp) | a GPT's token and position embedding, fused | [`crate::ops::embedding`] |
 //! | [`LmHeadOp`](crate::ops::lm_head::LmHeadOp) | a language model's head and FP32 cross-entropy, fused | [`crate::ops::lm_head`] |
 //! | [`ReluOp`](crate::ops::relu::ReluOp) | ReLU, fused into the op before it | [`crate::ops::relu`] |
+//! | [`GeluOp`](crate::ops::gelu::GeluOp) | exact GELU, fused into the linear op before it | [`crate::ops::gelu`] |
 //! | [`UpdateKernel`] | the optimizer's update fused with the working copy's refresh | [`crate::ops::update`] |
 //!
 //! The `…Op` rows are tensor-level ops (each with a composed default that a device overrides
@@ -34,6 +35,7 @@ pub use allocator::keep_freed_memory;
 pub use crate::ops::batchnorm::MixedBatchNormKernel;
 pub use crate::ops::cast::CastKernel;
 pub use crate::ops::fill::FillKernel;
+pub use crate::ops::gelu::GeluKernel;
 pub use crate::ops::host::HostKernel;
 pub use crate::ops::layernorm::MixedLayerNormKernel;
 pub use crate::ops::linear::LinearKernel;

@@ -14,12 +14,13 @@
 //! - [`embedding`]: a GPT's token and position embedding as one op, its gradients into the
 //!   tables' FP32 gradients ([`embedding::EmbeddingOp`]; the CPU fuses it);
 //! - [`fill`]: fill, scale and clamp in place ([`fill::FillKernel`]);
+//! - [`gelu`]: exact GELU, fused into the linear op before it where it can be;
 //! - [`host`]: exact copies between device buffers and the host ([`host::HostKernel`]);
 //! - [`layernorm`]: layer norm with 16-bit activations and FP32 parameters and statistics
 //!   ([`layernorm::MixedLayerNormKernel`]);
 //! - [`lm_head`]: a language model's head (`h · Wᵀ`, `W` tied to the token embedding) and its
 //!   FP32 cross-entropy as one op ([`lm_head::LmHeadOp`]; the CPU fuses it);
-//! - [`linear`]: the linear layer as one op, with its bias (and a following ReLU) in the
+//! - [`linear`]: the linear layer as one op, with its bias (and a following ReLU or GELU) in the
 //!   product's store and its weight gradient straight into FP32 ([`linear::LinearKernel`]);
 //! - [`relu`]: ReLU, fused into the linear op before it where it can be;
 //! - [`softmax`]: softmax and log-softmax in FP32 only (rule [`softmax::SoftmaxPrecision`]);
@@ -33,6 +34,7 @@ pub mod batchnorm;
 pub mod cast;
 pub mod embedding;
 pub mod fill;
+pub mod gelu;
 pub mod host;
 pub mod layernorm;
 pub mod linear;
@@ -48,6 +50,7 @@ use crate::precision::AmpElem;
 
 pub use attention::AttentionOp;
 pub use embedding::EmbeddingOp;
+pub use gelu::GeluOp;
 pub use layernorm::LayerNormOp;
 pub use linear::LinearOp;
 pub use lm_head::LmHeadOp;
@@ -58,13 +61,14 @@ macro_rules! define_op_bundles {
         /// Every op on tensors for element type `E`: how a device runs typed-amp's layers (each
         /// op's trait has the composed computation as its default; the CPU and CUDA fuse them).
         pub trait Ops<E: AmpElem>:
-            LinearOp<E> + ReluOp<E> + LayerNormOp<E> + AttentionOp<E> + LmHeadOp<E> + EmbeddingOp<E>
+            LinearOp<E> + ReluOp<E> + GeluOp<E> + LayerNormOp<E> + AttentionOp<E> + LmHeadOp<E> + EmbeddingOp<E>
         {
         }
 
         impl<E: AmpElem, D> Ops<E> for D where
             D: LinearOp<E>
                 + ReluOp<E>
+                + GeluOp<E>
                 + LayerNormOp<E>
                 + AttentionOp<E>
                 + LmHeadOp<E>

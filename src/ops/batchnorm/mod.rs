@@ -14,14 +14,11 @@
 mod cpu_kernel;
 mod kernel;
 
-use std::cell::RefCell;
-use std::rc::Rc;
-
 use dfdx::prelude::{Axes, HasShape, PutTape, Rank1, Shape, SplitTape, Storage, Tensor};
 use dfdx::tensor_ops::batchnorm_parts::BatchNormLayout;
 
 use crate::device::{AmpDevice, Kernels};
-use crate::ops::relu::FusedRelu;
+use crate::ops::utilities::fused_activation::{ActivationSlot, FusedActivation};
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
@@ -114,14 +111,19 @@ where
     )?;
 
     let (scale_id, bias_id, y_id) = (p.scale.id(), p.bias.id(), y.id());
-    let fused: FusedRelu<S, E, D> = Rc::new(RefCell::new(None));
+    // Batch norm's backward applies ReLU's derivative, not GELU's.
+    let fused = ActivationSlot::<S, E, D>::new(false);
     let relu = fused.clone();
     tape.record_mixed(move |grads| {
         let Some(dy) = grads.store_mut::<E>().remove(y_id) else {
             return Ok(());
         };
         // A fused ReLU's derivative is applied as the passes read `dy`.
-        let relu_out = relu.borrow_mut().take();
+        let relu_out = match relu.take() {
+            Some(FusedActivation::Relu(out)) => Some(out),
+            // Never put: the slot does not take GELU.
+            Some(FusedActivation::Gelu(_)) | None => None,
+        };
         let mask = relu_out.as_ref().map(|t| t.storage());
         let sums = MixedBatchNormKernel::<E>::try_bn_grad_sums(
             &dev,

@@ -1,7 +1,9 @@
-//! The linear layer as one op: `y = act(x · Wᵀ + b)`, with the bias (and a ReLU that follows,
-//! see [`crate::ops::relu`]) applied as the product's output is stored, and a backward that
+//! The linear layer as one op: `y = act(x · Wᵀ + b)`, with the bias (and a ReLU or exact GELU
+//! that follows, see [`crate::ops::relu`] and [`crate::ops::gelu`]) applied as the product's
+//! output is stored (GELU in one pass over it just after), and a backward that
 //!
-//! - masks the output gradient by the ReLU and sums the bias gradient in one pass over it;
+//! - masks the output gradient by the ReLU and sums the bias gradient in one pass over it (or
+//!   multiplies it by GELU's derivative first, where an exact GELU fused, [`crate::ops::gelu`]);
 //! - writes the weight gradient straight into an FP32 buffer ([`MixedGradients::param_grad`](crate::tape::MixedGradients::param_grad)):
 //!   the product accumulates in FP32 anyway, so a 16-bit weight's gradient is never rounded to
 //!   16 bits and widened again, and its buffer, reused from the last pass, is overwritten
@@ -22,14 +24,12 @@ mod kernel;
 mod layer;
 mod op;
 
-use std::cell::RefCell;
-use std::rc::Rc;
-
 use dfdx::nn::modules::Module;
 use dfdx::prelude::{HasShape, PutTape, SplitTape, Tensor};
 
 use crate::device::{AmpDevice, Kernels};
-use crate::ops::relu::FusedRelu;
+use crate::ops::gelu::GeluKernel;
+use crate::ops::utilities::fused_activation::{ActivationSlot, FusedActivation};
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
@@ -62,7 +62,7 @@ pub fn try_linear_fused<S, const I: usize, const O: usize, E, D, T, L>(
 where
     S: LinearInput<I, O>,
     E: AmpElem,
-    D: AmpDevice + Kernels<E> + LinearKernel<E>,
+    D: AmpDevice + Kernels<E> + LinearKernel<E> + GeluKernel<E>,
     T: AmpTape<D>,
     L: LinearParts<I, O, E, D>
         + Module<Tensor<S, E, D, T>, Output = Tensor<S::Output, E, D, T>, Error = D::Err>,
@@ -91,7 +91,8 @@ where
     )?;
     let (weight, bias) = (layer.weight().clone(), layer.bias().cloned());
     let y_id = y.id();
-    let fused: FusedRelu<S::Output, E, D> = Rc::new(RefCell::new(None));
+    // This op's backward applies ReLU's or GELU's derivative to its output gradient.
+    let fused = ActivationSlot::<S::Output, E, D>::new(true);
     let activation = fused.clone();
     tape.record_mixed(move |grads| {
         let _timing = typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::Products);
@@ -99,7 +100,14 @@ where
         let Some(mut dy) = grads.store_mut::<E>().remove(y_id) else {
             return Ok(());
         };
-        let relu_out = activation.borrow_mut().take();
+        let relu_out = match activation.take() {
+            Some(FusedActivation::Relu(out)) => Some(out),
+            Some(FusedActivation::Gelu(input)) => {
+                GeluKernel::<E>::try_gelu_backward(&dev, input.storage(), &mut dy)?;
+                None
+            }
+            None => None,
+        };
         let relu_out = relu_out.as_ref().map(|t| t.storage());
         {
             let db = match &bias {

@@ -16,20 +16,15 @@ mod cuda_kernel;
 mod kernel;
 mod op;
 
-use std::cell::RefCell;
-
 use dfdx::prelude::{PutTape, Shape, SplitTape, Tape, Tensor};
 
 use crate::device::{AmpDevice, Kernels};
+use crate::ops::utilities::fused_activation::{ActivationSlot, FusedActivation};
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
 pub use kernel::ReluKernel;
 pub use op::ReluOp;
-
-/// What an op that offers to fuse a ReLU keeps for its backward: its output once the ReLU
-/// overwrote it (empty if no ReLU came).
-pub(crate) type FusedRelu<S, E, D> = std::rc::Rc<RefCell<Option<Tensor<S, E, D>>>>;
 
 /// `max(x, 0)`, differentiable on a [`MixedTape`](crate::tape::MixedTape), by the device's
 /// [`ReluOp`] (see the module documentation).
@@ -55,12 +50,12 @@ where
     let (mut x, mut tape) = x.split_tape();
     let offer = tape
         .take_activation(x.id())
-        .and_then(|slot| slot.downcast::<RefCell<Option<Tensor<S, E, D>>>>().ok());
+        .and_then(|slot| slot.downcast::<ActivationSlot<S, E, D>>().ok());
     if let Some(slot) = offer {
         let dev = x.device().clone();
         if let Some(buf) = x.storage_mut_if_unique() {
             ReluKernel::<E>::try_relu_in_place(&dev, buf)?;
-            *slot.borrow_mut() = Some(x.clone());
+            slot.put(FusedActivation::Relu(x.clone()));
             return Ok(x.put_tape(tape));
         }
     }

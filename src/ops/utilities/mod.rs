@@ -8,6 +8,7 @@ pub(crate) mod cpu_gemm;
 pub(crate) mod cuda;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_gemm;
+pub(crate) mod fused_activation;
 
 /// `(batch, tokens, W)` rows of a sequence model's activations (what attention, the embedding
 /// and the language-model head take and return).

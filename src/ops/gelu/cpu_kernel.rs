@@ -1,0 +1,53 @@
+use dfdx::prelude::{Cpu, CpuError, Storage};
+use rayon::prelude::*;
+use typed_amp_kernels::math::{gelu_derivative_slice, gelu_slice};
+
+use super::GeluKernel;
+use crate::ops::utilities::cpu::{as_f32_mut, check_lengths, map_f32_chunks, CHUNK, TASK};
+use crate::precision::AmpElem;
+
+impl<E: AmpElem> GeluKernel<E> for Cpu {
+    fn try_gelu_keeping_input(
+        &self,
+        y: &mut <Self as Storage<E>>::Vec,
+        input: &mut <Self as Storage<E>>::Vec,
+    ) -> Result<(), CpuError> {
+        check_lengths(y.len(), input.len())?;
+        y.par_chunks_mut(TASK)
+            .zip(input.par_chunks_mut(TASK))
+            .for_each(|(y, input)| {
+                input.copy_from_slice(y);
+                map_f32_chunks(y, gelu_slice);
+            });
+        Ok(())
+    }
+
+    fn try_gelu_backward(
+        &self,
+        input: &<Self as Storage<E>>::Vec,
+        grad: &mut <Self as Storage<E>>::Vec,
+    ) -> Result<(), CpuError> {
+        check_lengths(input.len(), grad.len())?;
+        grad.par_chunks_mut(TASK)
+            .zip(input.par_chunks(TASK))
+            .for_each(|(grad, input)| {
+                let (mut d, mut g) = ([0f32; CHUNK], [0f32; CHUNK]);
+                for (gc, xc) in grad.chunks_mut(CHUNK).zip(input.chunks(CHUNK)) {
+                    let n = xc.len();
+                    let d = &mut d[..n];
+                    E::slice_to_f32(xc, d);
+                    gelu_derivative_slice(d);
+                    match as_f32_mut::<E>(gc) {
+                        Some(gc) => gc.iter_mut().zip(d.iter()).for_each(|(g, d)| *g *= d),
+                        None => {
+                            let g = &mut g[..n];
+                            E::slice_to_f32(gc, g);
+                            g.iter_mut().zip(d.iter()).for_each(|(g, d)| *g *= d);
+                            E::slice_from_f32(g, gc);
+                        }
+                    }
+                }
+            });
+        Ok(())
+    }
+}
