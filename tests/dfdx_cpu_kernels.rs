@@ -255,10 +255,8 @@ fn sgd_and_rmsprop_over_f16_weights_compute_in_f32_and_round_once() {
 
     // Two steps of `opt` on a linear layer whose weights and gradient are `w0` and `g`, every
     // value read back in f32.
-    let run = |opt: &mut dyn FnMut(
-        &mut typed_amp::dfdx::nn::modules::Linear<I, O, f16, Cpu>,
-        &Gradients<f16, Cpu>,
-    )| {
+    type Layer = typed_amp::dfdx::nn::modules::Linear<I, O, f16, Cpu>;
+    let run = |opt: &mut dyn FnMut(&mut Layer, &Gradients<f16, Cpu>)| {
         let mut lin = dev.build_module::<Linear<I, O>, f16>();
         lin.weight = dev.tensor_from_vec(w0[..O * I].to_vec(), (Const::<O>, Const::<I>));
         lin.bias = dev.tensor_from_vec(w0[O * I..].to_vec(), (Const::<O>,));
