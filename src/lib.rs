@@ -14,7 +14,7 @@
 //! | stepping or clipping with gradients still × scale | [`step::Unscaled`] |
 //! | unscaling twice | [`step::Scaled`] (and ownership) |
 //! | an iteration that never updates the scaler, or updates it with a made-up flag | [`step::StepOutcomes`], `#[must_use]` |
-//! | FP32 data into a 16-bit layer (or FP16 into BF16) without a cast | dfdx's `Module`/`TryMatMul` bounds, with typed-amp's message |
+//! | FP32 data into a 16-bit layer (or FP16 into BF16) without a cast | dfdx's `Module`/`TryMatMul` bounds, with typed-amp's message; [`precision::SamePrecisionAs`] for `SelfAttention` |
 //! | a model with no FP32 master weights given to the step | [`TrainTarget`] |
 //! | a model declaring a compute precision wider than its weights' | [`precision::NoWiderThan`] |
 //! | dfdx's own optimizer updating the 16-bit working copy | [`master::WorkingCopy`] (no `TensorCollection`) |

@@ -217,3 +217,167 @@ fn f32_gelu_runs_the_kernels_formulas_element_for_element() {
         assert_eq!(g[i].to_bits(), d.to_bits(), "gelu'({}) · {}", xs[i], dys[i]);
     }
 }
+
+/// SGD (plain, classic and Nesterov momentum) and RMSprop (plain, centered, with momentum) over
+/// f16 weights compute each update in f32 registers (the fork's `OptimCompute`, as Adam's
+/// kernel does since issue 34) and round the weight and each state once per step: two steps of
+/// the f16 kernel give, bit for bit, the same steps computed here in f32 from the same f16
+/// values with one rounding of each result. They used to compute in f16, rounding at every
+/// operation, with momentum 0.9 as 0.8999, `1 − alpha` for alpha 0.99 as 0.0100021 and
+/// RMSprop's default eps of 1e-8 as 0.
+#[test]
+fn sgd_and_rmsprop_over_f16_weights_compute_in_f32_and_round_once() {
+    use typed_amp::dfdx::nn::builders::Linear;
+    use typed_amp::dfdx::optim::{Momentum, Optimizer, RMSprop, RMSpropConfig, Sgd, SgdConfig};
+    use typed_amp::dfdx::prelude::Gradients;
+
+    const I: usize = 16;
+    const O: usize = 8;
+    let n = O * I + O;
+    // Small weights and a gradient of order 1 with some zeros, all f16 numbers: each update is
+    // larger than its weight, so the weight's one rounding does not hide how the update was
+    // computed (on weights of order 1 an update of a few of their ulps mostly rounds to the same
+    // f16 number either way).
+    let dev = Cpu::seed_from_u64(3);
+    let w: Tensor<Rank1<{ O * I + O }>, f32, Cpu> = dev.sample_normal();
+    let w0: Vec<f16> = w
+        .as_vec()
+        .into_iter()
+        .map(|v| f16::from_f32(v * 1e-3))
+        .collect();
+    let g: Tensor<Rank1<{ O * I + O }>, f32, Cpu> = dev.sample_normal();
+    let g: Vec<f16> = g
+        .as_vec()
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| f16::from_f32(if i % 5 == 0 { 0.0 } else { v }))
+        .collect();
+
+    // Two steps of `opt` on a linear layer whose weights and gradient are `w0` and `g`, every
+    // value read back in f32.
+    type Layer = typed_amp::dfdx::nn::modules::Linear<I, O, f16, Cpu>;
+    let run = |opt: &mut dyn FnMut(&mut Layer, &Gradients<f16, Cpu>)| {
+        let mut lin = dev.build_module::<Linear<I, O>, f16>();
+        lin.weight = dev.tensor_from_vec(w0[..O * I].to_vec(), (Const::<O>, Const::<I>));
+        lin.bias = dev.tensor_from_vec(w0[O * I..].to_vec(), (Const::<O>,));
+        let mut grads = Gradients::leaky();
+        grads
+            .get_or_alloc_mut(&lin.weight)
+            .unwrap()
+            .copy_from_slice(&g[..O * I]);
+        grads
+            .get_or_alloc_mut(&lin.bias)
+            .unwrap()
+            .copy_from_slice(&g[O * I..]);
+        opt(&mut lin, &grads);
+        opt(&mut lin, &grads);
+        let mut out: Vec<f32> = lin.weight.as_vec().iter().map(|v| v.to_f32()).collect();
+        out.extend(lin.bias.as_vec().iter().map(|v| v.to_f32()));
+        out
+    };
+    let rnd = |v: f32| f16::from_f32(v).to_f32();
+    let check = |name: &str, got: Vec<f32>, want: Vec<f32>| {
+        assert_eq!(got.len(), n);
+        assert!(got.iter().all(|v| v.is_finite()), "{name}: {got:?}");
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                a.to_bits(),
+                b.to_bits(),
+                "{name}, element {i}: {a} against {b}"
+            );
+        }
+    };
+
+    let lr = 0.1;
+    for momentum in [
+        None,
+        Some(Momentum::Classic(0.9)),
+        Some(Momentum::Nesterov(0.9)),
+    ] {
+        let cfg = SgdConfig {
+            lr,
+            momentum,
+            weight_decay: None,
+        };
+        // One optimizer for both steps: the second step reads the f16 velocity the first wrote.
+        let mut opt = None;
+        let got = run(&mut |lin, grads| {
+            let opt = opt.get_or_insert_with(|| Sgd::new(lin, cfg));
+            opt.update(lin, grads).unwrap();
+        });
+        // The kernel's formulas in f32, each result rounded once.
+        let lr = lr as f32;
+        let want: Vec<f32> = (0..n)
+            .map(|i| {
+                let (mut p, mut v) = (w0[i].to_f32(), 0.0f32);
+                for _ in 0..2 {
+                    let mut gi = g[i].to_f32();
+                    match momentum {
+                        Some(Momentum::Classic(u)) => {
+                            v = gi + u as f32 * v;
+                            gi = v * lr;
+                        }
+                        Some(Momentum::Nesterov(u)) => {
+                            let u = u as f32;
+                            v = gi + u * v;
+                            gi = (gi + u * v) * lr;
+                        }
+                        None => gi *= lr,
+                    }
+                    p = rnd(p - gi);
+                    v = rnd(v);
+                }
+                p
+            })
+            .collect();
+        check(&format!("sgd {momentum:?}"), got, want);
+    }
+
+    // RMSprop, likewise.
+    for (centered, momentum) in [(false, None), (true, None), (false, Some(0.9))] {
+        let cfg = RMSpropConfig {
+            lr: 1e-2,
+            centered,
+            momentum,
+            ..Default::default()
+        };
+        let mut opt = None;
+        let got = run(&mut |lin, grads| {
+            let opt = opt.get_or_insert_with(|| RMSprop::new(lin, cfg));
+            opt.update(lin, grads).unwrap();
+        });
+        let (alpha, eps, lr) = (cfg.alpha as f32, cfg.eps as f32, cfg.lr as f32);
+        let want: Vec<f32> = (0..n)
+            .map(|i| {
+                // dfdx starts the square average at 1 (as TensorFlow does), the others at 0.
+                let (mut p, mut s, mut ga, mut m) = (w0[i].to_f32(), 1.0f32, 0.0f32, 0.0f32);
+                for _ in 0..2 {
+                    let mut gi = g[i].to_f32();
+                    s += (1.0 - alpha) * (gi * gi - s);
+                    let avg = if centered {
+                        ga += (1.0 - alpha) * (gi - ga);
+                        (s - ga.powi(2) + eps).sqrt()
+                    } else {
+                        (s + eps).sqrt()
+                    };
+                    gi /= avg;
+                    match momentum {
+                        Some(u) => {
+                            m = m * u as f32 + gi;
+                            gi = m * lr;
+                        }
+                        None => gi *= lr,
+                    }
+                    p = rnd(p - gi);
+                    (s, ga, m) = (rnd(s), rnd(ga), rnd(m));
+                }
+                p
+            })
+            .collect();
+        check(
+            &format!("rmsprop centered {centered}, momentum {momentum:?}"),
+            got,
+            want,
+        );
+    }
+}

@@ -298,3 +298,75 @@ fn a_checkpoint_is_not_saved_while_a_steps_outcome_has_not_reached_the_update() 
     checkpoint::save(&path, &mut model, &opt, &scaler, &BTreeMap::new()).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The child process's half of the next test (set in its environment).
+const DROP_WARNING_CHILD: &str = "TYPED_AMP_STEP_OUTCOMES_DROP_WARNING_CHILD";
+/// The start of the warning a scaler dropped with a step in flight prints in debug builds.
+const DROP_WARNING: &str = "typed-amp warning: a GradScaler was dropped";
+
+#[test]
+fn a_scaler_dropped_holding_a_step_whose_outcome_never_reached_update_warns_once_in_debug_builds() {
+    if std::env::var_os(DROP_WARNING_CHILD).is_some() {
+        // A scaler whose every outcome reached its update: no warning.
+        let (dev, mut model, mut opt) = setup(1);
+        let mut scaler = GradScaler::new(1024.0, 2.0, 0.5, 1).unwrap();
+        let outcome = step(&dev, &mut model, &mut opt, &scaler);
+        scaler.update(outcome).unwrap();
+        drop(scaler);
+        eprintln!("child: the updated scaler is gone");
+        // Two models stepped with one scaler; step 1's outcome is updated, steps 2 and 3 (the
+        // last iteration's) are lost: one warning, when the scaler goes, naming both.
+        let (_, mut other, mut other_opt) = setup(2);
+        let mut scaler = GradScaler::new(1024.0, 2.0, 0.5, 1).unwrap();
+        let outcome = step(&dev, &mut model, &mut opt, &scaler);
+        scaler.update(outcome).unwrap();
+        let lost = step(&dev, &mut model, &mut opt, &scaler);
+        let also_lost = step(&dev, &mut other, &mut other_opt, &scaler);
+        drop((lost, also_lost));
+        eprintln!("child: dropping the scaler with two steps in flight");
+        drop(scaler);
+        eprintln!("child: done");
+        return;
+    }
+    // The warning goes to the process's stderr, which a test cannot read: run this test again
+    // as a child process and read the child's.
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_scaler_dropped_holding_a_step_whose_outcome_never_reached_update_warns_once_in_debug_builds",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(DROP_WARNING_CHILD, "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the child failed: {stderr}");
+    assert!(stderr.contains("child: done"), "the child ran: {stderr}");
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains(DROP_WARNING))
+        .collect();
+    if cfg!(debug_assertions) {
+        assert_eq!(warnings.len(), 1, "one warning: {stderr}");
+        assert!(
+            warnings[0].contains("holding steps 2, 3 "),
+            "{}",
+            warnings[0]
+        );
+        assert!(
+            warnings[0].contains("scaler.update(outcome)"),
+            "{}",
+            warnings[0]
+        );
+        // Printed when the scaler with steps in flight went, not when the updated one did.
+        let warned = stderr.find(DROP_WARNING).unwrap();
+        let dropping = stderr.find("child: dropping the scaler").unwrap();
+        assert!(warned > dropping, "{stderr}");
+    } else {
+        assert!(
+            warnings.is_empty(),
+            "release builds print nothing: {stderr}"
+        );
+    }
+}

@@ -443,8 +443,16 @@ fn diverged(report: &typed_amp_cli::run::RunReport) -> Option<String> {
     }
     match report.epochs.last() {
         Some(last) if !last.train_loss.is_finite() => Some(format!(
-            "{name}: the training loss is {} after epoch {} ({} of {} steps skipped); lower --lr",
-            last.train_loss, last.epoch, report.skipped_steps, report.steps
+            "{name}: the training loss is {} after epoch {} ({} of {} steps skipped); {}",
+            last.train_loss,
+            last.epoch,
+            report.skipped_steps,
+            report.steps,
+            typed_amp_cli::report::divergence_advice(
+                report.config.policy,
+                report.config.dtype,
+                report.config.lr
+            )
         )),
         _ => None,
     }

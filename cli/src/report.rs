@@ -3,7 +3,9 @@
 use serde_json::{json, Value};
 
 use crate::json_fields::{bool_of, f64_of, field, optional_u64, pid_of, text_of, u64_of};
+use crate::models::LowDtype;
 use crate::run::{EpochReport, RunConfig, RunReport};
+use typed_amp::amp::OptLevel;
 
 /// `bytes` in MiB, two decimals.
 pub(crate) fn mib(bytes: u64) -> String {
@@ -158,12 +160,68 @@ pub fn run_from_json(config: &RunConfig, value: &Value) -> Result<RunReport, Str
     })
 }
 
+/// What to do about a run whose loss is not finite, naming the cause the configuration points
+/// to: under O3 the weights and Adam's state are 16-bit alone (no FP32 master copy), which no
+/// learning rate makes safe; under O0, O1 and O2 the learning rate. Ends with `lower --lr`
+/// either way, the one remedy every policy shares.
+pub fn divergence_advice(policy: OptLevel, dtype: LowDtype, lr: f64) -> String {
+    match (policy, dtype) {
+        (OptLevel::O3, LowDtype::Fp16) => format!(
+            "O3-FP16 keeps its weights and Adam's state in FP16 alone, with no FP32 master copy \
+             (Apex's pure-FP16 speed baseline): a weight or activation past 65,504 overflows, an \
+             update below 2^-11 of its weight rounds away, and a second moment below 2^-24 \
+             flushes to 0, leaving an update divided by eps ({eps}) alone; train with \
+             --policy O2 (FP32 master weights) or --dtype bf16 (FP32's exponent range), or \
+             lower --lr (now {lr})",
+            eps = crate::run::O3_FP16_EPS
+        ),
+        (OptLevel::O3, LowDtype::Bf16) => format!(
+            "O3-BF16 keeps its weights and Adam's state in BF16 alone, with no FP32 master copy: \
+             an update below 2^-8 of its weight rounds away; train with --policy O2 --dtype bf16 \
+             (FP32 master weights), or lower --lr (now {lr})"
+        ),
+        _ => format!("the learning rate {lr} is too large for this model: lower --lr"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::{Arch, LowDtype};
+    use crate::models::Arch;
     use crate::run::DeviceChoice;
-    use typed_amp::amp::OptLevel;
+
+    /// Issue 34, item 4: exit 3 used to advise "lower --lr" for every run, O3-FP16's included,
+    /// whose cause is its FP16-only weights and state at any learning rate.
+    #[test]
+    fn the_advice_for_a_diverged_run_names_o3s_16_bit_state_and_otherwise_the_learning_rate() {
+        let o3 = divergence_advice(OptLevel::O3, LowDtype::Fp16, 1e-3);
+        for part in [
+            "FP16 alone",
+            "no FP32 master copy",
+            "eps (0.0001)",
+            "--policy O2",
+        ] {
+            assert!(o3.contains(part), "{part}: {o3}");
+        }
+        assert!(o3.ends_with("lower --lr (now 0.001)"), "{o3}");
+        let o3_bf16 = divergence_advice(OptLevel::O3, LowDtype::Bf16, 1e-3);
+        assert!(
+            o3_bf16.contains("BF16 alone") && o3_bf16.contains("--policy O2 --dtype bf16"),
+            "{o3_bf16}"
+        );
+        for (policy, dtype) in [
+            (OptLevel::O0, LowDtype::Fp16),
+            (OptLevel::O1, LowDtype::Fp16),
+            (OptLevel::O2, LowDtype::Fp16),
+            (OptLevel::O2, LowDtype::Bf16),
+        ] {
+            let advice = divergence_advice(policy, dtype, 1e10);
+            assert_eq!(
+                advice,
+                "the learning rate 10000000000 is too large for this model: lower --lr"
+            );
+        }
+    }
 
     fn config() -> RunConfig {
         RunConfig {

@@ -1159,7 +1159,7 @@ fn a_resume_on_another_rank_count_names_data_parallel() {
 /// Issue 34, items 1 and 4: a run whose state stops being finite (O3's 16-bit weights under an
 /// absurd learning rate) does not save it over the checkpoint already at `--save` (it used to
 /// write hundreds of thousands of non-finite values): it warns, keeps the file, and ends with
-/// exit code 3.
+/// exit code 3, advising what O3-FP16's diverging runs need (it used to say only "lower --lr").
 #[test]
 fn a_run_whose_state_is_not_finite_does_not_overwrite_the_checkpoint() {
     let dir = TempDir::new("cli-nan-state");
@@ -1189,6 +1189,13 @@ fn a_run_whose_state_is_not_finite_does_not_overwrite_the_checkpoint() {
     assert_eq!(out.status.code(), Some(3), "{stderr}");
     assert!(
         stderr.contains("not saved") && stderr.contains("keeps the last checkpoint"),
+        "{stderr}"
+    );
+    // The advice names O3-FP16's own cause (FP16-only weights and state, no master copy) and
+    // the policy that has none, not only the learning rate (issue 34, item 4).
+    assert!(
+        stderr.contains("O3-FP16 keeps its weights and Adam's state in FP16 alone")
+            && stderr.contains("--policy O2 (FP32 master weights)"),
         "{stderr}"
     );
     assert!(std::fs::read(&path).unwrap() == good, "the file changed");

@@ -27,7 +27,7 @@ use crate::error::AmpError;
 use crate::master::{CompositePaired, PairVisitor, Paired};
 use crate::ops::cast::{Cast, CastDevice};
 use crate::params::{ParamPath, ParamVisitor, ParamVisitorMut, Parameters};
-use crate::precision::AmpElem;
+use crate::precision::{AmpElem, SamePrecisionAs};
 
 /// Architecture type for [`SelfAttention`].
 pub mod builder {
@@ -243,15 +243,22 @@ where
 
 impl<const H: usize, L> NonMutableModule for SelfAttention<H, L> {}
 
-/// Outside a policy: everything in the input's precision `E` but the softmax, which is FP32 (the
-/// O1/O2 row: a 16-bit row is cast in and back).
-impl<B, S, const M: usize, const H: usize, E, D, T> Module<Tensor<(B, S, Const<M>), E, D, T>>
+/// Outside a policy: everything in the projections' precision `E` but the softmax, which is FP32
+/// (the O1/O2 row: a 16-bit row is cast in and back).
+///
+/// The tokens' element type `X` is a parameter of its own, bound by rule
+/// [`SamePrecisionAs`]: tokens of another precision (FP32 tokens into an O2 working copy's
+/// FP16 attention) fail on that rule, whose message names the cast, rather than as a bare
+/// mismatch of two tensor types.
+impl<B, S, const M: usize, const H: usize, X, E, D, T> Module<Tensor<(B, S, Const<M>), X, D, T>>
     for SelfAttention<H, Linear<M, M, E, D>>
 where
     B: Dim,
     S: Dim,
+    X: AmpElem,
+    X::Precision: SamePrecisionAs<E::Precision>,
     E: AmpElem,
-    D: AmpDevice + CastDevice<E, f32>,
+    D: AmpDevice + CastDevice<E, f32> + dfdx::prelude::Storage<X>,
     T: crate::tape::AmpTape<D> + Tape<E, D> + Tape<f32, D> + Merge<T>,
     Linear<M, M, E, D>: Module<
         Tensor<(B, S, Const<M>), E, D, T>,
@@ -261,7 +268,8 @@ where
 {
     type Output = Tensor<(B, S, Const<M>), E, D, T>;
     type Error = D::Err;
-    fn try_forward(&self, x: Tensor<(B, S, Const<M>), E, D, T>) -> Result<Self::Output, D::Err> {
+    fn try_forward(&self, x: Tensor<(B, S, Const<M>), X, D, T>) -> Result<Self::Output, D::Err> {
+        let x = <X::Precision as SamePrecisionAs<E::Precision>>::into_same(x);
         let k = self.k.try_forward(x.with_empty_tape())?;
         let v = self.v.try_forward(x.with_empty_tape())?;
         let q = self.q.try_forward(x)?;

@@ -11,6 +11,7 @@
 //! | a working copy is 16-bit | [`LowPrecision`] | [`F16`], [`BF16`] |
 //! | a step without a loss scaler needs FP32's exponent range | [`FullRange`] | [`F32`], [`BF16`] |
 //! | a model computes in its weights' precision or a narrower one | [`NoWiderThan`] | [`F16`] over any, [`BF16`] over BF16 and FP32, [`F32`] over FP32 |
+//! | data enters a layer (run by hand, outside an `#[amp]` forward) in the layer's precision | [`SamePrecisionAs`] | each precision as itself |
 //!
 //! Breaking a rule is a compile error whose message names the rule and the fix.
 //!
@@ -406,6 +407,42 @@ impl NoWiderThan<F32> for F16 {}
 impl NoWiderThan<BF16> for BF16 {}
 impl NoWiderThan<F32> for BF16 {}
 impl NoWiderThan<F32> for F32 {}
+
+/// Rule: data enters a layer in the layer's own precision; where precisions meet, it is cast.
+///
+/// A layer computes in its weights' precision `W`: a matrix product's operands have one
+/// precision, so FP32 (or FP16) data into an FP16 (or BF16) layer has to be cast first, as
+/// Apex's and PyTorch's "Input type FloatTensor and weight type HalfTensor" says at run time.
+/// An `#[amp]` model's own forward casts at every layer by the policy table; a layer of a working
+/// copy run by hand (`model.working().attn.forward(x)`) does not. `Self` is the data's
+/// precision.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` data cannot enter a layer whose weights are `{W}` without a cast",
+    label = "data of another precision than the layer's",
+    note = "a layer takes data of its own precision (rule `typed_amp::precision::SamePrecisionAs`): cast data entering a layer to the layer's precision with typed-amp's `.to_f16()` (FP16 layer), `.to_bf16()` (BF16 layer) or `.to_f32()` (FP32 layer); an `#[amp]` model's own forward (`model.working().forward(x)`) casts at every layer by its policy"
+)]
+pub trait SamePrecisionAs<W: Precision>: Precision {
+    /// Views a tensor of this precision as one of `W` (the identity: only `W` itself
+    /// qualifies).
+    fn into_same<S, D, T>(
+        t: dfdx::prelude::Tensor<S, Self::Elem, D, T>,
+    ) -> dfdx::prelude::Tensor<S, W::Elem, D, T>
+    where
+        S: dfdx::prelude::Shape,
+        D: dfdx::prelude::Storage<Self::Elem> + dfdx::prelude::Storage<W::Elem>;
+}
+
+impl<P: Precision> SamePrecisionAs<P> for P {
+    fn into_same<S, D, T>(
+        t: dfdx::prelude::Tensor<S, P::Elem, D, T>,
+    ) -> dfdx::prelude::Tensor<S, P::Elem, D, T>
+    where
+        S: dfdx::prelude::Shape,
+        D: dfdx::prelude::Storage<P::Elem>,
+    {
+        t
+    }
+}
 
 #[cfg(test)]
 mod tests;

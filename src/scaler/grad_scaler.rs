@@ -57,6 +57,50 @@ impl Clone for GradScaler {
     }
 }
 
+impl Drop for GradScaler {
+    /// In debug builds, warns once on stderr when the scaler goes with a step in flight: a step
+    /// taken with gradients it scaled whose outcome never reached its update (dropped, forgotten,
+    /// or the run ended between `step` and `update`). Nothing later would notice an outcome lost
+    /// in the last iteration (no next backward or update checks the ledger), and the scaler's
+    /// state does not count that step. A warning, not a panic: the weights were stepped or the
+    /// step was skipped correctly; only the scale did not move. Silent while a panic unwinds,
+    /// and in release builds (call [`GradScaler::check_no_step_in_flight`] for a typed error).
+    fn drop(&mut self) {
+        #[cfg(debug_assertions)]
+        if !std::thread::panicking() {
+            let pending = self.ledger.pending_steps();
+            if !pending.is_empty() {
+                eprintln!("{}", dropped_in_flight_warning(&pending));
+            }
+        }
+    }
+}
+
+/// The warning a scaler dropped with the steps `pending` in flight (not empty, oldest first)
+/// prints in debug builds: one line.
+#[cfg(debug_assertions)]
+fn dropped_in_flight_warning(pending: &[u64]) -> String {
+    let (steps, whose, it) = match pending {
+        [one] => (format!("step {one}"), "whose outcome", "it"),
+        many => (
+            format!(
+                "steps {}",
+                many.iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            "whose outcomes",
+            "them",
+        ),
+    };
+    format!(
+        "typed-amp warning: a GradScaler was dropped holding {steps} (counted from 1 since it was \
+         built), {whose} never reached `scaler.update(outcome)`: its scale and growth tracker \
+         never counted {it} (pass every step's outcome to `update`, in the last iteration too)"
+    )
+}
+
 impl PartialEq for GradScaler {
     /// Scalers are equal when their states are.
     fn eq(&self, other: &Self) -> bool {

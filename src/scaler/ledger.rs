@@ -77,6 +77,12 @@ impl Ledger {
         }
     }
 
+    /// The steps still waiting for their outcomes to reach the update, oldest first.
+    #[cfg(debug_assertions)]
+    pub(crate) fn pending_steps(&self) -> Vec<u64> {
+        self.book().pending.iter().map(|p| p.step).collect()
+    }
+
     /// Crosses out the steps whose outcomes an update counted.
     pub(crate) fn settle(&self, steps: &[u64]) {
         let mut book = self.book();

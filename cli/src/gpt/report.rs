@@ -141,6 +141,11 @@ pub fn gpt_table(runs: &[GptReport]) -> String {
 /// the last training loss or the validation loss is not finite.
 pub fn gpt_diverged(report: &GptReport) -> Option<String> {
     let name = &report.recipe;
+    let advice = crate::report::divergence_advice(
+        report.config.policy,
+        report.config.dtype,
+        report.config.lr,
+    );
     if report.iterations > 0 && report.skipped_steps == report.iterations {
         return Some(format!(
             "{name}: every one of the {} steps was skipped (inf/NaN gradients at every scale); nothing was trained",
@@ -149,13 +154,13 @@ pub fn gpt_diverged(report: &GptReport) -> Option<String> {
     }
     if report.iterations_run > 0 && !report.last_loss.is_finite() {
         return Some(format!(
-            "{name}: the training loss is {} after iteration {} ({} of {} steps skipped); lower --lr",
+            "{name}: the training loss is {} after iteration {} ({} of {} steps skipped); {advice}",
             report.last_loss, report.iterations, report.skipped_steps, report.iterations
         ));
     }
     if !report.val_loss.is_finite() {
         return Some(format!(
-            "{name}: the validation loss is {} after iteration {} ({} of {} steps skipped); lower --lr",
+            "{name}: the validation loss is {} after iteration {} ({} of {} steps skipped); {advice}",
             report.val_loss, report.iterations, report.skipped_steps, report.iterations
         ));
     }

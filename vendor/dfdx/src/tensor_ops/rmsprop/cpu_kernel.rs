@@ -1,5 +1,5 @@
 use crate::{
-    dtypes::{CpuCompute, Dtype, NotMixedPrecision},
+    dtypes::{Dtype, NotMixedPrecision, OptimCompute},
     tensor::cpu::Cpu,
 };
 #[allow(unused_imports)]
@@ -73,9 +73,10 @@ impl RMSpropKernel<crate::dtypes::AMP<crate::dtypes::f16>> for Cpu {
     }
 }
 
-// typed-amp patch: computes in `E::Compute` (f32 for bf16, `E` otherwise, see [CpuCompute]) and
-// rounds each state once; for every dtype but bf16 the arithmetic is upstream's.
-impl<E: Dtype + NotMixedPrecision + CpuCompute> RMSpropKernel<E> for Cpu
+// typed-amp patch: computes in `E::Compute` (f32 for f16 and bf16, `E` otherwise, see
+// [OptimCompute], as Adam's kernel does) and rounds each state once; for every dtype but the
+// 16-bit ones the arithmetic is upstream's (f16 computed in f16 before issue 34).
+impl<E: Dtype + NotMixedPrecision + OptimCompute> RMSpropKernel<E> for Cpu
 where
     E::Compute: num_traits::Float,
 {
@@ -88,7 +89,7 @@ where
         grad_avg: &mut Self::Vec,
         grad: &Self::Vec,
     ) -> Result<(), Self::Err> {
-        type C<E> = <E as CpuCompute>::Compute;
+        type C<E> = <E as OptimCompute>::Compute;
         let alpha = C::<E>::from_f64(cfg.alpha).unwrap();
         let eps = C::<E>::from_f64(cfg.eps).unwrap();
         let lr = C::<E>::from_f64(cfg.lr).unwrap();

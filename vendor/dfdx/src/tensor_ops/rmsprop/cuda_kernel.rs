@@ -48,10 +48,12 @@ trait HasCudaKernel<E> {
     const FWD: &'static str;
 }
 
+// typed-amp patch: f16 weights and state are updated by the kernel that computes in float
+// (`rmsprop_update_amp_f16`, the same `__half` buffers), as the CPU's does (`OptimCompute`).
 #[cfg(feature = "f16")]
 impl HasCudaKernel<f16> for Cuda {
-    const MOD: &'static str = "rmsprop_f16";
-    const FWD: &'static str = "rmsprop_update_f16";
+    const MOD: &'static str = "rmsprop_amp_f16";
+    const FWD: &'static str = "rmsprop_update_amp_f16";
 }
 // typed-amp patch: bf16
 #[cfg(feature = "f16")]

@@ -1,5 +1,5 @@
 use crate::{
-    dtypes::{CpuCompute, Dtype, NotMixedPrecision},
+    dtypes::{Dtype, NotMixedPrecision, OptimCompute},
     tensor::cpu::*,
 };
 #[allow(unused_imports)]
@@ -57,9 +57,10 @@ impl SgdKernel<crate::dtypes::AMP<crate::dtypes::f16>> for Cpu {
     }
 }
 
-// typed-amp patch: computes in `E::Compute` (f32 for bf16, `E` otherwise, see [CpuCompute]) and
-// rounds `p` and `v` once each; for every dtype but bf16 the arithmetic is upstream's.
-impl<E: Dtype + NotMixedPrecision + CpuCompute> SgdKernel<E> for Cpu {
+// typed-amp patch: computes in `E::Compute` (f32 for f16 and bf16, `E` otherwise, see
+// [OptimCompute], as Adam's kernel does) and rounds `p` and `v` once each; for every dtype but the
+// 16-bit ones the arithmetic is upstream's (f16 computed in f16 before issue 34).
+impl<E: Dtype + NotMixedPrecision + OptimCompute> SgdKernel<E> for Cpu {
     fn sgd_kernel(
         &self,
         cfg: &SgdConfig,
@@ -67,7 +68,7 @@ impl<E: Dtype + NotMixedPrecision + CpuCompute> SgdKernel<E> for Cpu {
         velocity: &mut Self::Vec,
         grad: &Self::Vec,
     ) -> Result<(), Self::Err> {
-        type C<E> = <E as CpuCompute>::Compute;
+        type C<E> = <E as OptimCompute>::Compute;
         let lr = C::<E>::from_f64(cfg.lr).unwrap();
 
         for ((p_e, g), v_e) in param

@@ -39,10 +39,12 @@ trait HasCudaKernel<E> {
     const FWD: &'static str;
 }
 
+// typed-amp patch: f16 weights and state are updated by the kernel that computes in float
+// (`sgd_update_amp_f16`, the same `__half` buffers), as the CPU's does (`OptimCompute`).
 #[cfg(feature = "f16")]
 impl HasCudaKernel<f16> for Cuda {
-    const MOD: &'static str = "sgd_f16";
-    const FWD: &'static str = "sgd_update_f16";
+    const MOD: &'static str = "sgd_amp_f16";
+    const FWD: &'static str = "sgd_update_amp_f16";
 }
 // typed-amp patch: bf16
 #[cfg(feature = "f16")]
