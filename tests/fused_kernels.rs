@@ -11,6 +11,9 @@
 //! - Exact GELU fused into the linear op before it ([`typed_amp::ops::gelu`]) against the same
 //!   linear op followed by dfdx's `accurate_gelu`, in FP32, FP16 and BF16 on odd sizes: output,
 //!   input, weight and bias gradients equal (the same FP32 formulas, rounded once).
+//! - The residual connection's sum ([`typed_amp::ops::residual`]) against dfdx's `add`: the sum,
+//!   the skip's and the branch's gradients equal, whether or not the skip already had a
+//!   gradient when the sum's backward ran.
 //! - The fused optimizer + refresh ([`typed_amp::ops::update`]) against dfdx's Adam and SGD
 //!   followed by the separate refresh: master weights, optimizer state and the working copy bit
 //!   for bit, on tensors large enough to take the parallel path.
@@ -20,6 +23,7 @@ use typed_amp::dfdx::nn::modules::Linear as LinearModule;
 use typed_amp::ops::gelu::try_gelu;
 use typed_amp::ops::linear::try_linear;
 use typed_amp::ops::relu::try_relu;
+use typed_amp::ops::residual::try_residual_add;
 use typed_amp::prelude::*;
 use typed_amp::{loss::Loss, params::Parameters, tape::MixedGradients};
 use typed_amp::{master::TrainTarget, optim::MasterOptimizer, precision::AmpElem};
@@ -378,6 +382,73 @@ fn a_nan_before_a_fused_gelu_reaches_the_gradients() {
         .skip(4)
         .take(4)
         .any(|v| v.is_nan()));
+}
+
+/// `x + linear(x)` by the residual op or dfdx's `add`; with `reread`, `x` is read again after
+/// the sum (so its gradient exists when the sum's backward runs).
+fn residual_case<E: AmpElem>(rows: usize, reread: bool, seed: u64)
+where
+    Cpu: typed_amp::device::Kernels<E>,
+{
+    let dev = Cpu::seed_from_u64(seed);
+    let xv = sample::<E>(&dev, rows * 9, 1.0);
+    let layer = LinearModule::<9, 9, E, Cpu> {
+        weight: tensor(&dev, &sample::<E>(&dev, 81, 0.3), (Const::<9>, Const::<9>)),
+        bias: tensor(&dev, &sample::<E>(&dev, 9, 0.3), (Const::<9>,)),
+    };
+    let x: Tensor<(usize, Const<9>), E, Cpu> = tensor(&dev, &xv, (rows, Const::<9>));
+    let r: Tensor<(usize, Const<9>), E, Cpu> =
+        tensor(&dev, &sample::<E>(&dev, rows * 9, 1.0), (rows, Const::<9>));
+    let what = format!("{} rows {rows} reread {reread}", std::any::type_name::<E>());
+    let run = |fused: bool| {
+        let xt = x.clone().traced_mixed(MixedGradients::leaky());
+        let branch = try_linear(&layer, xt.with_empty_tape()).unwrap();
+        let id = branch.id();
+        let sum = if fused {
+            let sum = try_residual_add(branch, xt.with_empty_tape()).unwrap();
+            assert_eq!(
+                sum.id(),
+                id,
+                "the sum did not take the branch's buffer, {what}"
+            );
+            sum
+        } else {
+            branch + xt.with_empty_tape()
+        };
+        let sum_values = f32s(&sum.retaped::<NoneTape>());
+        let mut loss = (sum * r.clone()).to_f32().sum();
+        if reread {
+            loss = loss + (xt * r.clone()).to_f32().sum();
+        }
+        let grads = Loss::new(loss).backward().unwrap().grads().clone();
+        let fp32 = |id| {
+            grads
+                .param_grad(id)
+                .map(|g| g.to_vec())
+                .expect("FP32 gradient")
+        };
+        (
+            sum_values,
+            f32s(&grads.get(&x).expect("x's gradient")),
+            fp32(layer.weight.id()),
+            fp32(layer.bias.id()),
+        )
+    };
+    let (fused, composed) = (run(true), run(false));
+    assert_eq!(fused.0, composed.0, "sum, {what}");
+    assert_eq!(fused.1, composed.1, "skip's gradient, {what}");
+    assert_eq!(fused.2, composed.2, "branch's weight gradient, {what}");
+    assert_eq!(fused.3, composed.3, "branch's bias gradient, {what}");
+}
+
+#[test]
+fn the_residual_sum_matches_dfdx_add() {
+    for reread in [false, true] {
+        residual_case::<f32>(5, reread, 51);
+        residual_case::<f16>(5, reread, 52);
+        residual_case::<bf16>(5, reread, 53);
+        residual_case::<bf16>(4000, reread, 54);
+    }
 }
 
 /// An MLP big enough that its first layer takes the parallel update (over 32,768 weights).

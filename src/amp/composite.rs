@@ -4,14 +4,15 @@
 use std::fmt::Debug;
 
 use dfdx::nn::modules::{Repeated, Residual};
-use dfdx::prelude::{Shape, Storage, Tensor, TryAdd, WithEmptyTape};
+use dfdx::prelude::{Shape, Tape, Tensor, TryAdd, WithEmptyTape};
 
 use super::kind;
 use super::layer_kind::AmpLayer;
 use super::model::CastTo;
-use crate::device::AmpDevice;
+use crate::device::{AmpDevice, Kernels};
 use crate::error::AmpError;
 use crate::precision::AmpElem;
+use crate::tape::AmpTape;
 
 use super::layer::{
     CompositeRun, CompositeRunMut, CompositeWorking, RunLayer, RunLayerMut, WorkingUnder,
@@ -139,7 +140,8 @@ impl<Pol, S, E, D, T, Y, F> CompositeRun<Pol, Tensor<S, E, D, T>> for Residual<F
 where
     S: Shape,
     E: AmpElem,
-    D: AmpDevice + Storage<E>,
+    D: AmpDevice + Kernels<E>,
+    T: AmpTape<D> + Tape<E, D>,
     Tensor<S, E, D, T>: WithEmptyTape,
     Tensor<S, E, D, T>: RunLayer<F, Pol, Output = Y, Error = D::Err>,
     Y: CastTo<E::Precision, Output = Tensor<S, E, D, T>, Error = D::Err>,
@@ -149,7 +151,7 @@ where
     type Error = D::Err;
     fn try_run(&self, x: Tensor<S, E, D, T>) -> Result<Self::Output, D::Err> {
         let y = x.with_empty_tape().try_run(&self.0)?.try_cast_to()?;
-        y.try_add(x)
+        crate::ops::residual::try_residual_add(y, x)
     }
 }
 
@@ -157,7 +159,8 @@ impl<Pol, S, E, D, T, Y, F> CompositeRunMut<Pol, Tensor<S, E, D, T>> for Residua
 where
     S: Shape,
     E: AmpElem,
-    D: AmpDevice + Storage<E>,
+    D: AmpDevice + Kernels<E>,
+    T: AmpTape<D> + Tape<E, D>,
     Tensor<S, E, D, T>: WithEmptyTape,
     Tensor<S, E, D, T>: RunLayerMut<F, Pol, Output = Y, Error = D::Err>,
     Y: CastTo<E::Precision, Output = Tensor<S, E, D, T>, Error = D::Err>,
@@ -170,6 +173,6 @@ where
             .with_empty_tape()
             .try_run_mut(&mut self.0)?
             .try_cast_to()?;
-        y.try_add(x)
+        crate::ops::residual::try_residual_add(y, x)
     }
 }

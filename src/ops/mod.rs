@@ -23,6 +23,7 @@
 //! - [`linear`]: the linear layer as one op, with its bias (and a following ReLU or GELU) in the
 //!   product's store and its weight gradient straight into FP32 ([`linear::LinearKernel`]);
 //! - [`relu`]: ReLU, fused into the linear op before it where it can be;
+//! - [`residual`]: the residual connection's sum, its backward writing only the skip's gradient;
 //! - [`softmax`]: softmax and log-softmax in FP32 only (rule [`softmax::SoftmaxPrecision`]);
 //! - [`update`]: the optimizer's update fused with the refresh of the working copy
 //!   ([`update::UpdateKernel`]).
@@ -41,6 +42,7 @@ pub mod linear;
 pub mod lm_head;
 pub mod reduce;
 pub mod relu;
+pub mod residual;
 pub mod softmax;
 pub mod unscale;
 pub mod update;

@@ -1,9 +1,45 @@
 use dfdx::prelude::{Cpu, CpuError};
 
 use super::CastKernel;
-use crate::ops::utilities::cpu::{as_f32_mut, check_lengths, for_each_f32_chunk, CHUNK};
+use rayon::prelude::*;
+
+use crate::ops::utilities::cpu::{as_f32_mut, check_lengths, for_each_f32_chunk, CHUNK, TASK};
 use crate::precision::AmpElem;
 
+/// `dst = convert(src)` on one thread.
+fn copy_cast<Src: AmpElem, Dst: AmpElem>(src: &[Src], dst: &mut [Dst]) {
+    if let Some(dst) = as_f32_mut::<Dst>(dst) {
+        Src::slice_to_f32(src, dst);
+    } else {
+        for_each_f32_chunk::<Src>(src, |at, chunk| {
+            Dst::slice_from_f32(chunk, &mut dst[at..at + chunk.len()])
+        });
+    }
+}
+
+/// `dst += convert(src)` on one thread, each sum rounded once.
+fn add_cast<Src: AmpElem, Dst: AmpElem>(src: &[Src], dst: &mut [Dst]) {
+    if let Some(dst) = as_f32_mut::<Dst>(dst) {
+        for_each_f32_chunk::<Src>(src, |at, chunk| {
+            for (d, s) in dst[at..at + chunk.len()].iter_mut().zip(chunk) {
+                *d += *s;
+            }
+        });
+        return;
+    }
+    let mut acc = [0f32; CHUNK];
+    for_each_f32_chunk::<Src>(src, |at, chunk| {
+        let out = &mut dst[at..at + chunk.len()];
+        let acc = &mut acc[..chunk.len()];
+        Dst::slice_to_f32(out, acc);
+        for (a, s) in acc.iter_mut().zip(chunk) {
+            *a += *s;
+        }
+        Dst::slice_from_f32(acc, out);
+    });
+}
+
+// Elementwise, so split across threads in tasks of `TASK` elements: the same bits.
 impl<Src: AmpElem, Dst: AmpElem> CastKernel<Src, Dst> for Cpu {
     fn try_copy_cast(
         &self,
@@ -11,13 +47,9 @@ impl<Src: AmpElem, Dst: AmpElem> CastKernel<Src, Dst> for Cpu {
         dst: &mut <Self as dfdx::prelude::Storage<Dst>>::Vec,
     ) -> Result<(), CpuError> {
         check_lengths(src.len(), dst.len())?;
-        if let Some(dst) = as_f32_mut::<Dst>(dst) {
-            Src::slice_to_f32(src, dst);
-        } else {
-            for_each_f32_chunk::<Src>(src, |at, chunk| {
-                Dst::slice_from_f32(chunk, &mut dst[at..at + chunk.len()])
-            });
-        }
+        dst.par_chunks_mut(TASK)
+            .zip(src.par_chunks(TASK))
+            .for_each(|(dst, src)| copy_cast(src, dst));
         Ok(())
     }
 
@@ -27,24 +59,9 @@ impl<Src: AmpElem, Dst: AmpElem> CastKernel<Src, Dst> for Cpu {
         dst: &mut <Self as dfdx::prelude::Storage<Dst>>::Vec,
     ) -> Result<(), CpuError> {
         check_lengths(src.len(), dst.len())?;
-        if let Some(dst) = as_f32_mut::<Dst>(dst) {
-            for_each_f32_chunk::<Src>(src, |at, chunk| {
-                for (d, s) in dst[at..at + chunk.len()].iter_mut().zip(chunk) {
-                    *d += *s;
-                }
-            });
-            return Ok(());
-        }
-        let mut acc = [0f32; CHUNK];
-        for_each_f32_chunk::<Src>(src, |at, chunk| {
-            let out = &mut dst[at..at + chunk.len()];
-            let acc = &mut acc[..chunk.len()];
-            Dst::slice_to_f32(out, acc);
-            for (a, s) in acc.iter_mut().zip(chunk) {
-                *a += *s;
-            }
-            Dst::slice_from_f32(acc, out);
-        });
+        dst.par_chunks_mut(TASK)
+            .zip(src.par_chunks(TASK))
+            .for_each(|(dst, src)| add_cast(src, dst));
         Ok(())
     }
 }
