@@ -39,7 +39,10 @@ fn add_cast<Src: AmpElem, Dst: AmpElem>(src: &[Src], dst: &mut [Dst]) {
     });
 }
 
-// Elementwise, so split across threads in tasks of `TASK` elements: the same bits.
+// Elementwise, so split across threads in tasks of `TASK` elements: the same bits. A buffer of
+// one task (a weight, a bias) stays on the calling thread: no fork and join for it, and a
+// model's set-up (casting its weights) touches no worker thread, whose first allocation would
+// reserve a 64 MiB arena before the CLI's memory check has counted on it.
 impl<Src: AmpElem, Dst: AmpElem> CastKernel<Src, Dst> for Cpu {
     fn try_copy_cast(
         &self,
@@ -47,6 +50,10 @@ impl<Src: AmpElem, Dst: AmpElem> CastKernel<Src, Dst> for Cpu {
         dst: &mut <Self as dfdx::prelude::Storage<Dst>>::Vec,
     ) -> Result<(), CpuError> {
         check_lengths(src.len(), dst.len())?;
+        if src.len() <= TASK {
+            copy_cast(src, dst);
+            return Ok(());
+        }
         dst.par_chunks_mut(TASK)
             .zip(src.par_chunks(TASK))
             .for_each(|(dst, src)| copy_cast(src, dst));
@@ -59,6 +66,10 @@ impl<Src: AmpElem, Dst: AmpElem> CastKernel<Src, Dst> for Cpu {
         dst: &mut <Self as dfdx::prelude::Storage<Dst>>::Vec,
     ) -> Result<(), CpuError> {
         check_lengths(src.len(), dst.len())?;
+        if src.len() <= TASK {
+            add_cast(src, dst);
+            return Ok(());
+        }
         dst.par_chunks_mut(TASK)
             .zip(src.par_chunks(TASK))
             .for_each(|(dst, src)| add_cast(src, dst));
