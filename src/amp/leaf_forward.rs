@@ -147,32 +147,29 @@ pub trait RunActivation<W>: Sized {
     fn try_activate(self, layer: &W) -> Result<Self::Output, Self::Error>;
 }
 
-impl<S, E, D, T> RunActivation<dfdx::nn::modules::ReLU> for Tensor<S, E, D, T>
-where
-    S: Shape,
-    E: AmpElem,
-    D: AmpDevice + Kernels<E> + crate::ops::relu::ReluOp<E>,
-    T: crate::tape::AmpTape<D> + dfdx::prelude::Tape<E, D>,
-{
-    type Output = Tensor<S, E, D, T>;
-    type Error = D::Err;
-    fn try_activate(self, _layer: &dfdx::nn::modules::ReLU) -> Result<Self, D::Err> {
-        crate::ops::relu::try_relu(self)
-    }
+/// The activations typed-amp fuses into the op before them: each layer type, the op it runs
+/// and that op's device trait.
+macro_rules! run_activation {
+    ($($layer:ident => $op:ident::$run:ident: $device:ident;)*) => {$(
+        impl<S, E, D, T> RunActivation<dfdx::nn::modules::$layer> for Tensor<S, E, D, T>
+        where
+            S: Shape,
+            E: AmpElem,
+            D: AmpDevice + Kernels<E> + crate::ops::$op::$device<E>,
+            T: crate::tape::AmpTape<D> + dfdx::prelude::Tape<E, D>,
+        {
+            type Output = Tensor<S, E, D, T>;
+            type Error = D::Err;
+            fn try_activate(self, _layer: &dfdx::nn::modules::$layer) -> Result<Self, D::Err> {
+                crate::ops::$op::$run(self)
+            }
+        }
+    )*};
 }
 
-impl<S, E, D, T> RunActivation<dfdx::nn::modules::AccurateGeLU> for Tensor<S, E, D, T>
-where
-    S: Shape,
-    E: AmpElem,
-    D: AmpDevice + Kernels<E> + crate::ops::gelu::GeluOp<E>,
-    T: crate::tape::AmpTape<D> + dfdx::prelude::Tape<E, D>,
-{
-    type Output = Tensor<S, E, D, T>;
-    type Error = D::Err;
-    fn try_activate(self, _layer: &dfdx::nn::modules::AccurateGeLU) -> Result<Self, D::Err> {
-        crate::ops::gelu::try_gelu(self)
-    }
+run_activation! {
+    ReLU => relu::try_relu: ReluOp;
+    AccurateGeLU => gelu::try_gelu: GeluOp;
 }
 
 /// Runs a layer norm `M` on `self` by plan `Pl`: typed-amp's fused op wherever the parameters

@@ -4,7 +4,7 @@
 use rayon::prelude::*;
 use std::cell::RefCell;
 
-use super::arch::Arch;
+use super::arch::{Arch, KernFn};
 use super::problem::Problem;
 use super::store::{store_tile, tile_non_finite, TileEpi};
 use super::types::Kind;
@@ -167,10 +167,12 @@ pub(super) unsafe fn serial_with(arch: &Arch, p: &Problem, bufs: &mut Buffers) -
     // token rows by a few hundred columns) that repacking was a third of all packing. Where the
     // whole of B and one A block over all of k fit, pack each once instead.
     if (p.n > nc_max || (multi_block && !in_place && p.m > mc_max))
-        && whole_panels_fit(arch, p, kc_max, mc_max)
+        && super::whole_panels::fit(arch, p, kc_max, mc_max)
     {
         // SAFETY: the same contract.
-        return unsafe { serial_whole_panels(arch, p, bufs, (kc_max, mc_max, nc_max), in_place) };
+        return unsafe {
+            super::whole_panels::serial(arch, p, bufs, (kc_max, mc_max, nc_max), in_place)
+        };
     }
     // Otherwise f32 running sums live in a buffer between k blocks, so that the epilogue (and
     // the rounding of a 16-bit C) happens once, at the last block: `serial_running_sum`.
@@ -235,27 +237,16 @@ pub(super) unsafe fn serial_with(arch: &Arch, p: &Problem, bufs: &mut Buffers) -
                             let cp =
                                 p.c.offset((i as isize * p.c_rs + j as isize * p.c_cs) * csz);
                             if in_place {
-                                let beta = e.accumulate || !first;
-                                if p.c_cs == 1 && nrr == nv * vw {
-                                    kern(kc_units, ap, bp, cp as *mut f32, p.c_rs, beta);
-                                    if last && !e.legacy {
-                                        non_finite |= tile_non_finite(
-                                            arch.level,
-                                            cp as *const f32,
-                                            p.c_rs,
-                                            mrr,
-                                            nrr,
-                                        );
-                                    }
-                                } else {
-                                    kern(kc_units, ap, bp, tile_p, TILE_NR as isize, false);
-                                    let te = TileEpi::sum(beta, !e.legacy);
-                                    let nf = store_tile(
-                                        arch.level, p.out, tile_p, TILE_NR, mrr, nrr, cp, p.c_rs,
-                                        p.c_cs, &te,
-                                    );
-                                    non_finite |= last && nf;
-                                }
+                                non_finite |= tile_in_place(
+                                    arch,
+                                    p,
+                                    kern,
+                                    (kc_units, ap, bp),
+                                    cp,
+                                    (mrr, nrr),
+                                    (first, last),
+                                    tile_p,
+                                );
                             } else {
                                 // A single k block (several go to `serial_running_sum`).
                                 kern(kc_units, ap, bp, tile_p, TILE_NR as isize, false);
@@ -308,7 +299,6 @@ pub(super) unsafe fn serial_running_sum(
     let s_rs = nc_max.div_ceil(vw) * vw;
     let sbuf = aligned(&mut bufs.s, mc_max * s_rs);
     let (esz, csz) = (p.kind.size(), p.out.size());
-    let e = &p.epi;
     let mut non_finite = false;
     // SAFETY: every pointer formed below is an offset of rows < m, columns < n and k < k of the
     // problem's matrices, which the contract makes addressable, or of the buffers within the
@@ -357,25 +347,19 @@ pub(super) unsafe fn serial_running_sum(
                             let nv = nrr.div_ceil(vw);
                             let kern = arch.kernels[mrr - 1][nv - 1];
                             let bp = bbuf.add(jr / nr * nr * kc_units);
-                            let sp = sbuf.add(ir * s_rs + jr);
-                            kern(kc_units, ap, bp, sp, s_rs as isize, !first);
-                            if last {
-                                let (i, j) = (ic + ir, jc + jr);
-                                let cp =
-                                    p.c.offset((i as isize * p.c_rs + j as isize * p.c_cs) * csz);
-                                non_finite |= store_tile(
-                                    arch.level,
-                                    p.out,
-                                    sp,
-                                    s_rs,
-                                    mrr,
-                                    nrr,
-                                    cp,
-                                    p.c_rs,
-                                    p.c_cs,
-                                    &e.tile(i, j),
-                                );
-                            }
+                            let (i, j) = (ic + ir, jc + jr);
+                            let cp =
+                                p.c.offset((i as isize * p.c_rs + j as isize * p.c_cs) * csz);
+                            non_finite |= tile_running_sum(
+                                arch,
+                                p,
+                                kern,
+                                (kc_units, ap, bp),
+                                (sbuf.add(ir * s_rs + jr), s_rs),
+                                (cp, i, j),
+                                (mrr, nrr),
+                                (first, last),
+                            );
                             jr += nr;
                         }
                         ir += mr;
@@ -390,180 +374,74 @@ pub(super) unsafe fn serial_running_sum(
     non_finite
 }
 
-/// Bytes of packed panels [`serial_whole_panels`] may hold for each of A and B per thread
-/// (kept between calls, as the blocked buffers are): the GPT's and ViT's weights (up to
-/// 1536 × 384) fit with room to spare; a weight gradient's operands (k = all token rows) do not,
-/// and keep the blocked loops.
-const WHOLE_PANEL_BYTES: usize = 4 << 20;
-
-#[cfg(test)]
-thread_local! {
-    /// Tests turn [`serial_whole_panels`] off to compare its bits with the blocked loops'.
-    pub(super) static WHOLE_PANELS_OFF: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Packed k steps over all of k: full blocks of `kc_max` (even for pairs) and the rest.
-fn k_units(arch: &Arch, k: usize, kc_max: usize) -> usize {
-    let kstep = if arch.pairs { 2 } else { 1 };
-    k / kc_max * (kc_max / kstep) + (k % kc_max).div_ceil(kstep)
-}
-
-/// Whether [`serial_whole_panels`]' buffers (all of B, and `mc` rows of A over all of k) stay
-/// within [`WHOLE_PANEL_BYTES`] each.
-fn whole_panels_fit(arch: &Arch, p: &Problem, kc_max: usize, mc_max: usize) -> bool {
-    #[cfg(test)]
-    if WHOLE_PANELS_OFF.with(|c| c.get()) {
-        return false;
-    }
-    let units = k_units(arch, p.k, kc_max);
-    let n_pad = p.n.div_ceil(arch.nr()) * arch.nr();
-    let bytes = |lanes: usize| lanes.saturating_mul(units).saturating_mul(4);
-    bytes(n_pad) <= WHOLE_PANEL_BYTES && bytes(mc_max) <= WHOLE_PANEL_BYTES
-}
-
-/// [`serial_with`] with every element of A and B packed once: all of B first (every k block,
-/// every column), then for each `mc`-row block of A its panels over all of k, swept against
-/// each B block in turn. The k blocks of each element of C run in the same order as in the
-/// blocked loops, so the bits are theirs; only what is packed, and how often, differs.
+/// One micro-tile of a product whose f32 C is its own running sum (`in_place`): the kernel adds
+/// into C directly where the tile is full-width and contiguous, else into `tile` stored as a
+/// plain sum. Returns whether the finished tile (at the last k block) holds a non-finite value.
 ///
 /// # Safety
-/// As [`serial_with`]; [`whole_panels_fit`] held for `p`.
-pub(super) unsafe fn serial_whole_panels(
+/// As the loops that call it: `ap`, `bp` packed for `kc_units` steps, `cp` this tile's corner
+/// of C, `tile` a [`Tile`]'s elements.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn tile_in_place(
     arch: &Arch,
     p: &Problem,
-    bufs: &mut Buffers,
-    (kc_max, mc_max, nc_max): (usize, usize, usize),
-    in_place: bool,
+    kern: KernFn,
+    (kc_units, ap, bp): (usize, *const f32, *const f32),
+    cp: *mut u8,
+    (mrr, nrr): (usize, usize),
+    (first, last): (bool, bool),
+    tile: *mut f32,
 ) -> bool {
-    let (mr, nr, vw) = (arch.mr, arch.nr(), arch.vw);
-    let kstep = if arch.pairs { 2 } else { 1 };
-    let units = k_units(arch, p.k, kc_max);
-    let n_pad = p.n.div_ceil(nr) * nr;
-    let abuf = aligned(&mut bufs.a, mc_max * units);
-    let bbuf = aligned(&mut bufs.b, n_pad * units);
-    let s_rs = nc_max.div_ceil(vw) * vw;
-    let sbuf = aligned(&mut bufs.s, mc_max * s_rs);
-    // Where the k block starting at `pc` begins in the packed panels, in k steps: every block
-    // before it is a full `kc_max` one.
-    let block = |pc: usize| pc / kc_max * (kc_max / kstep);
-    let (esz, csz) = (p.kind.size(), p.out.size());
     let e = &p.epi;
-    let mut tile = Tile([0.0; TILE_MR * TILE_NR]);
-    let tile_p = tile.0.as_mut_ptr();
-    let mut non_finite = false;
-    // SAFETY: every pointer formed below is an offset of rows < m, columns < n and k < k of
-    // the problem's matrices, which the contract makes addressable, or of the buffers within
-    // the sizes allocated above: B's block at `pc` holds `n_pad` lanes of its k steps from
-    // `block(pc) · n_pad`, A's `mc_max` lanes from `block(pc) · mc_max`, and `units` counts
-    // every block's steps. The kernels write `mrr × nv·vw` f32 to sbuf's block, a tile, or
-    // (in place, full-width tiles only) C.
+    let nv = nrr.div_ceil(arch.vw);
+    let beta = e.accumulate || !first;
+    // SAFETY: the caller's contract.
     unsafe {
-        let mut pc = 0;
-        while pc < p.k {
-            let kc = kc_max.min(p.k - pc);
-            let kc_units = kc.div_ceil(kstep);
-            let mut jj = 0;
-            while jj < p.n {
-                let nrr = nr.min(p.n - jj);
-                let src =
-                    p.b.offset((pc as isize * p.b_rs + jj as isize * p.b_cs) * esz);
-                let dst = bbuf.add(block(pc) * n_pad + jj * kc_units);
-                super::pack::panel(arch, p.kind, src, p.b_cs, p.b_rs, nrr, kc, dst, nr, true);
-                jj += nr;
-            }
-            pc += kc;
-        }
-        let mut ic = 0;
-        while ic < p.m {
-            let mc = mc_max.min(p.m - ic);
-            let mut pc = 0;
-            while pc < p.k {
-                let kc = kc_max.min(p.k - pc);
-                let kc_units = kc.div_ceil(kstep);
-                let mut ir = 0;
-                while ir < mc {
-                    let mrr = mr.min(mc - ir);
-                    let src =
-                        p.a.offset(((ic + ir) as isize * p.a_rs + pc as isize * p.a_cs) * esz);
-                    let dst = abuf.add(block(pc) * mc_max + ir * kc_units);
-                    super::pack::panel(arch, p.kind, src, p.a_rs, p.a_cs, mrr, kc, dst, mr, false);
-                    ir += mr;
-                }
-                pc += kc;
-            }
-            let mut jc = 0;
-            while jc < p.n {
-                let nc = nc_max.min(p.n - jc);
-                let mut pc = 0;
-                while pc < p.k {
-                    let kc = kc_max.min(p.k - pc);
-                    let kc_units = kc.div_ceil(kstep);
-                    let (first, last) = (pc == 0, pc + kc == p.k);
-                    let mut ir = 0;
-                    while ir < mc {
-                        let mrr = mr.min(mc - ir);
-                        let ap = abuf.add(block(pc) * mc_max + ir * kc_units);
-                        let mut jr = 0;
-                        while jr < nc {
-                            let nrr = nr.min(nc - jr);
-                            let nv = nrr.div_ceil(vw);
-                            let kern = arch.kernels[mrr - 1][nv - 1];
-                            let (i, j) = (ic + ir, jc + jr);
-                            let bp = bbuf.add(block(pc) * n_pad + j * kc_units);
-                            let cp =
-                                p.c.offset((i as isize * p.c_rs + j as isize * p.c_cs) * csz);
-                            if in_place {
-                                // As in `serial_with`: C is its own running sum.
-                                let beta = e.accumulate || !first;
-                                if p.c_cs == 1 && nrr == nv * vw {
-                                    kern(kc_units, ap, bp, cp as *mut f32, p.c_rs, beta);
-                                    if last && !e.legacy {
-                                        non_finite |= tile_non_finite(
-                                            arch.level,
-                                            cp as *const f32,
-                                            p.c_rs,
-                                            mrr,
-                                            nrr,
-                                        );
-                                    }
-                                } else {
-                                    kern(kc_units, ap, bp, tile_p, TILE_NR as isize, false);
-                                    let te = TileEpi::sum(beta, !e.legacy);
-                                    let nf = store_tile(
-                                        arch.level, p.out, tile_p, TILE_NR, mrr, nrr, cp, p.c_rs,
-                                        p.c_cs, &te,
-                                    );
-                                    non_finite |= last && nf;
-                                }
-                            } else {
-                                // As in `serial_running_sum`: f32 sums until the last block.
-                                let sp = sbuf.add(ir * s_rs + jr);
-                                kern(kc_units, ap, bp, sp, s_rs as isize, !first);
-                                if last {
-                                    non_finite |= store_tile(
-                                        arch.level,
-                                        p.out,
-                                        sp,
-                                        s_rs,
-                                        mrr,
-                                        nrr,
-                                        cp,
-                                        p.c_rs,
-                                        p.c_cs,
-                                        &e.tile(i, j),
-                                    );
-                                }
-                            }
-                            jr += nr;
-                        }
-                        ir += mr;
-                    }
-                    pc += kc;
-                }
-                jc += nc;
-            }
-            ic += mc;
+        if p.c_cs == 1 && nrr == nv * arch.vw {
+            kern(kc_units, ap, bp, cp as *mut f32, p.c_rs, beta);
+            last && !e.legacy && tile_non_finite(arch.level, cp as *const f32, p.c_rs, mrr, nrr)
+        } else {
+            kern(kc_units, ap, bp, tile, TILE_NR as isize, false);
+            let te = TileEpi::sum(beta, !e.legacy);
+            let nf = store_tile(
+                arch.level, p.out, tile, TILE_NR, mrr, nrr, cp, p.c_rs, p.c_cs, &te,
+            );
+            last && nf
         }
     }
-    non_finite
+}
+
+/// One micro-tile of a product whose f32 sums live in a buffer between k blocks (`sums`, rows
+/// `s_rs` apart): the kernel adds into them, and at the last k block they go through the
+/// epilogue into C at `(i, j)`. Returns whether a stored element is non-finite.
+///
+/// # Safety
+/// As [`tile_in_place`], with `sums` writable for the tile's rows of `s_rs`.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn tile_running_sum(
+    arch: &Arch,
+    p: &Problem,
+    kern: KernFn,
+    (kc_units, ap, bp): (usize, *const f32, *const f32),
+    (sums, s_rs): (*mut f32, usize),
+    (cp, i, j): (*mut u8, usize, usize),
+    (mrr, nrr): (usize, usize),
+    (first, last): (bool, bool),
+) -> bool {
+    // SAFETY: the caller's contract.
+    unsafe {
+        kern(kc_units, ap, bp, sums, s_rs as isize, !first);
+        last && store_tile(
+            arch.level,
+            p.out,
+            sums,
+            s_rs,
+            mrr,
+            nrr,
+            cp,
+            p.c_rs,
+            p.c_cs,
+            &p.epi.tile(i, j),
+        )
+    }
 }

@@ -15,6 +15,7 @@ mod problem;
 mod small;
 mod store;
 mod types;
+mod whole_panels;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -112,7 +113,7 @@ mod tests {
         }
     }
 
-    /// Packing every panel once (`driver::serial_whole_panels`) reorders the loops, never a
+    /// Packing every panel once (`whole_panels::serial`) reorders the loops, never a
     /// sum: its products must be bit for bit those of the blocked loops, for every element
     /// type, operand layout and store (a 16-bit or f32 C, with and without the epilogue), on
     /// shapes of several row, column and k blocks, odd ones included.
@@ -151,7 +152,7 @@ mod tests {
                             cs: b_cs,
                         };
                         let run = |whole: bool| {
-                            driver::WHOLE_PANELS_OFF.with(|f| f.set(!whole));
+                            whole_panels::WHOLE_PANELS_OFF.with(|f| f.set(!whole));
                             let mut legacy = c0.clone();
                             gemm_slices(a, b, &mut legacy, n, 1, true, 1);
                             let mut epi16 = c0.clone();
@@ -178,7 +179,7 @@ mod tests {
                                 cs: 1,
                             };
                             let r32 = gemm_epilogue_slices(a, b, c, &Epilogue::ACCUMULATE, 1);
-                            driver::WHOLE_PANELS_OFF.with(|f| f.set(false));
+                            whole_panels::WHOLE_PANELS_OFF.with(|f| f.set(false));
                             let mut out: Vec<u32> = legacy.into_iter().map(bits).collect();
                             out.extend(epi16.into_iter().map(bits));
                             out.extend(epi32.into_iter().map(f32::to_bits));

@@ -56,14 +56,12 @@ where
         .and_then(|slot| slot.downcast::<ActivationSlot<S, E, D>>().ok())
         .filter(|slot| slot.takes_gelu());
     if let Some(slot) = offer {
-        if x.storage_mut_if_unique().is_some() {
-            let dev = x.device().clone();
-            let mut input: Tensor<S, E, D> = dev.try_zeros_like(x.shape())?;
-            if let Some(buf) = x.storage_mut_if_unique() {
-                GeluKernel::<E>::try_gelu_keeping_input(&dev, buf, input.storage_mut())?;
-                slot.put(FusedActivation::Gelu(input));
-                return Ok(x.put_tape(tape));
-            }
+        let (dev, shape) = (x.device().clone(), *x.shape());
+        if let Some(buf) = x.storage_mut_if_unique() {
+            let mut input: Tensor<S, E, D> = dev.try_zeros_like(&shape)?;
+            GeluKernel::<E>::try_gelu_keeping_input(&dev, buf, input.storage_mut())?;
+            slot.put(FusedActivation::Gelu(input));
+            return Ok(x.put_tape(tape));
         }
     }
     x.put_tape(tape).try_accurate_gelu()
