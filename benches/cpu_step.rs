@@ -46,8 +46,8 @@
 //!
 //! `--breakdown` runs each configuration for `--steps` steps in a row (no interleaving) and
 //! splits each step's wall time by phase with `typed_amp_kernels::timing`: forward products,
-//! backward products (matrix products and convolutions), casts, unscale + check, optimizer +
-//! refresh, and norms/elementwise (everything else: activations, norms, pooling, the loss,
+//! backward products (matrix products and convolutions), attention (the fused op's forward and
+//! backward), casts, unscale + check, optimizer + refresh, and norms/elementwise (everything else: activations, norms, pooling, the loss,
 //! allocation). `--config NAME` runs only the configurations of that name.
 //!
 //! Like the main job, the bench first makes glibc keep freed memory for reuse

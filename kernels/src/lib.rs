@@ -11,6 +11,7 @@
 //!   scalars), bit-exact with `half`'s scalar conversions, with one NaN rule for every path.
 //! * [`math`]: `erf` and `exp` for f32 without branches or calls, so that GELU's loops
 //!   vectorize.
+//! * [`norm`]: layer norm's row arithmetic (statistics and sums in f64, in fixed lanes).
 //!
 //! Every vectorised routine is chosen at run time from the CPU's features (see [`Level`]);
 //! nothing depends on `-C target-cpu` (the default, [`default_level`], leaves AVX512-BF16's
@@ -27,6 +28,7 @@ pub mod convert;
 mod gemm;
 mod level;
 pub mod math;
+pub mod norm;
 pub mod timing;
 
 pub use gemm::{

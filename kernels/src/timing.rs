@@ -25,6 +25,8 @@ pub enum Phase {
     ForwardProducts,
     /// Matrix products and convolutions of the backward pass.
     BackwardProducts,
+    /// Fused attention, forward and backward (its products, softmax and bookkeeping together).
+    Attention,
     /// Elementwise ops, norms, pooling, losses: whatever no other phase claims inside a pass.
     Other,
     /// Conversions between precisions (casts and their backward, batch conversions).
@@ -37,9 +39,10 @@ pub enum Phase {
 
 impl Phase {
     /// Every phase, in report order.
-    pub const ALL: [Phase; 6] = [
+    pub const ALL: [Phase; 7] = [
         Phase::ForwardProducts,
         Phase::BackwardProducts,
+        Phase::Attention,
         Phase::Other,
         Phase::Casts,
         Phase::UnscaleCheck,
@@ -51,6 +54,7 @@ impl Phase {
         match self {
             Phase::ForwardProducts => "forward products",
             Phase::BackwardProducts => "backward products",
+            Phase::Attention => "attention",
             Phase::Other => "norms/elementwise",
             Phase::Casts => "casts",
             Phase::UnscaleCheck => "unscale + check",
@@ -69,6 +73,8 @@ impl Phase {
 pub enum Kind {
     /// A matrix product or convolution.
     Products,
+    /// A fused attention pass.
+    Attention,
     /// A precision conversion.
     Casts,
     /// Unscaling and the non-finite check.
@@ -80,7 +86,7 @@ pub enum Kind {
 }
 
 struct Recorder {
-    totals: [Duration; 6],
+    totals: [Duration; 7],
     /// Per open scope: its phase and the time its children took.
     stack: Vec<(Phase, Duration)>,
 }
@@ -89,7 +95,7 @@ thread_local! {
     static RECORDING: Cell<bool> = const { Cell::new(false) };
     static BACKWARD: Cell<bool> = const { Cell::new(false) };
     static RECORDER: RefCell<Recorder> = const {
-        RefCell::new(Recorder { totals: [Duration::ZERO; 6], stack: Vec::new() })
+        RefCell::new(Recorder { totals: [Duration::ZERO; 7], stack: Vec::new() })
     };
 }
 
@@ -97,7 +103,7 @@ thread_local! {
 pub fn start() {
     RECORDER.with(|r| {
         let mut r = r.borrow_mut();
-        r.totals = [Duration::ZERO; 6];
+        r.totals = [Duration::ZERO; 7];
         r.stack.clear();
     });
     RECORDING.with(|c| c.set(true));
@@ -105,7 +111,7 @@ pub fn start() {
 
 /// Stops recording on the calling thread and returns the time per phase, in
 /// [`Phase::ALL`]'s order.
-pub fn stop() -> [(Phase, Duration); 6] {
+pub fn stop() -> [(Phase, Duration); 7] {
     RECORDING.with(|c| c.set(false));
     let totals = RECORDER.with(|r| r.borrow().totals);
     Phase::ALL.map(|p| (p, totals[p.index()]))
@@ -137,6 +143,7 @@ pub fn scope(kind: Kind) -> Scope {
     let phase = match kind {
         Kind::Products if BACKWARD.with(Cell::get) => Phase::BackwardProducts,
         Kind::Products => Phase::ForwardProducts,
+        Kind::Attention => Phase::Attention,
         Kind::Casts => Phase::Casts,
         Kind::UnscaleCheck => Phase::UnscaleCheck,
         Kind::OptimizerRefresh => Phase::OptimizerRefresh,

@@ -86,12 +86,16 @@ impl<E: AmpElem> AttentionKernel<E> for Cpu {
         qkv.par_chunks(t * 3 * d.width())
             .zip(y.par_chunks_mut(t * d.width()))
             .zip(lse.par_chunks_mut(d.heads * t))
-            .for_each(|((qkv, y), lse)| {
-                let mut scratch = Scratch::<E>::new(d.head_dim);
-                for (h, lse) in lse.chunks_mut(t).enumerate() {
-                    forward_head(&d, &Layout::of(&d, h), qkv, y, lse, &mut scratch);
-                }
-            });
+            // One set of tiles per rayon job, not per sequence: the ViT's sequences are small
+            // enough for the allocation to cost as much as their attention.
+            .for_each_init(
+                || Scratch::<E>::new(d.head_dim),
+                |scratch, ((qkv, y), lse)| {
+                    for (h, lse) in lse.chunks_mut(t).enumerate() {
+                        forward_head(&d, &Layout::of(&d, h), qkv, y, lse, scratch);
+                    }
+                },
+            );
         Ok(lse)
     }
 
@@ -118,15 +122,16 @@ impl<E: AmpElem> AttentionKernel<E> for Cpu {
             .zip(dqkv.par_chunks_mut(t * 3 * width))
             .zip(y.par_chunks(t * width).zip(dy.par_chunks(t * width)))
             .zip(lse.par_chunks(d.heads * t))
-            .for_each(|(((qkv, dqkv), (y, dy)), lse)| {
-                let mut scratch = Scratch::<E>::new(d.head_dim);
-                let mut grads = HeadGrads::new(t, d.head_dim);
-                for (h, lse) in lse.chunks(t).enumerate() {
-                    let lay = Layout::of(&d, h);
-                    backward_head(&d, &lay, qkv, y, dy, lse, &mut scratch, &mut grads);
-                    grads.store(&d, &lay, dqkv, accumulate);
-                }
-            });
+            .for_each_init(
+                || (Scratch::<E>::new(d.head_dim), HeadGrads::new(t, d.head_dim)),
+                |(scratch, grads), (((qkv, dqkv), (y, dy)), lse)| {
+                    for (h, lse) in lse.chunks(t).enumerate() {
+                        let lay = Layout::of(&d, h);
+                        backward_head(&d, &lay, qkv, y, dy, lse, scratch, grads);
+                        grads.store(&d, &lay, dqkv, accumulate);
+                    }
+                },
+            );
         Ok(())
     }
 }
@@ -144,6 +149,12 @@ struct Scratch<E> {
     /// Per query row: the running maximum, and the running sum of exponentials.
     max: Vec<f32>,
     sum: Vec<f32>,
+    /// Per query row: the maximum with this key block's scores.
+    next_max: Vec<f32>,
+    /// One row of a head's width (an output row; in the backward, `y`'s row).
+    row: Vec<f32>,
+    /// A second row of a head's width (in the backward, `dy`'s row).
+    row2: Vec<f32>,
 }
 
 impl<E: AmpElem> Scratch<E> {
@@ -155,6 +166,9 @@ impl<E: AmpElem> Scratch<E> {
             o: vec![0.0; BLOCK * head_dim],
             max: vec![0.0; BLOCK],
             sum: vec![0.0; BLOCK],
+            next_max: vec![0.0; BLOCK],
+            row: vec![0.0; head_dim],
+            row2: vec![0.0; head_dim],
         }
     }
 }
@@ -201,22 +215,32 @@ fn forward_head<E: AmpElem>(
             let kb = BLOCK.min(keys - j0);
             scores(d, lay, qkv, (i0, qb), (j0, kb), &mut sc.s);
             // The online softmax: each row's new maximum rescales what the earlier key blocks
-            // summed; the probabilities of this block replace the scores in place.
+            // summed; the probabilities of this block replace the scores in place. The
+            // exponentials run over the whole tile in one call (a row of the ViT's is 17
+            // keys: one call per row cost as much again in calls and part-filled vectors);
+            // what a row does not see is zeroed after.
             for r in 0..qb {
                 let row = &mut sc.s[r * kb..(r + 1) * kb];
-                let seen = visible(d, i0 + r, j0, kb);
-                let (live, masked) = row.split_at_mut(seen);
-                masked.fill(0.0);
+                let live = &mut row[..visible(d, i0 + r, j0, kb)];
                 let block_max = live.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
                 let new_max = sc.max[r].max(block_max);
-                if new_max == f32::NEG_INFINITY {
-                    live.fill(0.0);
-                    continue;
-                }
+                sc.next_max[r] = new_max;
                 // NaN scores stay NaN through the subtraction and the exponential, and reach
                 // the output (and so the loss and the gradients, which skips the step).
-                live.iter_mut().for_each(|x| *x -= new_max);
-                exp_slice(live);
+                if new_max != f32::NEG_INFINITY {
+                    live.iter_mut().for_each(|x| *x -= new_max);
+                }
+            }
+            exp_slice(&mut sc.s[..qb * kb]);
+            for r in 0..qb {
+                let row = &mut sc.s[r * kb..(r + 1) * kb];
+                let new_max = sc.next_max[r];
+                if new_max == f32::NEG_INFINITY {
+                    row.fill(0.0);
+                    continue;
+                }
+                let (live, masked) = row.split_at_mut(visible(d, i0 + r, j0, kb));
+                masked.fill(0.0);
                 let rescale = if sc.max[r] == f32::NEG_INFINITY {
                     0.0
                 } else {
@@ -239,7 +263,7 @@ fn forward_head<E: AmpElem>(
                 &Epilogue::ACCUMULATE,
             );
         }
-        let mut out = vec![0f32; hd];
+        let out = &mut sc.row;
         for r in 0..qb {
             let i = i0 + r;
             let inv = 1.0 / sc.sum[r];
@@ -247,7 +271,7 @@ fn forward_head<E: AmpElem>(
                 .zip(&o[r * hd..(r + 1) * hd])
                 .for_each(|(y, o)| *y = o * inv);
             let at = i * lay.width + lay.q;
-            E::slice_from_f32(&out, &mut y[at..at + hd]);
+            E::slice_from_f32(out, &mut y[at..at + hd]);
             lse[i] = sc.max[r] + sc.sum[r].ln();
         }
     }
@@ -260,6 +284,9 @@ struct HeadGrads {
     dv: Vec<f32>,
     /// `Σ dy·y` per query row.
     delta: Vec<f32>,
+    /// A stored gradient row widened, and the sum written back (when accumulating).
+    old: Vec<f32>,
+    sum: Vec<f32>,
 }
 
 impl HeadGrads {
@@ -269,24 +296,31 @@ impl HeadGrads {
             dk: vec![0.0; tokens * head_dim],
             dv: vec![0.0; tokens * head_dim],
             delta: vec![0.0; tokens],
+            old: vec![0.0; head_dim],
+            sum: vec![0.0; head_dim],
         }
     }
 
     /// Writes (or adds) the head's gradients into its columns of the packed gradient rows.
-    fn store<E: AmpElem>(&self, d: &AttentionDims, lay: &Layout, dqkv: &mut [E], accumulate: bool) {
+    fn store<E: AmpElem>(
+        &mut self,
+        d: &AttentionDims,
+        lay: &Layout,
+        dqkv: &mut [E],
+        accumulate: bool,
+    ) {
         let hd = d.head_dim;
-        let mut old = vec![0f32; hd];
-        let mut sum = vec![0f32; hd];
+        let (old, sum) = (&mut self.old, &mut self.sum);
         for i in 0..d.tokens {
             for (grad, at) in [(&self.dq, lay.q), (&self.dk, lay.k), (&self.dv, lay.v)] {
                 let src = &grad[i * hd..(i + 1) * hd];
                 let dst = &mut dqkv[i * lay.row + at..i * lay.row + at + hd];
                 if accumulate {
-                    E::slice_to_f32(dst, &mut old);
+                    E::slice_to_f32(dst, old);
                     sum.iter_mut()
-                        .zip(src.iter().zip(&old))
+                        .zip(src.iter().zip(old.iter()))
                         .for_each(|(s, (g, o))| *s = g + o);
-                    E::slice_from_f32(&sum, dst);
+                    E::slice_from_f32(sum, dst);
                 } else {
                     E::slice_from_f32(src, dst);
                 }
@@ -310,12 +344,12 @@ fn backward_head<E: AmpElem>(
     g.dq.fill(0.0);
     g.dk.fill(0.0);
     g.dv.fill(0.0);
-    let (mut yr, mut dyr) = (vec![0f32; hd], vec![0f32; hd]);
+    let (yr, dyr) = (&mut sc.row, &mut sc.row2);
     for i in 0..t {
         let at = i * lay.width + lay.q;
-        E::slice_to_f32(&y[at..at + hd], &mut yr);
-        E::slice_to_f32(&dy[at..at + hd], &mut dyr);
-        g.delta[i] = yr.iter().zip(&dyr).map(|(a, b)| a * b).sum();
+        E::slice_to_f32(&y[at..at + hd], yr);
+        E::slice_to_f32(&dy[at..at + hd], dyr);
+        g.delta[i] = yr.iter().zip(dyr.iter()).map(|(a, b)| a * b).sum();
     }
     let scale = d.scale();
     for i0 in (0..t).step_by(BLOCK) {
@@ -324,14 +358,18 @@ fn backward_head<E: AmpElem>(
         for j0 in (0..keys).step_by(BLOCK) {
             let kb = BLOCK.min(keys - j0);
             scores(d, lay, qkv, (i0, qb), (j0, kb), &mut sc.s);
-            // The probabilities again, from the forward's log-sum-exp.
+            // The probabilities again, from the forward's log-sum-exp (the exponentials over
+            // the whole tile, as in the forward; what a row does not see zeroed after).
             for r in 0..qb {
                 let row = &mut sc.s[r * kb..(r + 1) * kb];
-                let (live, masked) = row.split_at_mut(visible(d, i0 + r, j0, kb));
-                masked.fill(0.0);
                 let l = lse[i0 + r];
-                live.iter_mut().for_each(|x| *x -= l);
-                exp_slice(live);
+                row[..visible(d, i0 + r, j0, kb)]
+                    .iter_mut()
+                    .for_each(|x| *x -= l);
+            }
+            exp_slice(&mut sc.s[..qb * kb]);
+            for r in 0..qb {
+                sc.s[r * kb + visible(d, i0 + r, j0, kb)..(r + 1) * kb].fill(0.0);
             }
             E::slice_from_f32(&sc.s[..qb * kb], &mut sc.pe[..qb * kb]);
             // dv[j] += Pᵀ · dy[i]

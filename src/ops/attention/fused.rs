@@ -48,6 +48,7 @@ where
         AttentionKernel::<E>::try_attention_forward(&dev, dims, qkv.storage(), y.storage_mut())?;
     let (y_id, out) = (y.id(), y.clone());
     tape.record_mixed(move |grads| {
+        let _timing = typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::Attention);
         let Some(dy) = grads.store_mut::<E>().remove(y_id) else {
             return Ok(());
         };

@@ -49,7 +49,7 @@ where
     D: CastDevice<E, Sc> + CastDevice<Sc, E> + AttentionOp<E>,
     T: AmpTape<D> + Tape<E, D> + Tape<Sc, D>,
 {
-    let _timing = typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::Products);
+    let _timing = typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::Attention);
     D::try_attention::<M, M3, H, B, S, Sc, T>(qkv, causal)
 }
 

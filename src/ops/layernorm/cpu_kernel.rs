@@ -4,6 +4,7 @@ use rayon::prelude::*;
 use super::{MixedLayerNormKernel, RowStats};
 use crate::ops::utilities::cpu::check_lengths;
 use crate::precision::AmpElem;
+use typed_amp_kernels::norm::{layer_norm_backward_row, layer_norm_forward_row};
 
 /// Rows per parallel task: fixed, so that the parameter gradients' partial sums, added in task
 /// order, do not depend on the thread count.
@@ -54,16 +55,8 @@ impl<E: AmpElem> MixedLayerNormKernel<E> for Cpu {
                 let mut v = vec![0f32; width];
                 for (r, (x, y)) in x.chunks(width).zip(y.chunks_mut(width)).enumerate() {
                     E::slice_to_f32(x, &mut v);
-                    // Two passes in f64: the mean, then the squared deviations from it.
-                    let m = v.iter().map(|x| f64::from(*x)).sum::<f64>() / width as f64;
-                    let var =
-                        v.iter().map(|x| (f64::from(*x) - m).powi(2)).sum::<f64>() / width as f64;
-                    let (m, s) = (m as f32, (1.0 / (var + epsilon).sqrt()) as f32);
-                    for ((v, g), b) in v.iter_mut().zip(gamma.iter()).zip(beta) {
-                        *v = (*v - m) * s * g + b;
-                    }
+                    (mean[r], rstd[r]) = layer_norm_forward_row(&mut v, gamma, beta, epsilon);
                     E::slice_from_f32(&v, y);
-                    (mean[r], rstd[r]) = (m, s);
                 }
             });
         Ok(stats)
@@ -144,26 +137,19 @@ fn rows_backward<E: AmpElem>(
         let row = r * width..(r + 1) * width;
         E::slice_to_f32(&x[row.clone()], &mut xh);
         E::slice_to_f32(&dy[row.clone()], &mut g);
-        // x̂ = (x − mean)·rstd and ĝ = dy·γ; then dx = rstd·(ĝ − mean(ĝ) − x̂·mean(ĝ·x̂)).
-        let (mut sum_g, mut sum_gx) = (0f64, 0f64);
-        for c in 0..width {
-            xh[c] = (xh[c] - m) * s;
-            dgamma[c] += f64::from(g[c] * xh[c]);
-            dbeta[c] += f64::from(g[c]);
-            g[c] *= gamma[c];
-            sum_g += f64::from(g[c]);
-            sum_gx += f64::from(g[c] * xh[c]);
-        }
+        let input_gradient = gx.is_some();
+        layer_norm_backward_row(
+            &mut xh,
+            &mut g,
+            gamma,
+            (m, s),
+            &mut dgamma,
+            &mut dbeta,
+            input_gradient,
+        );
         let Some((gx, accumulate)) = gx.as_mut() else {
             continue;
         };
-        let (mg, mgx) = (
-            (sum_g / width as f64) as f32,
-            (sum_gx / width as f64) as f32,
-        );
-        for c in 0..width {
-            g[c] = s * (g[c] - mg - xh[c] * mgx);
-        }
         let out = &mut gx[row];
         if *accumulate {
             E::slice_to_f32(out, &mut old);
