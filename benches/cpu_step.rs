@@ -887,6 +887,11 @@ fn print_breakdown(row: &Row) {
 }
 
 fn main() {
+    // As the CLI does: the steps run on one of the CPU kernels' worker threads.
+    typed_amp::device::on_cpu_pool(run)
+}
+
+fn run() {
     let opts = Options::parse();
     if opts.keep_freed_memory {
         typed_amp::device::keep_freed_memory();

@@ -30,7 +30,9 @@
 //! the capabilities: dfdx's `Cpu` and, with the `cuda` feature, `Cuda`.
 
 mod allocator;
+mod pool;
 pub use allocator::keep_freed_memory;
+pub use pool::on_cpu_pool;
 
 pub use crate::ops::batchnorm::MixedBatchNormKernel;
 pub use crate::ops::cast::CastKernel;
