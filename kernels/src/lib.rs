@@ -8,7 +8,9 @@
 //!   or, for 16-bit operands, into an `f32` C; it reports whether anything stored is inf or NaN.
 //!   [`gemm_slices`] and [`gemm_epilogue_slices`] are the safe, bounds-checked forms.
 //! * [`convert`]: the one conversion layer between `f32` and the two 16-bit formats (slices and
-//!   scalars), bit-exact with `half`'s scalar conversions, with one NaN rule for every path.
+//!   scalars), bit-exact with `half`'s scalar conversions, with one NaN rule for every path;
+//!   and the two FP8 formats, [`convert::E4M3`] and [`convert::E5M2`] (saturating narrowing
+//!   from f32, bf16 and f16; exact widening to f32 and bf16; see [`convert::fp8`]).
 //! * [`math`]: `erf` and `exp` for f32 without branches or calls, so that GELU's loops
 //!   vectorize.
 //!
