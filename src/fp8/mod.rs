@@ -40,6 +40,7 @@ mod format;
 mod granularity;
 mod product;
 mod scaling;
+mod source;
 mod tensor;
 
 pub use error::Fp8Error;
@@ -47,4 +48,5 @@ pub use format::{ForwardOperand, Fp8Element, Fp8Format, Fp8Kind, E4M3, E5M2};
 pub use granularity::{Granularity, PerRow, PerTensor, RowsKeepTheirScales};
 pub use product::{forward_product, gradient_product};
 pub use scaling::{scale_from_amax, Current, Delayed, DelayedScaling, ScalingMode};
-pub use tensor::{widen, CarriesItsScale, Codes, Fp8Parts, Fp8Source, Fp8Tensor};
+pub use source::Fp8Source;
+pub use tensor::{widen, CarriesItsScale, Codes, Fp8Parts, Fp8Tensor};

@@ -21,10 +21,11 @@ use super::tensor::Fp8Tensor;
 /// ```
 /// use typed_amp::fp8::{forward_product, Fp8Error, Fp8Tensor, E4M3, PerTensor, Current};
 /// # fn main() -> Result<(), Fp8Error> {
-/// let x = Fp8Tensor::<E4M3>::quantize(&[1.0f32, 2.0, 3.0, 4.0], 2, 2)?;
-/// let w = Fp8Tensor::<E4M3>::quantize(&[0.5f32, 0.25], 1, 2)?;
-/// let y = forward_product(&x, &w)?;
-/// assert_eq!(y, vec![1.0, 2.5]);
+/// let x = Fp8Tensor::<E4M3>::quantize(&[1.0f32, 2.0, 4.0, 0.5], 2, 2)?; // scale 448 / 4
+/// let w = Fp8Tensor::<E4M3>::quantize(&[0.5f32, 0.25], 1, 2)?;           // scale 448 / 0.5
+/// let y = forward_product(&x, &w)?;                                      // 2 × 1
+/// // Every value here is an E4M3 value times its scale; only 1 / scale rounds.
+/// assert!((y[0] - 1.0).abs() <= 1e-6 && (y[1] - 2.125).abs() <= 1e-6);
 /// # Ok(())
 /// # }
 /// ```

@@ -122,7 +122,7 @@ impl<const H: usize, const MARGIN: u32> DelayedScaling<H, MARGIN> {
     /// [`Fp8Error::NonFiniteAmax`] if `first` holds inf or NaN.
     pub fn from_first(first: &[f32]) -> Result<Self, Fp8Error> {
         let mut s = Self::new();
-        s.record_amax(super::tensor::amax(first))?;
+        s.record_amax(super::source::amax(first))?;
         Ok(s)
     }
 

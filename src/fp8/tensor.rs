@@ -3,13 +3,13 @@
 
 use std::marker::PhantomData;
 
-use half::{bf16, f16};
 use typed_amp_kernels::convert;
 
 use super::error::Fp8Error;
 use super::format::Fp8Element;
 use super::granularity::{Granularity, PerTensor, RowsKeepTheirScales};
 use super::scaling::{check_scale, scale_from_amax, Current, Delayed, DelayedScaling, ScalingMode};
+use super::source::{amax, Fp8Source};
 
 /// A row-major `rows × cols` matrix of FP8 codes in format `F`, with its FP32 scales (one, or
 /// one per row, by `G`), chosen by scaling mode `M`.
@@ -39,44 +39,6 @@ pub struct Fp8Tensor<F: Fp8Element, G: Granularity = PerTensor, M: ScalingMode =
     rows: usize,
     cols: usize,
     _kind: PhantomData<(G, M)>,
-}
-
-/// An element type FP8 tensors are quantised from: `f32`, `bf16` or `f16` (widened to FP32
-/// exactly before it is scaled).
-pub trait Fp8Source: Copy + Send + Sync + 'static {
-    /// The value in FP32 (exact).
-    fn to_f32(self) -> f32;
-}
-
-impl Fp8Source for f32 {
-    fn to_f32(self) -> f32 {
-        self
-    }
-}
-
-impl Fp8Source for bf16 {
-    fn to_f32(self) -> f32 {
-        convert::widen_bf16(self)
-    }
-}
-
-impl Fp8Source for f16 {
-    fn to_f32(self) -> f32 {
-        convert::widen_f16(self)
-    }
-}
-
-/// The largest magnitude of `data` (NaN if it holds one; 0 for an empty slice).
-pub(crate) fn amax<T: Fp8Source>(data: &[T]) -> f32 {
-    let mut m = 0.0f32;
-    for &x in data {
-        let a = x.to_f32().abs();
-        if a.is_nan() {
-            return f32::NAN;
-        }
-        m = m.max(a);
-    }
-    m
 }
 
 fn check_shape(what: &str, len: usize, rows: usize, cols: usize) -> Result<(), Fp8Error> {
