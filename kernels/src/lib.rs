@@ -11,6 +11,8 @@
 //!   scalars), bit-exact with `half`'s scalar conversions, with one NaN rule for every path;
 //!   and the two FP8 formats, [`convert::E4M3`] and [`convert::E5M2`] (saturating narrowing
 //!   from f32, bf16 and f16; exact widening to f32 and bf16; see [`convert::fp8`]).
+//! * [`gemm_fp8`]: the product of two FP8 matrices (E4M3 or E5M2, each with its scales),
+//!   widened exactly to bf16 and multiplied by the bf16 product into an f32 C.
 //! * [`math`]: `erf` and `exp` for f32 without branches or calls, so that GELU's loops
 //!   vectorize.
 //!
@@ -26,11 +28,13 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod convert;
+mod fp8_gemm;
 mod gemm;
 mod level;
 pub mod math;
 pub mod timing;
 
+pub use fp8_gemm::gemm_fp8;
 pub use gemm::{
     gemm, gemm_epilogue, gemm_epilogue_slices, gemm_slices, Activation, Epilogue, GemmElem,
     GemmOut, GemmReport, MatMut, MatRef,

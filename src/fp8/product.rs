@@ -1,8 +1,9 @@
-//! Products of FP8 tensors: `A · Bᵀ` of the codes, widened exactly, accumulated in FP32, and
-//! multiplied by the two operands' `1 / scale` (per tensor or per row, both of which factor
-//! out of a sum over columns).
+//! Products of FP8 tensors: `A · Bᵀ` of the codes, widened exactly (to bf16, by
+//! [`typed_amp_kernels::gemm_fp8`], which multiplies at the bf16 GEMM's rate), accumulated in
+//! FP32, and multiplied by the two operands' `1 / scale` (per tensor or per row, both of which
+//! factor out of a sum over columns).
 
-use typed_amp_kernels::{convert, gemm_slices, MatRef};
+use typed_amp_kernels::{gemm_fp8, MatMut, MatRef};
 
 use super::error::Fp8Error;
 use super::format::{ForwardOperand, Fp8Element};
@@ -14,7 +15,8 @@ use super::tensor::Fp8Tensor;
 /// both operands E4M3 (rule [`ForwardOperand`]), the result `m × n` in FP32, row-major.
 ///
 /// Each product of two codes is exact in FP32 and the sum over `k` is accumulated in FP32;
-/// then it is multiplied by `x`'s row scale inverse and `w`'s. So `y` differs from the exact
+/// then it is multiplied by `x`'s row scale inverse and `w`'s (once, by their product, when
+/// both are per tensor). So `y` differs from the exact
 /// product of the dequantised operands by at most `γ(k + 4) · Σ|x̃||w̃|` per element, `γ(n) =
 /// n·u / (1 - n·u)`, `u = 2^-24` (tested in `tests/fp8.rs`).
 ///
@@ -95,14 +97,12 @@ where
     if len == 0 || k == 0 {
         return Ok(c);
     }
-    // Widening is exact (every FP8 value is an f32), and so is each product of two widened
-    // codes (at most 8 significant bits, exponents within f32's normal range).
-    let mut aw = vec![0.0f32; m * k];
-    let mut bw = vec![0.0f32; n * k];
-    convert::fp8_to_f32(a.raw_codes(), &mut aw);
-    convert::fp8_to_f32(b.raw_codes(), &mut bw);
+    // The kernels' FP8 product: both operands widened exactly to bf16, the bf16 GEMM
+    // accumulating in f32, then the scales.
+    let sa: Vec<f32> = (0..GA::scale_count(m)).map(|i| a.scale_inv(i)).collect();
+    let sb: Vec<f32> = (0..GB::scale_count(n)).map(|j| b.scale_inv(j)).collect();
     let av = MatRef {
-        data: &aw,
+        data: a.raw_codes(),
         rows: m,
         cols: k,
         rs: k,
@@ -110,18 +110,19 @@ where
     };
     // bᵀ: k × n, element (l, j) at j·k + l.
     let bv = MatRef {
-        data: &bw,
+        data: b.raw_codes(),
         rows: k,
         cols: n,
         rs: 1,
         cs: k,
     };
-    gemm_slices(av, bv, &mut c, n, 1, false, rayon::current_num_threads());
-    for (i, row) in c.chunks_mut(n).enumerate() {
-        let sa = a.scale_inv(i);
-        for (j, y) in row.iter_mut().enumerate() {
-            *y = *y * sa * b.scale_inv(j);
-        }
-    }
+    let cv = MatMut {
+        data: &mut c,
+        rows: m,
+        cols: n,
+        rs: n,
+        cs: 1,
+    };
+    gemm_fp8(av, bv, &sa, &sb, cv, rayon::current_num_threads());
     Ok(c)
 }
