@@ -141,6 +141,15 @@ fn bad_run_time_input_is_a_typed_error() {
         T::quantize(&[1.0f32; 5], usize::MAX, 2),
         Err(Fp8Error::Shape(_))
     ));
+    // A NaN in an earlier row of a per-tensor scaled tensor is not hidden by later rows.
+    assert!(matches!(
+        T::quantize(&[f32::NAN, 1.0, 2.0, 3.0], 2, 2),
+        Err(Fp8Error::NonFiniteAmax { .. })
+    ));
+    assert!(matches!(
+        Fp8Tensor::<E5M2, PerTensor>::quantize(&[1.0, -f32::NAN, 2.0, 3.0, 4.0, 5.0], 3, 2),
+        Err(Fp8Error::NonFiniteAmax { .. })
+    ));
     // An amax so small that 448 / amax overflows f32.
     assert!(matches!(
         T::quantize(&[f32::from_bits(1)], 1, 1),

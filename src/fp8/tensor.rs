@@ -214,7 +214,12 @@ impl<F: Fp8Element, G: Granularity> Fp8Tensor<F, G, Current> {
         for i in 0..rows {
             let a = amax(&data[i * cols..(i + 1) * cols]);
             let slot = &mut amaxes[G::scale_index(i)];
-            *slot = if a.is_nan() { a } else { slot.max(a) };
+            // `f32::max` drops a NaN, so a NaN row must stay NaN against later rows.
+            *slot = if a.is_nan() || slot.is_nan() {
+                f32::NAN
+            } else {
+                slot.max(a)
+            };
         }
         let scales = amaxes
             .into_iter()
