@@ -28,8 +28,10 @@
 //! * `bf16` and `f16` sources are widened to f32 first (exact), so each value is rounded once.
 //!
 //! Every slice function gives, at every [`Level`], the bits of the scalar reference
-//! ([`Fp8Format::from_f32`], [`Fp8Format::to_f32`]) for every element: the AVX-512 loops compute
-//! the same integer and float operations on sixteen lanes; other levels run the scalar code.
+//! ([`Fp8Format::from_f32`], [`Fp8Format::to_f32`]) for every element: the AVX-512 and AVX2
+//! loops compute the same integer and float operations on sixteen or eight lanes (the
+//! subnormal rounding with an explicit round-to-nearest-even, whatever MXCSR holds); the
+//! portable level runs the scalar code.
 
 use half::{bf16, f16};
 
@@ -361,6 +363,10 @@ unsafe fn narrow_raw<F: Fp8Format, const SRC: u8>(
         if lvl >= Level::Avx512 {
             return super::fp8_x86::narrow_avx512::<F, SRC>(src, dst, n);
         }
+        #[cfg(target_arch = "x86_64")]
+        if lvl >= Level::Avx2 {
+            return super::fp8_x86::narrow_avx2::<F, SRC>(src, dst, n);
+        }
         let _ = lvl;
         for i in 0..n {
             *dst.add(i) = encode::<F>(source_bits::<SRC>(src, i));
@@ -382,6 +388,10 @@ unsafe fn widen_raw<F: Fp8Format, const BF16: bool>(
         #[cfg(target_arch = "x86_64")]
         if lvl >= Level::Avx512 {
             return super::fp8_x86::widen_avx512::<F, BF16>(src, dst, n);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if lvl >= Level::Avx2 {
+            return super::fp8_x86::widen_avx2::<F, BF16>(src, dst, n);
         }
         let _ = lvl;
         for i in 0..n {
