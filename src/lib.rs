@@ -260,6 +260,7 @@ pub mod checkpoint;
 pub mod device;
 pub mod distributed;
 pub mod error;
+pub mod fp8;
 pub mod loss;
 pub mod master;
 pub mod nn;

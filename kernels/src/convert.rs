@@ -23,8 +23,22 @@
 //!   unspecified, as in IEEE 754.
 //!
 //! The vector code is chosen at run time, like the matrix products (see [`crate::Level`]).
+//!
+//! # FP8
+//! The two 8-bit formats, [`E4M3`] and [`E5M2`], have their own rules (saturating narrowing,
+//! their NaN codes): see [`fp8`]. Their slice functions ([`f32_to_fp8`], [`bf16_to_fp8`],
+//! [`f16_to_fp8`], [`fp8_to_f32`], [`fp8_to_bf16`]) are generic over the format and re-exported
+//! here.
 
 use half::{bf16, f16};
+
+pub mod fp8;
+#[cfg(target_arch = "x86_64")]
+mod fp8_x86;
+
+pub use fp8::{
+    bf16_to_fp8, f16_to_fp8, f32_to_fp8, fp8_to_bf16, fp8_to_f32, Fp8Format, E4M3, E5M2,
+};
 
 use crate::level::{level, Level};
 

@@ -8,7 +8,11 @@
 //!   or, for 16-bit operands, into an `f32` C; it reports whether anything stored is inf or NaN.
 //!   [`gemm_slices`] and [`gemm_epilogue_slices`] are the safe, bounds-checked forms.
 //! * [`convert`]: the one conversion layer between `f32` and the two 16-bit formats (slices and
-//!   scalars), bit-exact with `half`'s scalar conversions, with one NaN rule for every path.
+//!   scalars), bit-exact with `half`'s scalar conversions, with one NaN rule for every path;
+//!   and the two FP8 formats, [`convert::E4M3`] and [`convert::E5M2`] (saturating narrowing
+//!   from f32, bf16 and f16; exact widening to f32 and bf16; see [`convert::fp8`]).
+//! * [`gemm_fp8`]: the product of two FP8 matrices (E4M3 or E5M2, each with its scales),
+//!   widened exactly to bf16 and multiplied by the bf16 product into an f32 C.
 //! * [`math`]: `erf` and `exp` for f32 without branches or calls, so that GELU's loops
 //!   vectorize.
 //! * [`norm`]: layer norm's row arithmetic (statistics and sums in f64, in fixed lanes).
@@ -25,12 +29,14 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod convert;
+mod fp8_gemm;
 mod gemm;
 mod level;
 pub mod math;
 pub mod norm;
 pub mod timing;
 
+pub use fp8_gemm::gemm_fp8;
 pub use gemm::{
     gemm, gemm_epilogue, gemm_epilogue_slices, gemm_slices, Activation, Epilogue, GemmElem,
     GemmOut, GemmReport, MatMut, MatRef,

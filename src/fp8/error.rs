@@ -1,0 +1,48 @@
+//! The typed run-time errors of FP8 quantisation: bad input is an [`Fp8Error`], never a panic.
+
+/// What can go wrong when quantising to FP8, computing a scale, or multiplying FP8 tensors.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Fp8Error {
+    /// An amax (the largest magnitude of a tensor, or one recorded in a history) is inf or NaN:
+    /// the data holds a non-finite value, and no scale can be computed from it.
+    #[error(
+        "the amax {amax} is not finite: the data holds inf or NaN, so no FP8 scale can be \
+         computed from it (skip the step, as for an overflow, and quantise finite data)"
+    )]
+    NonFiniteAmax {
+        /// The amax.
+        amax: f32,
+    },
+
+    /// A scale is inf, NaN, zero or negative: given by hand, or computed from an amax so small
+    /// that `fp8_max / amax` overflows FP32.
+    #[error(
+        "the FP8 scale {scale} is not a finite positive number{context}: a scale multiplies the \
+         data before it is cast, so it must be one (an amax below fp8_max / f32::MAX gives an \
+         infinite scale)"
+    )]
+    BadScale {
+        /// The scale.
+        scale: f32,
+        /// Where it came from (empty, or `" (computed from amax …)"`).
+        context: String,
+    },
+
+    /// Delayed scaling with an amax history that holds no amax above zero yet (a fresh history,
+    /// or only all-zero tensors recorded): the scale `fp8_max / amax` is undefined.
+    #[error(
+        "the amax history of delayed scaling holds no amax above zero ({len} entries): record \
+         one first (`DelayedScaling::record_amax`, or `DelayedScaling::from_first` with the \
+         first tensor), or use current scaling for this tensor"
+    )]
+    EmptyHistory {
+        /// The history's length.
+        len: usize,
+    },
+
+    /// A buffer's length does not match the shape it is given with, or two operands' shapes do
+    /// not fit a product.
+    #[error("FP8 shape mismatch: {0}")]
+    Shape(String),
+}
