@@ -3,10 +3,9 @@
 
 use crate::device::AmpDevice;
 use crate::error::AmpError;
-use crate::loss::Loss;
 use crate::master::TrainTarget;
 use crate::optim::MasterOptimizer;
-use crate::step::{sealed, StepProtocol};
+use crate::step::{scaled_backward, sealed, ForwardOutput, StepOptions, StepProtocol};
 use crate::tape::MixedGradients;
 
 use super::collective::AllReduce;
@@ -15,23 +14,25 @@ use super::data_parallel::DataParallel;
 impl<C> sealed::Sealed for DataParallel<C> {}
 
 impl<D: AmpDevice, C: AllReduce<D>> StepProtocol<D> for DataParallel<C> {
-    fn train_step<T, O, E, F>(
+    fn train_step_with<T, O, R, F>(
         &mut self,
         target: &mut T,
         optimizer: &mut O,
         grads: MixedGradients<D>,
+        options: &StepOptions,
         mut forward: F,
-    ) -> Result<MixedGradients<D>, E>
+    ) -> Result<MixedGradients<D>, R::Error>
     where
         T: TrainTarget<D>,
         O: MasterOptimizer<T::Master, D>,
-        E: From<AmpError>,
-        F: FnMut(&mut T, usize, MixedGradients<D>) -> Result<Loss<D>, E>,
+        R: ForwardOutput<D>,
+        F: FnMut(&mut T, usize, MixedGradients<D>) -> R,
     {
-        let loss = forward(target, 0, grads)?;
-        let scaled = self.scale(loss).backward()?;
+        options.check()?;
+        let scaled = scaled_backward(&self.scaler, target, grads, options, 0, &mut forward)?;
         let local = self.unscale(target, scaled)?;
-        let averaged = self.all_reduce(local)?;
+        let mut averaged = self.all_reduce(local)?;
+        options.clip_grads(&mut averaged)?;
         let outcome = self.step(optimizer, averaged)?;
         Ok(self.update(outcome)?)
     }

@@ -41,6 +41,7 @@ mod markers;
 mod merge;
 mod outcome;
 mod protocol;
+mod short;
 mod unscaled;
 mod update;
 
@@ -57,5 +58,7 @@ pub(crate) use outcome::{outcome_impls, verdicts};
 pub use outcome::{OutcomesAreNeverCloned, StepOutcome, StepOutcomes};
 pub(crate) use protocol::sealed;
 pub use protocol::StepProtocol;
+pub(crate) use short::scaled_backward;
+pub use short::{Clip, ForwardOutput, NoScaler, StepOptions};
 pub(crate) use unscaled::into_master;
 pub use unscaled::UnscaledGrads;

@@ -38,6 +38,8 @@ use crate::master::TrainTarget;
 use crate::optim::MasterOptimizer;
 use crate::tape::MixedGradients;
 
+use super::short::{ForwardOutput, StepOptions};
+
 /// The implementors of [`StepProtocol`] are the library's: the protocol's guarantees (the typed
 /// stages in order, the verdict back to the scaler that scaled) are theirs to keep.
 pub(crate) mod sealed {
@@ -59,7 +61,37 @@ pub trait StepProtocol<D: AmpDevice>: sealed::Sealed {
         1
     }
 
-    /// One iteration. For each loss `i` in `0..self.losses()`, `forward(target, i, grads)`
+    /// One iteration, in one call: the short form of the typed step. For each loss `l` in
+    /// `0..self.losses()` and each micro-batch `m` in `0..options.micro_batches()`, in that
+    /// order, `forward(target, l * options.micro_batches() + m, grads)` traces a forward pass into `grads` and
+    /// returns its FP32 loss (a [`Loss`], or a `Result` of one: [`ForwardOutput`]); each loss is
+    /// weighted by `1 / micro_batches` (when accumulating), scaled by its loss's scaler and
+    /// backward (a loss's micro-batches into one [`Accumulation`](super::Accumulation) window
+    /// at one scale); the gradients are unscaled into `target`'s master gradients (summed over
+    /// the losses, averaged across ranks) and checked for inf/NaN, clipped as `options` say
+    /// ([`StepOptions::clip_grad_norm`], [`StepOptions::clip_grad_value`]), `optimizer` steps
+    /// unless a gradient was inf or NaN, and the scale is updated. Returns the zeroed
+    /// gradients for the next iteration.
+    ///
+    /// It is the stage-by-stage loop (scale → backward → unscale → [all-reduce] → clip → step
+    /// → update, see [`crate::step`]) in one call, bit for bit: every bound of those stages
+    /// holds for it (an FP32 loss only, an optimizer over the FP32 master weights only).
+    fn train_step_with<T, O, R, F>(
+        &mut self,
+        target: &mut T,
+        optimizer: &mut O,
+        grads: MixedGradients<D>,
+        options: &StepOptions,
+        forward: F,
+    ) -> Result<MixedGradients<D>, R::Error>
+    where
+        T: TrainTarget<D>,
+        O: MasterOptimizer<T::Master, D>,
+        R: ForwardOutput<D>,
+        F: FnMut(&mut T, usize, MixedGradients<D>) -> R;
+
+    /// [`StepProtocol::train_step_with`] with the default [`StepOptions`] (one forward pass per
+    /// loss, no clipping): for each loss `i` in `0..self.losses()`, `forward(target, i, grads)`
     /// traces a forward pass into `grads` (the first loss into the `grads` given here, each
     /// further loss into freshly allocated ones) and returns its FP32 loss; each loss is
     /// scaled by its scaler and backward, the gradients are unscaled into `target`'s master
@@ -77,7 +109,10 @@ pub trait StepProtocol<D: AmpDevice>: sealed::Sealed {
         T: TrainTarget<D>,
         O: MasterOptimizer<T::Master, D>,
         E: From<AmpError>,
-        F: FnMut(&mut T, usize, MixedGradients<D>) -> Result<Loss<D>, E>;
+        F: FnMut(&mut T, usize, MixedGradients<D>) -> Result<Loss<D>, E>,
+    {
+        self.train_step_with(target, optimizer, grads, &StepOptions::new(), forward)
+    }
 
     /// Makes every rank's model rank 0's (master weights and buffers), before training. One
     /// process: nothing to do.
