@@ -334,9 +334,10 @@ fn the_scale_free_one_call_step_is_the_stages_bit_for_bit() {
         .map(|_| (0..2).map(|_| dev.sample_normal()).collect())
         .collect();
 
+    let mut no_scaler = NoScaler::new();
     let mut grads = short.alloc_grads().unwrap();
     for batch in &batches {
-        grads = NoScaler
+        grads = no_scaler
             .train_step_with(
                 &mut short,
                 &mut opt_short,

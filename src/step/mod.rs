@@ -1,5 +1,12 @@
 //! The typed training step.
 //!
+//! In one call per iteration: [`StepProtocol::train_step_with`] (a
+//! [`GradScaler`](crate::scaler::GradScaler), [`LossScalers`](crate::scaler::LossScalers) or
+//! [`DataParallel`](crate::distributed::DataParallel)) or, without a scaler,
+//! [`NoScaler::train_step_with`], each with [`StepOptions`] (clipping, gradient accumulation).
+//! That call runs the stages below in order; write them out for a loop that needs to look
+//! inside.
+//!
 //! With a loss scaler (FP16 models, and any model that wants one):
 //! scale → backward → unscale → (clip) → step → update.
 //!

@@ -33,7 +33,6 @@
 
 use crate::device::AmpDevice;
 use crate::error::AmpError;
-use crate::loss::Loss;
 use crate::master::TrainTarget;
 use crate::optim::MasterOptimizer;
 use crate::tape::MixedGradients;
@@ -97,19 +96,19 @@ pub trait StepProtocol<D: AmpDevice>: sealed::Sealed {
     /// scaled by its scaler and backward, the gradients are unscaled into `target`'s master
     /// gradients (summed over the losses, averaged across ranks), `optimizer` steps unless a
     /// gradient was inf or NaN, and the scale is updated. Returns the zeroed gradients for the
-    /// next iteration.
-    fn train_step<T, O, E, F>(
+    /// next iteration. `forward` returns the loss itself or a `Result` of it ([`ForwardOutput`]).
+    fn train_step<T, O, R, F>(
         &mut self,
         target: &mut T,
         optimizer: &mut O,
         grads: MixedGradients<D>,
         forward: F,
-    ) -> Result<MixedGradients<D>, E>
+    ) -> Result<MixedGradients<D>, R::Error>
     where
         T: TrainTarget<D>,
         O: MasterOptimizer<T::Master, D>,
-        E: From<AmpError>,
-        F: FnMut(&mut T, usize, MixedGradients<D>) -> Result<Loss<D>, E>,
+        R: ForwardOutput<D>,
+        F: FnMut(&mut T, usize, MixedGradients<D>) -> R,
     {
         self.train_step_with(target, optimizer, grads, &StepOptions::new(), forward)
     }

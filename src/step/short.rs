@@ -192,21 +192,35 @@ impl<D: AmpDevice, E: From<AmpError>> ForwardOutput<D> for Result<Loss<D>, E> {
 /// let mut model = Mlp::build(&dev)?;
 /// let mut opt = typed_amp::optim::adam(model.master(), AdamConfig::default());
 /// let options = StepOptions::new().clip_grad_norm(1.0);
+/// let mut no_scaler = NoScaler::new();
 /// let mut grads = model.alloc_grads()?;
 /// for _ in 0..2 {
-///     grads = NoScaler.train_step_with(&mut model, &mut opt, grads, &options, |model, _, grads| {
+///     grads = no_scaler.train_step_with(&mut model, &mut opt, grads, &options, |model, _, grads| {
 ///         let x: Tensor<Rank2<4, 8>, f32, _> = dev.sample_normal();
 ///         let logits = model.working().forward(x.traced_mixed(grads));
 ///         mse_loss(logits, dev.zeros())
 ///     })?;
 /// }
+/// assert_eq!(no_scaler.skipped_steps(), 0);
 /// # Ok(())
 /// # }
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NoScaler;
+pub struct NoScaler {
+    skipped_steps: u64,
+}
 
 impl NoScaler {
+    /// A scale-free step that has skipped no step yet.
+    pub const fn new() -> Self {
+        Self { skipped_steps: 0 }
+    }
+
+    /// Steps skipped so far because a gradient was inf or NaN (or its square overflowed FP32).
+    pub const fn skipped_steps(&self) -> u64 {
+        self.skipped_steps
+    }
+
     /// One iteration without a loss scaler, as [`StepProtocol::train_step_with`] runs it with
     /// one: `forward(target, i, grads)` traces micro-batch `i` (of
     /// [`StepOptions::micro_batches`]) into `grads` and returns its FP32 loss; the losses are
@@ -239,7 +253,9 @@ impl NoScaler {
         let raw = super::RawGrads::new(grads);
         let mut unscaled = raw.check(target)?;
         options.clip_grads(&mut unscaled)?;
-        Ok(unscaled.step(optimizer)?.into_grads())
+        let outcome = unscaled.step(optimizer)?;
+        self.skipped_steps += u64::from(outcome.skipped());
+        Ok(outcome.into_grads())
     }
 
     /// [`NoScaler::train_step_with`] with the default options: one forward pass, no clipping.
