@@ -346,7 +346,9 @@ pub mod prelude {
     pub use crate::ops::softmax::{log_softmax, softmax};
     pub use crate::precision::{BF16, F16, F32};
     pub use crate::scaler::GradScaler;
-    pub use crate::step::{clip_grad_norm, clip_grad_value, NoScaler, StepOptions, StepProtocol};
+    pub use crate::step::{
+        clip_grad_norm, clip_grad_value, NoScaler, ScaleState, StepOptions, StepProtocol,
+    };
     pub use crate::tape::TraceMixed;
 }
 

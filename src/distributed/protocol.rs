@@ -5,11 +5,13 @@ use crate::device::AmpDevice;
 use crate::error::AmpError;
 use crate::master::TrainTarget;
 use crate::optim::MasterOptimizer;
-use crate::step::{scaled_backward, sealed, ForwardOutput, StepOptions, StepProtocol};
+use crate::scaler::ScalerState;
+use crate::step::{scaled_backward, sealed, ForwardOutput, ScaleState, StepOptions, StepProtocol};
 use crate::tape::MixedGradients;
 
-use super::collective::AllReduce;
+use super::collective::{AllReduce, Collective};
 use super::data_parallel::DataParallel;
+use super::digest::scaler_digest;
 
 impl<C> sealed::Sealed for DataParallel<C> {}
 
@@ -47,5 +49,25 @@ impl<D: AmpDevice, C: AllReduce<D>> StepProtocol<D> for DataParallel<C> {
 
     fn check_in_sync<T: TrainTarget<D>>(&self, target: &T) -> Result<(), AmpError> {
         DataParallel::check_in_sync(self, target)
+    }
+}
+
+/// The scale state of the one scaler every rank keeps alike. The scaler itself stays inside
+/// the `DataParallel`: its own typed step would take gradients never reduced across ranks.
+impl<C: Collective> ScaleState for DataParallel<C> {
+    const DATA_PARALLEL: bool = true;
+
+    fn state(&self) -> ScalerState {
+        self.scaler.state()
+    }
+
+    /// Collective: every rank must load the same state (checked: [`AmpError::RanksDiverged`]).
+    fn load_state(&mut self, state: ScalerState) -> Result<(), AmpError> {
+        self.scaler.load_state(state)?;
+        self.check_same(&scaler_digest(&self.scaler.state()), "loss-scaler state")
+    }
+
+    fn check_no_step_in_flight(&self) -> Result<(), AmpError> {
+        self.scaler.check_no_step_in_flight()
     }
 }

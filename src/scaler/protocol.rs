@@ -5,7 +5,9 @@ use crate::device::AmpDevice;
 use crate::error::AmpError;
 use crate::master::TrainTarget;
 use crate::optim::MasterOptimizer;
-use crate::step::{scaled_backward, sealed, ForwardOutput, StepOptions, StepProtocol};
+use crate::step::{scaled_backward, sealed, ForwardOutput, ScaleState, StepOptions, StepProtocol};
+
+use super::state::ScalerState;
 use crate::tape::MixedGradients;
 
 use super::grad_scaler::GradScaler;
@@ -34,6 +36,32 @@ impl<D: AmpDevice> StepProtocol<D> for GradScaler {
         options.clip_grads(&mut unscaled)?;
         let outcome = self.step(optimizer, unscaled)?;
         Ok(self.update(outcome)?)
+    }
+}
+
+impl ScaleState for GradScaler {
+    fn state(&self) -> ScalerState {
+        GradScaler::state(self)
+    }
+
+    fn load_state(&mut self, state: ScalerState) -> Result<(), AmpError> {
+        GradScaler::load_state(self, state)
+    }
+
+    fn check_no_step_in_flight(&self) -> Result<(), AmpError> {
+        GradScaler::check_no_step_in_flight(self)
+    }
+
+    fn get_scale(&self) -> f32 {
+        GradScaler::get_scale(self)
+    }
+
+    fn growth_tracker(&self) -> u32 {
+        GradScaler::growth_tracker(self)
+    }
+
+    fn skipped_steps(&self) -> u64 {
+        GradScaler::skipped_steps(self)
     }
 }
 

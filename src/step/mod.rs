@@ -64,7 +64,7 @@ pub(crate) use outcome::sealed::OutcomeSet;
 pub(crate) use outcome::{outcome_impls, verdicts};
 pub use outcome::{OutcomesAreNeverCloned, StepOutcome, StepOutcomes};
 pub(crate) use protocol::sealed;
-pub use protocol::StepProtocol;
+pub use protocol::{ScaleState, StepProtocol};
 pub(crate) use short::scaled_backward;
 pub use short::{Clip, ForwardOutput, NoScaler, StepOptions};
 pub(crate) use unscaled::into_master;

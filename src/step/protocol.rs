@@ -35,6 +35,7 @@ use crate::device::AmpDevice;
 use crate::error::AmpError;
 use crate::master::TrainTarget;
 use crate::optim::MasterOptimizer;
+use crate::scaler::ScalerState;
 use crate::tape::MixedGradients;
 
 use super::short::{ForwardOutput, StepOptions};
@@ -132,5 +133,60 @@ pub trait StepProtocol<D: AmpDevice>: sealed::Sealed {
     fn check_in_sync<T: TrainTarget<D>>(&self, target: &T) -> Result<(), AmpError> {
         let _ = target;
         Ok(())
+    }
+}
+
+/// The scale state of a step protocol with one loss scaler: a
+/// [`GradScaler`](crate::scaler::GradScaler), or a [`DataParallel`](crate::distributed::DataParallel)
+/// (whose scaler is the same on every rank). What a training loop written against
+/// [`StepProtocol`] reads and restores of its scaler: progress (the scale, skipped steps),
+/// checkpoints ([`crate::checkpoint::save`] takes any `ScaleState`, so a `DataParallel` is saved
+/// as it is). [`LossScalers`](crate::scaler::LossScalers) has one scaler per loss, each read with
+/// [`LossScalers::get`](crate::scaler::LossScalers::get).
+///
+/// Sealed: implemented by those two only.
+///
+/// ```rust
+/// # use typed_amp::prelude::*;
+/// use typed_amp::distributed::{DataParallel, SingleProcess};
+///
+/// fn describe<P: StepProtocol<Cpu> + ScaleState>(protocol: &P) -> String {
+///     format!("scale {}, {} skipped", protocol.get_scale(), protocol.skipped_steps())
+/// }
+///
+/// assert_eq!(describe(&GradScaler::dynamic()), "scale 65536, 0 skipped");
+/// let dist = DataParallel::new(GradScaler::dynamic(), SingleProcess)?;
+/// assert_eq!(describe(&dist), "scale 65536, 0 skipped");
+/// # Ok::<(), AmpError>(())
+/// ```
+pub trait ScaleState: sealed::Sealed {
+    /// Whether the protocol trains across ranks: a checkpoint of it records the number of
+    /// ranks, and only rank 0's figures are its own.
+    const DATA_PARALLEL: bool = false;
+
+    /// The scaler's complete state, as a checkpoint saves it.
+    fn state(&self) -> ScalerState;
+
+    /// Restores saved scaler state (e.g. from a checkpoint); on error nothing changes. A
+    /// `DataParallel`: collective, every rank loads the same state (checked).
+    fn load_state(&mut self, state: ScalerState) -> Result<(), AmpError>;
+
+    /// Errors with [`AmpError::OutcomeNotUpdated`] if a step taken with this scaler has an
+    /// outcome that has not reached its update: the state does not count that step yet.
+    fn check_no_step_in_flight(&self) -> Result<(), AmpError>;
+
+    /// The current loss scale (PyTorch's `get_scale()`).
+    fn get_scale(&self) -> f32 {
+        self.state().scale
+    }
+
+    /// Clean steps since the last growth or backoff.
+    fn growth_tracker(&self) -> u32 {
+        self.state().growth_tracker
+    }
+
+    /// Steps skipped so far because a gradient (on some rank) was inf or NaN.
+    fn skipped_steps(&self) -> u64 {
+        self.state().skipped_steps
     }
 }
