@@ -63,8 +63,9 @@ pub trait StepProtocol<D: AmpDevice>: sealed::Sealed {
 
     /// One iteration, in one call: the short form of the typed step. For each loss `l` in
     /// `0..self.losses()` and each micro-batch `m` in `0..options.micro_batches()`, in that
-    /// order, `forward(target, l * options.micro_batches() + m, grads)` traces a forward pass into `grads` and
-    /// returns its FP32 loss (a [`Loss`], or a `Result` of one: [`ForwardOutput`]); each loss is
+    /// order, `forward(target, l * options.micro_batches() + m, grads)` traces a forward pass
+    /// into `grads` and returns its FP32 loss (a [`Loss`](crate::loss::Loss), or a `Result` of
+    /// one: [`ForwardOutput`]); each loss is
     /// weighted by `1 / micro_batches` (when accumulating), scaled by its loss's scaler and
     /// backward (a loss's micro-batches into one [`Accumulation`](super::Accumulation) window
     /// at one scale); the gradients are unscaled into `target`'s master gradients (summed over
@@ -137,11 +138,11 @@ pub trait StepProtocol<D: AmpDevice>: sealed::Sealed {
 }
 
 /// The scale state of a step protocol with one loss scaler: a
-/// [`GradScaler`](crate::scaler::GradScaler), or a [`DataParallel`](crate::distributed::DataParallel)
-/// (whose scaler is the same on every rank). What a training loop written against
-/// [`StepProtocol`] reads and restores of its scaler: progress (the scale, skipped steps),
-/// checkpoints ([`crate::checkpoint::save`] takes any `ScaleState`, so a `DataParallel` is saved
-/// as it is). [`LossScalers`](crate::scaler::LossScalers) has one scaler per loss, each read with
+/// [`GradScaler`](crate::scaler::GradScaler), or a
+/// [`DataParallel`](crate::distributed::DataParallel) (whose scaler is the same on every rank).
+/// What a training loop written against [`StepProtocol`] reads and restores of its scaler:
+/// progress (the scale, skipped steps), checkpoints ([`crate::checkpoint::save`] takes any
+/// `ScaleState`, so a `DataParallel` is saved as it is). [`LossScalers`](crate::scaler::LossScalers) has one scaler per loss, each read with
 /// [`LossScalers::get`](crate::scaler::LossScalers::get).
 ///
 /// Sealed: implemented by those two only.

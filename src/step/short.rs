@@ -1,12 +1,13 @@
 //! The short form of the typed step: one call per iteration
-//! ([`StepProtocol::train_step_with`], [`NoScaler::train_step_with`]), with gradient clipping
-//! and gradient accumulation as options of it ([`StepOptions`]).
+//! ([`StepProtocol::train_step_with`](super::StepProtocol::train_step_with),
+//! [`NoScaler::train_step_with`]), with gradient clipping and gradient accumulation as options
+//! of it ([`StepOptions`]).
 //!
 //! The call runs the typed stages of the module documentation in order, so every rule of the
 //! stage-by-stage loop holds for it too: with a scaler, scale → backward (once per micro-batch,
 //! in one [`Accumulation`](super::Accumulation) window) → unscale → [all-reduce] → clip → step →
-//! update; without one ([`NoScaler`], BF16 and FP32 models only, rule
-//! [`FullRange`]), backward → check → clip → step.
+//! update; without one ([`NoScaler`], BF16 and FP32 models only, rule [`FullRange`]),
+//! backward → check → clip → step.
 
 use crate::device::AmpDevice;
 use crate::error::AmpError;
@@ -22,10 +23,7 @@ use super::clip::{clip_grad_norm, clip_grad_value};
 use super::kind::ReadyForStep;
 use super::markers::Unscaled;
 
-#[cfg(doc)]
-use super::protocol::StepProtocol;
-
-/// How [`StepProtocol::train_step_with`] clips the unscaled gradients before the step.
+/// How the one-call step ([`StepOptions`]) clips the unscaled gradients before the step.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Clip {
     /// [`clip_grad_norm`]: scale all master gradients so that their global 2-norm is at most
@@ -36,7 +34,8 @@ pub enum Clip {
     Value(f32),
 }
 
-/// The options of the one-call step ([`StepProtocol::train_step_with`],
+/// The options of the one-call step
+/// ([`StepProtocol::train_step_with`](super::StepProtocol::train_step_with),
 /// [`NoScaler::train_step_with`]): gradient clipping on the unscaled gradients, and gradient
 /// accumulation over micro-batches. The default is neither: one forward pass, no clipping.
 ///
@@ -179,8 +178,9 @@ impl<D: AmpDevice, E: From<AmpError>> ForwardOutput<D> for Result<Loss<D>, E> {
 /// (use a [`GradScaler`](crate::scaler::GradScaler)).
 ///
 /// Its stages: [`Loss::backward`] (once per micro-batch, into the same gradients) →
-/// [`RawGrads::check`](super::RawGrads::check) → clip → [`UnscaledGrads::step`](super::UnscaledGrads::step)
-/// → [`StepOutcome::into_grads`](super::StepOutcome::into_grads).
+/// [`RawGrads::check`](super::RawGrads::check) → clip →
+/// [`UnscaledGrads::step`](super::UnscaledGrads::step) →
+/// [`StepOutcome::into_grads`](super::StepOutcome::into_grads).
 ///
 /// ```rust
 /// # use typed_amp::prelude::*;
@@ -221,9 +221,10 @@ impl NoScaler {
         self.skipped_steps
     }
 
-    /// One iteration without a loss scaler, as [`StepProtocol::train_step_with`] runs it with
-    /// one: `forward(target, i, grads)` traces micro-batch `i` (of
-    /// [`StepOptions::micro_batches`]) into `grads` and returns its FP32 loss; the losses are
+    /// One iteration without a loss scaler, as
+    /// [`StepProtocol::train_step_with`](super::StepProtocol::train_step_with) runs it with one:
+    /// `forward(target, i, grads)` traces micro-batch `i` (of [`StepOptions::micro_batches`])
+    /// into `grads` and returns its FP32 loss; the losses are
     /// backward into the same gradients (each weighted by `1 / micro_batches`), checked into
     /// `target`'s master gradients (inf/NaN found), clipped as `options` say, and `optimizer`
     /// steps unless a gradient was inf or NaN. Returns the zeroed gradients for the next
