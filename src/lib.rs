@@ -69,9 +69,12 @@
 //! ```
 //!
 //! Under it run the typed stages, each a value only the next accepts ([`step`]): for each
-//! micro-batch the forward pass and [`GradScaler::scale`] → [`ScaledLoss::backward`](step::ScaledLoss::backward)
-//! (in one [`Accumulation`](step::Accumulation) window when accumulating), then
-//! [`GradScaler::unscale`] → [`clip_grad_norm`] → [`GradScaler::step`] → [`GradScaler::update`].
+//! micro-batch the forward pass and [`GradScaler::scale`](scaler::GradScaler::scale) →
+//! [`ScaledLoss::backward`](step::ScaledLoss::backward) (in one
+//! [`Accumulation`](step::Accumulation) window when accumulating), then
+//! [`GradScaler::unscale`](scaler::GradScaler::unscale) →
+//! [`clip_grad_norm`](step::clip_grad_norm) → [`GradScaler::step`](scaler::GradScaler::step) →
+//! [`GradScaler::update`](scaler::GradScaler::update).
 //! Every rule of the stages holds for the short form (an FP16 loss, an optimizer over the working
 //! copy, an FP16 model stepped by [`NoScaler`](step::NoScaler) do not compile). The same
 //! iteration stage by stage, for a loop that needs to look inside (the short form gives the same
