@@ -402,3 +402,80 @@ fn invalid_step_options_are_refused_before_anything_runs() {
     assert_eq!(master_digest(&model).unwrap(), before);
     assert_eq!(scaler.state(), O2Mlp::scaler().state());
 }
+
+/// One scaler per loss with accumulation: each loss's micro-batches in a window of its own
+/// scaler (forward index `loss * micro_batches + micro`), unscaled and merged, clipped, one step.
+#[test]
+fn the_one_call_step_through_loss_scalers_with_accumulation_is_the_stages_bit_for_bit() {
+    const MICRO: usize = 2;
+    let options = StepOptions::new().clip_grad_value(0.01).accumulate(MICRO);
+    let (mut short, mut staged) = (LossScalers::new(2, scaler()), LossScalers::new(2, scaler()));
+    let dev = Cpu::seed_from_u64(13);
+    let inputs: Vec<Tensor<Rank2<8, 6>, f16, Cpu>> = (0..STEPS * 2 * MICRO)
+        .map(|_| {
+            let x: Tensor<Rank2<8, 6>, f32, Cpu> = dev.sample_normal();
+            x.to_dtype::<f16>()
+        })
+        .collect();
+    // Loss 1 overflows FP16 in its last micro-batch of steps 2 and 7.
+    let weight = |step: usize, loss: usize, micro: usize| match (loss, step % 5, micro) {
+        (1, 2, m) if m == MICRO - 1 => 1e9,
+        (1, _, _) => 10.0,
+        _ => 1.0,
+    };
+    let x = |step: usize, index: usize| inputs[step * 2 * MICRO + index].clone();
+
+    let mut model = MasterWeights::build::<Mlp>(&Cpu::seed_from_u64(7)).unwrap();
+    let mut opt = typed_amp::optim::adam(model.master(), AdamConfig::default());
+    let mut grads = model.alloc_grads().unwrap();
+    for step in 0..STEPS {
+        grads = short
+            .train_step_with(
+                &mut model,
+                &mut opt,
+                grads,
+                &options,
+                |model, index, grads| {
+                    let w = weight(step, index / MICRO, index % MICRO);
+                    loss(&dev, model, x(step, index), w, grads)
+                },
+            )
+            .unwrap();
+    }
+    let short_digest = master_digest(&model).unwrap();
+
+    let mut model = MasterWeights::build::<Mlp>(&Cpu::seed_from_u64(7)).unwrap();
+    let mut opt = typed_amp::optim::adam(model.master(), AdamConfig::default());
+    let mut next = Some(model.alloc_grads().unwrap());
+    for step in 0..STEPS {
+        let mut scaled = Vec::new();
+        for l in 0..2 {
+            let grads = match next.take() {
+                Some(grads) => grads,
+                None => model.alloc_grads().unwrap(),
+            };
+            let mut window = staged.get(l).unwrap().accumulate(grads);
+            for m in 0..MICRO {
+                let out = model
+                    .working()
+                    .forward(window.trace(x(step, l * MICRO + m)).unwrap());
+                let loss = mse_loss(out.to_f32(), dev.ones()) * weight(step, l, m);
+                window.backward(loss * (1.0 / MICRO as f32)).unwrap();
+            }
+            scaled.push(window.finish().unwrap());
+        }
+        let scaled1 = scaled.pop().unwrap();
+        let scaled0 = scaled.pop().unwrap();
+        let (s0, s1) = (staged.get(0).unwrap(), staged.get(1).unwrap());
+        let mut total = s0.unscale(&mut model, scaled0).unwrap();
+        total.merge(s1, scaled1).unwrap();
+        clip_grad_value(&mut total, 0.01).unwrap();
+        let outcome = s0.step(&mut opt, total).unwrap();
+        next = Some(staged.update(outcome).unwrap());
+    }
+    assert_eq!(short_digest, master_digest(&model).unwrap());
+    assert_eq!(short, staged);
+    // Loss 1 overflowed at steps 2 and 7 and its scaler alone backed off.
+    let (s0, s1) = (short.get(0).unwrap(), short.get(1).unwrap());
+    assert_eq!((s0.skipped_steps(), s1.skipped_steps()), (0, 2));
+}
