@@ -326,8 +326,11 @@ pub mod prelude {
     //! replaced the same way by typed-amp's FP32-only ones) and, of typed-amp, what the loop in the
     //! crate documentation names or calls a method of: the model wrappers ([`MasterWeights`] and
     //! [`TrainTarget`]'s `master()`/`working()`), [`TraceMixed`]'s `.traced_mixed(grads)`,
-    //! [`Cast`]'s `.to_f16()`/`.to_bf16()`/`.to_f32()`, the losses, [`GradScaler`], clipping,
-    //! [`AmpError`] and the precision markers [`F16`], [`BF16`] and [`F32`].
+    //! [`Cast`]'s `.to_f16()`/`.to_bf16()`/`.to_f32()`, the losses, [`GradScaler`], the one-call
+    //! step ([`StepProtocol`]'s `train_step`/`train_step_with`, [`StepOptions`], [`NoScaler`],
+    //! and [`ScaleState`]'s `get_scale()`/`skipped_steps()` for a `DataParallel` as for a
+    //! `GradScaler`), clipping, [`AmpError`] and the precision markers [`F16`], [`BF16`] and
+    //! [`F32`].
     //!
     //! Everything else has one path, its module's: `typed_amp::scaler::LossScalers`,
     //! `typed_amp::step::UnscaledGrads`, `typed_amp::precision::DType`,
