@@ -1,8 +1,11 @@
 //! Quickstart: train a small MLP with FP16 layers and FP32 master weights.
 //!
-//! The data are four Gaussian clusters in 32 dimensions, the labels their cluster. Every step
-//! runs the mixed-precision recipe in the order the compiler enforces:
-//! scale → backward → unscale → step → update.
+//! The data are four Gaussian clusters in 32 dimensions, the labels their cluster. Each
+//! iteration is one call, `scaler.train_step_with(..)`, as PyTorch's `autocast` + `GradScaler`
+//! loop: it takes the forward pass as a closure returning the FP32 loss, and runs the
+//! mixed-precision recipe under it in the order the compiler enforces:
+//! scale → backward → unscale → clip → step → update. The last iterations are the same steps
+//! written out stage by stage, which give the same bits, for loops that need to look inside.
 //!
 //! Run with `cargo run --release --example 01_quickstart`.
 
@@ -69,7 +72,7 @@ fn main() -> Result<(), AmpError> {
     // FP32 master weights, and an FP16 working copy for forward and backward.
     let mut model = MasterWeights::build::<Mlp>(&dev)?;
     // The optimizer is built on the FP32 master: building it on `model.working()` (FP16) would
-    // not compile when passed to `scaler.step`.
+    // not compile when passed to `scaler.train_step_with` or `scaler.step`.
     let mut opt = Sgd::new(
         model.master(),
         SgdConfig {
@@ -79,22 +82,23 @@ fn main() -> Result<(), AmpError> {
         },
     );
     let mut scaler = GradScaler::dynamic();
+    // Clipping acts on the unscaled gradients (clipping scaled ones would not compile).
+    let options = StepOptions::new().clip_grad_norm(5.0);
     let mut grads = model.alloc_grads()?;
 
     println!("step   loss     scale  skipped");
     for step in 1..=STEPS {
-        let (x, y) = data.batch(&dev);
-        let logits = model.working().forward(x.traced_mixed(grads));
-        // Losses are FP32 only: `cross_entropy_with_logits_loss(logits, y)` on the FP16 logits
-        // would not compile.
-        let loss = cross_entropy_with_logits_loss(logits.to_f32(), y);
-        let loss_value = loss.value();
-
-        let scaled = scaler.scale(loss).backward()?;
-        let unscaled = scaler.unscale(&mut model, scaled)?;
-        let outcome = scaler.step(&mut opt, unscaled)?;
-        grads = scaler.update(outcome)?;
-
+        let mut loss_value = 0.0;
+        grads =
+            scaler.train_step_with(&mut model, &mut opt, grads, &options, |model, _, grads| {
+                let (x, y) = data.batch(&dev);
+                let logits = model.working().forward(x.traced_mixed(grads));
+                // Losses are FP32 only: `cross_entropy_with_logits_loss(logits, y)` on the FP16
+                // logits would not compile.
+                let loss = cross_entropy_with_logits_loss(logits.to_f32(), y);
+                loss_value = loss.value();
+                loss
+            })?;
         if step == 1 || step % 50 == 0 {
             println!(
                 "{step:>4}  {loss_value:.4}  {:>8}  {}",
@@ -103,6 +107,19 @@ fn main() -> Result<(), AmpError> {
             );
         }
     }
+
+    // What `train_step_with` runs, stage by stage: a few more steps written out.
+    for _ in 0..10 {
+        let (x, y) = data.batch(&dev);
+        let logits = model.working().forward(x.traced_mixed(grads));
+        let loss = cross_entropy_with_logits_loss(logits.to_f32(), y);
+        let scaled = scaler.scale(loss).backward()?; // gradients × scale
+        let mut unscaled = scaler.unscale(&mut model, scaled)?; // ÷ scale, inf/NaN checked
+        clip_grad_norm(&mut unscaled, 5.0)?; // on unscaled gradients only
+        let outcome = scaler.step(&mut opt, unscaled)?; // skipped on inf/NaN
+        grads = scaler.update(outcome)?; // the next iteration's gradients
+    }
+    let _ = grads;
 
     let (x, y) = data.batch(&dev);
     let predicted = model.working().forward(x).to_f32().array();

@@ -4,6 +4,9 @@
 //! window borrows the scaler, so `scaler.update(..)` cannot run (does not compile) until the
 //! window is finished and the step taken.
 //!
+//! The one-call step does the same with `StepOptions::new().accumulate(4)`: its forward closure
+//! runs four times per step, each loss weighted by 1/4, in one window (the last three steps).
+//!
 //! Run with `cargo run --release --example 02_gradient_accumulation`.
 
 use typed_amp::prelude::*;
@@ -37,6 +40,32 @@ fn main() -> Result<(), AmpError> {
         grads = scaler.update(outcome)?;
         println!(
             "step {step}: {micro_batches} micro-batches, loss {loss_sum:.4}, scale {}",
+            scaler.get_scale()
+        );
+    }
+
+    // The same accumulation in one call per step: `micro` is the micro-batch's index.
+    let options = StepOptions::new().accumulate(MICRO_BATCHES);
+    for step in 4..=6 {
+        let mut loss_sum = 0.0;
+        grads = scaler.train_step_with(
+            &mut model,
+            &mut opt,
+            grads,
+            &options,
+            |model, _micro, grads| {
+                let x: Tensor<Rank2<16, 16>, f32, _> = dev.sample_normal();
+                let y: Tensor<Rank2<16, 4>, f32, _> = dev.sample_normal();
+                let logits = model
+                    .working()
+                    .forward(x.to_dtype::<f16>().traced_mixed(grads));
+                let loss = mse_loss(logits.to_f32(), y); // weighted by 1/4 by the step
+                loss_sum += loss.value() / MICRO_BATCHES as f32;
+                loss
+            },
+        )?;
+        println!(
+            "step {step}: {MICRO_BATCHES} micro-batches in one call, loss {loss_sum:.4}, scale {}",
             scaler.get_scale()
         );
     }

@@ -37,6 +37,49 @@
 //!
 //! # The training step
 //!
+//! One call per iteration, as PyTorch's `autocast` + `GradScaler` loop:
+//! [`StepProtocol::train_step_with`](step::StepProtocol::train_step_with) takes the forward pass
+//! as a closure that traces the batch into the gradients and returns the FP32 loss, and
+//! [`StepOptions`](step::StepOptions) adds clipping (on the unscaled gradients) and gradient
+//! accumulation:
+//!
+//! ```rust
+//! use typed_amp::prelude::*;
+//!
+//! #[typed_amp::amp(policy = "O2", cast_model_outputs = "fp32")]
+//! struct Mlp { fc1: Linear<784, 128>, act: ReLU, fc2: Linear<128, 10> }
+//!
+//! # fn main() -> Result<(), AmpError> {
+//! let dev = Cpu::default();
+//! let mut model = Mlp::build(&dev)?;                       // FP32 master, FP16 working copy
+//! let mut opt = typed_amp::optim::adam(model.master(), AdamConfig::default());
+//! let mut scaler = Mlp::scaler();                          // PyTorch's defaults
+//! let options = StepOptions::new().clip_grad_norm(1.0).accumulate(2);
+//! let mut grads = model.alloc_grads()?;
+//! for _ in 0..3 {
+//!     grads = scaler.train_step_with(&mut model, &mut opt, grads, &options, |model, _micro, grads| {
+//!         let x: Tensor<Rank2<32, 784>, f32, _> = dev.sample_normal(); // micro-batch `_micro`
+//!         let y: Tensor<Rank2<32, 10>, f32, _> = dev.zeros();
+//!         let logits = model.working().forward(x.traced_mixed(grads));  // FP16 inside
+//!         cross_entropy_with_logits_loss(logits, y)                      // FP32 only
+//!     })?;
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Under it run the typed stages, each a value only the next accepts ([`step`]): for each
+//! micro-batch the forward pass and [`GradScaler::scale`](scaler::GradScaler::scale) →
+//! [`ScaledLoss::backward`](step::ScaledLoss::backward) (in one
+//! [`Accumulation`](step::Accumulation) window when accumulating), then
+//! [`GradScaler::unscale`](scaler::GradScaler::unscale) →
+//! [`clip_grad_norm`](step::clip_grad_norm) → [`GradScaler::step`](scaler::GradScaler::step) →
+//! [`GradScaler::update`](scaler::GradScaler::update).
+//! Every rule of the stages holds for the short form (an FP16 loss, an optimizer over the working
+//! copy, an FP16 model stepped by [`NoScaler`](step::NoScaler) do not compile). The same
+//! iteration stage by stage, for a loop that needs to look inside (the short form gives the same
+//! bits):
+//!
 //! ```rust
 //! use typed_amp::dfdx::optim::Sgd;
 //! use typed_amp::prelude::*;
@@ -67,7 +110,9 @@
 //! ```
 //!
 //! BF16 has FP32's exponent range, so a BF16 model (or an FP32 one) steps without a scaler, its
-//! gradients still checked for inf and NaN:
+//! gradients still checked for inf and NaN: in one call with [`NoScaler`](step::NoScaler)
+//! (`NoScaler::new().train_step_with(..)`, which does not compile for an FP16 model), or by
+//! stages:
 //!
 //! ```rust
 //! # use typed_amp::prelude::*;
@@ -282,8 +327,11 @@ pub mod prelude {
     //! replaced the same way by typed-amp's FP32-only ones) and, of typed-amp, what the loop in the
     //! crate documentation names or calls a method of: the model wrappers ([`MasterWeights`] and
     //! [`TrainTarget`]'s `master()`/`working()`), [`TraceMixed`]'s `.traced_mixed(grads)`,
-    //! [`Cast`]'s `.to_f16()`/`.to_bf16()`/`.to_f32()`, the losses, [`GradScaler`], clipping,
-    //! [`AmpError`] and the precision markers [`F16`], [`BF16`] and [`F32`].
+    //! [`Cast`]'s `.to_f16()`/`.to_bf16()`/`.to_f32()`, the losses, [`GradScaler`], the one-call
+    //! step ([`StepProtocol`]'s `train_step`/`train_step_with`, [`StepOptions`], [`NoScaler`],
+    //! and [`ScaleState`]'s `get_scale()`/`skipped_steps()` for a `DataParallel` as for a
+    //! `GradScaler`), clipping, [`AmpError`] and the precision markers [`F16`], [`BF16`] and
+    //! [`F32`].
     //!
     //! Everything else has one path, its module's: `typed_amp::scaler::LossScalers`,
     //! `typed_amp::step::UnscaledGrads`, `typed_amp::precision::DType`,
@@ -305,7 +353,9 @@ pub mod prelude {
     pub use crate::ops::softmax::{log_softmax, softmax};
     pub use crate::precision::{BF16, F16, F32};
     pub use crate::scaler::GradScaler;
-    pub use crate::step::{clip_grad_norm, clip_grad_value};
+    pub use crate::step::{
+        clip_grad_norm, clip_grad_value, NoScaler, ScaleState, StepOptions, StepProtocol,
+    };
     pub use crate::tape::TraceMixed;
 }
 

@@ -11,11 +11,10 @@ use typed_amp::amp::{AmpConfig, AmpModel, MasterOf, WorkingOf};
 use typed_amp::checkpoint::{self, CheckpointError};
 use typed_amp::device::Kernels;
 use typed_amp::dfdx::optim::Adam;
-use typed_amp::distributed::{record_world_size, shard, Collective, DataParallel, SingleProcess};
+use typed_amp::distributed::{record_world_size, shard, Collective, SingleProcess};
 use typed_amp::optim::{cosine_lr, LearningRate, MasterOptimizer, OptimizerState};
 use typed_amp::prelude::*;
-use typed_amp::scaler::ScalerState;
-use typed_amp::step::StepProtocol;
+use typed_amp::step::{ScaleState, StepProtocol};
 use typed_amp::{
     error::AmpError, master::TrainTarget, ops::AmpOps, optim::LowPrecisionUpdates,
     params::Parameters, tape::MixedTape,
@@ -161,54 +160,6 @@ pub(crate) fn resume_point(
     Ok((done, step))
 }
 
-/// What the epoch loop reads and restores of a step protocol's loss scale: a [`GradScaler`]'s
-/// in one process, a [`DataParallel`]'s (the same on every rank) in a data-parallel run.
-pub(crate) trait RunScaler {
-    /// Whether the run is data-parallel: its checkpoints record the number of ranks, and its
-    /// progress says whose figures it shows.
-    const DATA_PARALLEL: bool;
-    /// The current loss scale.
-    fn get_scale(&self) -> f32;
-    /// Steps skipped so far (those of the run a checkpoint resumed included).
-    fn skipped_steps(&self) -> u64;
-    /// The scaler's state, as a checkpoint saves it.
-    fn state(&self) -> ScalerState;
-    /// Restores a checkpoint's scaler state.
-    fn load_state(&mut self, state: ScalerState) -> Result<(), AmpError>;
-}
-
-impl RunScaler for GradScaler {
-    const DATA_PARALLEL: bool = false;
-    fn get_scale(&self) -> f32 {
-        GradScaler::get_scale(self)
-    }
-    fn skipped_steps(&self) -> u64 {
-        GradScaler::skipped_steps(self)
-    }
-    fn state(&self) -> ScalerState {
-        GradScaler::state(self)
-    }
-    fn load_state(&mut self, state: ScalerState) -> Result<(), AmpError> {
-        GradScaler::load_state(self, state)
-    }
-}
-
-impl<C: Collective> RunScaler for DataParallel<C> {
-    const DATA_PARALLEL: bool = true;
-    fn get_scale(&self) -> f32 {
-        DataParallel::get_scale(self)
-    }
-    fn skipped_steps(&self) -> u64 {
-        DataParallel::skipped_steps(self)
-    }
-    fn state(&self) -> ScalerState {
-        DataParallel::state(self)
-    }
-    fn load_state(&mut self, state: ScalerState) -> Result<(), AmpError> {
-        DataParallel::load_state(self, state)
-    }
-}
-
 /// Trains one model under one policy: the CLI's one epoch loop, in one process (`comm` is
 /// [`SingleProcess`], the protocol a [`GradScaler`]) or on one rank of a data-parallel run
 /// (`comm` the run's collective, the protocol a [`DataParallel`] over it), where every rank
@@ -224,7 +175,8 @@ pub(crate) fn run_model<M, I, O, D, C, P>(
 where
     D: AmpOps + Kernels<InputElem<M, D>>,
     C: Collective,
-    P: StepProtocol<D> + RunScaler,
+    // The protocol's scale state (`ScaleState`): progress, checkpoints, the report.
+    P: StepProtocol<D> + ScaleState,
     M: AmpModel<D>,
     I: Layout,
     // Batches come in the model's entry precision: its entry cast has nothing to do.
@@ -351,8 +303,8 @@ where
             if P::DATA_PARALLEL {
                 record_world_size(&mut meta, comm.size());
             }
-            let scaler = GradScaler::from_state(protocol.state())?;
-            match checkpoint::save_with_policy(path, &mut model, &opt, &scaler, &M::CONFIG, &meta) {
+            match checkpoint::save_with_policy(path, &mut model, &opt, &protocol, &M::CONFIG, &meta)
+            {
                 Ok(_) => refused_save = None,
                 // A state `--resume` would refuse (non-finite weights, as a run whose loss is
                 // not finite may have) is not written over the last checkpoint.
@@ -380,7 +332,6 @@ where
     // Rank 0 may still be writing: the others wait, so that the run ends with its checkpoint.
     comm.barrier()?;
 
-    let scaler = GradScaler::from_state(protocol.state())?;
     let test_accuracy = match epochs.last() {
         Some(e) => e.test_accuracy,
         None if root => evaluate::<I, InputElem<M, D>, _, D>(&dev, model.working(), &data.test)?,
@@ -393,7 +344,7 @@ where
     let peak_rss_bytes = peak_rss();
     let checkpoint_bytes = match &cfg.save {
         Some(path) => std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
-        None => measure_checkpoint(&mut model, &opt, &scaler, &M::CONFIG)?,
+        None => measure_checkpoint(&mut model, &opt, &protocol, &M::CONFIG)?,
     };
     Ok(RunReport {
         config: cfg.clone(),
@@ -454,12 +405,18 @@ pub(crate) fn adam_for<E: typed_amp::precision::AmpElem>(adam: AdamConfig) -> Ad
 }
 
 /// Size of the run's checkpoint, serialised but not written.
-pub(crate) fn measure_checkpoint<D: AmpOps, T: TrainTarget<D>, O: OptimizerState<D>>(
+pub(crate) fn measure_checkpoint<D, T, O, S>(
     model: &mut T,
     opt: &O,
-    scaler: &GradScaler,
+    scaler: &S,
     policy: &AmpConfig,
-) -> Result<u64, RunError> {
+) -> Result<u64, RunError>
+where
+    D: AmpOps,
+    T: TrainTarget<D>,
+    O: OptimizerState<D>,
+    S: ScaleState,
+{
     Ok(checkpoint::serialized_size(model, opt, scaler, policy)?)
 }
 

@@ -14,6 +14,7 @@ use crate::optim::{OptimizerState, StateRef, StoreInvariant};
 use crate::params::{ParamVisitor, Parameters};
 use crate::precision::{dtype_of, AmpElem, DType, Precision};
 use crate::scaler::GradScaler;
+use crate::step::ScaleState;
 
 use super::atomic::write_atomically;
 use super::error::{format_detail, state_precision_mismatch, CheckpointError};
@@ -137,21 +138,23 @@ impl<D: AmpDevice> ParamVisitor<D> for SaveState<'_, '_> {
 }
 
 /// Saves `target`'s master weights (buffers synced first), `optimizer`'s state, `scaler`'s
-/// state and the caller's `extra` metadata to `path`, atomically. Returns the file's size.
+/// state (a [`GradScaler`], or a `DataParallel` as it is: any [`ScaleState`]) and the caller's
+/// `extra` metadata to `path`, atomically. Returns the file's size.
 ///
 /// The file records the precision of every master and working parameter, which [`load`](super::load)
 /// checks; for an `#[amp]` model, [`save_with_policy`] records its whole policy too.
-pub fn save<D, T, O>(
+pub fn save<D, T, O, S>(
     path: &Path,
     target: &mut T,
     optimizer: &O,
-    scaler: &GradScaler,
+    scaler: &S,
     extra: &BTreeMap<String, String>,
 ) -> Result<u64, CheckpointError>
 where
     D: AmpDevice,
     T: TrainTarget<D>,
     O: OptimizerState<D>,
+    S: ScaleState + ?Sized,
 {
     save_checkpoint(path, target, optimizer, scaler, None, extra, true)
 }
@@ -161,11 +164,11 @@ where
 /// updates, which [`load_with_policy`](super::load_with_policy) compares with the loading model's.
 /// A `policy` other than the one `#[amp]` built `target` under (another model's
 /// `AMP_CONFIG`) is refused with [`CheckpointError::Mismatch`] before anything is written.
-pub fn save_with_policy<D, T, O>(
+pub fn save_with_policy<D, T, O, S>(
     path: &Path,
     target: &mut T,
     optimizer: &O,
-    scaler: &GradScaler,
+    scaler: &S,
     policy: &AmpConfig,
     extra: &BTreeMap<String, String>,
 ) -> Result<u64, CheckpointError>
@@ -173,6 +176,7 @@ where
     D: AmpDevice,
     T: TrainTarget<D>,
     O: OptimizerState<D>,
+    S: ScaleState + ?Sized,
 {
     save_checkpoint(path, target, optimizer, scaler, Some(policy), extra, true)
 }
@@ -180,16 +184,17 @@ where
 /// The size in bytes of the file [`save_with_policy`] would write with empty `extra` metadata,
 /// without writing anything and whatever the state holds (a diverged run's NaN weights
 /// included, which `save` refuses).
-pub fn serialized_size<D, T, O>(
+pub fn serialized_size<D, T, O, S>(
     target: &mut T,
     optimizer: &O,
-    scaler: &GradScaler,
+    scaler: &S,
     policy: &AmpConfig,
 ) -> Result<u64, CheckpointError>
 where
     D: AmpDevice,
     T: TrainTarget<D>,
     O: OptimizerState<D>,
+    S: ScaleState + ?Sized,
 {
     save_checkpoint(
         Path::new("(measured)"),
@@ -202,11 +207,11 @@ where
     )
 }
 
-pub(super) fn save_checkpoint<D, T, O>(
+pub(super) fn save_checkpoint<D, T, O, S>(
     path: &Path,
     target: &mut T,
     optimizer: &O,
-    scaler: &GradScaler,
+    scaler: &S,
     policy: Option<&AmpConfig>,
     extra: &BTreeMap<String, String>,
     write: bool,
@@ -215,6 +220,7 @@ where
     D: AmpDevice,
     T: TrainTarget<D>,
     O: OptimizerState<D>,
+    S: ScaleState + ?Sized,
 {
     // Another model's policy value would be recorded as this model's.
     model_policy(path, built_policy(target.id()), policy)?;

@@ -7,7 +7,7 @@ use crate::error::AmpError;
 use crate::loss::Loss;
 use crate::master::TrainTarget;
 use crate::optim::MasterOptimizer;
-use crate::scaler::{GradScaler, ScalerState};
+use crate::scaler::GradScaler;
 use crate::step::{
     verdicts, Accumulation, Scaled, ScaledLoss, StepOutcome, Unscaled, UnscaledGrads,
 };
@@ -62,35 +62,6 @@ impl<C: Collective> DataParallel<C> {
     /// Whether this is rank 0, the one that prints and writes checkpoints.
     pub fn is_root(&self) -> bool {
         self.comm.rank() == 0
-    }
-
-    /// The current loss scale (the same on every rank).
-    pub fn get_scale(&self) -> f32 {
-        self.scaler.get_scale()
-    }
-
-    /// Clean steps since the last growth or backoff.
-    pub fn growth_tracker(&self) -> u32 {
-        self.scaler.growth_tracker()
-    }
-
-    /// Steps skipped because a gradient on some rank was inf or NaN.
-    pub fn skipped_steps(&self) -> u64 {
-        self.scaler.skipped_steps()
-    }
-
-    /// The scaler's state, for checkpoints (`GradScaler::from_state(dist.state())?` is a scaler
-    /// to pass to [`crate::checkpoint::save`]). The scaler itself stays inside: its own typed
-    /// step would take gradients that were never reduced across ranks.
-    pub fn state(&self) -> ScalerState {
-        self.scaler.state()
-    }
-
-    /// Restores saved scaler state (e.g. from a checkpoint). Collective: every rank must load
-    /// the same state (checked).
-    pub fn load_state(&mut self, state: ScalerState) -> Result<(), AmpError> {
-        self.scaler.load_state(state)?;
-        self.check_same(&scaler_digest(&self.scaler.state()), "loss-scaler state")
     }
 
     /// Gradient all-reduces performed so far ([`DataParallel::all_reduce`] calls: one per

@@ -3,10 +3,11 @@
 
 use crate::device::AmpDevice;
 use crate::error::AmpError;
-use crate::loss::Loss;
 use crate::master::TrainTarget;
 use crate::optim::MasterOptimizer;
-use crate::step::{sealed, StepProtocol};
+use crate::step::{scaled_backward, sealed, ForwardOutput, ScaleState, StepOptions, StepProtocol};
+
+use super::state::ScalerState;
 use crate::tape::MixedGradients;
 
 use super::grad_scaler::GradScaler;
@@ -15,24 +16,52 @@ use super::loss_scalers::LossScalers;
 impl sealed::Sealed for GradScaler {}
 
 impl<D: AmpDevice> StepProtocol<D> for GradScaler {
-    fn train_step<T, O, E, F>(
+    fn train_step_with<T, O, R, F>(
         &mut self,
         target: &mut T,
         optimizer: &mut O,
         grads: MixedGradients<D>,
+        options: &StepOptions,
         mut forward: F,
-    ) -> Result<MixedGradients<D>, E>
+    ) -> Result<MixedGradients<D>, R::Error>
     where
         T: TrainTarget<D>,
         O: MasterOptimizer<T::Master, D>,
-        E: From<AmpError>,
-        F: FnMut(&mut T, usize, MixedGradients<D>) -> Result<Loss<D>, E>,
+        R: ForwardOutput<D>,
+        F: FnMut(&mut T, usize, MixedGradients<D>) -> R,
     {
-        let loss = forward(target, 0, grads)?;
-        let scaled = self.scale(loss).backward()?;
-        let unscaled = self.unscale(target, scaled)?;
+        options.check()?;
+        let scaled = scaled_backward(self, target, grads, options, 0, &mut forward)?;
+        let mut unscaled = self.unscale(target, scaled)?;
+        options.clip_grads(&mut unscaled)?;
         let outcome = self.step(optimizer, unscaled)?;
         Ok(self.update(outcome)?)
+    }
+}
+
+impl ScaleState for GradScaler {
+    fn state(&self) -> ScalerState {
+        GradScaler::state(self)
+    }
+
+    fn load_state(&mut self, state: ScalerState) -> Result<(), AmpError> {
+        GradScaler::load_state(self, state)
+    }
+
+    fn check_no_step_in_flight(&self) -> Result<(), AmpError> {
+        GradScaler::check_no_step_in_flight(self)
+    }
+
+    fn get_scale(&self) -> f32 {
+        GradScaler::get_scale(self)
+    }
+
+    fn growth_tracker(&self) -> u32 {
+        GradScaler::growth_tracker(self)
+    }
+
+    fn skipped_steps(&self) -> u64 {
+        GradScaler::skipped_steps(self)
     }
 }
 
@@ -43,19 +72,21 @@ impl<D: AmpDevice> StepProtocol<D> for LossScalers {
         self.len()
     }
 
-    fn train_step<T, O, E, F>(
+    fn train_step_with<T, O, R, F>(
         &mut self,
         target: &mut T,
         optimizer: &mut O,
         grads: MixedGradients<D>,
+        options: &StepOptions,
         mut forward: F,
-    ) -> Result<MixedGradients<D>, E>
+    ) -> Result<MixedGradients<D>, R::Error>
     where
         T: TrainTarget<D>,
         O: MasterOptimizer<T::Master, D>,
-        E: From<AmpError>,
-        F: FnMut(&mut T, usize, MixedGradients<D>) -> Result<Loss<D>, E>,
+        R: ForwardOutput<D>,
+        F: FnMut(&mut T, usize, MixedGradients<D>) -> R,
     {
+        options.check()?;
         // Each loss is traced into gradients of its own, scaled and backward by its own scaler.
         let mut scaled = Vec::with_capacity(self.len());
         let mut first = Some(grads);
@@ -64,8 +95,15 @@ impl<D: AmpDevice> StepProtocol<D> for LossScalers {
                 Some(grads) => grads,
                 None => target.alloc_grads()?,
             };
-            let loss = forward(target, index, grads)?;
-            scaled.push(scaler.scale(loss).backward()?);
+            let first_index = index * options.micro_batches();
+            scaled.push(scaled_backward(
+                scaler,
+                target,
+                grads,
+                options,
+                first_index,
+                &mut forward,
+            )?);
         }
         // Unscaled into one sum, each by its own scaler; one step.
         let mut scalers = self.iter();
@@ -77,6 +115,7 @@ impl<D: AmpDevice> StepProtocol<D> for LossScalers {
         for (other, grads) in scalers.zip(scaled) {
             total.merge(other, grads)?;
         }
+        options.clip_grads(&mut total)?;
         let outcome = scaler.step(optimizer, total)?;
         // Each scaler backs off only if its own loss overflowed.
         Ok(self.update(outcome)?)

@@ -68,6 +68,15 @@ impl<D: AmpDevice> Accumulation<'_, D> {
         Ok(crate::tape::TraceMixed::traced_mixed(x, grads))
     }
 
+    /// Starts a micro-batch whose forward pass traces the window's gradients itself
+    /// (`x.traced_mixed(grads)`), as the one-call step's forward closure does: [`trace`](Self::trace)
+    /// without the input.
+    pub(crate) fn take_grads(&mut self) -> Result<MixedGradients<D>, AmpError> {
+        self.grads.take().ok_or(AmpError::AccumulationOrder(
+            "a micro-batch was traced before the previous one's backward",
+        ))
+    }
+
     /// Backward of a micro-batch's loss at the window's scale; its gradients add to the
     /// window's. Weigh the loss (e.g. `loss * 0.25` for four micro-batches) for a mean.
     ///

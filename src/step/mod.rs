@@ -1,5 +1,12 @@
 //! The typed training step.
 //!
+//! In one call per iteration: [`StepProtocol::train_step_with`] (a
+//! [`GradScaler`](crate::scaler::GradScaler), [`LossScalers`](crate::scaler::LossScalers) or
+//! [`DataParallel`](crate::distributed::DataParallel)) or, without a scaler,
+//! [`NoScaler::train_step_with`], each with [`StepOptions`] (clipping, gradient accumulation).
+//! That call runs the stages below in order; write them out for a loop that needs to look
+//! inside.
+//!
 //! With a loss scaler (FP16 models, and any model that wants one):
 //! scale → backward → unscale → (clip) → step → update.
 //!
@@ -41,6 +48,7 @@ mod markers;
 mod merge;
 mod outcome;
 mod protocol;
+mod short;
 mod unscaled;
 mod update;
 
@@ -56,6 +64,8 @@ pub(crate) use outcome::sealed::OutcomeSet;
 pub(crate) use outcome::{outcome_impls, verdicts};
 pub use outcome::{OutcomesAreNeverCloned, StepOutcome, StepOutcomes};
 pub(crate) use protocol::sealed;
-pub use protocol::StepProtocol;
+pub use protocol::{ScaleState, StepProtocol};
+pub(crate) use short::scaled_backward;
+pub use short::{Clip, ForwardOutput, NoScaler, StepOptions};
 pub(crate) use unscaled::into_master;
 pub use unscaled::UnscaledGrads;
