@@ -887,15 +887,16 @@ fn print_breakdown(row: &Row) {
 }
 
 fn main() {
-    // As the CLI does: the steps run on one of the CPU kernels' worker threads.
-    typed_amp::device::on_cpu_pool(run)
-}
-
-fn run() {
     let opts = Options::parse();
+    // Before any worker allocates (the setting covers the arenas made after it).
     if opts.keep_freed_memory {
         typed_amp::device::keep_freed_memory();
     }
+    // As the CLI does: the steps run on one of the CPU kernels' worker threads.
+    typed_amp::device::on_cpu_pool(move || run(opts))
+}
+
+fn run(opts: Options) {
     let dev = Cpu::seed_from_u64(0);
     let mut rows = Vec::new();
     if opts.runs("mlp") {
