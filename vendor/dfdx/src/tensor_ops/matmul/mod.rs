@@ -740,7 +740,7 @@ mod tests {
     }
 
     #[test]
-    #[should_panic = "left: `3`,\n right: `4`"]
+    #[should_panic = "left: 3\n right: 4"] // typed-amp patch: assert_eq!'s message since Rust 1.73
     fn test_dynamic_matmul_matmat_fail() {
         let dev: TestDevice = Default::default();
         let x: Tensor<(Const<3>, usize), f32, _> = dev.zeros_like(&(Const, 3));
@@ -749,7 +749,7 @@ mod tests {
     }
 
     #[test]
-    #[should_panic = "left: `3`,\n right: `4`"]
+    #[should_panic = "left: 3\n right: 4"] // typed-amp patch: assert_eq!'s message since Rust 1.73
     fn test_dynamic_matmul_matmatbr_fail() {
         let dev: TestDevice = Default::default();
         let x: Tensor<(Const<1>, Const<3>, usize), f32, _> = dev.zeros_like(&(Const, Const, 3));
@@ -758,7 +758,7 @@ mod tests {
     }
 
     #[test]
-    #[should_panic = "left: `3`,\n right: `4`"]
+    #[should_panic = "left: 3\n right: 4"] // typed-amp patch: assert_eq!'s message since Rust 1.73
     fn test_dynamic_matmul_matmat_batch_fail() {
         let dev: TestDevice = Default::default();
         let x: Tensor<(Const<1>, Const<3>, usize), f32, _> = dev.zeros_like(&(Const, Const, 3));
@@ -767,7 +767,7 @@ mod tests {
     }
 
     #[test]
-    #[should_panic = "left: `3`,\n right: `4`"]
+    #[should_panic = "left: 3\n right: 4"] // typed-amp patch: assert_eq!'s message since Rust 1.73
     fn test_dynamic_matmul_matmat_4d_fail() {
         let dev: TestDevice = Default::default();
         let x: Tensor<(Const<1>, Const<5>, Const<3>, usize), f32, _> =
@@ -778,7 +778,7 @@ mod tests {
     }
 
     #[test]
-    #[should_panic = "left: `1`,\n right: `2`"]
+    #[should_panic = "left: 1\n right: 2"] // typed-amp patch: assert_eq!'s message since Rust 1.73
     fn test_dynamic_batch_batch3_fail() {
         let dev: TestDevice = Default::default();
         let x: Tensor<_, TestDtype, _> = dev.zeros_like(&(1, 2, 3));
@@ -787,7 +787,7 @@ mod tests {
     }
 
     #[test]
-    #[should_panic = "left: `1`,\n right: `2`"]
+    #[should_panic = "left: 1\n right: 2"] // typed-amp patch: assert_eq!'s message since Rust 1.73
     fn test_dynamic_batch_batch4_fail() {
         let dev: TestDevice = Default::default();
         let x: Tensor<_, TestDtype, _> = dev.zeros_like(&(1, 1, 2, 3));
@@ -796,7 +796,7 @@ mod tests {
     }
 
     #[test]
-    #[should_panic = "left: `1`,\n right: `2`"]
+    #[should_panic = "left: 1\n right: 2"] // typed-amp patch: assert_eq!'s message since Rust 1.73
     fn test_dynamic_seq_batch4_fail() {
         let dev: TestDevice = Default::default();
         let x: Tensor<_, TestDtype, _> = dev.zeros_like(&(1, 1, 2, 3));

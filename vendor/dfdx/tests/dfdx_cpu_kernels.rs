@@ -1,6 +1,5 @@
-//! The vendored dfdx's rewritten CPU kernels (rows in `vendor/dfdx/TYPED_AMP_PATCH.md`) against
-//! the composition or definition they replace. dfdx's own unit tests do not run in CI (its
-//! library is built with `test = false`), so the patch's tests live here.
+//! The fork's rewritten CPU kernels (rows in `TYPED_AMP_PATCH.md`) against the composition or
+//! definition they replace.
 //!
 //! - Softmax along the last axis of a contiguous f32 tensor is one fused pass per row; along
 //!   another axis, or on a permuted tensor, upstream's composition runs. Both perform the same
@@ -15,7 +14,7 @@
 //!   input (elements sharing an offset) takes the serial path, its gradients sums within the
 //!   bound of an f32 sum.
 
-use typed_amp::prelude::*;
+use typed_amp_dfdx::prelude::*;
 
 const N: usize = 33;
 const U: f64 = 1.0 / 16_777_216.0;
@@ -225,11 +224,13 @@ fn f32_gelu_runs_the_kernels_formulas_element_for_element() {
 /// values with one rounding of each result. They used to compute in f16, rounding at every
 /// operation, with momentum 0.9 as 0.8999, `1 − alpha` for alpha 0.99 as 0.0100021 and
 /// RMSprop's default eps of 1e-8 as 0.
+#[cfg(feature = "f16")]
 #[test]
 fn sgd_and_rmsprop_over_f16_weights_compute_in_f32_and_round_once() {
-    use typed_amp::dfdx::nn::builders::Linear;
-    use typed_amp::dfdx::optim::{Momentum, Optimizer, RMSprop, RMSpropConfig, Sgd, SgdConfig};
-    use typed_amp::dfdx::prelude::Gradients;
+    use typed_amp_dfdx::dtypes::f16;
+    use typed_amp_dfdx::nn::builders::Linear;
+    use typed_amp_dfdx::optim::{Momentum, Optimizer, RMSprop, RMSpropConfig, Sgd, SgdConfig};
+    use typed_amp_dfdx::prelude::Gradients;
 
     const I: usize = 16;
     const O: usize = 8;
@@ -255,7 +256,7 @@ fn sgd_and_rmsprop_over_f16_weights_compute_in_f32_and_round_once() {
 
     // Two steps of `opt` on a linear layer whose weights and gradient are `w0` and `g`, every
     // value read back in f32.
-    type Layer = typed_amp::dfdx::nn::modules::Linear<I, O, f16, Cpu>;
+    type Layer = typed_amp_dfdx::nn::modules::Linear<I, O, f16, Cpu>;
     let run = |opt: &mut dyn FnMut(&mut Layer, &Gradients<f16, Cpu>)| {
         let mut lin = dev.build_module::<Linear<I, O>, f16>();
         lin.weight = dev.tensor_from_vec(w0[..O * I].to_vec(), (Const::<O>, Const::<I>));

@@ -35,9 +35,10 @@
 //! -- --nocapture`).
 
 use num_traits::Float;
-use typed_amp::dfdx::nn::builders::{BatchNorm1D, BatchNorm2D};
-use typed_amp::dfdx::tensor_ops::{ConvDevice, Pool2DKind, TryPool2D};
-use typed_amp::prelude::*;
+use typed_amp_dfdx::dtypes::f16;
+use typed_amp_dfdx::nn::builders::{BatchNorm1D, BatchNorm2D};
+use typed_amp_dfdx::prelude::*;
+use typed_amp_dfdx::tensor_ops::{ConvDevice, Pool2DKind, TryPool2D};
 
 /// FP32's unit roundoff, the precision every kernel computes in.
 const U: f64 = 1.0 / 16_777_216.0;

@@ -15,8 +15,8 @@
 //! Every comparison is exact (bit for bit, or both NaN): the two computations make the same f32
 //! operations on the same values, so no tolerance is needed or allowed.
 
-use half::{bf16, f16};
-use typed_amp::dfdx::prelude::*;
+use typed_amp_dfdx::dtypes::{bf16, f16};
+use typed_amp_dfdx::prelude::*;
 
 /// A 16-bit type with its bit patterns.
 trait Bits: Dtype {
