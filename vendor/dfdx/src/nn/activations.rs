@@ -40,8 +40,11 @@ activation_impls!(Tanh, try_tanh, #[doc="Calls [tanh()]."]);
 activation_impls!(Square, try_square, #[doc="Calls [square()]."]);
 activation_impls!(Sqrt, try_sqrt, #[doc="Calls [sqrt()]."]);
 activation_impls!(Abs, try_abs, #[doc="Calls [abs()]."]);
-activation_impls!(Softmax, try_softmax, #[doc="Calls [softmax()]."]);
-activation_impls!(LogSoftmax, try_log_softmax, #[doc="Calls [log_softmax()]."]);
+// typed-amp patch: the modules call the named 16-bit forms, so they run in any dtype as upstream's
+// did: typed-amp's policy table reaches them through its `Fp32Op` row (FP32 except under O3's
+// opt-in). The tensor methods `softmax`/`log_softmax` take f32 and f64 only (`SoftmaxDtype`).
+activation_impls!(Softmax, try_softmax_16bit, #[doc="Calls [Tensor::softmax_16bit] (typed-amp patch: any dtype; `softmax()` itself takes f32 and f64 only)."]);
+activation_impls!(LogSoftmax, try_log_softmax_16bit, #[doc="Calls [Tensor::log_softmax_16bit] (typed-amp patch: any dtype; `log_softmax()` itself takes f32 and f64 only)."]);
 
 /// Use [FastGeLU] instead
 #[deprecated(since = "0.12.0", note = "please use `FastGeLU` instead")]

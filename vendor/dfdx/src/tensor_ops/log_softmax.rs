@@ -20,11 +20,15 @@ use crate::{shapes::*, tensor::*};
 /// # let t: Tensor<Rank3<2, 3, 5>, f32, _> = dev.zeros();
 /// let _ = t.log_softmax::<Axes2<0, 2>>();
 /// ```
+///
+/// typed-amp patch: only for [SoftmaxDtype]s (f32, f64), as [softmax()];
+/// [Tensor::log_softmax_16bit] is the explicitly named form for any dtype.
 pub fn log_softmax<Ax: Axes, S: Shape, E: Dtype, D: Device<E>, T: Tape<E, D>>(
     t: Tensor<S, E, D, T>,
 ) -> Tensor<S, E, D, T>
 where
     S: ReduceShape<Ax>,
+    E: SoftmaxDtype,
 {
     t.log_softmax::<Ax>()
 }
@@ -34,11 +38,28 @@ impl<S: Shape, E: Dtype, D: Device<E>, T: Tape<E, D>> Tensor<S, E, D, T> {
     pub fn log_softmax<Ax: Axes>(self) -> Self
     where
         S: ReduceShape<Ax>,
+        E: SoftmaxDtype,
     {
         self.try_log_softmax::<Ax>().unwrap()
     }
     /// See [log_softmax()]
     pub fn try_log_softmax<Ax: Axes>(self) -> Result<Self, D::Err>
+    where
+        S: ReduceShape<Ax>,
+        E: SoftmaxDtype,
+    {
+        self.try_log_softmax_16bit::<Ax>()
+    }
+    /// typed-amp patch: [log_softmax()] in the tensor's own dtype, 16-bit ones included (no
+    /// [SoftmaxDtype] bound): the explicitly named form of O3's 16-bit log-softmax.
+    pub fn log_softmax_16bit<Ax: Axes>(self) -> Self
+    where
+        S: ReduceShape<Ax>,
+    {
+        self.try_log_softmax_16bit::<Ax>().unwrap()
+    }
+    /// Fallible [Tensor::log_softmax_16bit].
+    pub fn try_log_softmax_16bit<Ax: Axes>(self) -> Result<Self, D::Err>
     where
         S: ReduceShape<Ax>,
     {
