@@ -33,6 +33,13 @@ pub struct LayerNorm;
 #[derive(Debug)]
 pub struct Fp32Op;
 
+/// dfdx's `Softmax` and `LogSoftmax`: the [`Fp32Op`] row, run by dfdx's named 16-bit forms
+/// (`Tensor::try_softmax_16bit`, `try_log_softmax_16bit`), so that O3's 16-bit row is the
+/// policy's explicit opt-in. dfdx's modules themselves take f32 and f64 only (the fork's
+/// `SoftmaxDtype` rule).
+#[derive(Debug)]
+pub struct Softmax;
+
 /// Layers with parameters that follow the model's storage precision (PReLU, bias,
 /// embedding): FP32 under O0 and O1, 16-bit under O2 and O3.
 #[derive(Debug)]

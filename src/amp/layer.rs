@@ -132,6 +132,7 @@ leaf_kinds! {
     Norm => Norm;
     LayerNorm => Norm;
     Fp32Op => Fp32Op;
+    Softmax => Fp32Op;
     Elementwise => Elementwise;
     Neutral => Neutral;
 }
@@ -197,6 +198,7 @@ leaf_working! {
     kind::Norm;
     kind::LayerNorm;
     kind::Fp32Op;
+    kind::Softmax;
     kind::Elementwise;
     kind::Neutral;
     kind::Cast<P>, P: Precision;

@@ -44,9 +44,10 @@ amp_layers! {
         [const C: usize, E: Dtype, D: Device<E>] dm::BatchNorm2D<C, E, D>;
     kind::LayerNorm =>
         [const M: usize, E: Dtype, D: Device<E>] dm::LayerNorm1D<M, E, D>;
-    kind::Fp32Op =>
+    kind::Softmax =>
         [] dm::Softmax,
-        [] dm::LogSoftmax,
+        [] dm::LogSoftmax;
+    kind::Fp32Op =>
         [] dm::Exp,
         [] dm::Ln;
     kind::Elementwise =>

@@ -137,6 +137,81 @@ impl<W, Pol, X: RunActivation<W>> KindRunMut<W, Pol, X> for kind::Activation {
     }
 }
 
+/// dfdx's softmax modules ([`kind::Softmax`]) and the modules the row's plan runs in their
+/// place: the same op by dfdx's named 16-bit form, which takes any precision, so that the
+/// plan decides it (FP32 except under O3's opt-in).
+pub trait SoftmaxLayer {
+    /// The module run in this layer's place.
+    type AnyPrecision: Default;
+}
+
+impl SoftmaxLayer for dfdx::nn::modules::Softmax {
+    type AnyPrecision = Softmax16Bit;
+}
+
+impl SoftmaxLayer for dfdx::nn::modules::LogSoftmax {
+    type AnyPrecision = LogSoftmax16Bit;
+}
+
+/// dfdx's `Softmax` by `Tensor::try_softmax_16bit`: in the precision the plan gives it.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Softmax16Bit;
+
+/// dfdx's `LogSoftmax` by `Tensor::try_log_softmax_16bit`: in the precision the plan gives it.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LogSoftmax16Bit;
+
+macro_rules! softmax_16bit_modules {
+    ($($layer:ident => $method:ident;)*) => {$(
+        impl<S, E, D, T> Module<Tensor<S, E, D, T>> for $layer
+        where
+            S: Shape + dfdx::prelude::ReduceShape<S::LastAxis>,
+            E: dfdx::prelude::Dtype,
+            D: dfdx::prelude::Device<E>,
+            T: dfdx::prelude::Tape<E, D>,
+        {
+            type Output = Tensor<S, E, D, T>;
+            type Error = D::Err;
+            fn try_forward(&self, x: Tensor<S, E, D, T>) -> Result<Self::Output, D::Err> {
+                x.$method::<S::LastAxis>()
+            }
+        }
+
+        impl dfdx::nn::modules::NonMutableModule for $layer {}
+    )*};
+}
+
+softmax_16bit_modules! {
+    Softmax16Bit => try_softmax_16bit;
+    LogSoftmax16Bit => try_log_softmax_16bit;
+}
+
+impl<W, Pol, X> KindRun<W, Pol, X> for kind::Softmax
+where
+    W: SoftmaxLayer,
+    Self: LeafKind<Pol>,
+    X: RunPlanned<W::AnyPrecision, <Self as LeafKind<Pol>>::Plan>,
+{
+    type Output = X::Output;
+    type Error = X::Error;
+    fn try_run(x: X, _layer: &W) -> Result<X::Output, X::Error> {
+        x.try_run_planned(&W::AnyPrecision::default())
+    }
+}
+
+impl<W, Pol, X> KindRunMut<W, Pol, X> for kind::Softmax
+where
+    W: SoftmaxLayer,
+    Self: LeafKind<Pol>,
+    X: RunPlanned<W::AnyPrecision, <Self as LeafKind<Pol>>::Plan>,
+{
+    type Output = X::Output;
+    type Error = X::Error;
+    fn try_run_mut(x: X, _layer: &mut W) -> Result<X::Output, X::Error> {
+        x.try_run_planned(&W::AnyPrecision::default())
+    }
+}
+
 /// Runs the activation layer `W` on `self` with typed-amp's op (fused where it can be).
 pub trait RunActivation<W>: Sized {
     /// The activation's output.

@@ -130,6 +130,7 @@ leaf_pairs! {
     kind::Norm;
     kind::LayerNorm;
     kind::Fp32Op;
+    kind::Softmax;
     kind::Elementwise;
     kind::Neutral;
     kind::Cast<P>, P;

@@ -61,7 +61,8 @@ where
     }
     let probs = scores
         .try_cast::<Sc::Precision>()?
-        .try_softmax::<dfdx::prelude::Axis<3>>()?
+        // the precision of `Sc` (the `Fp32Op` row's: 16-bit only under O3's opt-in)
+        .try_softmax_16bit::<dfdx::prelude::Axis<3>>()?
         .try_cast::<E::Precision>()?;
     probs
         .try_matmul(v)?

@@ -24,10 +24,20 @@
 //! let probs = softmax(scores); // softmax is computed in FP32, but these values are `F16`
 //! ```
 //!
-//! dfdx's tensor methods (`t.softmax::<Axis<1>>()`) still take any precision: they are the
-//! building block, and an `#[amp]` model's `Softmax`/`LogSoftmax` layers, and typed-amp's
-//! attention ([`crate::nn`]), reach them only through the policy table, which runs the row in
-//! FP32 except under O3.
+//! dfdx's own tensor methods (`t.softmax::<Axis<1>>()`, `t.log_softmax::<_>()`), its
+//! `Softmax`/`LogSoftmax` modules and its cross-entropy and KL losses carry the same rule
+//! (typed-amp's fork: `dfdx::tensor_ops::SoftmaxDtype`, f32 and f64 only), with the same
+//! message. O3's deliberate 16-bit softmax names dfdx's 16-bit form
+//! (`t.softmax_16bit::<Axis<1>>()`, `log_softmax_16bit`): an `#[amp]` model's
+//! `Softmax`/`LogSoftmax` layers and typed-amp's attention ([`crate::nn`]) run the row by the
+//! policy table, FP32 except under O3.
+//!
+//! ```compile_fail
+//! # use typed_amp::prelude::*;
+//! let dev = Cpu::default();
+//! let scores: Tensor<Rank2<2, 3>, f16, _> = dev.zeros();
+//! let probs = scores.softmax::<Axis<1>>(); // dfdx's method: the same rule
+//! ```
 
 use dfdx::prelude::{Device, ReduceShape, Shape, Tape, Tensor};
 

@@ -78,10 +78,16 @@ pub fn smooth_l1_loss<S: Shape, E: Dtype, D: Device<E>, T: Tape<E, D>>(
 ///
 /// - `logits`: The un-normalized output from a model. [log_softmax()] is called **in** this function
 /// - `target_probs`: Target containing probability vectors **NOT** class indices.
+///
+/// typed-amp patch: f32 and f64 only ([SoftmaxDtype], as [log_softmax()]): a loss is computed
+/// in FP32.
 pub fn cross_entropy_with_logits_loss<S: Shape, E: Dtype, D: Device<E>, T: Tape<E, D>>(
     logits: Tensor<S, E, D, T>,
     target_probs: Tensor<S, E, D>,
-) -> Tensor<Rank0, E, D, T> {
+) -> Tensor<Rank0, E, D, T>
+where
+    E: SoftmaxDtype,
+{
     let inv_last_axis_numel = 1.0 / <S as HasAxes<S::LastAxis>>::size(logits.shape()) as f64;
     let inv_last_axis_numel = E::from_f64(inv_last_axis_numel).unwrap();
     let probs = logits.log_softmax::<S::LastAxis>();
@@ -98,10 +104,16 @@ pub fn cross_entropy_with_logits_loss<S: Shape, E: Dtype, D: Device<E>, T: Tape<
 ///
 /// - `logits`: The un-normalized output from a model. [log_softmax()] is called **in** this function
 /// - `target_probs`: Target containing probability vectors **NOT** class indices.
+///
+/// typed-amp patch: f32 and f64 only ([SoftmaxDtype], as [log_softmax()]): a loss is computed
+/// in FP32.
 pub fn kl_div_with_logits_loss<S: Shape, E: Dtype, D: Device<E>, T: Tape<E, D>>(
     logits: Tensor<S, E, D, T>,
     target_probs: Tensor<S, E, D>,
-) -> Tensor<Rank0, E, D, T> {
+) -> Tensor<Rank0, E, D, T>
+where
+    E: SoftmaxDtype,
+{
     let inv_last_axis_numel = 1.0 / <S as HasAxes<S::LastAxis>>::size(logits.shape()) as f64;
     let inv_last_axis_numel = E::from_f64(inv_last_axis_numel).unwrap();
     let probs = logits.log_softmax::<S::LastAxis>();

@@ -1020,9 +1020,9 @@ fn softmax_and_log_softmax() {
         let xt: Tensor<Rank2<6, 11>, E, _> = tensor(&dev, x, (Const, Const));
         let ct: Tensor<Rank2<6, 11>, E, _> = tensor(&dev, c, (Const, Const));
         let y = if log {
-            xt.leaky_trace().log_softmax::<Axis<1>>()
+            xt.leaky_trace().log_softmax_16bit::<Axis<1>>()
         } else {
-            xt.leaky_trace().softmax::<Axis<1>>()
+            xt.leaky_trace().softmax_16bit::<Axis<1>>()
         };
         let yv = f32s(y.retaped::<NoneTape>());
         let g = (y * ct).sum().backward();

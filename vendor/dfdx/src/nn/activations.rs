@@ -40,8 +40,34 @@ activation_impls!(Tanh, try_tanh, #[doc="Calls [tanh()]."]);
 activation_impls!(Square, try_square, #[doc="Calls [square()]."]);
 activation_impls!(Sqrt, try_sqrt, #[doc="Calls [sqrt()]."]);
 activation_impls!(Abs, try_abs, #[doc="Calls [abs()]."]);
-activation_impls!(Softmax, try_softmax, #[doc="Calls [softmax()]."]);
-activation_impls!(LogSoftmax, try_log_softmax, #[doc="Calls [log_softmax()]."]);
+// typed-amp patch: like the tensor methods they call, `Softmax` and `LogSoftmax` take f32 and f64
+// only (`SoftmaxDtype`); typed-amp's policy table runs them by the named 16-bit forms under
+// O3's opt-in.
+macro_rules! softmax_impls {
+    ($struct_name:ident, $func_name:ident, #[$docstring:meta]) => {
+        #[$docstring]
+        #[derive(Default, Debug, Clone, Copy)]
+        pub struct $struct_name;
+
+        impl ZeroSizedModule for $struct_name {}
+        impl NonMutableModule for $struct_name {}
+
+        impl<S: Shape, E: Dtype, D: Device<E>, T: Tape<E, D>> Module<Tensor<S, E, D, T>>
+            for $struct_name
+        where
+            E: SoftmaxDtype,
+        {
+            type Output = Tensor<S, E, D, T>;
+            type Error = D::Err;
+
+            fn try_forward(&self, input: Tensor<S, E, D, T>) -> Result<Self::Output, D::Err> {
+                input.$func_name()
+            }
+        }
+    };
+}
+softmax_impls!(Softmax, try_softmax, #[doc="Calls [softmax()] (typed-amp patch: f32 and f64 only, [SoftmaxDtype]; [Tensor::softmax_16bit] for a 16-bit softmax)."]);
+softmax_impls!(LogSoftmax, try_log_softmax, #[doc="Calls [log_softmax()] (typed-amp patch: f32 and f64 only, [SoftmaxDtype]; [Tensor::log_softmax_16bit] for a 16-bit log-softmax)."]);
 
 /// Use [FastGeLU] instead
 #[deprecated(since = "0.12.0", note = "please use `FastGeLU` instead")]

@@ -261,7 +261,7 @@ pub use sgd::SgdConfig;
 pub use sigmoid::sigmoid;
 pub use sin::sin;
 pub use slice::slice;
-pub use softmax::softmax;
+pub use softmax::{softmax, SoftmaxDtype};
 pub use sqrt::sqrt;
 pub use square::square;
 pub use stack::TryStack;

@@ -170,7 +170,8 @@ where
         // Get weights
         let scalar: E = E::from_f64(1.0 / ((K / H) as f64).sqrt()).unwrap();
         let weights = q.try_matmul(k)?.try_mul(scalar)?;
-        let weights = weights.try_softmax::<Axis<3>>()?;
+        // typed-amp patch: in the module's own dtype, as upstream (the named 16-bit form).
+        let weights = weights.try_softmax_16bit::<Axis<3>>()?;
 
         // Get new tokens
         let tokens = weights.try_matmul(v)?;

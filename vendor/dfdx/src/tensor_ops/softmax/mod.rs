@@ -43,25 +43,60 @@ pub trait SoftmaxKernel<E: Dtype>: Storage<E> {
 /// let t: Tensor<Rank3<2, 3, 5>, f32, _> = dev.zeros();
 /// let _ = t.softmax::<Axis<2>>();
 /// ```
+///
+/// typed-amp patch: only for [SoftmaxDtype]s (f32, f64): a 16-bit softmax is a compile error
+/// naming typed-amp's FP32 rule. [Tensor::softmax_16bit] is the explicitly named form for any
+/// dtype (O3's deliberate 16-bit softmax).
 pub fn softmax<Ax: Axes, S: Shape, E: Dtype, D: Device<E>, T: Tape<E, D>>(
     t: Tensor<S, E, D, T>,
 ) -> Tensor<S, E, D, T>
 where
     S: ReduceShape<Ax>,
+    E: SoftmaxDtype,
 {
     t.softmax::<Ax>()
 }
+
+/// typed-amp patch: the element types softmax and log-softmax take without naming a 16-bit form:
+/// f32 and f64. typed-amp's policy table computes softmax in FP32 (a 16-bit sum of
+/// exponentials overflows FP16 or loses the small terms); [Tensor::softmax_16bit] and
+/// [Tensor::log_softmax_16bit] compute in any dtype, 16-bit ones included.
+#[diagnostic::on_unimplemented(
+    message = "softmax and log-softmax are computed in FP32, but these values are `{Self}`",
+    label = "a softmax over {Self} values",
+    note = "cast the scores with `.to_dtype::<f32>()` (typed-amp: `.to_f32()`) first (and back after, if the next op is 16-bit): a 16-bit sum of exponentials overflows FP16 (1,000 terms of e^11 exceed 65,504) or loses the small terms; for O3's deliberate 16-bit softmax call `softmax_16bit`/`log_softmax_16bit`"
+)]
+pub trait SoftmaxDtype: Dtype {}
+impl SoftmaxDtype for f32 {}
+impl SoftmaxDtype for f64 {}
 
 impl<S: Shape, E: Dtype, D: Device<E>, T: Tape<E, D>> Tensor<S, E, D, T> {
     /// See [softmax()]
     pub fn softmax<Ax: Axes>(self) -> Self
     where
         S: ReduceShape<Ax>,
+        E: SoftmaxDtype,
     {
         self.try_softmax::<Ax>().unwrap()
     }
     /// See [softmax()]
     pub fn try_softmax<Ax: Axes>(self) -> Result<Self, D::Err>
+    where
+        S: ReduceShape<Ax>,
+        E: SoftmaxDtype,
+    {
+        self.try_softmax_16bit::<Ax>()
+    }
+    /// typed-amp patch: [softmax()] in the tensor's own dtype, 16-bit ones included (no
+    /// [SoftmaxDtype] bound): the explicitly named form of O3's 16-bit softmax.
+    pub fn softmax_16bit<Ax: Axes>(self) -> Self
+    where
+        S: ReduceShape<Ax>,
+    {
+        self.try_softmax_16bit::<Ax>().unwrap()
+    }
+    /// Fallible [Tensor::softmax_16bit].
+    pub fn try_softmax_16bit<Ax: Axes>(self) -> Result<Self, D::Err>
     where
         S: ReduceShape<Ax>,
     {
