@@ -23,6 +23,7 @@ use crate::tape::AmpTape;
 pub use kernel::CastKernel;
 
 /// A device that casts tensors from `Src` to `Dst` and their gradients back.
+#[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait CastDevice<Src: AmpElem, Dst: AmpElem>:
     AmpDevice
     + Kernels<Src>
