@@ -320,6 +320,24 @@ pub mod watch;
 
 pub use typed_amp_macros::amp;
 
+/// What `#[amp]`'s generated code names and a user does not: the layer-by-layer plan and run
+/// traits, the master/working pairing visitors, the layer probe and the build-time records.
+/// Not part of the API (serde's and thiserror's `__private`): their names and shapes change with
+/// the macro. Users name [`amp::AmpLayer`] and [`amp::kind`] for their own layers.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::amp::layer::{
+        plan, CompositeRun, CompositeRunMut, CompositeWorking, KindRun, KindRunMut, KindWorking,
+        LeafKind, Plan, Policy, RunLayer, RunLayerMut, RunPlanned, RunPlannedMut, Table,
+        WorkingUnder,
+    };
+    pub use crate::amp::{
+        record_built_policy, AutocastForward, RunActivation, RunLinear, TupleField,
+    };
+    pub use crate::master::{zip_layer, CompositePaired, KindPaired, PairVisitor, Paired};
+    pub use crate::watch::Watch;
+}
+
 pub mod prelude {
     //! What a training loop needs, and nothing else: dfdx's prelude (its layers, shapes, tensors,
     //! ops and optimizers; not its losses, which typed-amp's FP32-only losses of the same purpose

@@ -64,6 +64,7 @@ pub fn overflowing_layer(report: &[LayerReport]) -> Option<Overflow> {
 
 /// A layer probe: records the magnitude of a layer's output (and, in backward, of its gradient)
 /// when watching; the identity otherwise. `#[amp]` inserts one after every layer.
+#[doc(hidden)] // `#[amp]`'s generated code and typed-amp's own machinery: see `typed_amp::__private`.
 pub trait Watch: Sized {
     /// The error a probe can return.
     type Error: std::fmt::Debug;

@@ -70,17 +70,17 @@ fn layers_struct(model: &Model, name: &Ident) -> TokenStream {
         }
 
         impl<D: ::typed_amp::device::AmpDevice, #(#params,)* #(#working_params),*>
-            ::typed_amp::master::CompositePaired<#name<#(#working_params),*>, D> for #name<#(#params),*>
+            ::typed_amp::__private::CompositePaired<#name<#(#working_params),*>, D> for #name<#(#params),*>
         where
-            #(#params: ::typed_amp::master::Paired<#working_params, D>,)*
+            #(#params: ::typed_amp::__private::Paired<#working_params, D>,)*
         {
-            fn visit_pairs_at<V: ::typed_amp::master::PairVisitor<D>>(
+            fn visit_pairs_at<V: ::typed_amp::__private::PairVisitor<D>>(
                 &mut self,
                 working: &mut #name<#(#working_params),*>,
                 path: &mut ::typed_amp::params::ParamPath,
                 visitor: &mut V,
             ) -> ::core::result::Result<(), V::Error> {
-                #(path.within(#names, |path| ::typed_amp::master::Paired::<#working_params, D>::visit_pairs_at(&mut self.#idents, &mut working.#idents, path, visitor))?;)*
+                #(path.within(#names, |path| ::typed_amp::__private::Paired::<#working_params, D>::visit_pairs_at(&mut self.#idents, &mut working.#idents, path, visitor))?;)*
                 ::core::result::Result::Ok(())
             }
         }
@@ -273,7 +273,7 @@ pub fn expand(recipe: &Recipe, model: &Model) -> TokenStream {
                 let weights = build()?;
                 // A checkpoint then compares a file's policy with the one this model was built
                 // under, whatever policy value its caller passes.
-                ::typed_amp::amp::record_built_policy(&weights, #ident::AMP_CONFIG);
+                ::typed_amp::__private::record_built_policy(&weights, #ident::AMP_CONFIG);
                 ::core::result::Result::Ok(weights)
             }
         }

@@ -36,9 +36,9 @@ impl Step {
         };
         for (tuple, i) in &self.path {
             expr = if mutable {
-                quote!(<#tuple as ::typed_amp::amp::TupleField<#i>>::field_mut(#expr))
+                quote!(<#tuple as ::typed_amp::__private::TupleField<#i>>::field_mut(#expr))
             } else {
-                quote!(<#tuple as ::typed_amp::amp::TupleField<#i>>::field(#expr))
+                quote!(<#tuple as ::typed_amp::__private::TupleField<#i>>::field(#expr))
             };
         }
         expr
@@ -68,8 +68,8 @@ pub(crate) fn steps(recipe: &Recipe, model: &Model) -> (Vec<Step>, Vec<TokenStre
             Layer::Tuple(elems) => {
                 for (i, (_, l)) in elems.iter().enumerate() {
                     let i = Index::from(i);
-                    bounds.push(quote!(#module_ty: ::typed_amp::amp::TupleField<#i>));
-                    let ty = quote!(<#module_ty as ::typed_amp::amp::TupleField<#i>>::Field);
+                    bounds.push(quote!(#module_ty: ::typed_amp::__private::TupleField<#i>));
+                    let ty = quote!(<#module_ty as ::typed_amp::__private::TupleField<#i>>::Field);
                     let mut path = path.clone();
                     let element = format!("{name}.{}", i.index);
                     path.push((module_ty.clone(), i));
@@ -131,15 +131,15 @@ pub(crate) fn forward_impl(
     };
     let (run_layer, run_planned, run, run_planned_fn) = if mutable {
         (
-            quote!(::typed_amp::amp::layer::RunLayerMut),
-            quote!(::typed_amp::amp::layer::RunPlannedMut),
+            quote!(::typed_amp::__private::RunLayerMut),
+            quote!(::typed_amp::__private::RunPlannedMut),
             quote!(try_run_mut),
             quote!(try_run_planned_mut),
         )
     } else {
         (
-            quote!(::typed_amp::amp::layer::RunLayer),
-            quote!(::typed_amp::amp::layer::RunPlanned),
+            quote!(::typed_amp::__private::RunLayer),
+            quote!(::typed_amp::__private::RunPlanned),
             quote!(try_run),
             quote!(try_run_planned),
         )
@@ -164,8 +164,8 @@ pub(crate) fn forward_impl(
                  current: &Ident,
                  bounds: &mut Vec<TokenStream>,
                  body: &mut Vec<TokenStream>| {
-        bounds.push(quote!(#current: ::typed_amp::watch::Watch<Error = #err>));
-        body.push(quote!(let x = ::typed_amp::watch::Watch::try_watch(x, #name)?;));
+        bounds.push(quote!(#current: ::typed_amp::__private::Watch<Error = #err>));
+        body.push(quote!(let x = ::typed_amp::__private::Watch::try_watch(x, #name)?;));
     };
     watch("input", &current, &mut bounds, &mut body);
 

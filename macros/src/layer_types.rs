@@ -31,19 +31,19 @@ pub(crate) fn plan_ty(plan: LayerPlan) -> TokenStream {
     match plan.compute {
         Compute::In(p) => {
             let p = marker(p);
-            quote!(::typed_amp::amp::layer::plan::In<#p>)
+            quote!(::typed_amp::__private::plan::In<#p>)
         }
         Compute::Autocast(p) => {
             let p = marker(p);
-            quote!(::typed_amp::amp::layer::plan::Autocast<#p>)
+            quote!(::typed_amp::__private::plan::Autocast<#p>)
         }
         Compute::Pass => {
             let p = marker(plan.storage);
-            quote!(::typed_amp::amp::layer::plan::Pass<#p>)
+            quote!(::typed_amp::__private::plan::Pass<#p>)
         }
         Compute::KeepFp32(p) => {
             let p = marker(p);
-            quote!(::typed_amp::amp::layer::plan::KeepFp32<#p>)
+            quote!(::typed_amp::__private::plan::KeepFp32<#p>)
         }
     }
 }
@@ -53,7 +53,7 @@ pub(crate) fn policy_ty(recipe: &Recipe) -> TokenStream {
     let plans = Row::ALL
         .iter()
         .map(|row| plan_ty(plan_layer(recipe, *row, None)));
-    quote!(::typed_amp::amp::layer::Table<#(#plans),*>)
+    quote!(::typed_amp::__private::Table<#(#plans),*>)
 }
 
 /// The FP32 master type of a layer.
@@ -82,7 +82,7 @@ pub(crate) fn working_ty(
                 None => {
                     // Spanned on the field's type: a layer without `AmpLayer` is reported there.
                     let policy = policy_ty(recipe);
-                    quote_spanned!(ty.span()=> <#master as ::typed_amp::amp::layer::WorkingUnder<#policy, D>>::Working)
+                    quote_spanned!(ty.span()=> <#master as ::typed_amp::__private::WorkingUnder<#policy, D>>::Working)
                 }
                 Some(p) => match plan_layer(recipe, Row::Elementwise, Some(p)).storage {
                     Prec::F32 => master,
@@ -124,7 +124,7 @@ pub(crate) fn working_from(
         Layer::Single => match pin {
             None => {
                 let policy = policy_ty(recipe);
-                quote!(::typed_amp::amp::layer::WorkingUnder::<#policy, D>::try_working_from(&#src)?)
+                quote!(::typed_amp::__private::WorkingUnder::<#policy, D>::try_working_from(&#src)?)
             }
             Some(p) => match plan_layer(recipe, Row::Elementwise, Some(p)).storage {
                 Prec::F32 => quote!(::core::clone::Clone::clone(&#src)),

@@ -62,11 +62,11 @@ mod tests {
             .iter()
             .map(|p| {
                 let (plan, prec) = p.split_once(' ').unwrap();
-                format!(":: typed_amp :: amp :: layer :: plan :: {plan} < :: typed_amp :: precision :: {prec} >")
+                format!(":: typed_amp :: __private :: plan :: {plan} < :: typed_amp :: precision :: {prec} >")
             })
             .collect();
         format!(
-            ":: typed_amp :: amp :: layer :: Table < {} >",
+            ":: typed_amp :: __private :: Table < {} >",
             plans.join(" , ")
         )
     }
@@ -89,7 +89,7 @@ mod tests {
         // Each layer's working type comes from its `AmpLayer` row under that table.
         assert!(
             out.contains(&format!(
-                "pub type CnnWorking < D > = CnnLayers < < :: typed_amp :: amp :: Built < Conv2D < 1 , 4 , 3 > , f32 , D > as :: typed_amp :: amp :: layer :: WorkingUnder < {o2} , D >> :: Working"
+                "pub type CnnWorking < D > = CnnLayers < < :: typed_amp :: amp :: Built < Conv2D < 1 , 4 , 3 > , f32 , D > as :: typed_amp :: __private :: WorkingUnder < {o2} , D >> :: Working"
             )),
             "{out}"
         );
@@ -100,7 +100,7 @@ mod tests {
         ));
         assert!(
             out.contains(&format!(
-                "AmpY1 : :: typed_amp :: amp :: layer :: RunLayer < L1 , {o2} , Output = AmpY2"
+                "AmpY1 : :: typed_amp :: __private :: RunLayer < L1 , {o2} , Output = AmpY2"
             )),
             "{out}"
         );
@@ -155,12 +155,12 @@ mod tests {
             ),
         );
         assert!(out.contains(
-            "RunPlanned < L1 , :: typed_amp :: amp :: layer :: plan :: In < :: typed_amp :: precision :: F32 > , Output = AmpY2"
+            "RunPlanned < L1 , :: typed_amp :: __private :: plan :: In < :: typed_amp :: precision :: F32 > , Output = AmpY2"
         ), "{out}");
         // Stored in FP32: the working layer is the master's clone, needing no `AmpLayer`.
         assert!(
             !out.contains(
-                "Built < MyHead , f32 , D > as :: typed_amp :: amp :: layer :: WorkingUnder"
+                "Built < MyHead , f32 , D > as :: typed_amp :: __private :: WorkingUnder"
             ),
             "{out}"
         );

@@ -54,6 +54,7 @@ run_by_plan! {
 
 /// Runs a linear layer `M` on `self` by plan `Pl`: typed-amp's fused op for the plans that keep
 /// the layer's own precision, O1's per-pass cast for [`plan::Autocast`].
+#[doc(hidden)] // `#[amp]`'s generated code and typed-amp's own machinery: see `typed_amp::__private`.
 pub trait RunLinear<M, Pl>: Sized {
     /// The layer's output.
     type Output;
@@ -213,6 +214,7 @@ where
 }
 
 /// Runs the activation layer `W` on `self` with typed-amp's op (fused where it can be).
+#[doc(hidden)] // `#[amp]`'s generated code and typed-amp's own machinery: see `typed_amp::__private`.
 pub trait RunActivation<W>: Sized {
     /// The activation's output.
     type Output;

@@ -17,6 +17,8 @@ mod built;
 mod composite;
 mod config;
 pub mod kind;
+#[doc(hidden)]
+// `#[amp]`'s generated code (through `typed_amp::__private`); users name `AmpLayer` and `kind`.
 pub mod layer;
 mod layer_kind;
 mod leaf_forward;

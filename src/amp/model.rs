@@ -135,6 +135,7 @@ where
 /// The input and every FP32 parameter are cast to `P` (differentiably, so gradients reach the
 /// FP32 parameters in FP32), and the 16-bit copy runs the forward. As with PyTorch's autocast,
 /// the weights stay FP32; the 16-bit copy lives for the pass.
+#[doc(hidden)] // `#[amp]`'s generated code and typed-amp's own machinery: see `typed_amp::__private`.
 pub trait AutocastForward<M, P: LowPrecision> {
     /// The 16-bit module's output.
     type Output;

@@ -43,6 +43,7 @@ pub trait MixedNorm<X> {
     label = "no mixed-precision norm training forward for this input",
     note = "under `keep_batchnorm_fp32` (O2's default) a norm layer keeps FP32 parameters and takes 16-bit activations: batch norm and layer norm can; for another layer, implement `typed_amp::amp::norm::MixedNormMut`, or pin the field with `#[amp(fp32)]`"
 )]
+#[doc(hidden)] // `#[amp]`'s generated code and typed-amp's own machinery: see `typed_amp::__private`.
 pub trait MixedNormMut<X> {
     /// The output, in the input's precision.
     type Output;

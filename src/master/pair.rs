@@ -24,6 +24,7 @@ use crate::params::{ParamPath, ParamVisitorMut, Parameters};
 use crate::precision::AmpElem;
 
 /// Visits the (master, working) pairs of parameters of a [`Paired`] walk.
+#[doc(hidden)] // `#[amp]`'s generated code and typed-amp's own machinery: see `typed_amp::__private`.
 pub trait PairVisitor<D: AmpDevice> {
     /// The error a visit can return; pairing mismatches are reported as [`AmpError`]s.
     type Error: From<AmpError>;
@@ -48,6 +49,7 @@ pub trait PairVisitor<D: AmpDevice> {
     label = "no working copy of this shape",
     note = "a working copy is the master model with each layer in its working precision: the same tuple, `Repeated`, `Residual` or `#[amp]` struct, layer for layer; every layer needs `typed_amp::amp::AmpLayer`"
 )]
+#[doc(hidden)] // `#[amp]`'s generated code and typed-amp's own machinery: see `typed_amp::__private`.
 pub trait Paired<W, D: AmpDevice> {
     /// Visits every (master, working) pair below `path`.
     fn visit_pairs_at<V: PairVisitor<D>>(
@@ -68,6 +70,7 @@ pub trait Paired<W, D: AmpDevice> {
 }
 
 /// How a kind of layer pairs a master layer `M` with its working copy `W`.
+#[doc(hidden)] // `#[amp]`'s generated code and typed-amp's own machinery: see `typed_amp::__private`.
 pub trait KindPaired<M, W, D: AmpDevice> {
     /// See [`Paired::visit_pairs_at`].
     fn visit_pairs_at<V: PairVisitor<D>>(
@@ -79,6 +82,7 @@ pub trait KindPaired<M, W, D: AmpDevice> {
 }
 
 /// Pairing for [`kind::Composite`] and [`kind::Nested`] layers: part by part.
+#[doc(hidden)] // `#[amp]`'s generated code and typed-amp's own machinery: see `typed_amp::__private`.
 pub trait CompositePaired<W, D: AmpDevice> {
     /// See [`Paired::visit_pairs_at`].
     fn visit_pairs_at<V: PairVisitor<D>>(
@@ -222,6 +226,7 @@ impl<D: AmpDevice, F: Paired<W, D>, W> CompositePaired<Residual<W>, D> for Resid
 
 /// Pairs one layer's FP32 tensors with its working copy's, in the order the layer's own
 /// `TensorCollection` visits them, checking each pair's name, size and trainability.
+#[doc(hidden)] // `#[amp]`'s machinery: see `typed_amp::__private`.
 pub fn zip_layer<M, W, D, V>(
     master: &mut M,
     working: &mut W,

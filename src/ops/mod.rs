@@ -34,17 +34,20 @@ pub mod attention;
 pub mod batchnorm;
 pub mod cast;
 pub mod embedding;
+#[doc(hidden)] // a device's kernels only (`device::AmpDevice`)
 pub mod fill;
 pub mod gelu;
 pub mod host;
 pub mod layernorm;
 pub mod linear;
 pub mod lm_head;
+#[doc(hidden)] // a device's kernels only (`device::AmpDevice`)
 pub mod reduce;
 pub mod relu;
 pub mod residual;
 pub mod softmax;
 pub mod unscale;
+#[doc(hidden)] // a device's kernels only (`device::AmpDevice`)
 pub mod update;
 pub(crate) mod utilities;
 
@@ -62,6 +65,7 @@ macro_rules! define_op_bundles {
     ($([$marker:ident, $elem:ty, $variant:ident, $name:literal, $st:ident, $index:literal])*) => {
         /// Every op on tensors for element type `E`: how a device runs typed-amp's layers (each
         /// op's trait has the composed computation as its default; the CPU and CUDA fuse them).
+        #[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
         pub trait Ops<E: AmpElem>:
             LinearOp<E> + ReluOp<E> + GeluOp<E> + LayerNormOp<E> + AttentionOp<E> + LmHeadOp<E> + EmbeddingOp<E>
         {

@@ -133,6 +133,7 @@ mod sealed {
 
 /// The position of an element type in [`with_precisions!`](crate::with_precisions): per-precision
 /// stores (gradients, kernel tables) are indexed by it.
+#[doc(hidden)] // machinery of the bounds above it.
 pub trait Indexed {
     /// Position in the list of precisions.
     const INDEX: usize;

@@ -40,6 +40,7 @@ impl AttentionDims {
 /// The fused attention's passes over buffers (FlashAttention's algorithm): scores in FP32,
 /// computed block by block with an online softmax and never stored; the forward keeps one FP32
 /// log-sum-exp per query row and head, from which the backward recomputes the probabilities.
+#[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait AttentionKernel<E: AmpElem>: Storage<E> + Storage<f32> + HasErr {
     /// `y = softmax(q·kᵀ·scale + mask)·v` per sequence and head, rounded once to `E`, from
     /// `qkv` (`rows × 3·width`) into `y` (`rows × width`); returns the log-sum-exp of every

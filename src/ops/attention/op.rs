@@ -15,6 +15,7 @@ use crate::tape::AmpTape;
 /// for the softmax and back, `PV`, and the heads merged; every intermediate kept for the
 /// backward pass, the `T × T` scores included. A device with the fused kernels
 /// ([`AttentionKernel`](super::AttentionKernel)) overrides it with [`super::try_attention_fused`] for FP32 scores.
+#[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait AttentionOp<E: AmpElem>: HasErr + Sized {
     /// Attention over `qkv` (`(batch, tokens, 3M)`, `M = H × head_dim`): `(batch, tokens, M)`.
     fn try_attention<const M: usize, const M3: usize, const H: usize, B, S, Sc, T>(

@@ -7,6 +7,7 @@ use dfdx::tensor_ops::batchnorm_parts::BatchNormLayout;
 use crate::precision::AmpElem;
 
 /// The passes of batch norm over activations of element type `E` (FP32 per-channel values).
+#[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait MixedBatchNormKernel<E: AmpElem>:
     Storage<E> + Storage<f32> + HasErr<Err: From<CpuError>>
 {

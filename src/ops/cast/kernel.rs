@@ -6,6 +6,7 @@ use crate::precision::AmpElem;
 
 /// Buffer conversions from element type `Src` to `Dst`, computed through FP32 (exact for every
 /// widening, rounded to nearest-even with overflow to ±inf for every narrowing).
+#[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait CastKernel<Src: AmpElem, Dst: AmpElem>: Storage<Src> + Storage<Dst> {
     /// `dst = convert(src)`. Both buffers have the same length.
     fn try_copy_cast(

@@ -23,6 +23,7 @@ use crate::tape::AmpTape;
 pub use kernel::CastKernel;
 
 /// A device that casts tensors from `Src` to `Dst` and their gradients back.
+#[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait CastDevice<Src: AmpElem, Dst: AmpElem>:
     AmpDevice
     + Kernels<Src>
@@ -225,7 +226,7 @@ pub fn to_f32<S: Shape, E: AmpElem, D: AmpDevice + CastDevice<E, f32>, T: AmpTap
 }
 
 /// The differentiable forward cast of a layer: what `#[amp]` inserts at precision boundaries,
-/// and what the cast layers ([`crate::nn::modules::Cast`]) run.
+/// and what the cast layers ([`crate::nn::modules::CastLayer`]) run.
 #[doc(hidden)]
 pub fn try_cast_to<P: Precision, S: Shape, E: AmpElem, D, T: AmpTape<D>>(
     t: Tensor<S, E, D, T>,

@@ -23,6 +23,7 @@ pub struct EmbeddingDims {
 /// The fused embedding's passes: the forward in FP32 rounded once, the backward straight into
 /// the tables' FP32 gradients (a token's rows summed in FP32, in an order that does not depend
 /// on the thread count).
+#[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait EmbeddingKernel<E: AmpElem>: Storage<E> + Storage<f32> + Storage<usize> + HasErr {
     /// `y[b, t] = wte[tokens[b, t]] + wpe[t]`. A token id of `vocab` or more is an error.
     fn try_embed_forward(

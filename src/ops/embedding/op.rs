@@ -14,6 +14,7 @@ use crate::tape::AmpTape;
 /// The default composes dfdx's ops ([`super::try_embed_composed`]: a gather, a slice of the
 /// position table broadcast over the batch, an add). A device with [`EmbeddingKernel`](super::EmbeddingKernel)s runs
 /// [`super::try_embed_fused`].
+#[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait EmbeddingOp<E: AmpElem>: HasErr + Sized {
     /// The embedding of `tokens` (`(batch, tokens)` ids below `V`, at most `P` tokens).
     fn try_embed<const V: usize, const P: usize, const C: usize, B, S, T>(

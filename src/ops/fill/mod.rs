@@ -11,6 +11,7 @@ use crate::precision::AmpElem;
 
 /// In-place elementwise kernels on a buffer of element type `E`, computed in FP32 and stored
 /// in `E` (rounded to nearest-even).
+#[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait FillKernel<E: AmpElem>: Storage<E> {
     /// Sets every element to `value` (rounded to `E`).
     fn try_fill(&self, buf: &mut Self::Vec, value: f32) -> Result<(), Self::Err>;

@@ -6,6 +6,7 @@ use crate::precision::AmpElem;
 
 /// Exact GELU's kernels (`x·Φ(x)`, dfdx's `AccurateGeLU`), each in FP32 and rounded once to
 /// `E`: the formulas of dfdx's op, so that the fused and the composed paths agree.
+#[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait GeluKernel<E: AmpElem>: Storage<E> + HasErr {
     /// `input = y`, then `y = gelu(y)` in place: one pass over the op's output that keeps its
     /// value before the activation for the backward.

@@ -10,6 +10,7 @@ use crate::tape::AmpTape;
 /// dfdx's `accurate_gelu` (its own output buffer, and a backward that writes the input's
 /// gradient into a buffer of its own); a device with [`GeluKernel`](super::GeluKernel)s fuses it
 /// into the linear op before it where that op offers ([`super::try_gelu_fused`]).
+#[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait GeluOp<E: AmpElem>: HasErr + Sized {
     /// `x·Φ(x)`.
     fn try_gelu<S: Shape, T>(x: Tensor<S, E, Self, T>) -> Result<Tensor<S, E, Self, T>, Self::Err>

@@ -14,6 +14,7 @@ pub struct RowStats<D: Storage<f32>> {
 
 /// The passes of layer norm over rows of `width` activations of element type `E`, with FP32
 /// parameters (`gamma`, and `beta` if there is one, per column) and FP32 arithmetic.
+#[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait MixedLayerNormKernel<E: AmpElem>: Storage<E> + Storage<f32> + HasErr {
     /// `y = (x − mean) · rstd · gamma + beta` per row, rounded once to `E`; returns each row's
     /// statistics.

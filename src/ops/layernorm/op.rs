@@ -15,6 +15,7 @@ use crate::tape::AmpTape;
 /// to FP32, dfdx's `LayerNorm1D` (a dozen broadcast ops and reductions, each keeping its output),
 /// the output cast back. A device with [`MixedLayerNormKernel`](super::MixedLayerNormKernel)s runs
 /// [`super::try_layernorm_fused`].
+#[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait LayerNormOp<E: AmpElem>: HasErr + Sized {
     /// `layer` over the last dimension of `x`.
     fn try_layer_norm<const M: usize, S: Shape, T>(

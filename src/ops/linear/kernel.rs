@@ -6,6 +6,7 @@ use crate::precision::AmpElem;
 
 /// The fused linear layer's kernels for element type `E`: rows of `x` (`rows × i`, row-major
 /// with rows `x_rs` apart), a weight `o × i` and a bias of `o`, all contiguous.
+#[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait LinearKernel<E: AmpElem>: Storage<E> + Storage<f32> + HasErr {
     /// `y = x · Wᵀ + b`, `y` contiguous `rows × o`.
     #[allow(clippy::too_many_arguments)]

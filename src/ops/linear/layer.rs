@@ -5,6 +5,7 @@ use dfdx::prelude::{Const, Dim, Dtype, Rank1, Rank2, Shape, Storage, Tensor};
 
 /// An input shape a linear layer of `I` inputs and `O` outputs maps row by row: `(B, I)` and
 /// `(B, S, I)`.
+#[doc(hidden)] // machinery of the bounds above it.
 pub trait LinearInput<const I: usize, const O: usize>: Shape {
     /// The output shape.
     type Output: Shape;
@@ -36,6 +37,7 @@ impl<B: Dim, S: Dim, const I: usize, const O: usize> LinearInput<I, O> for (B, S
 }
 
 /// A layer the fused linear op runs: an `O × I` weight and, if it has one, a bias of `O`.
+#[doc(hidden)] // machinery of the bounds above it.
 pub trait LinearParts<const I: usize, const O: usize, E: Dtype, D: Storage<E>> {
     /// The weight, `O × I`.
     fn weight(&self) -> &Tensor<Rank2<O, I>, E, D>;

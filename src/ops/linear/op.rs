@@ -13,6 +13,7 @@ use crate::tape::AmpTape;
 /// The default is the layer's own forward, dfdx's composition (a product and a broadcast add,
 /// the weight's gradient in the layer's precision). A device with [`LinearKernel`](super::LinearKernel)s runs
 /// [`super::try_linear_fused`].
+#[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait LinearOp<E: AmpElem>: HasErr + Sized {
     /// `layer` on `x`.
     fn try_linear<S, const I: usize, const O: usize, T, L>(

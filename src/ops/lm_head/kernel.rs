@@ -18,6 +18,7 @@ pub struct LmHeadDims {
 /// The fused head's passes: the logits from the product's store straight in FP32 (never
 /// rounded to 16 bits), the loss and its gradient in one pass per row each, the logits'
 /// gradient written once, in `E`, for the two products of the backward pass.
+#[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait LmHeadKernel<E: AmpElem>: Storage<E> + Storage<f32> + Storage<usize> + HasErr {
     /// `logits = h · wᵀ` (`rows × vocab`, FP32).
     fn try_head_logits(

@@ -12,6 +12,7 @@ use crate::precision::AmpElem;
 
 /// Reductions of a buffer of element type `E`, accumulated in FP32, written to one slot of a
 /// stats buffer (which stays on the device).
+#[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait ReduceKernel<E: AmpElem>: Storage<E> + StatsDevice {
     /// `stats[slot] = Σ x²` (inf or NaN if any element is).
     fn try_sum_squares(

@@ -5,6 +5,7 @@ use dfdx::prelude::{HasErr, Storage};
 use crate::precision::AmpElem;
 
 /// ReLU's kernels, for fusing it into the op before it.
+#[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait ReluKernel<E: AmpElem>: Storage<E> + HasErr {
     /// `y = max(y, 0)` in place.
     fn try_relu_in_place(&self, y: &mut <Self as Storage<E>>::Vec) -> Result<(), Self::Err>;

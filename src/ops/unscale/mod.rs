@@ -30,6 +30,7 @@ pub(crate) const GRADIENT_LIMIT_BITS: u32 = 0x5e80_0000;
 /// The check looks at the result, after the division: that is what the optimizer would
 /// receive, so a scale whose reciprocal overflows (below 2^-126, where `1/scale` is inf in
 /// FP32) turns a zero gradient into NaN, which is caught, rather than letting it through.
+#[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait UnscaleKernel<E: AmpElem>: Storage<E> + Storage<f32> + StatsDevice {
     /// `dst = src * inv_scale` into an FP32 buffer of the same length, and `stats[slot] = 1.0`
     /// if any element of `src` or of the result is inf or NaN, or of the result larger than

@@ -20,6 +20,7 @@ use crate::precision::AmpElem;
 
 /// The optimizer's update of an FP32 master tensor fused with the refresh of its working copy
 /// of element type `E`.
+#[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait UpdateKernel<E: AmpElem>: Device<f32> + CastKernel<f32, E> {
     /// Adam (AdamW with decoupled weight decay) at step `t` on `param`, its moments and its
     /// unscaled gradient, then `working = round(param)`.

@@ -17,6 +17,7 @@ pub type Tokens<B, S, const W: usize, E, D, T = dfdx::prelude::NoneTape> =
 
 /// A device that keeps small per-tensor results (non-finite flags, sums of squares) in a buffer
 /// of its own until they are read back, once per step.
+#[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait StatsDevice: dfdx::prelude::HasErr + Clone + 'static {
     /// One `f32` per tensor, kept on the device.
     type Stats: 'static;
