@@ -105,7 +105,10 @@ where
 {
     let classes = <S as HasAxes<S::LastAxis>>::size(logits.shape()) as f64;
     let classes = E::from_f64(classes).unwrap();
-    (logits.log_softmax_16bit::<S::LastAxis>() * target_probs).mean().negate() * classes
+    (logits.log_softmax_16bit::<S::LastAxis>() * target_probs)
+        .mean()
+        .negate()
+        * classes
 }
 
 /// Times `steps` whole training steps; returns the time per step of each, and of the forward
