@@ -4,27 +4,11 @@
 //! patterns of both formats (every NaN payload included), narrowing over a stride through all
 //! 2³² f32 patterns plus every rounding boundary; and the module's NaN rule stated directly.
 
-use std::sync::Mutex;
-
 use half::{bf16, f16};
 use typed_amp_kernels::convert;
-use typed_amp_kernels::{detected_level, force_level, Level};
 
-static LOCK: Mutex<()> = Mutex::new(());
-
-fn at_each_level(name: &str, mut f: impl FnMut()) {
-    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let mut ran = Vec::new();
-    for lvl in Level::ALL {
-        if lvl <= detected_level() {
-            assert_eq!(force_level(Some(lvl)), lvl);
-            f();
-            ran.push(lvl.name());
-        }
-    }
-    force_level(None);
-    println!("{name}: ran levels {ran:?}");
-}
+mod common;
+use common::at_every_level as at_each_level;
 
 /// f32 inputs for the narrowing directions: every bf16 pattern with the discarded half at and
 /// around the tie and at the extremes; every f16 value, every midpoint between neighbouring f16

@@ -6,28 +6,12 @@
 //! this CPU supports, bit for bit against the scalar reference, on those inputs, on every f32
 //! pattern whose code the bf16 and f16 sources can reach, and on random f32 bit patterns.
 
-use std::sync::Mutex;
-
 use half::{bf16, f16};
 use rand::{Rng, SeedableRng};
 use typed_amp_kernels::convert::{self, Fp8Format, E4M3, E5M2};
-use typed_amp_kernels::{detected_level, force_level, Level};
 
-static LOCK: Mutex<()> = Mutex::new(());
-
-fn at_each_level(name: &str, mut f: impl FnMut()) {
-    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let mut ran = Vec::new();
-    for lvl in Level::ALL {
-        if lvl <= detected_level() {
-            assert_eq!(force_level(Some(lvl)), lvl);
-            f();
-            ran.push(lvl.name());
-        }
-    }
-    force_level(None);
-    println!("{name}: ran levels {ran:?}");
-}
+mod common;
+use common::at_every_level as at_each_level;
 
 /// The value of a code by the OCP formula, in f64 (independent of the crate's bit tricks):
 /// `None` for NaN.

@@ -236,3 +236,19 @@ pub fn at_each_level(name: &str, mut f: impl FnMut(&mut StdRng, bool)) {
 pub fn uses_pairs<T: GemmElem + Elem>(pairs: bool) -> bool {
     pairs && T::NAME == "bf16"
 }
+
+/// Runs `f` at every level the CPU has (one test at a time: the level is process-wide), then
+/// returns to the default level; prints the levels it ran.
+pub fn at_every_level(name: &str, mut f: impl FnMut()) {
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let mut ran = Vec::new();
+    for lvl in Level::ALL {
+        if lvl <= detected_level() {
+            assert_eq!(force_level(Some(lvl)), lvl);
+            f();
+            ran.push(lvl.name());
+        }
+    }
+    force_level(None);
+    println!("{name}: ran levels {ran:?}");
+}
