@@ -44,6 +44,8 @@ pub use gemm::{
 pub use level::{default_level, detected_level, force_level, level, Level};
 
 #[doc(hidden)]
+pub use gemm::set_a_rows_in_place;
+#[doc(hidden)]
 pub use gemm::set_bf16_pair_emulation;
 #[doc(hidden)]
 pub use gemm::set_small_products;

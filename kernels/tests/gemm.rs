@@ -24,8 +24,9 @@ use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use typed_amp_kernels::{
-    detected_level, force_level, gemm, gemm_slices, set_bf16_pair_emulation, set_small_products,
-    GemmElem, Level, MatRef,
+    detected_level, force_level, gemm, gemm_epilogue_slices, gemm_slices, set_a_rows_in_place,
+    set_bf16_pair_emulation, set_small_products, Activation, Epilogue, GemmElem, Level, MatMut,
+    MatRef,
 };
 
 /// The level is process-wide: tests that force it take turns.
@@ -509,4 +510,107 @@ fn small_products_match_the_driver_bit_for_bit() {
             }
         }
     });
+}
+
+/// One bf16 product with A's rows read in place by the pair kernels and with A packed: the
+/// same pairs go through the same instructions, so the bits must be equal, into a bf16 C (its
+/// f32 running sums in a buffer) and an f32 C (its own running sum), with and without the old C
+/// and an epilogue, on one thread and two.
+fn same_bits_a_in_place_or_packed(
+    rng: &mut StdRng,
+    (m, n, k): (usize, usize, usize),
+    la: Layout,
+    threads: usize,
+) {
+    let a = Mat::<bf16>::random(rng, m, k, la);
+    let b = Mat::<bf16>::random(rng, k, n, Layout::RowMajor);
+    let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.25 - 1.0).collect();
+    let c16 = Mat::<bf16>::random(rng, m, n, Layout::RowMajor);
+    let c32 = Mat::<f32>::random(rng, m, n, Layout::RowMajor);
+    for accumulate in [false, true] {
+        for fused in [false, true] {
+            let epi = Epilogue {
+                alpha: if fused { 0.5 } else { 1.0 },
+                accumulate,
+                bias: fused.then_some(&bias[..]),
+                activation: if fused {
+                    Activation::Relu
+                } else {
+                    Activation::None
+                },
+            };
+            let run = |in_place: bool| {
+                let (mut out16, mut out32) = (c16.data.clone(), c32.data.clone());
+                set_a_rows_in_place(in_place);
+                let c16 = MatMut {
+                    data: &mut out16[..],
+                    rows: m,
+                    cols: n,
+                    rs: n,
+                    cs: 1,
+                };
+                let r16 = gemm_epilogue_slices(a.view(), b.view(), c16, &epi, threads);
+                let c32 = MatMut {
+                    data: &mut out32[..],
+                    rows: m,
+                    cols: n,
+                    rs: n,
+                    cs: 1,
+                };
+                let r32 = gemm_epilogue_slices(a.view(), b.view(), c32, &epi, threads);
+                set_a_rows_in_place(true);
+                let bits16: Vec<u16> = out16.iter().map(|x| x.to_bits()).collect();
+                let bits32: Vec<u32> = out32.iter().map(|x| x.to_bits()).collect();
+                (bits16, bits32, r16.non_finite, r32.non_finite)
+            };
+            assert!(
+                run(true) == run(false),
+                "{:?} m={m} n={n} k={k} A {la:?} threads {threads} acc={accumulate} \
+                 epilogue={fused}: A read in place and A packed differ",
+                typed_amp_kernels::level()
+            );
+        }
+    }
+}
+
+/// The pair path reads a row-major A where it lies (k even) instead of packing it: the same
+/// bits as packed A for one pair, one block of k, several blocks (1,100 = 3 × 368 and a
+/// rest), C wider than one B block (whole-panel packing), rows not a multiple of the 12-row
+/// tile, padded rows (an odd row stride, so pairs start at odd addresses), and the layouts
+/// and odd k that still pack.
+#[test]
+fn a_rows_in_place_match_packed_a_bit_for_bit() {
+    use Layout::*;
+    at_each_level("a_rows_in_place_match_packed_a_bit_for_bit", |rng| {
+        let shapes = [
+            (1, 1, 2),
+            (13, 33, 64),
+            (37, 70, 128),
+            (96, 800, 64),
+            (29, 40, 1100),
+            (500, 64, 1024),
+            (17, 17, 16),
+            (7, 9, 31),
+        ];
+        for shape in shapes {
+            for la in [RowMajor, PaddedRows, ColMajor] {
+                for threads in [1, 2] {
+                    same_bits_a_in_place_or_packed(rng, shape, la, threads);
+                }
+            }
+        }
+    });
+    // `at_each_level` runs the pair emulation only where AVX512-BF16 is absent: its kernels
+    // read A in place too, so run them here as well.
+    if detected_level() >= Level::Avx512Bf16 {
+        let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        set_bf16_pair_emulation(true);
+        force_level(Some(Level::Avx512));
+        let mut rng = StdRng::seed_from_u64(0xbf16);
+        for la in [RowMajor, PaddedRows] {
+            same_bits_a_in_place_or_packed(&mut rng, (37, 70, 128), la, 2);
+        }
+        force_level(None);
+        set_bf16_pair_emulation(false);
+    }
 }

@@ -1,11 +1,12 @@
 //! One instruction-set path (`Arch`): its block sizes and micro-kernels, chosen by element kind
 //! and CPU level.
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::level::Level;
 
 use super::entry::BF16_PAIR_EMULATION;
-use super::portable::{PAIR_EMULATION_KERNELS, PORTABLE_KERNELS};
+use super::portable::{PAIR_EMULATION_KERNELS, PAIR_EMULATION_ROWS_KERNELS, PORTABLE_KERNELS};
+use super::problem::Problem;
 use super::types::Kind;
 
 /// Micro-kernel: multiplies a packed `kc`-long A micro-panel (`MR` per k step, the first `M`
@@ -19,6 +20,57 @@ use super::types::Kind;
 /// features of the path the kernel belongs to.
 pub(super) type KernFn =
     unsafe fn(kc: usize, a: *const f32, b: *const f32, dst: *mut f32, dst_rs: isize, load: bool);
+
+/// Micro-kernel of the bf16-pair path that reads A where it lies instead of packed: row `i` of
+/// the micro-panel starts at byte `a + i·a_rs`, its k pairs contiguous from there (A row-major
+/// with unit k stride, so a (k, k+1) pair is already the 32-bit slot `vdpbf16ps` broadcasts).
+/// Otherwise as [`KernFn`], whose bits it gives: packing only copies the same pairs.
+///
+/// # Safety
+/// As [`KernFn`], with `a + i·a_rs` readable for `kc` pairs (4 bytes each) for `i < M`.
+pub(super) type RowsKernFn = unsafe fn(
+    kc: usize,
+    a: *const f32,
+    a_rs: isize,
+    b: *const f32,
+    dst: *mut f32,
+    dst_rs: isize,
+    load: bool,
+);
+
+/// The micro-kernel for one tile and how it reads A: from a packed micro-panel, or from A's own
+/// rows (`a_rs` bytes apart).
+#[derive(Clone, Copy)]
+pub(super) enum Micro {
+    Packed(KernFn),
+    Rows(RowsKernFn, isize),
+}
+
+impl Micro {
+    /// Runs the kernel on `kc` k steps of A's micro-panel at `a` (packed, or the first row's
+    /// first pair) and B's packed micro-panel at `b`.
+    ///
+    /// # Safety
+    /// As [`KernFn`] or [`RowsKernFn`], whichever this holds.
+    #[inline(always)]
+    pub(super) unsafe fn run(
+        self,
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        dst: *mut f32,
+        dst_rs: isize,
+        load: bool,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match self {
+                Micro::Packed(kern) => kern(kc, a, b, dst, dst_rs, load),
+                Micro::Rows(kern, a_rs) => kern(kc, a, a_rs, b, dst, dst_rs, load),
+            }
+        }
+    }
+}
 
 /// One instruction-set path: block sizes and kernels.
 pub(super) struct Arch {
@@ -40,11 +92,33 @@ pub(super) struct Arch {
     pub(super) pairs: bool,
     /// `kernels[M - 1][NV - 1]`.
     pub(super) kernels: &'static [[KernFn; 2]],
+    /// The same, reading A's rows in place ([`RowsKernFn`]): the pair path only.
+    pub(super) rows_kernels: Option<&'static [[RowsKernFn; 2]]>,
 }
 
 impl Arch {
     pub(super) fn nr(&self) -> usize {
         self.nvmax * self.vw
+    }
+
+    /// Where A's rows can be read in place (the pair path, A's k stride 1, k even so that no
+    /// pair reaches past a row's end), the distance between them in bytes; else `None` (pack A).
+    ///
+    /// Packing A cost as much as the products themselves on a transformer's products (k of 64
+    /// or 128, one pass of each packed A micro-panel over a few B panels): 7.5% of the ViT's
+    /// O2-BF16 step, in `pack_pairs_transpose`.
+    pub(super) fn a_rows(&self, p: &Problem) -> Option<isize> {
+        (self.rows_kernels.is_some() && p.a_cs == 1 && p.k % 2 == 0 && !rows_off())
+            .then(|| p.a_rs * p.kind.size())
+    }
+
+    /// The micro-kernel for an `mrr`-row tile of `nv` vectors: packed, or with `a_rows` (from
+    /// [`Arch::a_rows`]) reading A's rows.
+    pub(super) fn micro(&self, a_rows: Option<isize>, mrr: usize, nv: usize) -> Micro {
+        match (a_rows, self.rows_kernels) {
+            (Some(a_rs), Some(rows)) => Micro::Rows(rows[mrr - 1][nv - 1], a_rs),
+            _ => Micro::Packed(self.kernels[mrr - 1][nv - 1]),
+        }
     }
 
     pub(super) fn select(kind: Kind, lvl: Level) -> Arch {
@@ -66,6 +140,7 @@ impl Arch {
                     nc: 768,
                     pairs: true,
                     kernels: &super::x86::KERNELS_AVX512_BF16,
+                    rows_kernels: Some(&super::x86::ROWS_KERNELS_AVX512_BF16),
                 };
             }
             if kind == Kind::Bf16 && pair_emulation {
@@ -93,6 +168,7 @@ impl Arch {
                     nc,
                     pairs: false,
                     kernels: &super::x86::KERNELS_AVX512,
+                    rows_kernels: None,
                 };
             }
             if lvl >= Level::Avx2 {
@@ -106,6 +182,7 @@ impl Arch {
                     nc,
                     pairs: false,
                     kernels: &super::x86::KERNELS_AVX2,
+                    rows_kernels: None,
                 };
             }
         }
@@ -122,6 +199,7 @@ impl Arch {
             nc: 512,
             pairs: false,
             kernels: &PORTABLE_KERNELS,
+            rows_kernels: None,
         }
     }
 
@@ -136,6 +214,21 @@ impl Arch {
             nc: 256,
             pairs: true,
             kernels: &PAIR_EMULATION_KERNELS,
+            rows_kernels: Some(&PAIR_EMULATION_ROWS_KERNELS),
         }
     }
+}
+
+static A_ROWS_IN_PLACE: AtomicBool = AtomicBool::new(true);
+
+/// Tests and benchmarks only: with `false`, the pair path packs A as before rather than
+/// reading its rows in place, so that the two can be compared (they must give the same bits)
+/// and timed.
+#[doc(hidden)]
+pub fn set_a_rows_in_place(on: bool) {
+    A_ROWS_IN_PLACE.store(on, Ordering::Relaxed);
+}
+
+fn rows_off() -> bool {
+    !A_ROWS_IN_PLACE.load(Ordering::Relaxed)
 }

@@ -4,7 +4,7 @@
 use rayon::prelude::*;
 use std::cell::RefCell;
 
-use super::arch::{Arch, KernFn};
+use super::arch::{Arch, Micro};
 use super::problem::Problem;
 use super::store::{store_tile, tile_non_finite, TileEpi};
 use super::types::Kind;
@@ -124,6 +124,18 @@ pub(super) unsafe fn serial(arch: &Arch, p: &Problem) -> bool {
     })
 }
 
+/// Where a micro-kernel reading A's rows in place ([`Arch::a_rows`]) starts: row `i`, k `pc`
+/// of the problem's A (k stride 1).
+///
+/// # Safety
+/// `i < m` and `pc < k` of `p`, whose A the driver's contract makes addressable.
+pub(super) unsafe fn a_at(p: &Problem, i: usize, pc: usize) -> *const f32 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        p.a.offset((i as isize * p.a_rs + pc as isize) * p.kind.size()) as *const f32
+    }
+}
+
 /// The block size for `len` in blocks of at most `max`: as many blocks as `max` needs, made
 /// equal (rounded up to `unit`), so that k = 784 runs as 4 × 196 rather than 3 × 256 plus a
 /// 16-deep block that would cost a full pass over C for little work.
@@ -181,6 +193,7 @@ pub(super) unsafe fn serial_with(arch: &Arch, p: &Problem, bufs: &mut Buffers) -
         return unsafe { serial_running_sum(arch, p, bufs, (kc_max, mc_max, nc_max)) };
     }
     let (esz, csz) = (p.kind.size(), p.out.size());
+    let a_rows = arch.a_rows(p);
     let mut tile = Tile([0.0; TILE_MR * TILE_NR]);
     let tile_p = tile.0.as_mut_ptr();
     let mut non_finite = false;
@@ -211,7 +224,7 @@ pub(super) unsafe fn serial_with(arch: &Arch, p: &Problem, bufs: &mut Buffers) -
                 while ic < p.m {
                     let mc = mc_max.min(p.m - ic);
                     let mut ir = 0;
-                    while ir < mc {
+                    while a_rows.is_none() && ir < mc {
                         let mrr = mr.min(mc - ir);
                         let src =
                             p.a.offset(((ic + ir) as isize * p.a_rs + pc as isize * p.a_cs) * esz);
@@ -226,12 +239,15 @@ pub(super) unsafe fn serial_with(arch: &Arch, p: &Problem, bufs: &mut Buffers) -
                     let mut ir = 0;
                     while ir < mc {
                         let mrr = mr.min(mc - ir);
-                        let ap = abuf.add(ir / mr * mr * kc_units);
+                        let ap = match a_rows {
+                            Some(_) => a_at(p, ic + ir, pc),
+                            None => abuf.add(ir / mr * mr * kc_units),
+                        };
                         let mut jr = 0;
                         while jr < nc {
                             let nrr = nr.min(nc - jr);
                             let nv = nrr.div_ceil(vw);
-                            let kern = arch.kernels[mrr - 1][nv - 1];
+                            let kern = arch.micro(a_rows, mrr, nv);
                             let bp = bbuf.add(jr / nr * nr * kc_units);
                             let (i, j) = (ic + ir, jc + jr);
                             let cp =
@@ -249,7 +265,7 @@ pub(super) unsafe fn serial_with(arch: &Arch, p: &Problem, bufs: &mut Buffers) -
                                 );
                             } else {
                                 // A single k block (several go to `serial_running_sum`).
-                                kern(kc_units, ap, bp, tile_p, TILE_NR as isize, false);
+                                kern.run(kc_units, ap, bp, tile_p, TILE_NR as isize, false);
                                 non_finite |= store_tile(
                                     arch.level,
                                     p.out,
@@ -299,6 +315,7 @@ pub(super) unsafe fn serial_running_sum(
     let s_rs = nc_max.div_ceil(vw) * vw;
     let sbuf = aligned(&mut bufs.s, mc_max * s_rs);
     let (esz, csz) = (p.kind.size(), p.out.size());
+    let a_rows = arch.a_rows(p);
     let mut non_finite = false;
     // SAFETY: every pointer formed below is an offset of rows < m, columns < n and k < k of the
     // problem's matrices, which the contract makes addressable, or of the buffers within the
@@ -327,7 +344,7 @@ pub(super) unsafe fn serial_running_sum(
                         jr += nr;
                     }
                     let mut ir = 0;
-                    while ir < mc {
+                    while a_rows.is_none() && ir < mc {
                         let mrr = mr.min(mc - ir);
                         let src =
                             p.a.offset(((ic + ir) as isize * p.a_rs + pc as isize * p.a_cs) * esz);
@@ -340,12 +357,15 @@ pub(super) unsafe fn serial_running_sum(
                     let mut ir = 0;
                     while ir < mc {
                         let mrr = mr.min(mc - ir);
-                        let ap = abuf.add(ir / mr * mr * kc_units);
+                        let ap = match a_rows {
+                            Some(_) => a_at(p, ic + ir, pc),
+                            None => abuf.add(ir / mr * mr * kc_units),
+                        };
                         let mut jr = 0;
                         while jr < nc {
                             let nrr = nr.min(nc - jr);
                             let nv = nrr.div_ceil(vw);
-                            let kern = arch.kernels[mrr - 1][nv - 1];
+                            let kern = arch.micro(a_rows, mrr, nv);
                             let bp = bbuf.add(jr / nr * nr * kc_units);
                             let (i, j) = (ic + ir, jc + jr);
                             let cp =
@@ -385,7 +405,7 @@ pub(super) unsafe fn serial_running_sum(
 pub(super) unsafe fn tile_in_place(
     arch: &Arch,
     p: &Problem,
-    kern: KernFn,
+    kern: Micro,
     (kc_units, ap, bp): (usize, *const f32, *const f32),
     cp: *mut u8,
     (mrr, nrr): (usize, usize),
@@ -398,10 +418,10 @@ pub(super) unsafe fn tile_in_place(
     // SAFETY: the caller's contract.
     unsafe {
         if p.c_cs == 1 && nrr == nv * arch.vw {
-            kern(kc_units, ap, bp, cp as *mut f32, p.c_rs, beta);
+            kern.run(kc_units, ap, bp, cp as *mut f32, p.c_rs, beta);
             last && !e.legacy && tile_non_finite(arch.level, cp as *const f32, p.c_rs, mrr, nrr)
         } else {
-            kern(kc_units, ap, bp, tile, TILE_NR as isize, false);
+            kern.run(kc_units, ap, bp, tile, TILE_NR as isize, false);
             let te = TileEpi::sum(beta, !e.legacy);
             let nf = store_tile(
                 arch.level, p.out, tile, TILE_NR, mrr, nrr, cp, p.c_rs, p.c_cs, &te,
@@ -421,7 +441,7 @@ pub(super) unsafe fn tile_in_place(
 pub(super) unsafe fn tile_running_sum(
     arch: &Arch,
     p: &Problem,
-    kern: KernFn,
+    kern: Micro,
     (kc_units, ap, bp): (usize, *const f32, *const f32),
     (sums, s_rs): (*mut f32, usize),
     (cp, i, j): (*mut u8, usize, usize),
@@ -430,7 +450,7 @@ pub(super) unsafe fn tile_running_sum(
 ) -> bool {
     // SAFETY: the caller's contract.
     unsafe {
-        kern(kc_units, ap, bp, sums, s_rs as isize, !first);
+        kern.run(kc_units, ap, bp, sums, s_rs as isize, !first);
         last && store_tile(
             arch.level,
             p.out,

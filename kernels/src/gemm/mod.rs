@@ -20,12 +20,15 @@ mod whole_panels;
 mod x86;
 
 // What the packing, storing and x86 files reach through `super::`.
-use arch::{Arch, KernFn};
+use arch::{Arch, KernFn, RowsKernFn};
 use driver::{TILE_MR, TILE_NR};
 #[cfg(target_arch = "x86_64")]
 use portable::kernel_table;
+#[cfg(target_arch = "x86_64")]
+use portable::rows_kernel_table;
 use problem::Problem;
 
+pub use arch::set_a_rows_in_place;
 pub use entry::{gemm, gemm_epilogue, gemm_epilogue_slices, gemm_slices, set_bf16_pair_emulation};
 pub use small::set_small_products;
 use types::Kind;

@@ -2,7 +2,7 @@
 //! registers for whatever the build target offers (SSE2 on x86-64, NEON on aarch64); and the
 //! bf16 pair-emulation kernels.
 
-use super::arch::KernFn;
+use super::arch::{KernFn, RowsKernFn};
 
 pub(super) const PORTABLE_MR: usize = 4;
 pub(super) const PORTABLE_NR: usize = 8;
@@ -63,6 +63,13 @@ macro_rules! kernel_table {
 #[cfg(target_arch = "x86_64")]
 pub(crate) use kernel_table;
 
+macro_rules! rows_kernel_table {
+    ($f:ident; $($m:literal),*) => {
+        [$([$f::<$m, 1> as RowsKernFn, $f::<$m, 2> as RowsKernFn]),*]
+    };
+}
+pub(crate) use rows_kernel_table;
+
 /// # Safety
 /// As [`KernFn`], with `MR = 4`, `NR = 8`.
 pub(super) unsafe fn portable_kernel_nv<const M: usize, const NV: usize>(
@@ -92,16 +99,52 @@ pub(super) unsafe fn pair_emulation_kernel<const M: usize, const NV: usize>(
     dst_rs: isize,
     load: bool,
 ) {
-    // SAFETY: the loads read `kc` steps of the packed panels and the stores write `M` rows at
+    // SAFETY: the packed A panel holds pair `p` of row `i` at slot `p·12 + i`: the rows
+    // form's contract with 4-byte rows one slot apart and pairs 12 slots apart.
+    unsafe { pair_emulation::<M, NV>(kc, a, (4, 48), b, dst, dst_rs, load) }
+}
+
+/// [`pair_emulation_kernel`] reading A's rows in place.
+///
+/// # Safety
+/// As [`RowsKernFn`] (`kc` counting k pairs), with `NR = 32`.
+pub(super) unsafe fn pair_emulation_rows_kernel<const M: usize, const NV: usize>(
+    kc: usize,
+    a: *const f32,
+    a_rs: isize,
+    b: *const f32,
+    dst: *mut f32,
+    dst_rs: isize,
+    load: bool,
+) {
+    // SAFETY: row `i`'s pair `p` at byte `i·a_rs + 4p`: the contract.
+    unsafe { pair_emulation::<M, NV>(kc, a, (a_rs, 4), b, dst, dst_rs, load) }
+}
+
+/// The emulation with row `i`'s pair `p` at byte `a + i·row_step + p·pair_step`.
+///
+/// # Safety
+/// Those `M × kc` 4-byte slots readable, B's packed panel for `kc` steps, `dst` as [`KernFn`].
+unsafe fn pair_emulation<const M: usize, const NV: usize>(
+    kc: usize,
+    a: *const f32,
+    (row_step, pair_step): (isize, isize),
+    b: *const f32,
+    dst: *mut f32,
+    dst_rs: isize,
+    load: bool,
+) {
+    // SAFETY: the loads read `kc` steps of the panels and the stores write `M` rows at
     // `dst`, all inside what the contract provides.
     unsafe {
-        let (a, b) = (a as *const u32, b as *const u32);
+        let (a, b) = (a as *const u8, b as *const u32);
         let mut acc = [[0.0f32; 32]; M];
         let lo = |x: u32| f32::from_bits(x << 16);
         let hi = |x: u32| f32::from_bits(x & 0xFFFF_0000);
         for p in 0..kc {
             for (i, row) in acc.iter_mut().enumerate() {
-                let av = *a.add(p * 12 + i);
+                let at = a.offset(i as isize * row_step + p as isize * pair_step);
+                let av = (at as *const u32).read_unaligned();
                 for (j, x) in row.iter_mut().enumerate().take(NV * 16) {
                     let bv = *b.add(p * 32 + j);
                     // The order Intel documents for vdpbf16ps: odd element first.
@@ -121,3 +164,6 @@ pub(super) unsafe fn pair_emulation_kernel<const M: usize, const NV: usize>(
 
 pub(super) static PAIR_EMULATION_KERNELS: [[KernFn; 2]; 12] =
     kernel_table!(pair_emulation_kernel; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12);
+
+pub(super) static PAIR_EMULATION_ROWS_KERNELS: [[RowsKernFn; 2]; 12] =
+    rows_kernel_table!(pair_emulation_rows_kernel; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12);

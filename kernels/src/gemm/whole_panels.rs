@@ -3,7 +3,9 @@
 //! for every B block and, with running sums, B again for every A block).
 
 use super::arch::Arch;
-use super::driver::{aligned, tile_in_place, tile_running_sum, Buffers, Tile, TILE_MR, TILE_NR};
+use super::driver::{
+    a_at, aligned, tile_in_place, tile_running_sum, Buffers, Tile, TILE_MR, TILE_NR,
+};
 use super::problem::Problem;
 
 /// Bytes of packed panels [`serial`] may hold for each of A and B per thread
@@ -63,6 +65,7 @@ pub(super) unsafe fn serial(
     // before it is a full `kc_max` one.
     let block = |pc: usize| pc / kc_max * (kc_max / kstep);
     let (esz, csz) = (p.kind.size(), p.out.size());
+    let a_rows = arch.a_rows(p);
     let mut tile = Tile([0.0; TILE_MR * TILE_NR]);
     let tile_p = tile.0.as_mut_ptr();
     let mut non_finite = false;
@@ -92,7 +95,7 @@ pub(super) unsafe fn serial(
         while ic < p.m {
             let mc = mc_max.min(p.m - ic);
             let mut pc = 0;
-            while pc < p.k {
+            while a_rows.is_none() && pc < p.k {
                 let kc = kc_max.min(p.k - pc);
                 let kc_units = kc.div_ceil(kstep);
                 let mut ir = 0;
@@ -117,12 +120,15 @@ pub(super) unsafe fn serial(
                     let mut ir = 0;
                     while ir < mc {
                         let mrr = mr.min(mc - ir);
-                        let ap = abuf.add(block(pc) * mc_max + ir * kc_units);
+                        let ap = match a_rows {
+                            Some(_) => a_at(p, ic + ir, pc),
+                            None => abuf.add(block(pc) * mc_max + ir * kc_units),
+                        };
                         let mut jr = 0;
                         while jr < nc {
                             let nrr = nr.min(nc - jr);
                             let nv = nrr.div_ceil(vw);
-                            let kern = arch.kernels[mrr - 1][nv - 1];
+                            let kern = arch.micro(a_rows, mrr, nv);
                             let (i, j) = (ic + ir, jc + jr);
                             let bp = bbuf.add(block(pc) * n_pad + j * kc_units);
                             let cp =

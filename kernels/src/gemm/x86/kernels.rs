@@ -2,7 +2,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::gemm::{kernel_table, KernFn};
+use crate::gemm::{kernel_table, rows_kernel_table, KernFn, RowsKernFn};
 
 // AVX-512 f32: a 12 × 32 tile is 24 zmm accumulators, plus 2 for the B row and the broadcast
 // A element folded into the FMA's memory operand: 26 of the 32 registers, no spills. Per k step
@@ -163,3 +163,63 @@ unsafe fn kernel_avx512_bf16<const M: usize, const NV: usize>(
 
 pub(in crate::gemm) static KERNELS_AVX512_BF16: [[KernFn; 2]; MR512] =
     kernel_table!(kernel_avx512_bf16; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12);
+
+/// [`kernel_avx512_bf16`] reading A's rows in place: row `i`'s pair `p` is the 32-bit slot at
+/// byte `a + i·a_rs + 4p`, broadcast as the packed slot would be. Same instructions on the
+/// same pairs, so the same bits.
+///
+/// # Safety
+/// As [`RowsKernFn`] (with `kc` counting k pairs); the CPU has AVX-512F and AVX512-BF16.
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn rows_kernel_avx512_bf16<const M: usize, const NV: usize>(
+    kp: usize,
+    a: *const f32,
+    a_rs: isize,
+    b: *const f32,
+    dst: *mut f32,
+    dst_rs: isize,
+    load: bool,
+) {
+    // SAFETY: the loads read `kp` pairs of each of the `M` rows and `kp` steps of the packed
+    // B panel, and the stores write `M` rows of `NV` vectors at `dst`, all inside what the
+    // contract provides. Unaligned 32-bit loads are allowed on x86. The transmutes reinterpret
+    // 512-bit integer vectors as `__m512bh`, the same size and any bit pattern valid.
+    unsafe {
+        let a = a as *const u8;
+        let mut rows = [a as *const i32; M];
+        for (i, r) in rows.iter_mut().enumerate() {
+            *r = a.offset(i as isize * a_rs) as *const i32;
+        }
+        let mut b = b as *const i32;
+        let mut acc = [[_mm512_setzero_ps(); NV]; M];
+        for p in 0..kp {
+            let mut bv = [_mm512_setzero_si512(); NV];
+            for (v, x) in bv.iter_mut().enumerate() {
+                *x = _mm512_loadu_si512(b.add(v * 16) as *const _);
+            }
+            for (row, r) in acc.iter_mut().zip(rows.iter()) {
+                let av: __m512bh =
+                    std::mem::transmute(_mm512_set1_epi32(r.add(p).read_unaligned()));
+                for (x, &bx) in row.iter_mut().zip(bv.iter()) {
+                    *x = _mm512_dpbf16_ps(*x, av, std::mem::transmute::<__m512i, __m512bh>(bx));
+                }
+            }
+            b = b.add(NR512);
+        }
+        for (i, row) in acc.iter().enumerate() {
+            let d = dst.offset(i as isize * dst_rs);
+            for (v, &x) in row.iter().enumerate() {
+                let d = d.add(v * 16);
+                let x = if load {
+                    _mm512_add_ps(_mm512_loadu_ps(d), x)
+                } else {
+                    x
+                };
+                _mm512_storeu_ps(d, x);
+            }
+        }
+    }
+}
+
+pub(in crate::gemm) static ROWS_KERNELS_AVX512_BF16: [[RowsKernFn; 2]; MR512] =
+    rows_kernel_table!(rows_kernel_avx512_bf16; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12);
