@@ -108,7 +108,7 @@ impl Arch {
     /// or 128, one pass of each packed A micro-panel over a few B panels): 7.5% of the ViT's
     /// O2-BF16 step, in `pack_pairs_transpose`.
     pub(super) fn a_rows(&self, p: &Problem) -> Option<isize> {
-        (self.rows_kernels.is_some() && p.a_cs == 1 && p.k % 2 == 0 && !rows_off())
+        (self.rows_kernels.is_some() && p.a_cs == 1 && p.k.is_multiple_of(2) && !rows_off())
             .then(|| p.a_rs * p.kind.size())
     }
 
