@@ -1,8 +1,10 @@
 //! Blocked matrix products in the style of BLIS / Goto: pack a block of B and a block of A into
 //! contiguous micro-panels (widening 16-bit inputs to f32 on the way), then sweep an `MR × NR`
 //! register-blocked micro-kernel over them; products too small for packing to pay (attention's
-//! per-head products) skip it (`small.rs`). Every finished f32 tile goes through one store
-//! routine (`store.rs`), which applies the [`Epilogue`] and rounds once into C.
+//! per-head products) skip it (`small.rs`). On the bf16-pair path a row-major A is not packed
+//! at all: its (k, k+1) pairs already lie side by side, and the micro-kernel reads its rows in
+//! place (`arch::RowsKernFn`). Every finished f32 tile goes through one store routine
+//! (`store.rs`), which applies the [`Epilogue`] and rounds once into C.
 
 mod arch;
 #[cfg(target_arch = "x86_64")]
