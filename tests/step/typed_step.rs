@@ -12,7 +12,7 @@ use typed_amp::prelude::*;
 use typed_amp::step::ScaledGrads;
 use typed_amp::tape::MixedGradients;
 
-mod common;
+use crate::common;
 use common::{inject, param_bytes};
 
 type Mlp = (Linear<6, 8>, ReLU, Linear<8, 8>, ReLU, Linear<8, 3>);

@@ -7,8 +7,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 use common::TempDir;
 
 const TEXTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/shakespeare-subset");

@@ -89,7 +89,7 @@ fn four_micro_batches_of_64_update_like_one_batch_of_256() {
 
     // Same FP16 forward and backward either way, except that the accumulated gradients are
     // summed in FP16: three more roundings, each within ε/2 of the running sum, on top of the
-    // 2·3 + 1 = 7 of a three-layer FP16 network (see tests/mixed_gradients.rs): R = 10.
+    // 2·3 + 1 = 7 of a three-layer FP16 network (see tests/amp/mixed_gradients.rs): R = 10.
     assert_eq!(accumulated.len(), whole.len());
     for ((path, a), (whole_path, b)) in accumulated.iter().zip(&whole) {
         assert_eq!(path, whole_path);

@@ -10,10 +10,7 @@ use typed_amp_data::{
     SYSTEM_DIR, TEST_IMAGES_FILE, TEST_LABELS_FILE, TRAIN_IMAGES_FILE, TRAIN_LABELS_FILE,
 };
 
-/// A fresh directory under the system temp dir, removed again when dropped.
-#[path = "../../tests/common/mod.rs"]
-mod common;
-use common::TempDir;
+use crate::common::TempDir;
 
 fn gzip(bytes: &[u8]) -> Vec<u8> {
     let mut encoder = GzEncoder::new(Vec::new(), Compression::fast());

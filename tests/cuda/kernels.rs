@@ -886,7 +886,7 @@ fn training_on_cuda_matches_the_cpu() {
         assert_eq!(c_norm.is_finite(), g_norm.is_finite(), "step {step}");
         if c_norm.is_finite() {
             // Each device's gradients are within R·ε·max|g| of exact, R = 7 for three FP16
-            // layers (tests/mixed_gradients.rs); the norm, dominated by the largest elements,
+            // layers (tests/amp/mixed_gradients.rs); the norm, dominated by the largest elements,
             // inherits about that relative error, so the devices differ by about 14ε. 2^-6 = 16ε
             // leaves a little room for their different tanh; it is not a worst-case bound.
             let rel = (c_norm - g_norm).abs() / c_norm;

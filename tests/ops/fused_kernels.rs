@@ -569,7 +569,7 @@ fn fused_adam_and_sgd_match_the_unfused_update_and_refresh_bit_for_bit() {
     }
 }
 
-mod common;
+use crate::common;
 
 /// The mixed batch norm (16-bit activations, FP32 parameters and statistics) against an f64
 /// reference on the same 16-bit input: the output, the input's gradient and the parameters'

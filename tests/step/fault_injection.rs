@@ -12,7 +12,7 @@ use typed_amp::dfdx::optim::Adam;
 use typed_amp::prelude::*;
 use typed_amp::{error::AmpError, precision::DType};
 
-mod common;
+use crate::common;
 use common::{inject, optimizer_bytes, param_bytes};
 
 #[typed_amp::amp(policy = "O2", cast_model_outputs = "fp32")]

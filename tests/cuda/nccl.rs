@@ -9,7 +9,7 @@
 //! are checked to return their inputs, since `DataParallel` exchanges no gradients when there is
 //! one rank (only the overflow flag goes through NCCL then).
 //!
-//! Each test first opens GPU 0 and, where that fails, prints why and passes (as `tests/cuda.rs`
+//! Each test first opens GPU 0 and, where that fails, prints why and passes (as `tests/cuda/kernels.rs`
 //! does); likewise, where NCCL cannot make a communicator, it prints `skipping: NCCL unavailable`
 //! and passes, unless `TYPED_AMP_REQUIRE_NCCL` is set (`.gpu/run.sh` sets it), in which case the
 //! test fails. The binary links `libnccl.so.2` (cudarc links `-lnccl`): without it the loader

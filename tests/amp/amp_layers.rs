@@ -19,7 +19,7 @@ use typed_amp::prelude::*;
 use typed_amp::{device::AmpDevice, params::Parameters, tape::MixedTape};
 use typed_amp::{optim::MasterOptimizer, precision::AmpElem};
 
-mod common;
+use crate::common;
 use common::param_bytes;
 
 const VOCAB: usize = 24;

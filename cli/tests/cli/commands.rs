@@ -4,8 +4,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use crate::common;
 use common::TempDir;
 
 const SUBSET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/fashion-mnist-subset");

@@ -19,7 +19,7 @@ pub struct Net {
     fc2: Linear<8, 3>,
 }
 
-mod common;
+use crate::common;
 use common::{optimizer_bytes, param_bytes, rewrite, RawMetadata, RawTensors, TempDir};
 
 type Model = <Net as typed_amp::amp::AmpModel<Cpu>>::Weights;

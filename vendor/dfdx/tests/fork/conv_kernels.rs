@@ -31,8 +31,8 @@
 //!
 //! Batch norm's bounds are derived next to its test.
 //!
-//! Each test prints its worst error as a fraction of its bound (`cargo test --test conv_kernels
-//! -- --nocapture`).
+//! Each test prints its worst error as a fraction of its bound (`cargo test -p typed-amp-dfdx
+//! --features f16 --test fork conv_kernels -- --nocapture`).
 
 use num_traits::Float;
 use typed_amp_dfdx::dtypes::f16;

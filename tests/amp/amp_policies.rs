@@ -16,7 +16,7 @@ use typed_amp::{
 };
 use typed_amp::{params::Parameters, tape::MixedTape};
 
-mod common;
+use crate::common;
 use common::{inject, optimizer_bytes, param_bytes};
 
 const CLASSES: usize = 4;
