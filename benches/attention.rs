@@ -8,6 +8,7 @@
 
 use std::time::Instant;
 
+use bench_timing::median;
 use half::{bf16, f16};
 use typed_amp::dfdx::prelude::*;
 use typed_amp::ops::attention::{AttentionDims, AttentionKernel};
@@ -48,11 +49,6 @@ fn forward_macs(d: &AttentionDims) -> f64 {
     let t = d.tokens as f64;
     let pairs = if d.causal { t * (t + 1.0) / 2.0 } else { t * t };
     2.0 * pairs * (d.batch * d.heads * d.head_dim) as f64
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// A deterministic buffer of `n` values in about [−1, 1].
@@ -104,7 +100,7 @@ where
             bwd.push((t2 - t1).as_secs_f64() * 1e3);
         }
     }
-    let (f, b) = (median(fwd), median(bwd));
+    let (f, b) = (median(&fwd), median(&bwd));
     let macs = forward_macs(&d);
     // The backward recomputes the scores and runs four products: 2.5 times the forward's.
     let rate = |ms: f64, m: f64| 2.0 * m / (ms * 1e-3) / 1e9;

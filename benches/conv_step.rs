@@ -19,6 +19,7 @@
 
 use std::time::{Duration, Instant};
 
+use bench_timing::{median_ms, min_ms};
 use num_traits::Float;
 use rand_distr::uniform::SampleUniform;
 use typed_amp::dfdx::nn::builders::{BatchNorm2D, Linear};
@@ -34,11 +35,6 @@ type Cnn = (
     (Conv2D<16, 32, 3, 1, 1>, BatchNorm2D<32>, ReLU, MaxPool2D<2>),
     (Flatten<{ 32 * 7 * 7 }>, Linear<{ 32 * 7 * 7 }, 10>),
 );
-
-fn median(mut samples: Vec<Duration>) -> f64 {
-    samples.sort();
-    samples[samples.len() / 2].as_secs_f64() * 1e3
-}
 
 /// The element types the bench runs: FP32 and FP16.
 trait Elem: Dtype + Float + SampleUniform + std::fmt::Display
@@ -183,11 +179,7 @@ where
 {
     let x: Tensor<S, E, Cpu> = randn(dev, shape);
     let t = time_op(&x, reps, |x| x).bwd;
-    [median(t.clone()), minimum(&t)]
-}
-
-fn minimum(samples: &[Duration]) -> f64 {
-    samples.iter().min().unwrap().as_secs_f64() * 1e3
+    [median_ms(&t), min_ms(&t)]
 }
 
 /// Only ops whose name contains this run (`--op NAME`).
@@ -198,9 +190,9 @@ fn wanted(name: &str) -> bool {
 }
 
 fn report(name: &str, t: OpTimes, sum_bwd: [f64; 2]) {
-    let (fwd_min, bwd_min) = (minimum(&t.fwd), minimum(&t.bwd) - sum_bwd[1]);
-    let fwd = median(t.fwd);
-    let bwd = median(t.bwd) - sum_bwd[0];
+    let (fwd_min, bwd_min) = (min_ms(&t.fwd), min_ms(&t.bwd) - sum_bwd[1]);
+    let fwd = median_ms(&t.fwd);
+    let bwd = median_ms(&t.bwd) - sum_bwd[0];
     println!(
         "    {name:<30} fwd {fwd:7.3} ms (min {fwd_min:7.3})   bwd {bwd:7.3} ms (min {bwd_min:7.3})"
     );
@@ -384,10 +376,10 @@ fn main() {
             }
             println!(
                 "    {name}: step {:8.2} ms (min {:7.2})   forward {:7.2} ms, backward {:7.2} ms",
-                median(s.clone()),
-                minimum(&s),
-                median(f),
-                median(b)
+                median_ms(&s),
+                min_ms(&s),
+                median_ms(&f),
+                median_ms(&b)
             );
         }
     }

@@ -498,10 +498,9 @@ fn cpu_seconds() -> Option<f64> {
     Some((utime + stime) / 100.0)
 }
 
-/// Timing samples of one configuration.
+/// Timing samples of one configuration, with the CPU time they took.
 struct Samples {
-    times: Vec<Duration>,
-    total: Duration,
+    timed: bench_timing::Samples,
     /// CPU seconds over the timed blocks.
     cpu: Option<f64>,
 }
@@ -509,38 +508,13 @@ struct Samples {
 impl Samples {
     fn new() -> Self {
         Samples {
-            times: Vec::new(),
-            total: Duration::ZERO,
+            timed: bench_timing::Samples::new(),
             cpu: Some(0.0),
         }
     }
 
     fn cpu_ms(&self) -> Option<f64> {
-        self.cpu.map(|c| c / self.times.len() as f64 * 1e3)
-    }
-
-    fn push(&mut self, t: Duration) {
-        self.times.push(t);
-        self.total += t;
-    }
-
-    fn ms(&self, quantile: f64) -> f64 {
-        let mut sorted = self.times.clone();
-        sorted.sort();
-        let i = ((sorted.len() - 1) as f64 * quantile).round() as usize;
-        sorted[i].as_secs_f64() * 1e3
-    }
-
-    fn median_ms(&self) -> f64 {
-        let mut sorted = self.times.clone();
-        sorted.sort();
-        let n = sorted.len();
-        let mid = if n % 2 == 1 {
-            sorted[n / 2].as_secs_f64()
-        } else {
-            (sorted[n / 2 - 1].as_secs_f64() + sorted[n / 2].as_secs_f64()) / 2.0
-        };
-        mid * 1e3
+        self.cpu.map(|c| c / self.timed.len() as f64 * 1e3)
     }
 }
 
@@ -558,8 +532,8 @@ fn time_interleaved<T>(
     }
     let mut samples: Vec<Samples> = entries.iter().map(|_| Samples::new()).collect();
     let done = |s: &Samples| {
-        s.times.len() >= opts.max_steps
-            || (s.times.len() >= opts.steps && s.total.as_secs_f64() >= opts.min_time)
+        s.timed.len() >= opts.max_steps
+            || (s.timed.len() >= opts.steps && s.timed.total().as_secs_f64() >= opts.min_time)
     };
     while !samples.iter().all(done) {
         for (entry, s) in entries.iter_mut().zip(samples.iter_mut()) {
@@ -568,15 +542,15 @@ fn time_interleaved<T>(
             }
             // Up to the block, without going past the minimum count when time is not the
             // limit, nor past the maximum.
-            let left = if s.total.as_secs_f64() >= opts.min_time {
-                opts.steps.saturating_sub(s.times.len()).max(1)
+            let left = if s.timed.total().as_secs_f64() >= opts.min_time {
+                opts.steps.saturating_sub(s.timed.len()).max(1)
             } else {
                 BLOCK
             };
-            let n = left.min(BLOCK).min(opts.max_steps - s.times.len());
+            let n = left.min(BLOCK).min(opts.max_steps - s.timed.len());
             let cpu_before = cpu_seconds();
             for _ in 0..n {
-                s.push(work(entry));
+                s.timed.push(work(entry));
             }
             s.cpu = match (s.cpu, cpu_before, cpu_seconds()) {
                 (Some(sum), Some(a), Some(b)) => Some(sum + (b - a)),
@@ -657,10 +631,10 @@ fn run_models(model: &'static str, mut configs: Vec<Config>, opts: &Options, out
         out.push(Row {
             model,
             config: config.name.to_string(),
-            ms: s.median_ms(),
-            p10: s.ms(0.1),
-            p90: s.ms(0.9),
-            steps: s.times.len(),
+            ms: s.timed.median_ms(),
+            p10: s.timed.quantile_ms(0.1),
+            p90: s.timed.quantile_ms(0.9),
+            steps: s.timed.len(),
             cpu_ms: s.cpu_ms(),
             gflops: None,
             loss: Some(config.last_loss),
@@ -689,18 +663,14 @@ fn breakdown(model: &'static str, mut configs: Vec<Config>, opts: &Options, out:
             times.push(t.elapsed());
         }
         let phases = timing::stop();
-        let mut s = Samples::new();
-        s.cpu = None;
-        for t in times {
-            s.push(t);
-        }
+        let s: bench_timing::Samples = times.into_iter().collect();
         let per_step = |d: Duration| d.as_secs_f64() * 1e3 / opts.steps as f64;
         out.push(Row {
             model,
             config: config.name.to_string(),
-            ms: s.total.as_secs_f64() * 1e3 / opts.steps as f64,
-            p10: s.ms(0.1),
-            p90: s.ms(0.9),
+            ms: s.mean_ms(),
+            p10: s.quantile_ms(0.1),
+            p90: s.quantile_ms(0.9),
             steps: opts.steps,
             cpu_ms: None,
             gflops: None,
@@ -765,14 +735,14 @@ fn run_matmul(dev: &Cpu, opts: &Options, out: &mut Vec<Row>) {
     let samples = time_interleaved(&mut products, &opts, |p| (p.run)());
     for (p, s) in products.iter().zip(&samples) {
         let flops = 2.0 * (p.n as f64).powi(3);
-        let ms = s.median_ms();
+        let ms = s.timed.median_ms();
         out.push(Row {
             model: "matmul",
             config: p.name.clone(),
             ms,
-            p10: s.ms(0.1),
-            p90: s.ms(0.9),
-            steps: s.times.len(),
+            p10: s.timed.quantile_ms(0.1),
+            p90: s.timed.quantile_ms(0.9),
+            steps: s.timed.len(),
             cpu_ms: s.cpu_ms(),
             gflops: Some(flops / (ms * 1e-3) / 1e9),
             loss: None,

@@ -13,6 +13,7 @@
 
 use std::time::{Duration, Instant};
 
+use bench_timing::median_ms;
 use typed_amp::dfdx::optim::Sgd;
 use typed_amp::master::Fp32Weights;
 use typed_amp::prelude::*;
@@ -50,11 +51,6 @@ fn sgd() -> SgdConfig {
         momentum: Some(Momentum::Classic(0.9)),
         weight_decay: None,
     }
-}
-
-fn median(mut samples: Vec<Duration>) -> f64 {
-    samples.sort();
-    samples[samples.len() / 2].as_secs_f64() * 1e3
 }
 
 /// Phases of one typed-amp step, accumulated over a repetition.
@@ -163,8 +159,8 @@ fn main() {
         unscale.push(phases.unscale / steps as u32);
         refresh.push(phases.refresh / steps as u32);
     }
-    let (plain, fp32, fp16) = (median(plain), median(fp32), median(fp16));
-    let (unscale, refresh) = (median(unscale), median(refresh));
+    let (plain, fp32, fp16) = (median_ms(&plain), median_ms(&fp32), median_ms(&fp16));
+    let (unscale, refresh) = (median_ms(&unscale), median_ms(&refresh));
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!("MLP 784-512-512-10, batch {BATCH}, CPU ({threads} threads), {steps} steps x {repetitions} repetitions, median ms/step");
     println!("  plain dfdx FP32                         {plain:8.2} ms");

@@ -10,8 +10,9 @@
 //! cargo bench -p typed-amp-cli --features cuda --bench gpu_step
 //! ```
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use bench_timing::Samples;
 use typed_amp::amp::{AmpModel, MasterOf, WorkingOf};
 use typed_amp::dfdx::nn::builders::Linear;
 use typed_amp::dfdx::optim::Adam;
@@ -84,7 +85,7 @@ where
     let batch = shape.concrete().into_iter().next().unwrap_or(1);
     let y: Tensor<(usize, Const<10>), f32, Cuda> = dev.zeros_like(&(batch, Const));
     let mut grads = model.alloc_grads().expect("gradients fit");
-    let mut elapsed = Duration::ZERO;
+    let mut steps = Samples::new();
     for step in 0..WARMUP + STEPS {
         dev.synchronize();
         let started = Instant::now();
@@ -99,11 +100,11 @@ where
         grads = scaler.update(outcome).expect("update");
         dev.synchronize();
         if step >= WARMUP {
-            elapsed += started.elapsed();
+            steps.push(started.elapsed());
         }
     }
     Figures {
-        ms_per_step: elapsed.as_secs_f64() * 1e3 / STEPS as f64,
+        ms_per_step: steps.mean_ms(),
         peak_bytes: peak - baseline,
     }
 }
@@ -140,7 +141,7 @@ where
     let x: Tensor<(usize, usize), usize, Cuda> = dev.tensor_from_vec(ids(0), (GPT_BATCH, context));
     let y: Tensor<(usize, usize), usize, Cuda> = dev.tensor_from_vec(ids(1), (GPT_BATCH, context));
     let mut grads = model.alloc_grads().expect("gradients fit");
-    let (mut elapsed, mut bookkeeping) = (Duration::ZERO, Duration::ZERO);
+    let (mut steps, mut bookkeeping) = (Samples::new(), Samples::new());
     for step in 0..WARMUP + STEPS {
         dev.synchronize();
         let started = Instant::now();
@@ -156,17 +157,16 @@ where
         grads = scaler.update(outcome).expect("update");
         dev.synchronize();
         if step >= WARMUP {
-            elapsed += started.elapsed();
-            bookkeeping += books.elapsed();
+            steps.push(started.elapsed());
+            bookkeeping.push(books.elapsed());
         }
     }
-    let per_step = |d: Duration| d.as_secs_f64() * 1e3 / STEPS as f64;
     (
         Figures {
-            ms_per_step: per_step(elapsed),
+            ms_per_step: steps.mean_ms(),
             peak_bytes: peak - baseline,
         },
-        per_step(bookkeeping),
+        bookkeeping.mean_ms(),
     )
 }
 

@@ -7,15 +7,11 @@
 
 use std::time::Instant;
 
+use bench_timing::median;
 use half::bf16;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use typed_amp_kernels::convert::{Fp8Format, E4M3};
 use typed_amp_kernels::{gemm_epilogue_slices, gemm_fp8, level, Epilogue, MatMut, MatRef};
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
 
 fn main() {
     let size: usize = std::env::args()
@@ -116,11 +112,11 @@ fn main() {
     }
     println!(
         "medians: FP8 product {:.2} ms, bf16 product {:.2} ms, widening both operands {:.3} ms",
-        median(t8.clone()) * 1e3,
-        median(t16.clone()) * 1e3,
-        median(tw) * 1e3
+        median(&t8) * 1e3,
+        median(&t16) * 1e3,
+        median(&tw) * 1e3
     );
-    let (g8, g16) = (flop / median(t8) / 1e9, flop / median(t16) / 1e9);
+    let (g8, g16) = (flop / median(&t8) / 1e9, flop / median(&t16) / 1e9);
     println!(
         "{m}×{k}×{n}, level {}, {threads} threads: FP8 (E4M3×E4M3 → f32) {g8:.1} GFLOP/s, \
          bf16 (→ f32) {g16:.1} GFLOP/s, ratio {:.3}",

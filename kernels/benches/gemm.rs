@@ -4,8 +4,7 @@
 //!
 //! `cargo bench -p typed-amp-kernels --bench gemm [-- FILTER]`; `TYPED_AMP_KERNELS` applies.
 
-use std::time::{Duration, Instant};
-
+use bench_timing::seconds_per_call as time;
 use half::{bf16, f16};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use rayon::prelude::*;
@@ -209,28 +208,6 @@ fn strides(l: L, rows: usize, cols: usize) -> (isize, isize) {
         L::Row => (cols as isize, 1),
         L::Col => (1, rows as isize),
     }
-}
-
-/// Median seconds per call over 9 samples of at least 20 ms each.
-fn time(mut f: impl FnMut()) -> f64 {
-    for _ in 0..3 {
-        f();
-    }
-    let t = Instant::now();
-    f();
-    let one = t.elapsed().max(Duration::from_nanos(100));
-    let iters = (Duration::from_millis(20).as_secs_f64() / one.as_secs_f64()).ceil() as usize;
-    let mut samples: Vec<f64> = (0..9)
-        .map(|_| {
-            let t = Instant::now();
-            for _ in 0..iters {
-                f();
-            }
-            t.elapsed().as_secs_f64() / iters as f64
-        })
-        .collect();
-    samples.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    samples[samples.len() / 2]
 }
 
 struct Bufs<T> {

@@ -18,7 +18,7 @@ use super::tensor::Fp8Tensor;
 /// then it is multiplied by `x`'s row scale inverse and `w`'s (once, by their product, when
 /// both are per tensor). So `y` differs from the exact
 /// product of the dequantised operands by at most `γ(k + 4) · Σ|x̃||w̃|` per element, `γ(n) =
-/// n·u / (1 - n·u)`, `u = 2^-24` (tested in `tests/fp8.rs`).
+/// n·u / (1 - n·u)`, `u = 2^-24` (tested in `tests/ops/fp8.rs`).
 ///
 /// ```
 /// use typed_amp::fp8::{forward_product, Fp8Error, Fp8Tensor, E4M3, PerTensor, Current};

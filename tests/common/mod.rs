@@ -1,5 +1,5 @@
-//! Helpers shared by the integration tests. Each test file is its own crate and uses only some
-//! of them.
+//! Helpers shared by the integration tests. Each test binary (`tests/<area>/main.rs`) declares
+//! this module and uses only some of it.
 #![allow(dead_code)]
 
 use std::ops::Deref;

@@ -4,73 +4,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::level::Level;
 
-use super::entry::BF16_PAIR_EMULATION;
 use super::portable::{PAIR_EMULATION_KERNELS, PAIR_EMULATION_ROWS_KERNELS, PORTABLE_KERNELS};
 use super::problem::Problem;
+use super::tile::{KernFn, Micro, RowsKernFn};
 use super::types::Kind;
 
-/// Micro-kernel: multiplies a packed `kc`-long A micro-panel (`MR` per k step, the first `M`
-/// used) by a packed B micro-panel (`NR` per k step, the first `NV` vectors used) and writes
-/// (`load == false`) or adds (`load == true`) the `M × NV·VW` f32 result at `dst`, rows
-/// `dst_rs` apart, columns contiguous. `kc` counts k steps, or k pairs for the bf16-pair path.
-///
-/// # Safety
-/// `a` readable for `kc · MR` f32 (the path's `mr`), `b` for `kc · NR` f32; `dst` writable (and
-/// readable with `load`) for `M` rows of `NV · VW` f32, `dst_rs` apart; the CPU has the
-/// features of the path the kernel belongs to.
-pub(super) type KernFn =
-    unsafe fn(kc: usize, a: *const f32, b: *const f32, dst: *mut f32, dst_rs: isize, load: bool);
-
-/// Micro-kernel of the bf16-pair path that reads A where it lies instead of packed: row `i` of
-/// the micro-panel starts at byte `a + i·a_rs`, its k pairs contiguous from there (A row-major
-/// with unit k stride, so a (k, k+1) pair is already the 32-bit slot `vdpbf16ps` broadcasts).
-/// Otherwise as [`KernFn`], whose bits it gives: packing only copies the same pairs.
-///
-/// # Safety
-/// As [`KernFn`], with `a + i·a_rs` readable for `kc` pairs (4 bytes each) for `i < M`.
-pub(super) type RowsKernFn = unsafe fn(
-    kc: usize,
-    a: *const f32,
-    a_rs: isize,
-    b: *const f32,
-    dst: *mut f32,
-    dst_rs: isize,
-    load: bool,
-);
-
-/// The micro-kernel for one tile and how it reads A: from a packed micro-panel, or from A's own
-/// rows (`a_rs` bytes apart).
-#[derive(Clone, Copy)]
-pub(super) enum Micro {
-    Packed(KernFn),
-    Rows(RowsKernFn, isize),
-}
-
-impl Micro {
-    /// Runs the kernel on `kc` k steps of A's micro-panel at `a` (packed, or the first row's
-    /// first pair) and B's packed micro-panel at `b`.
-    ///
-    /// # Safety
-    /// As [`KernFn`] or [`RowsKernFn`], whichever this holds.
-    #[inline(always)]
-    pub(super) unsafe fn run(
-        self,
-        kc: usize,
-        a: *const f32,
-        b: *const f32,
-        dst: *mut f32,
-        dst_rs: isize,
-        load: bool,
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe {
-            match self {
-                Micro::Packed(kern) => kern(kc, a, b, dst, dst_rs, load),
-                Micro::Rows(kern, a_rs) => kern(kc, a, a_rs, b, dst, dst_rs, load),
-            }
-        }
-    }
-}
+/// Whether bf16 products on a CPU without AVX512-BF16 run the bf16-pair packing with a scalar
+/// stand-in for `vdpbf16ps` ([`set_bf16_pair_emulation`](super::set_bf16_pair_emulation)).
+pub(super) static BF16_PAIR_EMULATION: AtomicBool = AtomicBool::new(false);
 
 /// One instruction-set path: block sizes and kernels.
 pub(super) struct Arch {

@@ -10,25 +10,27 @@ mod arch;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 mod driver;
+mod elem;
 mod entry;
 mod pack;
 mod portable;
 mod problem;
 mod small;
 mod store;
+mod tile;
+mod tile_run;
 mod types;
 mod whole_panels;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 // What the packing, storing and x86 files reach through `super::`.
-use arch::{Arch, KernFn, RowsKernFn};
-use driver::{TILE_MR, TILE_NR};
+use arch::Arch;
 #[cfg(target_arch = "x86_64")]
 use portable::kernel_table;
 #[cfg(target_arch = "x86_64")]
 use portable::rows_kernel_table;
-use problem::Problem;
+use tile::{KernFn, RowsKernFn, TILE_MR, TILE_NR};
 
 pub use arch::set_a_rows_in_place;
 pub use entry::{gemm, gemm_epilogue, gemm_epilogue_slices, gemm_slices, set_bf16_pair_emulation};

@@ -8,11 +8,6 @@
 //! gradient too large for an FP16 layer shows up as inf in that layer's gradient and the scaler
 //! skips the step.
 
-mod cpu_kernel;
-#[cfg(feature = "cuda")]
-mod cuda_kernel;
-mod kernel;
-
 use dfdx::prelude::{HasShape, PutTape, Shape, SplitTape, Storage, Tensor};
 use dfdx::tensor_ops::ToDtypeKernel;
 
@@ -20,7 +15,7 @@ use crate::device::{AmpDevice, Kernels};
 use crate::precision::{AmpElem, Precision};
 use crate::tape::AmpTape;
 
-pub use kernel::CastKernel;
+use crate::device::CastKernel;
 
 /// A device that casts tensors from `Src` to `Dst` and their gradients back.
 #[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
@@ -226,7 +221,8 @@ pub fn to_f32<S: Shape, E: AmpElem, D: AmpDevice + CastDevice<E, f32>, T: AmpTap
 }
 
 /// The differentiable forward cast of a layer: what `#[amp]` inserts at precision boundaries,
-/// and what the cast layers ([`crate::nn::modules::CastLayer`]) run.
+/// and what the cast layers ([`ToF16`](crate::nn::modules::ToF16),
+/// [`ToBf16`](crate::nn::modules::ToBf16), [`ToF32`](crate::nn::modules::ToF32)) run.
 #[doc(hidden)]
 pub fn try_cast_to<P: Precision, S: Shape, E: AmpElem, D, T: AmpTape<D>>(
     t: Tensor<S, E, D, T>,
@@ -248,7 +244,7 @@ mod tests {
         let (loss, tape) = loss.split_tape();
         tape.execute(|g| {
             let buf = g.store_mut::<f32>().get_or_alloc_mut(&loss)?;
-            crate::ops::fill::FillKernel::<f32>::try_fill(loss.device(), buf, 1.0)
+            crate::device::FillKernel::<f32>::try_fill(loss.device(), buf, 1.0)
         })
         .unwrap()
     }

@@ -43,7 +43,7 @@ impl<S: Shape, E: Dtype, D: Device<E>, T: Tape<E, D>> LogSumExpTo for Tensor<S, 
     {
         // typed-amp patch: the maximum is subtracted off the tape under the input's id, so a
         // permuted input's gradient would come back in the subtraction's (contiguous) order:
-        // make the input contiguous first (found by the fork's `tests/dfdx_cpu_kernels.rs`).
+        // make the input contiguous first (found by the fork's `tests/fork/dfdx_cpu_kernels.rs`).
         let t = self.try_contiguous()?;
         let shape = *t.shape();
         let (t, tape) = t.split_tape();

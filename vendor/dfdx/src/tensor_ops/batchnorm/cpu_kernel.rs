@@ -6,7 +6,7 @@
 //! partial sums are added in piece order (in `f64`), so results do not depend on the thread
 //! count.
 //!
-//! Accuracy (the fork's `tests/conv_kernels.rs` checks these bounds): a run of `L`
+//! Accuracy (the fork's `tests/fork/conv_kernels.rs` checks these bounds): a run of `L`
 //! values is summed in 16 interleaved `f32` lanes, then the lanes in order, so each value goes
 //! through at most `⌈L/16⌉ + 31` roundings; run sums are added in `f64`. A channel's mean and
 //! sum of squared deviations are thus within `γ_(⌈L/16⌉+32)` (with `u = 2⁻²⁴`) of the sums of

@@ -144,8 +144,8 @@ mod tests {
     #[test]
     // typed-amp patch: the expected values are upstream's mask (a ChaCha12 Bernoulli draw per
     // element); the fork draws SplitMix64 of the seed and index, as its CUDA kernels do, which
-    // drops other elements. tests/dropout.rs checks the fork's mask.
-    #[ignore = "upstream's dropout mask; the fork's SplitMix64 mask is checked by tests/dropout.rs"]
+    // drops other elements. tests/fork/dropout.rs checks the fork's mask.
+    #[ignore = "upstream's dropout mask; the fork's SplitMix64 mask is checked by tests/fork/dropout.rs"]
     fn test_dropout_1d_with_non_positive_values() {
         let dev: TestDevice = TestDevice::seed_from_u64(1);
         let t = dev
@@ -160,8 +160,8 @@ mod tests {
     #[test]
     // typed-amp patch: the expected values are upstream's mask (a ChaCha12 Bernoulli draw per
     // element); the fork draws SplitMix64 of the seed and index, as its CUDA kernels do, which
-    // drops other elements. tests/dropout.rs checks the fork's mask.
-    #[ignore = "upstream's dropout mask; the fork's SplitMix64 mask is checked by tests/dropout.rs"]
+    // drops other elements. tests/fork/dropout.rs checks the fork's mask.
+    #[ignore = "upstream's dropout mask; the fork's SplitMix64 mask is checked by tests/fork/dropout.rs"]
     fn test_dropout_2d() {
         let dev: TestDevice = Default::default();
         let t = dev

@@ -145,7 +145,7 @@ where
         // typed-amp patch: the maximum is subtracted off the tape, the result keeping the input's
         // id, so its gradient lands in the input's gradient buffer laid out as the subtraction's
         // (contiguous) output: a permuted input must be made contiguous first, or its gradient
-        // comes back in the wrong order (found by the fork's `tests/dfdx_cpu_kernels.rs`).
+        // comes back in the wrong order (found by the fork's `tests/fork/dfdx_cpu_kernels.rs`).
         let t = t.try_contiguous()?;
         let shape = *t.shape();
         let (t, tape) = t.split_tape();

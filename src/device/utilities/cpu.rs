@@ -1,0 +1,85 @@
+//! CPU helpers shared by the ops' CPU kernels.
+
+use dfdx::prelude::CpuError;
+
+use crate::precision::AmpElem;
+
+/// Elements converted per chunk: 4 KiB of FP32, small enough to stay in L1.
+pub(crate) const CHUNK: usize = 1024;
+
+/// Elements per parallel task of an elementwise pass over a buffer: large enough that rayon's
+/// overhead is noise, small enough that a 512 × 512 weight splits across two cores.
+pub(crate) const TASK: usize = 1 << 15;
+
+/// Calls `f` on consecutive FP32 chunks of a buffer of any precision (FP32 buffers are
+/// passed through without a copy).
+#[inline]
+pub(crate) fn for_each_f32_chunk<E: AmpElem>(src: &[E], mut f: impl FnMut(usize, &[f32])) {
+    if let Some(src) = as_f32(src) {
+        for (i, chunk) in src.chunks(CHUNK).enumerate() {
+            f(i * CHUNK, chunk);
+        }
+        return;
+    }
+    let mut tmp = [0f32; CHUNK];
+    for (i, chunk) in src.chunks(CHUNK).enumerate() {
+        let tmp = &mut tmp[..chunk.len()];
+        E::slice_to_f32(chunk, tmp);
+        f(i * CHUNK, tmp);
+    }
+}
+
+/// Applies `f` to FP32 chunks of a buffer of any precision, in place.
+#[inline]
+pub(crate) fn map_f32_chunks<E: AmpElem>(buf: &mut [E], mut f: impl FnMut(&mut [f32])) {
+    if let Some(buf) = as_f32_mut(buf) {
+        for chunk in buf.chunks_mut(CHUNK) {
+            f(chunk);
+        }
+        return;
+    }
+    let mut tmp = [0f32; CHUNK];
+    for chunk in buf.chunks_mut(CHUNK) {
+        let tmp = &mut tmp[..chunk.len()];
+        E::slice_to_f32(chunk, tmp);
+        f(tmp);
+        E::slice_from_f32(tmp, chunk);
+    }
+}
+
+/// The buffer itself when `E` is `f32`, so FP32 buffers skip the conversion copy.
+#[inline]
+pub(crate) fn as_f32<E: AmpElem>(buf: &[E]) -> Option<&[f32]> {
+    if std::any::TypeId::of::<E>() == std::any::TypeId::of::<f32>() {
+        // SAFETY: `E` is `f32`, so the slice already is an `[f32]` of the same length.
+        Some(unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<f32>(), buf.len()) })
+    } else {
+        None
+    }
+}
+
+/// The buffer itself when `E` is `f32`, mutably.
+#[inline]
+pub(crate) fn as_f32_mut<E: AmpElem>(buf: &mut [E]) -> Option<&mut [f32]> {
+    if std::any::TypeId::of::<E>() == std::any::TypeId::of::<f32>() {
+        // SAFETY: as in `as_f32`; the unique borrow is carried over.
+        Some(unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<f32>(), buf.len()) })
+    } else {
+        None
+    }
+}
+
+/// The stats slot `slot`, or an error if the buffer has no such slot.
+pub(crate) fn slot_of(stats: &mut [f32], slot: usize) -> Result<&mut f32, CpuError> {
+    stats.get_mut(slot).ok_or(CpuError::WrongNumElements)
+}
+
+/// Buffers are paired by typed-amp itself; a length mismatch is a bug, reported rather than
+/// read out of bounds.
+pub(crate) fn check_lengths(src: usize, dst: usize) -> Result<(), CpuError> {
+    if src == dst {
+        Ok(())
+    } else {
+        Err(CpuError::WrongNumElements)
+    }
+}
