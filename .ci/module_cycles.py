@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Import cycles between the modules of the typed-amp library crate (src/).
+"""Import cycles between the modules of a crate of the workspace (default: typed-amp's src/),
+and between the folders that hold them.
 
 The graph has a node per module file (src/lib.rs is `crate`, src/tape.rs is `tape`,
 src/ops/cast/mod.rs is `ops::cast`) and an edge A -> B for each path in A that names B: the
@@ -15,12 +16,21 @@ Comments (doc comments included), string literals, `pub(in path)` visibilities a
 `#[cfg(test)]` (the `mod tests` blocks) are not read; modules declared under `#[cfg(test)]` are
 not nodes.
 
+Folders: within each folder (src/ included), its entries (each sub-folder with every module file
+under it, and each file; the folder's own mod.rs, or the `x.rs` beside folder `x/`, is the folder
+itself, one level up) must import one another in no circle, so that a folder imports only
+folders below it. An import from a file under entry `a` to a file under entry `b` of the same
+folder is an edge `a -> b` there; every circle is printed with the imports that close it, and
+fails (the allow file does not apply to folders). A binary's main.rs beside lib.rs is a crate of
+its own and is not read.
+
 For each strongly connected component of more than one module it prints one concrete cycle, the
 edges "running back up" (a set of edges whose removal leaves the component without a cycle,
 each from a module to one that transitively imports it, chosen with the fewest references:
 exact up to 16 modules, a greedy order improved by moves beyond), with the `use` lines behind
-them. Exit status 1 if there is a cycle, 0 otherwise; with --allow, 1 only for a new cycle or a
-listed cycle that is gone; 2 for a malformed allow file.
+them. Exit status 1 if there is a cycle (between files or folders), 0 otherwise; with --allow, 1 only
+for a new file cycle, a listed cycle that is gone, or any folder cycle; 2 for a malformed allow
+file.
 
     python3 .ci/module_cycles.py [--src DIR] [--allow FILE] [--write-allow] [--dot] [-v]
 
@@ -175,6 +185,8 @@ def module_files(src):
             full = os.path.join(dirpath, f)
             rel = os.path.relpath(full, src).replace(os.sep, "/")
             parts = rel[:-3].split("/")
+            if parts == ["main"] and dirpath == src and os.path.exists(os.path.join(src, "lib.rs")):
+                continue  # a binary beside the library: a crate of its own, which imports the library
             if parts == ["lib"] or parts == ["main"]:
                 parts = []
             elif parts[-1] == "mod":
@@ -525,6 +537,63 @@ def build_graph(src, follow_reexports=True):
     return crate.nodes, edges
 
 
+def folder_edges(nodes, edges):
+    """The graph one level down in each folder: {folder: {(entry a, entry b): [file edge]}}.
+
+    A folder's entries are what it holds, each a sub-folder (with every module file under it) or
+    a file; the folder's own module file (its mod.rs, or the `x.rs` beside folder `x/`) is none of
+    them: it is the folder, one level up. An import from a module under entry `a` to a module
+    under entry `b` of the same folder is an edge `a -> b` there. A folder imports only folders
+    below it when no folder's graph has a cycle (files have no cycle either: see the file graph)."""
+    out = defaultdict(lambda: defaultdict(list))
+    for (a, b), refs in edges.items():
+        k = 0
+        while k < len(a) and k < len(b) and a[k] == b[k]:
+            k += 1
+        # a and b share the folder a[:k]; both must lie strictly below it, in different entries
+        if k < len(a) and k < len(b):
+            out[a[:k]][(a[k], b[k])].append(((a, b), refs))
+    return out
+
+
+def folder_cycles(nodes, edges):
+    """[(folder, component, one cycle of entries, {entry edge: [(file edge, refs)]})] for every
+    folder whose entries import each other in a circle."""
+    found = []
+    for folder, fedges in sorted(folder_edges(nodes, edges).items()):
+        succ = defaultdict(set)
+        entries = set()
+        for a, b in fedges:
+            succ[a].add(b)
+            entries |= {a, b}
+        for comp in sccs(entries, succ):
+            if len(comp) < 2:
+                continue
+            members = set(comp)
+            # a shortest cycle through the component's first entry (entries are names, not tuples)
+            prev, frontier, seen, cyc = {}, [comp[0]], {comp[0]}, None
+            while frontier and cyc is None:
+                nxt = []
+                for v in frontier:
+                    for w in sorted(succ[v]):
+                        if w == comp[0]:
+                            path = [v]
+                            while path[-1] != comp[0]:
+                                path.append(prev[path[-1]])
+                            cyc = list(reversed(path)) + [comp[0]]
+                            break
+                        if w in members and w not in seen:
+                            seen.add(w)
+                            prev[w] = v
+                            nxt.append(w)
+                    if cyc:
+                        break
+                frontier = nxt
+            inside = {e: r for e, r in fedges.items() if e[0] in members and e[1] in members}
+            found.append((folder, comp, cyc, inside))
+    return found
+
+
 # ---------------------------------------------------------------------------------------------
 # Graph algorithms
 
@@ -863,6 +932,37 @@ def main():
             for a, b in sorted((e for e in cycle_edges if e[0] in members), key=lambda e: (name(e[0]), name(e[1]))):
                 for ref in edges[(a, b)]:
                     print(f"    {name(a)} -> {name(b)}: {where(ref)}")
+    # Folders: within each folder, its sub-folders and files import one another in no circle.
+    bad_folders = folder_cycles(nodes, edges)
+    src_rel = os.path.relpath(src)
+
+    def entry_name(folder, entry):
+        under = folder + (entry,)
+        is_dir = any(len(m) > len(under) and m[: len(under)] == under for m in nodes)
+        return entry + "/" if is_dir else entry
+
+    if not bad_folders:
+        print("no import cycles between folders (within each folder, its sub-folders and files)")
+    for folder, comp, cyc, inside in bad_folders:
+        where_ = "/".join((src_rel,) + folder) + "/"
+        print(f"\nfolder cycle in {where_}: {', '.join(entry_name(folder, e) for e in comp)}")
+        print(f"  one cycle: {' -> '.join(entry_name(folder, e) for e in cyc)}")
+        for a, b in zip(cyc, cyc[1:]):
+            (fa, fb), refs = inside[(a, b)][0]
+            print(f"    {entry_name(folder, a)} -> {entry_name(folder, b)}: {name(fa)} -> {name(fb)}: {where(refs[0])}")
+        weight_ = {((a,), (b,)): sum(len(r) for _, r in fe) for (a, b), fe in inside.items()}
+        back = back_edges([(e,) for e in comp], weight_)
+        print("  back edges (the fewest references whose removal leaves these entries without a cycle):")
+        for (a,), (b,) in back:
+            for (fa, fb), refs in inside[(a, b)]:
+                for ref in refs:
+                    print(f"    {entry_name(folder, a)} -> {entry_name(folder, b)}: {name(fa)} -> {name(fb)}: {where(ref)}")
+        if args.verbose:
+            print("  every edge between these entries:")
+            for (a, b), fe in sorted(inside.items()):
+                for (fa, fb), refs in fe:
+                    for ref in refs:
+                        print(f"    {entry_name(folder, a)} -> {entry_name(folder, b)}: {name(fa)} -> {name(fb)}: {where(ref)}")
     for n, line in stale:
         print(
             f"{args.allow}:{n}: `{line}` is no longer a cycle: rewrite the file with --write-allow"
@@ -872,8 +972,8 @@ def main():
     if args.allow:
         if new_edges:
             print(f"\nnew import cycles: {len(new_edges)} edge(s) on cycles the allow file does not list", file=sys.stderr)
-        return 1 if new_edges or stale else 0
-    return 1 if comps else 0
+        return 1 if new_edges or stale or bad_folders else 0
+    return 1 if comps or bad_folders else 0
 
 
 if __name__ == "__main__":

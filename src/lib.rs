@@ -331,10 +331,11 @@ pub mod __private {
         LeafKind, Plan, Policy, RunLayer, RunLayerMut, RunPlanned, RunPlannedMut, Table,
         WorkingUnder,
     };
+    pub use crate::amp::paired::KindPaired;
     pub use crate::amp::{
         record_built_policy, AutocastForward, RunActivation, RunLinear, TupleField,
     };
-    pub use crate::master::{zip_layer, CompositePaired, KindPaired, PairVisitor, Paired};
+    pub use crate::master::{zip_layer, CompositePaired, PairVisitor, Paired};
     pub use crate::watch::Watch;
 }
 

@@ -12,8 +12,8 @@
 
 use dfdx::prelude::{PutTape, Shape, SplitTape, Tensor};
 
+use crate::device::ReduceKernel;
 use crate::device::{AmpDevice, Kernels};
-use crate::ops::reduce::ReduceKernel;
 use crate::precision::AmpElem;
 pub use crate::tape::LayerReport;
 use crate::tape::{next_op_order, ActivationRecord, AmpTape};

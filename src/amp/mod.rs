@@ -8,6 +8,7 @@
 //! | `layer_kind.rs` | [`AmpLayer`]: a layer's row, and the rows of dfdx's layers |
 //! | `layer.rs` | what a policy does with each row, and how `#[amp]` makes and runs a layer's working copy |
 //! | `model.rs` | [`AmpModel`], the casts `#[amp]` inserts, O1's cast-for-compute |
+//! | `paired.rs` | how each row pairs a master layer with its working copy (`AmpLayer` → [`Paired`](crate::master::Paired)) |
 //! | `norm.rs` | norms over 16-bit activations with FP32 parameters |
 //!
 //! The attribute itself lives in the `typed-amp-macros` crate and is re-exported as
@@ -24,6 +25,7 @@ mod layer_kind;
 mod leaf_forward;
 mod model;
 pub mod norm;
+pub(crate) mod paired;
 mod planned;
 
 pub(crate) use built::built_policy;

@@ -1,25 +1,27 @@
-//! The devices typed-amp trains on, as capabilities.
+//! The devices typed-amp trains on, as capabilities: what a device does on buffers, below every
+//! op on tensors.
 //!
 //! Mixed precision needs a few buffer-level kernels beyond dfdx's ops, each a trait of its own,
-//! defined with its CPU and CUDA kernels side by side in [`crate::ops`]:
+//! defined here with its CPU and CUDA kernels side by side (`device/<kernel>/`), and the fused
+//! ops on tensors of [`crate::ops`] run kernels of their own (`ops/<op>/kernel.rs`):
 //!
-//! | capability | kernels | op |
+//! | capability | kernels | where |
 //! | --- | --- | --- |
-//! | [`StatsDevice`] | per-tensor results kept on the device, read back once a step | here |
-//! | [`CastKernel`] | `dst = src`, `dst += src` across precisions | [`crate::ops::cast`] |
-//! | [`UnscaleKernel`] | `x / scale` with the non-finite check, fused | [`crate::ops::unscale`] |
-//! | [`ReduceKernel`] | Σx² and max\|x\| (clipping, layer probes) | [`crate::ops::reduce`] |
-//! | [`FillKernel`] | fill, scale, clamp in place | [`crate::ops::fill`] |
-//! | [`HostKernel`] | exact copies to and from the host (checkpoints) | [`crate::ops::host`] |
+//! | [`StatsDevice`] | per-tensor results kept on the device, read back once a step | `device/utilities` |
+//! | [`CastKernel`] | `dst = src`, `dst += src` across precisions (the tensor casts: [`crate::ops::cast`]) | `device/cast` |
+//! | [`UnscaleKernel`] | `x / scale` with the non-finite check, fused | `device/unscale` |
+//! | [`ReduceKernel`] | Σx² and max\|x\| (clipping, layer probes) | `device/reduce` |
+//! | [`FillKernel`] | fill, scale, clamp in place | `device/fill` |
+//! | [`HostKernel`] | exact copies to and from the host (checkpoints) | `device/host` |
+//! | [`MixedBatchNormKernel`] | batch norm over 16-bit activations with FP32 statistics (the op: [`crate::ops::batchnorm`]) | `device/batchnorm` |
+//! | [`UpdateKernel`] | the optimizer's update fused with the working copy's refresh | `device/update` |
 //! | [`LinearOp`](crate::ops::linear::LinearOp) | the linear layer, fused (bias, ReLU or GELU, FP32 weight gradient) | [`crate::ops::linear`] |
-//! | [`MixedBatchNormKernel`] | batch norm over 16-bit activations with FP32 statistics | [`crate::ops::batchnorm`] |
 //! | [`LayerNormOp`](crate::ops::layernorm::LayerNormOp) | layer norm over 16-bit activations with FP32 statistics, fused | [`crate::ops::layernorm`] |
 //! | [`AttentionOp`](crate::ops::attention::AttentionOp) | multi-head attention, fused where the scores are FP32 | [`crate::ops::attention`] |
 //! | [`EmbeddingOp`](crate::ops::embedding::EmbeddingOp) | a GPT's token and position embedding, fused | [`crate::ops::embedding`] |
 //! | [`LmHeadOp`](crate::ops::lm_head::LmHeadOp) | a language model's head and FP32 cross-entropy, fused | [`crate::ops::lm_head`] |
 //! | [`ReluOp`](crate::ops::relu::ReluOp) | ReLU, fused into the op before it | [`crate::ops::relu`] |
 //! | [`GeluOp`](crate::ops::gelu::GeluOp) | exact GELU, fused into the linear op before it | [`crate::ops::gelu`] |
-//! | [`UpdateKernel`] | the optimizer's update fused with the working copy's refresh | [`crate::ops::update`] |
 //!
 //! The `…Op` rows are tensor-level ops (each with a composed default that a device overrides
 //! with its fused kernel), bundled by [`Ops<E>`](crate::ops::Ops) and
@@ -30,23 +32,27 @@
 //! the capabilities: dfdx's `Cpu` and, with the `cuda` feature, `Cuda`.
 
 mod allocator;
+mod batchnorm;
+mod cast;
+mod fill;
+mod host;
 mod pool;
+mod reduce;
+pub(crate) mod unscale;
+mod update;
+pub(crate) mod utilities;
+
 pub use allocator::keep_freed_memory;
 pub use pool::on_cpu_pool;
 
-pub use crate::ops::batchnorm::MixedBatchNormKernel;
-pub use crate::ops::cast::CastKernel;
-pub use crate::ops::fill::FillKernel;
-pub use crate::ops::gelu::GeluKernel;
-pub use crate::ops::host::HostKernel;
-pub use crate::ops::layernorm::MixedLayerNormKernel;
-pub use crate::ops::linear::LinearKernel;
-pub use crate::ops::reduce::ReduceKernel;
-pub use crate::ops::relu::ReluKernel;
-pub use crate::ops::unscale::UnscaleKernel;
-pub use crate::ops::update::UpdateKernel;
-
-pub use crate::ops::utilities::StatsDevice;
+pub use batchnorm::MixedBatchNormKernel;
+pub use cast::CastKernel;
+pub use fill::FillKernel;
+pub use host::HostKernel;
+pub use reduce::ReduceKernel;
+pub use unscale::UnscaleKernel;
+pub use update::UpdateKernel;
+pub use utilities::StatsDevice;
 
 macro_rules! define_capabilities {
     ($([$marker:ident, $elem:ty, $variant:ident, $name:literal, $st:ident, $index:literal])*) => {

@@ -3,11 +3,11 @@
 
 use dfdx::prelude::Storage;
 
+use crate::device::CastKernel;
+use crate::device::FillKernel;
 use crate::device::{AmpDevice, Kernels};
 use crate::error::AmpError;
 use crate::master::{for_each_trainable_grad, GradOp, TrainTarget};
-use crate::ops::cast::CastKernel;
-use crate::ops::fill::FillKernel;
 use crate::precision::AmpElem;
 use crate::tape::MixedGradients;
 

@@ -5,6 +5,7 @@ use dfdx::prelude::{Shape, Tensor};
 
 use super::copy::{all_to_working, buffers_to_master, pair_and_load, refresh_pair};
 use super::flags::NonFiniteFlags;
+use super::optimizer::MasterOptimizer;
 use super::pair::{PairVisitor, Paired};
 use super::target::sealed::Sealed;
 use super::target::TrainTarget;
@@ -12,7 +13,6 @@ use super::unscale::UnscalePairs;
 use super::working_copy::WorkingCopy;
 use crate::device::{AmpDevice, Kernels};
 use crate::error::AmpError;
-use crate::optim::MasterOptimizer;
 use crate::params::{ParamInfo, Parameters};
 use crate::precision::AmpElem;
 use crate::precision::{LowPrecision, F16};

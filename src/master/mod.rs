@@ -19,11 +19,15 @@
 //! | `master_weights.rs` | [`MasterWeights`] |
 //! | `single.rs` | [`SinglePrecision`] and its aliases |
 //! | `working_copy.rs` | [`WorkingCopy`]: the working model, which runs forward but no optimizer updates |
+//! | `optimizer.rs` | [`MasterOptimizer`](crate::optim::MasterOptimizer): dfdx's optimizers admitted over FP32 masters (its path is `typed_amp::optim`'s; it is here, below [`TrainTarget`], which steps with one) |
+//! | `fused_update.rs` | the fused Adam/SGD update over a pair walk, refreshing the working copy in the same pass |
 
 mod copy;
 mod flags;
+mod fused_update;
 mod grads;
 mod master_weights;
+pub(crate) mod optimizer;
 mod pair;
 mod single;
 mod target;
@@ -31,7 +35,7 @@ mod unscale;
 mod working_copy;
 
 pub use master_weights::MasterWeights;
-pub use pair::{zip_layer, CompositePaired, KindPaired, PairVisitor, Paired};
+pub use pair::{zip_layer, CompositePaired, PairVisitor, Paired};
 pub use single::{Bf16Weights, Fp16Weights, Fp32Weights, SinglePrecision};
 pub use target::TrainTarget;
 pub use working_copy::{UpdatableByAnOptimizer, WorkingCopy};

@@ -11,7 +11,7 @@ use crate::master::Paired;
 use crate::precision::{AmpElem, UpdatablePrecision};
 use crate::tape::MixedGradients;
 
-use super::fused::{fused_adam, fused_sgd};
+use super::fused_update::{fused_adam, fused_sgd};
 
 /// An optimizer that updates the master module `M` (FP32, by rule [`UpdatablePrecision`]).
 #[diagnostic::on_unimplemented(
@@ -43,7 +43,7 @@ pub trait MasterOptimizer<M, D: AmpDevice> {
 
 /// The gradients of precision `E` in `grads`, or an empty store if no parameter of that
 /// precision has one.
-pub(super) fn store_of<E: AmpElem, D: AmpDevice + Kernels<E>>(
+pub(crate) fn store_of<E: AmpElem, D: AmpDevice + Kernels<E>>(
     grads: &MixedGradients<D>,
 ) -> std::borrow::Cow<'_, Gradients<E, D>> {
     match grads.store::<E>() {
@@ -52,7 +52,7 @@ pub(super) fn store_of<E: AmpElem, D: AmpDevice + Kernels<E>>(
     }
 }
 
-pub(super) fn map_update_error<Err: std::fmt::Display>(err: OptimizerUpdateError<Err>) -> AmpError {
+pub(crate) fn map_update_error<Err: std::fmt::Display>(err: OptimizerUpdateError<Err>) -> AmpError {
     match err {
         // Every trainable master parameter receives a gradient (zero when unused), so this
         // means the optimizer was built for another module.

@@ -17,7 +17,6 @@ use dfdx::nn::{ModuleVisitor, ScalarOptions, TensorCollection, TensorOptions};
 use dfdx::prelude::{HasShape, Shape, Tensor};
 use num_traits::NumCast;
 
-use crate::amp::{kind, AmpLayer};
 use crate::device::{AmpDevice, Kernels};
 use crate::error::AmpError;
 use crate::params::{ParamPath, ParamVisitorMut, Parameters};
@@ -69,19 +68,8 @@ pub trait Paired<W, D: AmpDevice> {
     }
 }
 
-/// How a kind of layer pairs a master layer `M` with its working copy `W`.
-#[doc(hidden)] // `#[amp]`'s generated code and typed-amp's own machinery: see `typed_amp::__private`.
-pub trait KindPaired<M, W, D: AmpDevice> {
-    /// See [`Paired::visit_pairs_at`].
-    fn visit_pairs_at<V: PairVisitor<D>>(
-        master: &mut M,
-        working: &mut W,
-        path: &mut ParamPath,
-        visitor: &mut V,
-    ) -> Result<(), V::Error>;
-}
-
-/// Pairing for [`kind::Composite`] and [`kind::Nested`] layers: part by part.
+/// Pairing for [`kind::Composite`](crate::amp::kind::Composite) and
+/// [`kind::Nested`](crate::amp::kind::Nested) layers: part by part.
 #[doc(hidden)] // `#[amp]`'s generated code and typed-amp's own machinery: see `typed_amp::__private`.
 pub trait CompositePaired<W, D: AmpDevice> {
     /// See [`Paired::visit_pairs_at`].
@@ -91,75 +79,6 @@ pub trait CompositePaired<W, D: AmpDevice> {
         path: &mut ParamPath,
         visitor: &mut V,
     ) -> Result<(), V::Error>;
-}
-
-impl<M: AmpLayer, W, D: AmpDevice> Paired<W, D> for M
-where
-    M::Kind: KindPaired<M, W, D>,
-{
-    fn visit_pairs_at<V: PairVisitor<D>>(
-        &mut self,
-        working: &mut W,
-        path: &mut ParamPath,
-        visitor: &mut V,
-    ) -> Result<(), V::Error> {
-        <M::Kind as KindPaired<M, W, D>>::visit_pairs_at(self, working, path, visitor)
-    }
-}
-
-macro_rules! leaf_pairs {
-    ($($kind:ty $(, $param:ident)?;)*) => {$(
-        impl<M, W, D $(, $param)?> KindPaired<M, W, D> for $kind
-        where
-            M: TensorCollection<f32, D>,
-            W: Parameters<D>,
-            D: AmpDevice,
-        {
-            fn visit_pairs_at<V: PairVisitor<D>>(
-                master: &mut M,
-                working: &mut W,
-                path: &mut ParamPath,
-                visitor: &mut V,
-            ) -> Result<(), V::Error> {
-                zip_layer(master, working, path, visitor)
-            }
-        }
-    )*};
-}
-
-leaf_pairs! {
-    kind::Matmul;
-    kind::Linear;
-    kind::Activation;
-    kind::Norm;
-    kind::LayerNorm;
-    kind::Fp32Op;
-    kind::Softmax;
-    kind::Elementwise;
-    kind::Neutral;
-    kind::Cast<P>, P;
-}
-
-impl<M: CompositePaired<W, D>, W, D: AmpDevice> KindPaired<M, W, D> for kind::Composite {
-    fn visit_pairs_at<V: PairVisitor<D>>(
-        master: &mut M,
-        working: &mut W,
-        path: &mut ParamPath,
-        visitor: &mut V,
-    ) -> Result<(), V::Error> {
-        master.visit_pairs_at(working, path, visitor)
-    }
-}
-
-impl<M: CompositePaired<W, D>, W, D: AmpDevice, A> KindPaired<M, W, D> for kind::Nested<A> {
-    fn visit_pairs_at<V: PairVisitor<D>>(
-        master: &mut M,
-        working: &mut W,
-        path: &mut ParamPath,
-        visitor: &mut V,
-    ) -> Result<(), V::Error> {
-        master.visit_pairs_at(working, path, visitor)
-    }
 }
 
 macro_rules! tuple_pairs {

@@ -1,8 +1,8 @@
 //! [`TrainTarget`]: what the typed training step trains.
 
+use super::optimizer::MasterOptimizer;
 use crate::device::AmpDevice;
 use crate::error::AmpError;
-use crate::optim::MasterOptimizer;
 use crate::params::{ParamInfo, Parameters};
 use crate::precision::Precision;
 use crate::tape::{MixedGradients, TargetId};

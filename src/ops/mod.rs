@@ -1,21 +1,16 @@
-//! The ops mixed precision adds to dfdx, one per folder, each with its CPU kernel and its CUDA
-//! kernel side by side (dfdx's `tensor_ops/<op>/` layout):
+//! The ops on tensors mixed precision adds to dfdx, one per folder, each fused op with its CPU
+//! kernel and its CUDA kernel side by side (dfdx's `tensor_ops/<op>/` layout); the buffer-level
+//! kernels they and the step run on are [`crate::device`]'s:
 //!
 //! - [`attention`]: multi-head attention over packed `[q | k | v]` rows, causal or not, with
 //!   its scores in the softmax row's precision ([`attention::AttentionOp`]; the CPU fuses it);
 //! - [`batchnorm`]: batch norm with 16-bit activations and FP32 parameters and statistics
-//!   ([`batchnorm::MixedBatchNormKernel`]);
-//! - [`cast`]: differentiable precision casts ([`cast::to_f16`], [`cast::to_f32`], ...), and the
-//!   buffer casts they and the master weights run on ([`cast::CastKernel`]);
-//! - [`unscale`]: dividing gradients by the loss scale fused with the inf/NaN check
-//!   ([`unscale::UnscaleKernel`]);
-//! - [`reduce`]: Σx² and max|x| per tensor, for clipping and layer probes
-//!   ([`reduce::ReduceKernel`]);
+//!   (on [`MixedBatchNormKernel`](crate::device::MixedBatchNormKernel));
+//! - [`cast`]: differentiable precision casts ([`cast::to_f16`], [`cast::to_f32`], ...), on the
+//!   buffer casts the master weights run on too ([`CastKernel`](crate::device::CastKernel));
 //! - [`embedding`]: a GPT's token and position embedding as one op, its gradients into the
 //!   tables' FP32 gradients ([`embedding::EmbeddingOp`]; the CPU fuses it);
-//! - [`fill`]: fill, scale and clamp in place ([`fill::FillKernel`]);
 //! - [`gelu`]: exact GELU, fused into the linear op before it where it can be;
-//! - [`host`]: exact copies between device buffers and the host ([`host::HostKernel`]);
 //! - [`layernorm`]: layer norm with 16-bit activations and FP32 parameters and statistics
 //!   ([`layernorm::MixedLayerNormKernel`]);
 //! - [`lm_head`]: a language model's head (`h · Wᵀ`, `W` tied to the token embedding) and its
@@ -24,32 +19,24 @@
 //!   product's store and its weight gradient straight into FP32 ([`linear::LinearKernel`]);
 //! - [`relu`]: ReLU, fused into the linear op before it where it can be;
 //! - [`residual`]: the residual connection's sum, its backward writing only the skip's gradient;
-//! - [`softmax`]: softmax and log-softmax in FP32 only (rule [`softmax::SoftmaxPrecision`]);
-//! - [`update`]: the optimizer's update fused with the refresh of the working copy
-//!   ([`update::UpdateKernel`]).
+//! - [`softmax`]: softmax and log-softmax in FP32 only (rule [`softmax::SoftmaxPrecision`]).
 //!
-//! The kernels' traits are the device capabilities [`crate::device::Kernels`] bundles.
+//! The fused ops' kernel traits are bundled, with the tensor-level traits, by [`Ops<E>`] and
+//! [`AmpOps`].
 
 pub mod attention;
 pub mod batchnorm;
 pub mod cast;
 pub mod embedding;
-#[doc(hidden)] // a device's kernels only (`device::AmpDevice`)
-pub mod fill;
+pub(crate) mod fused_activation;
 pub mod gelu;
-pub mod host;
 pub mod layernorm;
 pub mod linear;
 pub mod lm_head;
-#[doc(hidden)] // a device's kernels only (`device::AmpDevice`)
-pub mod reduce;
 pub mod relu;
 pub mod residual;
 pub mod softmax;
-pub mod unscale;
-#[doc(hidden)] // a device's kernels only (`device::AmpDevice`)
-pub mod update;
-pub(crate) mod utilities;
+pub(crate) mod tokens;
 
 use crate::precision::AmpElem;
 

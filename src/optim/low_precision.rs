@@ -9,7 +9,7 @@ use crate::error::AmpError;
 use crate::precision::{AmpElem, LowPrecision};
 use crate::tape::MixedGradients;
 
-use super::master_optimizer::{map_update_error, store_of, MasterOptimizer};
+use crate::master::optimizer::{map_update_error, store_of, MasterOptimizer};
 
 /// The explicit opt-in for updating 16-bit weights directly (Apex's O3, [`Fp16Weights`]
 /// models): wraps a dfdx optimizer over an FP16 or BF16 module.

@@ -3,14 +3,13 @@
 //! [`LowPrecisionUpdates`], the explicit opt-in for updating 16-bit weights (O3).
 
 mod constructors;
-mod fused;
 mod low_precision;
-mod master_optimizer;
 mod schedule;
 mod state;
 
 pub use constructors::{adam, adamw, adamw_config, sgd};
 pub use low_precision::LowPrecisionUpdates;
-pub use master_optimizer::MasterOptimizer;
+// Defined beside the master weights it steps (`master/optimizer.rs`, below this module).
+pub use crate::master::optimizer::MasterOptimizer;
 pub use schedule::{cosine_lr, LearningRate};
 pub use state::{OptimizerState, StateMut, StateRef, StoreInvariant};

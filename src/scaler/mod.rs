@@ -10,9 +10,7 @@
 mod grad_scaler;
 mod ledger;
 mod loss_scalers;
-mod protocol;
 mod state;
-mod step;
 mod tag;
 #[cfg(test)]
 mod tests;

@@ -4,10 +4,10 @@
 use dfdx::prelude::SplitTape;
 
 use crate::device::AmpDevice;
+use crate::device::FillKernel;
 use crate::error::AmpError;
 use crate::loss::Loss;
 use crate::master::TrainTarget;
-use crate::ops::fill::FillKernel;
 use crate::precision::FullRange;
 use crate::scaler::ScalerTag;
 use crate::tape::{MixedGradients, ScaledAt};

@@ -2,11 +2,11 @@
 
 use dfdx::prelude::Storage;
 
+use crate::device::FillKernel;
+use crate::device::ReduceKernel;
 use crate::device::{AmpDevice, Kernels};
 use crate::error::AmpError;
 use crate::master::{for_each_trainable_grad, GradOp, TrainTarget};
-use crate::ops::fill::FillKernel;
-use crate::ops::reduce::ReduceKernel;
 use crate::precision::AmpElem;
 use crate::tape::MixedGradients;
 
@@ -88,7 +88,7 @@ fn master_sums_of_squares<D: AmpDevice, T: TrainTarget<D>>(
 ) -> Result<Vec<f32>, AmpError> {
     struct SumSquares<D: AmpDevice> {
         slots: usize,
-        stats: Option<<D as crate::ops::utilities::StatsDevice>::Stats>,
+        stats: Option<<D as crate::device::utilities::StatsDevice>::Stats>,
     }
     impl<D: AmpDevice> GradOp<D> for SumSquares<D> {
         fn apply<E: AmpElem>(

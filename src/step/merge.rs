@@ -3,10 +3,10 @@
 
 use dfdx::prelude::{Shape, Tensor};
 
+use crate::device::CastKernel;
 use crate::device::{AmpDevice, Kernels};
 use crate::error::AmpError;
 use crate::master::TrainTarget;
-use crate::ops::cast::CastKernel;
 use crate::params::{ParamVisitor, Parameters};
 use crate::precision::AmpElem;
 use crate::scaler::{inverse, GradScaler};

@@ -48,12 +48,18 @@ mod markers;
 mod merge;
 mod outcome;
 mod protocol;
+// The scaler's step-time behaviour (`GradScaler::scale`/`unscale`/`step`/`update`, the same for
+// `LossScalers`) and both as a `StepProtocol`: here, above the step's values and the scaler's
+// state, both of which they use.
+mod scaler;
+mod scaler_protocol;
 mod short;
 mod unscaled;
 mod update;
 
-/// The largest gradient magnitude a step takes (2^62): see [`crate::ops::unscale::GRADIENT_LIMIT`].
-pub use crate::ops::unscale::GRADIENT_LIMIT;
+/// The largest gradient magnitude a step takes (2^62; defined beside the unscale kernel, which
+/// checks it).
+pub use crate::device::unscale::GRADIENT_LIMIT;
 pub use accumulation::Accumulation;
 pub(crate) use backward::check_fresh;
 pub use backward::{RawGrads, ScaledGrads, ScaledLoss};

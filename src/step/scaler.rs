@@ -7,14 +7,11 @@ use crate::error::AmpError;
 use crate::loss::Loss;
 use crate::master::TrainTarget;
 use crate::optim::MasterOptimizer;
+use crate::scaler::{inverse, GradScaler, LossScalers, ScalerId, ScalerTag, StepVerdict};
 use crate::step::{
     check_fresh, into_master, verdicts, FromScaler, Scaled, ScaledGrads, ScaledLoss, StepKind,
     StepOutcome, StepOutcomes, Unscaled, UnscaledGrads,
 };
-
-use super::grad_scaler::{inverse, GradScaler, ScalerId};
-use super::loss_scalers::LossScalers;
-use super::tag::{ScalerTag, StepVerdict};
 
 impl GradScaler {
     /// Scales a loss for backward by the current scale (1 when the scaler is disabled).

@@ -5,13 +5,9 @@ use crate::device::AmpDevice;
 use crate::error::AmpError;
 use crate::master::TrainTarget;
 use crate::optim::MasterOptimizer;
+use crate::scaler::{GradScaler, LossScalers, ScalerState};
 use crate::step::{scaled_backward, sealed, ForwardOutput, ScaleState, StepOptions, StepProtocol};
-
-use super::state::ScalerState;
 use crate::tape::MixedGradients;
-
-use super::grad_scaler::GradScaler;
-use super::loss_scalers::LossScalers;
 
 impl sealed::Sealed for GradScaler {}
 

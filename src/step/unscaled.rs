@@ -5,10 +5,10 @@ use std::marker::PhantomData;
 
 use dfdx::prelude::{Shape, Storage, Tensor};
 
+use crate::device::HostKernel;
 use crate::device::{AmpDevice, Kernels};
 use crate::error::AmpError;
 use crate::master::{for_each_trainable_grad, GradOp, TrainTarget};
-use crate::ops::host::HostKernel;
 use crate::precision::AmpElem;
 use crate::scaler::{ScalerId, ScalerTag};
 use crate::tape::MixedGradients;

@@ -197,7 +197,7 @@ impl<D: AmpDevice> MixedGradients<D> {
             {
                 if trainable {
                     let buf = self.grads.store_mut::<E>().get_or_alloc_mut(param)?;
-                    crate::ops::fill::FillKernel::<E>::try_fill(param.device(), buf, 0.0)?;
+                    crate::device::FillKernel::<E>::try_fill(param.device(), buf, 0.0)?;
                     self.ids.push(param.id());
                 }
                 Ok(())

@@ -3,7 +3,7 @@ use dfdx::tensor_ops::batchnorm_parts as parts;
 use dfdx::tensor_ops::batchnorm_parts::BatchNormLayout;
 
 use super::MixedBatchNormKernel;
-use crate::ops::utilities::cpu::check_lengths;
+use crate::device::utilities::cpu::check_lengths;
 use crate::precision::AmpElem;
 
 fn check_layout(lay: &BatchNormLayout, len: usize) -> Result<(), CpuError> {

@@ -1,4 +1,7 @@
-//! The mixed batch norm's kernels' trait.
+//! The mixed batch norm's kernels: their trait and the CPU's (CUDA runs the layer in FP32
+//! between two casts); the op on tensors is [`crate::ops::batchnorm`]'s.
+
+mod cpu_kernel;
 
 use dfdx::prelude::{HasErr, Storage};
 use dfdx::tensor::CpuError;

@@ -3,7 +3,7 @@ use dfdx::prelude::{Cpu, CpuError};
 use super::CastKernel;
 use rayon::prelude::*;
 
-use crate::ops::utilities::cpu::{as_f32_mut, check_lengths, for_each_f32_chunk, CHUNK, TASK};
+use crate::device::utilities::cpu::{as_f32_mut, check_lengths, for_each_f32_chunk, CHUNK, TASK};
 use crate::precision::AmpElem;
 
 /// `dst = convert(src)` on one thread.

@@ -2,7 +2,9 @@ use dfdx::prelude::Storage;
 use dfdx::tensor::{Cuda, CudaError};
 
 use super::CastKernel;
-use crate::ops::utilities::cuda::{check_lengths, launch, none, raw, raw_mut, CudaElem, OpSource};
+use crate::device::utilities::cuda::{
+    check_lengths, launch, none, raw, raw_mut, CudaElem, OpSource,
+};
 
 const SOURCE: OpSource = OpSource {
     module: "typed_amp_cast",
@@ -70,6 +72,6 @@ impl<Src: CudaElem, Dst: CudaElem> CastKernel<Src, Dst> for Cuda {
 mod tests {
     #[test]
     fn nvrtc_compiles_the_kernels() {
-        crate::ops::utilities::cuda::check_program(&super::SOURCE);
+        crate::device::utilities::cuda::check_program(&super::SOURCE);
     }
 }

@@ -1,4 +1,9 @@
-//! The cast kernels' trait: buffer conversions between precisions.
+//! The cast kernels: buffer conversions between precisions, their trait and its CPU and CUDA
+//! kernels (the differentiable casts on tensors are [`crate::ops::cast`]'s).
+
+mod cpu_kernel;
+#[cfg(feature = "cuda")]
+mod cuda_kernel;
 
 use dfdx::prelude::Storage;
 

@@ -1,7 +1,7 @@
 use dfdx::prelude::{Cpu, CpuError};
 
 use super::FillKernel;
-use crate::ops::utilities::cpu::map_f32_chunks;
+use crate::device::utilities::cpu::map_f32_chunks;
 use crate::precision::AmpElem;
 
 impl<E: AmpElem> FillKernel<E> for Cpu {

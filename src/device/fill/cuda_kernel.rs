@@ -3,7 +3,7 @@ use dfdx::prelude::Storage;
 use dfdx::tensor::{Cuda, CudaError};
 
 use super::FillKernel;
-use crate::ops::utilities::cuda::{launch, no_pair, raw_mut, CudaElem, OpSource};
+use crate::device::utilities::cuda::{launch, no_pair, raw_mut, CudaElem, OpSource};
 
 const SOURCE: OpSource = OpSource {
     module: "typed_amp_fill",
@@ -83,6 +83,6 @@ impl<E: CudaElem> FillKernel<E> for Cuda {
 mod tests {
     #[test]
     fn nvrtc_compiles_the_kernels() {
-        crate::ops::utilities::cuda::check_program(&super::SOURCE);
+        crate::device::utilities::cuda::check_program(&super::SOURCE);
     }
 }

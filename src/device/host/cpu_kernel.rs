@@ -1,7 +1,7 @@
 use dfdx::prelude::{Cpu, CpuError};
 
 use super::HostKernel;
-use crate::ops::utilities::cpu::check_lengths;
+use crate::device::utilities::cpu::check_lengths;
 use crate::precision::AmpElem;
 
 impl<E: AmpElem> HostKernel<E> for Cpu {

@@ -2,7 +2,7 @@ use dfdx::prelude::Storage;
 use dfdx::tensor::{Cuda, CudaError};
 
 use super::HostKernel;
-use crate::ops::utilities::cuda::{check_lengths, raw, raw_mut, CudaElem, Raw};
+use crate::device::utilities::cuda::{check_lengths, raw, raw_mut, CudaElem, Raw};
 
 impl<E: CudaElem> HostKernel<E> for Cuda {
     fn try_read(&self, buf: &<Cuda as Storage<E>>::Vec) -> Result<Vec<E>, CudaError> {

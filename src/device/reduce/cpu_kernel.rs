@@ -1,7 +1,7 @@
 use dfdx::prelude::{Cpu, CpuError};
 
 use super::ReduceKernel;
-use crate::ops::utilities::cpu::{for_each_f32_chunk, slot_of};
+use crate::device::utilities::cpu::{for_each_f32_chunk, slot_of};
 use crate::precision::AmpElem;
 
 impl<E: AmpElem> ReduceKernel<E> for Cpu {

@@ -3,7 +3,7 @@ use dfdx::prelude::Storage;
 use dfdx::tensor::{Cuda, CudaError};
 
 use super::ReduceKernel;
-use crate::ops::utilities::cuda::{launch, no_pair, raw, reset_slot, CudaElem, OpSource};
+use crate::device::utilities::cuda::{launch, no_pair, raw, reset_slot, CudaElem, OpSource};
 
 const SOURCE: OpSource = OpSource {
     module: "typed_amp_reduce",
@@ -106,6 +106,6 @@ impl<E: CudaElem> ReduceKernel<E> for Cuda {
 mod tests {
     #[test]
     fn nvrtc_compiles_the_kernels() {
-        crate::ops::utilities::cuda::check_program(&super::SOURCE);
+        crate::device::utilities::cuda::check_program(&super::SOURCE);
     }
 }

@@ -7,7 +7,7 @@ mod cuda_kernel;
 
 use dfdx::prelude::Storage;
 
-use crate::ops::utilities::StatsDevice;
+use crate::device::utilities::StatsDevice;
 use crate::precision::AmpElem;
 
 /// Reductions of a buffer of element type `E`, accumulated in FP32, written to one slot of a

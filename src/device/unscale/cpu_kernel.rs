@@ -1,12 +1,20 @@
 use dfdx::prelude::{Cpu, CpuError};
 use rayon::prelude::*;
 
-use super::UnscaleKernel;
-use crate::ops::utilities::cpu::{
-    any_overflowing, as_f32_mut, check_lengths, for_each_f32_chunk, map_f32_chunks, slot_of, CHUNK,
-    TASK,
+use super::{UnscaleKernel, GRADIENT_LIMIT_BITS};
+use crate::device::utilities::cpu::{
+    as_f32_mut, check_lengths, for_each_f32_chunk, map_f32_chunks, slot_of, CHUNK, TASK,
 };
 use crate::precision::AmpElem;
+
+/// Whether any value is inf, NaN, or larger in magnitude than
+/// [`GRADIENT_LIMIT`](super::GRADIENT_LIMIT), written so that the loop vectorises.
+#[inline]
+fn any_overflowing(values: &[f32]) -> bool {
+    values.iter().fold(0u32, |acc, v| {
+        acc | u32::from(v.to_bits() & 0x7fff_ffff > GRADIENT_LIMIT_BITS)
+    }) != 0
+}
 
 /// `buf *= inv_scale` and whether any result overflows (inf, NaN, or above
 /// [`GRADIENT_LIMIT`](super::GRADIENT_LIMIT) in magnitude): chunk by chunk (each scaled and
@@ -86,7 +94,7 @@ impl<E: AmpElem> UnscaleKernel<E> for Cpu {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::utilities::cpu::CHUNK;
+    use crate::device::utilities::cpu::CHUNK;
     use dfdx::prelude::*;
     use half::f16;
 

@@ -3,7 +3,7 @@ use dfdx::prelude::Storage;
 use dfdx::tensor::{Cuda, CudaError};
 
 use super::UnscaleKernel;
-use crate::ops::utilities::cuda::{
+use crate::device::utilities::cuda::{
     check_lengths, launch, raw, raw_mut, reset_slot, CudaElem, OpSource,
 };
 
@@ -92,6 +92,6 @@ impl<E: CudaElem> UnscaleKernel<E> for Cuda {
 mod tests {
     #[test]
     fn nvrtc_compiles_the_kernels() {
-        crate::ops::utilities::cuda::check_program(&super::SOURCE);
+        crate::device::utilities::cuda::check_program(&super::SOURCE);
     }
 }

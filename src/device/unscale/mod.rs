@@ -8,7 +8,7 @@ mod cuda_kernel;
 
 use dfdx::prelude::Storage;
 
-use crate::ops::utilities::StatsDevice;
+use crate::device::utilities::StatsDevice;
 use crate::precision::AmpElem;
 
 /// The largest gradient magnitude a step takes: 2^62. A larger gradient (or inf, or NaN) is an

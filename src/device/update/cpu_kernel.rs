@@ -3,7 +3,7 @@ use dfdx::tensor_ops::{Momentum, WeightDecay};
 use rayon::prelude::*;
 
 use super::UpdateKernel;
-use crate::ops::utilities::cpu::{check_lengths, TASK};
+use crate::device::utilities::cpu::{check_lengths, TASK};
 use crate::precision::AmpElem;
 
 /// Elements updated before their rounding into the working copy: the FP32 values are still in

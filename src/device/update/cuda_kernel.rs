@@ -9,7 +9,7 @@ use dfdx::tensor::{Cuda, CudaError};
 use dfdx::tensor_ops::{Momentum, WeightDecay};
 
 use super::UpdateKernel;
-use crate::ops::utilities::cuda::{check_lengths, launch, raw, raw_mut, CudaElem, OpSource};
+use crate::device::utilities::cuda::{check_lengths, launch, raw, raw_mut, CudaElem, OpSource};
 
 const SOURCE: OpSource = OpSource {
     module: "typed_amp_update",
@@ -79,7 +79,7 @@ extern "C" __global__ void tamp_sgd_refresh_{tag}(u64 n, float *p, float *vel, c
             .to_vec();
         (source, names)
     },
-    pair: crate::ops::utilities::cuda::no_pair,
+    pair: crate::device::utilities::cuda::no_pair,
 };
 
 /// One Adam step's constants, passed to the kernel by value (its `AdamConstants`).
@@ -213,6 +213,6 @@ impl<E: CudaElem> UpdateKernel<E> for Cuda {
 mod tests {
     #[test]
     fn nvrtc_compiles_the_kernels() {
-        crate::ops::utilities::cuda::check_program(&super::SOURCE);
+        crate::device::utilities::cuda::check_program(&super::SOURCE);
     }
 }

@@ -15,7 +15,7 @@ mod cuda_kernel;
 
 use dfdx::prelude::{AdamConfig, Device, SgdConfig, Shape, Storage, Tensor};
 
-use crate::ops::cast::CastKernel;
+use crate::device::CastKernel;
 use crate::precision::AmpElem;
 
 /// The optimizer's update of an FP32 master tensor fused with the refresh of its working copy

@@ -11,16 +11,6 @@ pub(crate) const CHUNK: usize = 1024;
 /// overhead is noise, small enough that a 512 × 512 weight splits across two cores.
 pub(crate) const TASK: usize = 1 << 15;
 
-/// Whether any value is inf, NaN, or larger in magnitude than
-/// [`GRADIENT_LIMIT`](crate::ops::unscale::GRADIENT_LIMIT), written so that the loop vectorises.
-#[inline]
-pub(crate) fn any_overflowing(values: &[f32]) -> bool {
-    use crate::ops::unscale::GRADIENT_LIMIT_BITS;
-    values.iter().fold(0u32, |acc, v| {
-        acc | u32::from(v.to_bits() & 0x7fff_ffff > GRADIENT_LIMIT_BITS)
-    }) != 0
-}
-
 /// Calls `f` on consecutive FP32 chunks of a buffer of any precision (FP32 buffers are
 /// passed through without a copy).
 #[inline]

@@ -1,6 +1,7 @@
-//! What the ops' kernels share, below every op: the stats buffer capability ([`StatsDevice`])
-//! and the CPU and CUDA helpers. A leaf: it imports nothing of typed-amp's but
-//! [`crate::precision`], so every op and the device bundle ([`crate::device`]) can import it.
+//! What the kernels share, below every kernel: the stats buffer capability ([`StatsDevice`])
+//! and the CPU and CUDA helpers (chunks, the GEMMs, NVRTC modules). A leaf: it imports nothing of
+//! typed-amp's but [`crate::precision`], so every kernel, the device bundle ([`crate::device`])
+//! and the ops' fused kernels can import it.
 
 pub(crate) mod cpu;
 pub(crate) mod cpu_gemm;
@@ -8,12 +9,6 @@ pub(crate) mod cpu_gemm;
 pub(crate) mod cuda;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_gemm;
-pub(crate) mod fused_activation;
-
-/// `(batch, tokens, W)` rows of a sequence model's activations (what attention, the embedding
-/// and the language-model head take and return).
-pub type Tokens<B, S, const W: usize, E, D, T = dfdx::prelude::NoneTape> =
-    dfdx::prelude::Tensor<(B, S, dfdx::prelude::Const<W>), E, D, T>;
 
 /// A device that keeps small per-tensor results (non-finite flags, sums of squares) in a buffer
 /// of its own until they are read back, once per step.

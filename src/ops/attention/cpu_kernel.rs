@@ -11,7 +11,7 @@ use typed_amp_kernels::math::exp_slice;
 use typed_amp_kernels::Epilogue;
 
 use super::{AttentionDims, AttentionKernel};
-use crate::ops::utilities::cpu_gemm::gemm_into_on;
+use crate::device::utilities::cpu_gemm::gemm_into_on;
 use crate::precision::AmpElem;
 
 /// Query rows and keys per block: a 64 × 64 FP32 score tile is 16 KiB, in L1 beside its

@@ -31,7 +31,7 @@ use dfdx::prelude::Storage;
 use dfdx::tensor::{CpuError, Cuda, CudaError};
 
 use super::{AttentionDims, AttentionKernel};
-use crate::ops::utilities::cuda::{
+use crate::device::utilities::cuda::{
     launch, launch_with, no_pair, raw, raw_mut, CudaElem, OpSource, BLOCK,
 };
 
@@ -204,7 +204,7 @@ impl<E: CudaElem> AttentionKernel<E> for Cuda {
 mod tests {
     #[test]
     fn nvrtc_compiles_the_kernels() {
-        crate::ops::utilities::cuda::check_program(&super::SOURCE);
+        crate::device::utilities::cuda::check_program(&super::SOURCE);
     }
 
     /// The host sizes the grid by `TILE`, the kernels decode their block by the source's tile

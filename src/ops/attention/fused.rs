@@ -4,7 +4,7 @@ use dfdx::prelude::{Const, Dim, HasShape, PutTape, Shape, SplitTape, Tape, Tenso
 
 use super::{AttentionDims, AttentionKernel};
 use crate::ops::cast::CastDevice;
-use crate::ops::utilities::Tokens;
+use crate::ops::tokens::Tokens;
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 

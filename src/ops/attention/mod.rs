@@ -26,7 +26,7 @@ mod tests;
 use dfdx::prelude::{Const, Cpu, Dim, Tape, Tensor};
 
 use crate::ops::cast::CastDevice;
-use crate::ops::utilities::Tokens;
+use crate::ops::tokens::Tokens;
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
@@ -76,7 +76,7 @@ impl<E: AmpElem> AttentionOp<E> for Cpu {
 
 /// CUDA fuses attention whose scores are FP32, as the CPU does.
 #[cfg(feature = "cuda")]
-impl<E: crate::ops::utilities::cuda::CudaElem> AttentionOp<E> for dfdx::prelude::Cuda {
+impl<E: crate::device::utilities::cuda::CudaElem> AttentionOp<E> for dfdx::prelude::Cuda {
     fn try_attention<const M: usize, const M3: usize, const H: usize, B, S, Sc, T>(
         qkv: Tensor<(B, S, Const<M3>), E, Self, T>,
         causal: bool,

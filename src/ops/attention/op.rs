@@ -3,7 +3,7 @@
 use dfdx::prelude::{Const, Dim, HasErr, Tape, Tensor};
 
 use crate::ops::cast::CastDevice;
-use crate::ops::utilities::Tokens;
+use crate::ops::tokens::Tokens;
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 

@@ -11,18 +11,13 @@
 //! without the fused kernels (CUDA), and inputs that are not contiguous, run the layer in FP32
 //! between two casts instead.
 
-mod cpu_kernel;
-mod kernel;
-
 use dfdx::prelude::{Axes, HasShape, PutTape, Rank1, Shape, SplitTape, Storage, Tensor};
 use dfdx::tensor_ops::batchnorm_parts::BatchNormLayout;
 
-use crate::device::{AmpDevice, Kernels};
-use crate::ops::utilities::fused_activation::{ActivationSlot, FusedActivation};
+use crate::device::{AmpDevice, Kernels, MixedBatchNormKernel};
+use crate::ops::fused_activation::{ActivationSlot, FusedActivation};
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
-
-pub use kernel::MixedBatchNormKernel;
 
 /// A batch norm layer's FP32 parameters and statistics.
 pub struct BatchNormParams<'a, const C: usize, D: Storage<f32>> {

@@ -8,11 +8,6 @@
 //! gradient too large for an FP16 layer shows up as inf in that layer's gradient and the scaler
 //! skips the step.
 
-mod cpu_kernel;
-#[cfg(feature = "cuda")]
-mod cuda_kernel;
-mod kernel;
-
 use dfdx::prelude::{HasShape, PutTape, Shape, SplitTape, Storage, Tensor};
 use dfdx::tensor_ops::ToDtypeKernel;
 
@@ -20,7 +15,7 @@ use crate::device::{AmpDevice, Kernels};
 use crate::precision::{AmpElem, Precision};
 use crate::tape::AmpTape;
 
-pub use kernel::CastKernel;
+use crate::device::CastKernel;
 
 /// A device that casts tensors from `Src` to `Dst` and their gradients back.
 #[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
@@ -248,7 +243,7 @@ mod tests {
         let (loss, tape) = loss.split_tape();
         tape.execute(|g| {
             let buf = g.store_mut::<f32>().get_or_alloc_mut(&loss)?;
-            crate::ops::fill::FillKernel::<f32>::try_fill(loss.device(), buf, 1.0)
+            crate::device::FillKernel::<f32>::try_fill(loss.device(), buf, 1.0)
         })
         .unwrap()
     }

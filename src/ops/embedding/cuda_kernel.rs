@@ -21,7 +21,7 @@ use dfdx::prelude::Storage;
 use dfdx::tensor::{CpuError, Cuda, CudaError};
 
 use super::{EmbeddingDims, EmbeddingKernel};
-use crate::ops::utilities::cuda::{
+use crate::device::utilities::cuda::{
     check_device, launch, launch_with, no_pair, raw, raw_mut, CudaElem, OpSource, Raw, BLOCK,
 };
 
@@ -244,6 +244,6 @@ impl<E: CudaElem> EmbeddingKernel<E> for Cuda {
 mod tests {
     #[test]
     fn nvrtc_compiles_the_kernels() {
-        crate::ops::utilities::cuda::check_program(&super::SOURCE);
+        crate::device::utilities::cuda::check_program(&super::SOURCE);
     }
 }

@@ -21,7 +21,7 @@ mod tests;
 use dfdx::prelude::{Const, Cpu, Dim, Tape, Tensor};
 
 use crate::ops::cast::CastDevice;
-use crate::ops::utilities::Tokens;
+use crate::ops::tokens::Tokens;
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
@@ -66,7 +66,7 @@ impl<E: AmpElem> EmbeddingOp<E> for Cpu {
 
 /// CUDA fuses the embedding, as the CPU does.
 #[cfg(feature = "cuda")]
-impl<E: crate::ops::utilities::cuda::CudaElem> EmbeddingOp<E> for dfdx::prelude::Cuda {
+impl<E: crate::device::utilities::cuda::CudaElem> EmbeddingOp<E> for dfdx::prelude::Cuda {
     fn try_embed<const V: usize, const P: usize, const C: usize, B, S, T>(
         tokens: Tensor<(B, S), usize, Self, T>,
         wte: &Tensor<(Const<V>, Const<C>), E, Self>,

@@ -3,7 +3,7 @@ use rayon::prelude::*;
 use typed_amp_kernels::math::{gelu_derivative_slice, gelu_slice};
 
 use super::GeluKernel;
-use crate::ops::utilities::cpu::{as_f32_mut, check_lengths, map_f32_chunks, CHUNK, TASK};
+use crate::device::utilities::cpu::{as_f32_mut, check_lengths, map_f32_chunks, CHUNK, TASK};
 use crate::precision::AmpElem;
 
 impl<E: AmpElem> GeluKernel<E> for Cpu {

@@ -5,7 +5,7 @@ use dfdx::prelude::Storage;
 use dfdx::tensor::{Cuda, CudaError};
 
 use super::GeluKernel;
-use crate::ops::utilities::cuda::{
+use crate::device::utilities::cuda::{
     check_lengths, launch, no_pair, raw, raw_mut, CudaElem, OpSource,
 };
 
@@ -93,6 +93,6 @@ impl<E: CudaElem> GeluKernel<E> for Cuda {
 mod tests {
     #[test]
     fn nvrtc_compiles_the_kernels() {
-        crate::ops::utilities::cuda::check_program(&super::SOURCE);
+        crate::device::utilities::cuda::check_program(&super::SOURCE);
     }
 }

@@ -22,7 +22,7 @@ mod op;
 use dfdx::prelude::{HasShape, PutTape, Shape, SplitTape, Tape, Tensor};
 
 use crate::device::{AmpDevice, Kernels};
-use crate::ops::utilities::fused_activation::{ActivationSlot, FusedActivation};
+use crate::ops::fused_activation::{ActivationSlot, FusedActivation};
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
@@ -86,4 +86,4 @@ macro_rules! fused_gelu_op {
 
 fused_gelu_op!(dfdx::prelude::Cpu, E: AmpElem);
 #[cfg(feature = "cuda")]
-fused_gelu_op!(dfdx::prelude::Cuda, E: crate::ops::utilities::cuda::CudaElem);
+fused_gelu_op!(dfdx::prelude::Cuda, E: crate::device::utilities::cuda::CudaElem);

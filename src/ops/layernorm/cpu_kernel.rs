@@ -2,7 +2,7 @@ use dfdx::prelude::{Cpu, CpuError, Storage};
 use rayon::prelude::*;
 
 use super::{MixedLayerNormKernel, RowStats};
-use crate::ops::utilities::cpu::check_lengths;
+use crate::device::utilities::cpu::check_lengths;
 use crate::precision::AmpElem;
 use typed_amp_kernels::norm::{layer_norm_backward_row, layer_norm_forward_row};
 

@@ -7,7 +7,9 @@ use dfdx::prelude::{Cuda, Storage};
 use dfdx::tensor::{CpuError, CudaError};
 
 use super::{MixedLayerNormKernel, RowStats};
-use crate::ops::utilities::cuda::{launch_with, no_pair, raw, raw_mut, CudaElem, OpSource, BLOCK};
+use crate::device::utilities::cuda::{
+    launch_with, no_pair, raw, raw_mut, CudaElem, OpSource, BLOCK,
+};
 
 /// Rows per chunk of the parameters' gradient sums.
 const CHUNK: usize = 256;
@@ -299,6 +301,6 @@ impl<E: CudaElem> MixedLayerNormKernel<E> for Cuda {
 mod tests {
     #[test]
     fn nvrtc_compiles_the_kernels() {
-        crate::ops::utilities::cuda::check_program(&super::SOURCE);
+        crate::device::utilities::cuda::check_program(&super::SOURCE);
     }
 }

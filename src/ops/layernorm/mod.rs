@@ -123,7 +123,7 @@ impl<E: AmpElem> LayerNormOp<E> for Cpu {
 
 /// CUDA fuses layer norm ([`MixedLayerNormKernel`] for `Cuda`: a warp per row).
 #[cfg(feature = "cuda")]
-impl<E: crate::ops::utilities::cuda::CudaElem> LayerNormOp<E> for dfdx::prelude::Cuda {
+impl<E: crate::device::utilities::cuda::CudaElem> LayerNormOp<E> for dfdx::prelude::Cuda {
     fn try_layer_norm<const M: usize, S: Shape, T>(
         layer: &LayerNorm1D<M, f32, Self>,
         x: Tensor<S, E, Self, T>,

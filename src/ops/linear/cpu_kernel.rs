@@ -2,8 +2,8 @@ use dfdx::prelude::{Cpu, CpuError, Storage};
 use typed_amp_kernels::Epilogue;
 
 use super::{LinearDims, LinearKernel};
-use crate::ops::utilities::cpu::{as_f32, as_f32_mut};
-use crate::ops::utilities::cpu_gemm::{gemm, gemm_into};
+use crate::device::utilities::cpu::{as_f32, as_f32_mut};
+use crate::device::utilities::cpu_gemm::{gemm, gemm_into};
 use crate::precision::AmpElem;
 
 fn check(ok: bool) -> Result<(), CpuError> {

@@ -11,12 +11,12 @@ use dfdx::prelude::{Cuda, Storage};
 use dfdx::tensor::{CpuError, CudaError};
 
 use super::{LinearDims, LinearKernel};
-use crate::ops::cast::CastKernel;
-use crate::ops::relu::ReluKernel;
-use crate::ops::utilities::cuda::{
+use crate::device::utilities::cuda::{
     launch, launch_with, no_pair, raw, raw_mut, CudaElem, OpSource, BLOCK,
 };
-use crate::ops::utilities::cuda_gemm::{gemm, Operand};
+use crate::device::utilities::cuda_gemm::{gemm, Operand};
+use crate::device::CastKernel;
+use crate::ops::relu::ReluKernel;
 
 /// Rows per chunk of the bias gradient's column sums.
 const CHUNK: usize = 256;
@@ -290,6 +290,6 @@ impl<E: CudaElem> LinearKernel<E> for Cuda {
 mod tests {
     #[test]
     fn nvrtc_compiles_the_kernels() {
-        crate::ops::utilities::cuda::check_program(&super::SOURCE);
+        crate::device::utilities::cuda::check_program(&super::SOURCE);
     }
 }

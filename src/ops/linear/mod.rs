@@ -28,8 +28,8 @@ use dfdx::nn::modules::Module;
 use dfdx::prelude::{HasShape, PutTape, SplitTape, Tensor};
 
 use crate::device::{AmpDevice, Kernels};
+use crate::ops::fused_activation::{ActivationSlot, FusedActivation};
 use crate::ops::gelu::GeluKernel;
-use crate::ops::utilities::fused_activation::{ActivationSlot, FusedActivation};
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
@@ -164,4 +164,4 @@ macro_rules! fused_linear_op {
 
 fused_linear_op!(dfdx::prelude::Cpu, E: AmpElem);
 #[cfg(feature = "cuda")]
-fused_linear_op!(dfdx::prelude::Cuda, E: crate::ops::utilities::cuda::CudaElem);
+fused_linear_op!(dfdx::prelude::Cuda, E: crate::device::utilities::cuda::CudaElem);

@@ -6,7 +6,7 @@ use dfdx::prelude::{
 };
 
 use crate::ops::cast::{Cast, CastDevice};
-use crate::ops::utilities::Tokens;
+use crate::ops::tokens::Tokens;
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 

@@ -8,7 +8,7 @@ use typed_amp_kernels::math::exp_slice;
 use typed_amp_kernels::Epilogue;
 
 use super::{LmHeadDims, LmHeadKernel};
-use crate::ops::utilities::cpu_gemm::{gemm, gemm_into};
+use crate::device::utilities::cpu_gemm::{gemm, gemm_into};
 use crate::precision::AmpElem;
 
 fn check(ok: bool) -> Result<(), CpuError> {

@@ -18,11 +18,11 @@ use dfdx::prelude::Storage;
 use dfdx::tensor::{CpuError, Cuda, CudaError};
 
 use super::{LmHeadDims, LmHeadKernel};
-use crate::ops::cast::CastKernel;
-use crate::ops::utilities::cuda::{
+use crate::device::utilities::cuda::{
     check_device, launch, launch_with, raw, raw_mut, CudaElem, OpSource, Raw, BLOCK,
 };
-use crate::ops::utilities::cuda_gemm::{gemm, Operand};
+use crate::device::utilities::cuda_gemm::{gemm, Operand};
+use crate::device::CastKernel;
 
 const SOURCE: OpSource = OpSource {
     module: "typed_amp_lm_head",
@@ -100,7 +100,7 @@ extern "C" __global__ void tamp_ce_backward_{tag}(u64 rows, u64 vocab, float row
         }
         (source, names)
     },
-    pair: crate::ops::utilities::cuda::no_pair,
+    pair: crate::device::utilities::cuda::no_pair,
 };
 
 fn wrong() -> CudaError {
@@ -366,6 +366,6 @@ impl<E: CudaElem> LmHeadKernel<E> for Cuda {
 mod tests {
     #[test]
     fn nvrtc_compiles_the_kernels() {
-        crate::ops::utilities::cuda::check_program(&super::SOURCE);
+        crate::device::utilities::cuda::check_program(&super::SOURCE);
     }
 }

@@ -6,7 +6,7 @@ use dfdx::prelude::{
 
 use super::{LmHeadDims, LmHeadKernel};
 use crate::ops::cast::CastDevice;
-use crate::ops::utilities::Tokens;
+use crate::ops::tokens::Tokens;
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 

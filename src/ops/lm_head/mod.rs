@@ -24,7 +24,7 @@ use dfdx::prelude::{Const, Cpu, Dim, Rank0, Tape, Tensor};
 
 use crate::loss::Loss;
 use crate::ops::cast::CastDevice;
-use crate::ops::utilities::Tokens;
+use crate::ops::tokens::Tokens;
 use crate::precision::AmpElem;
 use crate::tape::{AmpTape, MixedTape};
 
@@ -95,7 +95,7 @@ impl<E: AmpElem> LmHeadOp<E> for Cpu {
 
 /// CUDA fuses the head, as the CPU does.
 #[cfg(feature = "cuda")]
-impl<E: crate::ops::utilities::cuda::CudaElem> LmHeadOp<E> for dfdx::prelude::Cuda {
+impl<E: crate::device::utilities::cuda::CudaElem> LmHeadOp<E> for dfdx::prelude::Cuda {
     fn try_lm_head_loss<const V: usize, const C: usize, B, S, T>(
         h: Tensor<(B, S, Const<C>), E, Self, T>,
         w: &Tensor<(Const<V>, Const<C>), E, Self>,

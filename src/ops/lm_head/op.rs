@@ -4,7 +4,7 @@
 use dfdx::prelude::{Const, Dim, HasErr, Rank0, Tape, Tensor};
 
 use crate::ops::cast::CastDevice;
-use crate::ops::utilities::Tokens;
+use crate::ops::tokens::Tokens;
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 

@@ -1,7 +1,7 @@
 use dfdx::prelude::{Cpu, CpuError, Storage};
 
 use super::ReluKernel;
-use crate::ops::utilities::cpu::{as_f32, as_f32_mut, check_lengths, CHUNK};
+use crate::device::utilities::cpu::{as_f32, as_f32_mut, check_lengths, CHUNK};
 use crate::precision::AmpElem;
 
 /// ReLU's forward on FP32 values. Not `max`: NaN becomes 0 as with dfdx's `x.max(0)`, and so

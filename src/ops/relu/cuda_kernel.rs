@@ -5,7 +5,7 @@ use dfdx::prelude::Storage;
 use dfdx::tensor::{Cuda, CudaError};
 
 use super::ReluKernel;
-use crate::ops::utilities::cuda::{
+use crate::device::utilities::cuda::{
     check_lengths, launch, no_pair, raw, raw_mut, CudaElem, OpSource,
 };
 
@@ -71,6 +71,6 @@ impl<E: CudaElem> ReluKernel<E> for Cuda {
 mod tests {
     #[test]
     fn nvrtc_compiles_the_kernels() {
-        crate::ops::utilities::cuda::check_program(&super::SOURCE);
+        crate::device::utilities::cuda::check_program(&super::SOURCE);
     }
 }

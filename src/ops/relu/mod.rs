@@ -19,7 +19,7 @@ mod op;
 use dfdx::prelude::{PutTape, Shape, SplitTape, Tape, Tensor};
 
 use crate::device::{AmpDevice, Kernels};
-use crate::ops::utilities::fused_activation::{ActivationSlot, FusedActivation};
+use crate::ops::fused_activation::{ActivationSlot, FusedActivation};
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
@@ -81,4 +81,4 @@ macro_rules! fused_relu_op {
 
 fused_relu_op!(dfdx::prelude::Cpu, E: AmpElem);
 #[cfg(feature = "cuda")]
-fused_relu_op!(dfdx::prelude::Cuda, E: crate::ops::utilities::cuda::CudaElem);
+fused_relu_op!(dfdx::prelude::Cuda, E: crate::device::utilities::cuda::CudaElem);
