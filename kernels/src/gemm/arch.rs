@@ -1,24 +1,16 @@
 //! One instruction-set path (`Arch`): its block sizes and micro-kernels, chosen by element kind
 //! and CPU level.
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::level::Level;
 
-use super::entry::BF16_PAIR_EMULATION;
 use super::portable::{PAIR_EMULATION_KERNELS, PORTABLE_KERNELS};
+use super::tile::KernFn;
 use super::types::Kind;
 
-/// Micro-kernel: multiplies a packed `kc`-long A micro-panel (`MR` per k step, the first `M`
-/// used) by a packed B micro-panel (`NR` per k step, the first `NV` vectors used) and writes
-/// (`load == false`) or adds (`load == true`) the `M × NV·VW` f32 result at `dst`, rows
-/// `dst_rs` apart, columns contiguous. `kc` counts k steps, or k pairs for the bf16-pair path.
-///
-/// # Safety
-/// `a` readable for `kc · MR` f32 (the path's `mr`), `b` for `kc · NR` f32; `dst` writable (and
-/// readable with `load`) for `M` rows of `NV · VW` f32, `dst_rs` apart; the CPU has the
-/// features of the path the kernel belongs to.
-pub(super) type KernFn =
-    unsafe fn(kc: usize, a: *const f32, b: *const f32, dst: *mut f32, dst_rs: isize, load: bool);
+/// Whether bf16 products on a CPU without AVX512-BF16 run the bf16-pair packing with a scalar
+/// stand-in for `vdpbf16ps` ([`set_bf16_pair_emulation`](super::set_bf16_pair_emulation)).
+pub(super) static BF16_PAIR_EMULATION: AtomicBool = AtomicBool::new(false);
 
 /// One instruction-set path: block sizes and kernels.
 pub(super) struct Arch {

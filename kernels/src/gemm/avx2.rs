@@ -10,7 +10,8 @@
 
 use std::arch::x86_64::*;
 
-use super::store::{load1, store1, TileEpi};
+use super::elem::{load1, store1};
+use super::tile::TileEpi;
 use super::Kind;
 
 use super::types::{TAG_BF16 as OUT_BF16, TAG_F16 as OUT_F16, TAG_F32 as OUT_F32};

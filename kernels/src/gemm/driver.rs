@@ -4,9 +4,11 @@
 use rayon::prelude::*;
 use std::cell::RefCell;
 
-use super::arch::{Arch, KernFn};
+use super::arch::Arch;
 use super::problem::Problem;
-use super::store::{store_tile, tile_non_finite, TileEpi};
+use super::store::store_tile;
+use super::tile::{Tile, TILE_MR, TILE_NR};
+use super::tile_run::{aligned, tile_in_place, tile_running_sum, Buffers};
 use super::types::Kind;
 
 /// Work below this many flops (2·m·n·k) runs on the calling thread: rayon's fork and join cost
@@ -77,29 +79,10 @@ pub(super) fn split(arch: &Arch, p: &Problem, threads: usize) -> (usize, usize) 
         .unwrap_or((threads, 1))
 }
 
-/// Per-thread packing buffers, reused across calls: a fresh multi-megabyte allocation per
-/// product would be an mmap and page faults each time.
-pub(super) struct Buffers {
-    pub(super) a: Vec<f32>,
-    pub(super) b: Vec<f32>,
-    pub(super) s: Vec<f32>,
-}
-
 thread_local! {
     static BUFFERS: RefCell<Buffers> = const {
         RefCell::new(Buffers { a: Vec::new(), b: Vec::new(), s: Vec::new() })
     };
-}
-
-/// A 64-byte-aligned pointer to at least `len` f32 in `v`.
-pub(super) fn aligned(v: &mut Vec<f32>, len: usize) -> *mut f32 {
-    if v.len() < len + 16 {
-        *v = vec![0.0; len + 16];
-    }
-    let p = v.as_mut_ptr();
-    let off = p.align_offset(64);
-    // SAFETY: `off < 16` and the vector has 16 spare elements.
-    unsafe { p.add(off) }
 }
 
 /// # Safety
@@ -131,11 +114,6 @@ pub(super) fn balanced(len: usize, max: usize, unit: usize) -> usize {
     let blocks = len.div_ceil(max).max(1);
     len.div_ceil(blocks).div_ceil(unit) * unit
 }
-
-#[repr(C, align(64))]
-pub(super) struct Tile(pub(super) [f32; TILE_MR * TILE_NR]);
-pub(super) const TILE_MR: usize = 12;
-pub(super) const TILE_NR: usize = 32;
 
 /// The blocked loops for one thread: B block (`nc` columns × `kc` deep) packed once per k
 /// block, A block (`mc` rows) per B block, then the micro-kernel over their micro-panels and
@@ -372,76 +350,4 @@ pub(super) unsafe fn serial_running_sum(
         }
     }
     non_finite
-}
-
-/// One micro-tile of a product whose f32 C is its own running sum (`in_place`): the kernel adds
-/// into C directly where the tile is full-width and contiguous, else into `tile` stored as a
-/// plain sum. Returns whether the finished tile (at the last k block) holds a non-finite value.
-///
-/// # Safety
-/// As the loops that call it: `ap`, `bp` packed for `kc_units` steps, `cp` this tile's corner
-/// of C, `tile` a [`Tile`]'s elements.
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn tile_in_place(
-    arch: &Arch,
-    p: &Problem,
-    kern: KernFn,
-    (kc_units, ap, bp): (usize, *const f32, *const f32),
-    cp: *mut u8,
-    (mrr, nrr): (usize, usize),
-    (first, last): (bool, bool),
-    tile: *mut f32,
-) -> bool {
-    let e = &p.epi;
-    let nv = nrr.div_ceil(arch.vw);
-    let beta = e.accumulate || !first;
-    // SAFETY: the caller's contract.
-    unsafe {
-        if p.c_cs == 1 && nrr == nv * arch.vw {
-            kern(kc_units, ap, bp, cp as *mut f32, p.c_rs, beta);
-            last && !e.legacy && tile_non_finite(arch.level, cp as *const f32, p.c_rs, mrr, nrr)
-        } else {
-            kern(kc_units, ap, bp, tile, TILE_NR as isize, false);
-            let te = TileEpi::sum(beta, !e.legacy);
-            let nf = store_tile(
-                arch.level, p.out, tile, TILE_NR, mrr, nrr, cp, p.c_rs, p.c_cs, &te,
-            );
-            last && nf
-        }
-    }
-}
-
-/// One micro-tile of a product whose f32 sums live in a buffer between k blocks (`sums`, rows
-/// `s_rs` apart): the kernel adds into them, and at the last k block they go through the
-/// epilogue into C at `(i, j)`. Returns whether a stored element is non-finite.
-///
-/// # Safety
-/// As [`tile_in_place`], with `sums` writable for the tile's rows of `s_rs`.
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn tile_running_sum(
-    arch: &Arch,
-    p: &Problem,
-    kern: KernFn,
-    (kc_units, ap, bp): (usize, *const f32, *const f32),
-    (sums, s_rs): (*mut f32, usize),
-    (cp, i, j): (*mut u8, usize, usize),
-    (mrr, nrr): (usize, usize),
-    (first, last): (bool, bool),
-) -> bool {
-    // SAFETY: the caller's contract.
-    unsafe {
-        kern(kc_units, ap, bp, sums, s_rs as isize, !first);
-        last && store_tile(
-            arch.level,
-            p.out,
-            sums,
-            s_rs,
-            mrr,
-            nrr,
-            cp,
-            p.c_rs,
-            p.c_cs,
-            &p.epi.tile(i, j),
-        )
-    }
 }

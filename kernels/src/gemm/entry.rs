@@ -1,9 +1,13 @@
 //! The entry points: safe slice products with checked views, the raw `unsafe` ones, and the
 //! bf16 pair-emulation switch.
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
-use super::problem::{drive, zero, Epi, Problem};
+use super::arch::{Arch, BF16_PAIR_EMULATION};
+use super::driver::run;
+use super::problem::{zero, Epi, Problem};
+use super::small::try_run as try_run_small;
 use super::types::{Epilogue, GemmElem, GemmOut, GemmReport, MatMut, MatRef};
+use crate::level::level;
 
 /// A view's checked strides, as the raw entry points take them.
 #[derive(Clone, Copy)]
@@ -169,8 +173,6 @@ pub fn gemm_epilogue_slices<T: GemmElem, C: GemmOut<T>>(
     }
 }
 
-pub(super) static BF16_PAIR_EMULATION: AtomicBool = AtomicBool::new(false);
-
 /// Tests only: on a CPU without AVX512-BF16, run bf16 products through the bf16-pair packing
 /// that the `vdpbf16ps` kernel uses, with a scalar stand-in for the instruction, so that the
 /// packing is checked where the instruction cannot run.
@@ -319,4 +321,32 @@ pub unsafe fn gemm_epilogue<T: GemmElem, C: GemmOut<T>>(
         }
     };
     GemmReport { non_finite }
+}
+
+/// Picks the kernels and the orientation, then runs the problem; returns whether any stored
+/// element is non-finite.
+///
+/// # Safety
+/// `p` satisfies [`gemm()`]'s contract (with `p.epi.accumulate`), `p.k > 0`, and a bias has
+/// an entry for every column of C.
+pub(super) unsafe fn drive(p: Problem, threads: usize) -> bool {
+    let arch = Arch::select(p.kind, level());
+    // Rows are padded to nothing (there is a kernel for every row count up to MR) but columns
+    // to whole vectors: for a thin C (n = 10 in a classifier head), computing Cᵀ = Bᵀ·Aᵀ wastes
+    // far less of the kernel. Tiles are written row by row, so a C whose rows are not
+    // contiguous costs a little more to store.
+    let pad = |x: usize| x.div_ceil(arch.vw) * arch.vw;
+    let cost = |rows: usize, cols: usize, unit: bool| rows * pad(cols) * if unit { 4 } else { 5 };
+    let p = if cost(p.n, p.m, p.c_rs == 1) < cost(p.m, p.n, p.c_cs == 1) {
+        p.transposed()
+    } else {
+        p
+    };
+    // SAFETY: the transposed problem addresses the same elements.
+    unsafe {
+        if let Some(non_finite) = try_run_small(&arch, &p) {
+            return non_finite;
+        }
+        run(&arch, &p, threads)
+    }
 }

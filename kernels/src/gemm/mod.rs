@@ -8,23 +8,25 @@ mod arch;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 mod driver;
+mod elem;
 mod entry;
 mod pack;
 mod portable;
 mod problem;
 mod small;
 mod store;
+mod tile;
+mod tile_run;
 mod types;
 mod whole_panels;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 // What the packing, storing and x86 files reach through `super::`.
-use arch::{Arch, KernFn};
-use driver::{TILE_MR, TILE_NR};
+use arch::Arch;
 #[cfg(target_arch = "x86_64")]
 use portable::kernel_table;
-use problem::Problem;
+use tile::{KernFn, TILE_MR, TILE_NR};
 
 pub use entry::{gemm, gemm_epilogue, gemm_epilogue_slices, gemm_slices, set_bf16_pair_emulation};
 pub use small::set_small_products;

@@ -1,7 +1,7 @@
 //! Packing: copy a strided block of A or B into the contiguous micro-panel layout the kernels
 //! read, widening f16/bf16 to f32 (or, for the bf16-pair path, interleaving k pairs).
 
-use super::store::{load1, widen};
+use super::elem::{load1, widen};
 use super::{Arch, Kind};
 #[cfg(target_arch = "x86_64")]
 use crate::level::Level;

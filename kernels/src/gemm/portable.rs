@@ -2,7 +2,7 @@
 //! registers for whatever the build target offers (SSE2 on x86-64, NEON on aarch64); and the
 //! bf16 pair-emulation kernels.
 
-use super::arch::KernFn;
+use super::tile::KernFn;
 
 pub(super) const PORTABLE_MR: usize = 4;
 pub(super) const PORTABLE_NR: usize = 8;

@@ -1,12 +1,7 @@
 //! One product as the driver carries it: type-erased (`Problem`, `Epi`), transposed where
 //! that costs less, then run.
 
-use crate::level::level;
-
-use super::arch::Arch;
-use super::driver::run;
-use super::small::try_run as try_run_small;
-use super::store::TileEpi;
+use super::tile::TileEpi;
 use super::types::{Activation, Epilogue, GemmElem, Kind};
 
 pub(super) fn zero<T: GemmElem>() -> T {
@@ -170,33 +165,5 @@ impl Problem {
                 ..*self
             }
         }
-    }
-}
-
-/// Picks the kernels and the orientation, then runs the problem; returns whether any stored
-/// element is non-finite.
-///
-/// # Safety
-/// `p` satisfies [`gemm()`]'s contract (with `p.epi.accumulate`), `p.k > 0`, and a bias has
-/// an entry for every column of C.
-pub(super) unsafe fn drive(p: Problem, threads: usize) -> bool {
-    let arch = Arch::select(p.kind, level());
-    // Rows are padded to nothing (there is a kernel for every row count up to MR) but columns
-    // to whole vectors: for a thin C (n = 10 in a classifier head), computing Cᵀ = Bᵀ·Aᵀ wastes
-    // far less of the kernel. Tiles are written row by row, so a C whose rows are not
-    // contiguous costs a little more to store.
-    let pad = |x: usize| x.div_ceil(arch.vw) * arch.vw;
-    let cost = |rows: usize, cols: usize, unit: bool| rows * pad(cols) * if unit { 4 } else { 5 };
-    let p = if cost(p.n, p.m, p.c_rs == 1) < cost(p.m, p.n, p.c_cs == 1) {
-        p.transposed()
-    } else {
-        p
-    };
-    // SAFETY: the transposed problem addresses the same elements.
-    unsafe {
-        if let Some(non_finite) = try_run_small(&arch, &p) {
-            return non_finite;
-        }
-        run(&arch, &p, threads)
     }
 }

@@ -29,9 +29,9 @@ use super::arch::Arch;
 use super::avx2::{load8, load_n, pack_transpose};
 use super::problem::Problem;
 #[cfg(target_arch = "x86_64")]
-use super::store::{load1, store_tile};
-#[cfg(target_arch = "x86_64")]
 use super::types::{TAG_BF16 as BF16, TAG_F16 as F16, TAG_F32 as F32};
+#[cfg(target_arch = "x86_64")]
+use super::{elem::load1, store::store_tile};
 #[cfg(target_arch = "x86_64")]
 use super::{Kind, TILE_MR, TILE_NR};
 use crate::level::Level;

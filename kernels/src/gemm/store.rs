@@ -5,80 +5,11 @@
 //! one) performs the same IEEE operations in the same order on each element, so which one runs
 //! (C's layout, the level) never changes a result.
 
-use half::{bf16, f16};
-
-use super::{Kind, Problem, TILE_MR, TILE_NR};
-use crate::convert;
+use super::elem::{load1, narrow, store1, widen};
+use super::problem::Problem;
+use super::tile::{TileEpi, TILE_MR, TILE_NR};
+use super::types::Kind;
 use crate::level::Level;
-
-/// The epilogue for one tile (or run) of C.
-#[derive(Clone, Copy)]
-pub(super) struct TileEpi {
-    pub alpha: f32,
-    /// `alpha != 1`: multiply. (Skipping `1·x` changes no value: every sum the kernels produce
-    /// is an arithmetic result, never a signalling NaN.)
-    pub scale: bool,
-    /// Add C's old value.
-    pub add_c: bool,
-    pub relu: bool,
-    /// Null without a bias; else the tile's element `(r, j)` gets `bias[r·bias_rs +
-    /// j·bias_cs]`, one of the two strides 0 and the other 1.
-    pub bias: *const f32,
-    pub bias_rs: isize,
-    pub bias_cs: isize,
-    /// Look for non-finite stored values (`gemm`, which reports nothing, skips it).
-    pub check: bool,
-}
-
-impl TileEpi {
-    /// Only the sum, plus C's old value with `add_c`: `gemm`'s store.
-    pub fn sum(add_c: bool, check: bool) -> TileEpi {
-        TileEpi {
-            alpha: 1.0,
-            scale: false,
-            add_c,
-            relu: false,
-            bias: std::ptr::null(),
-            bias_rs: 0,
-            bias_cs: 0,
-            check,
-        }
-    }
-
-    /// The epilogue of one element: `s` the f32 sum, `old` C's widened old value (read only
-    /// with `add_c`), `bias` its bias entry (read only with a bias). The vector paths do the
-    /// same operations in the same order.
-    #[inline(always)]
-    pub fn apply(&self, s: f32, old: f32, bias: f32) -> f32 {
-        let mut v = if self.scale { self.alpha * s } else { s };
-        if self.add_c {
-            v += old;
-        }
-        if !self.bias.is_null() {
-            v += bias;
-        }
-        if self.relu && v < 0.0 {
-            v = 0.0;
-        }
-        v
-    }
-
-    /// The bias pointer for the tile's element `(r, j)` (null without a bias).
-    ///
-    /// # Safety
-    /// `(r, j)` is inside the tile the bias pointer was made for.
-    #[inline(always)]
-    unsafe fn bias_at(&self, r: usize, j: usize) -> *const f32 {
-        if self.bias.is_null() {
-            return self.bias;
-        }
-        // SAFETY: the bias has an entry for every element of the tile.
-        unsafe {
-            self.bias
-                .offset(r as isize * self.bias_rs + j as isize * self.bias_cs)
-        }
-    }
-}
 
 /// Whether a stored element (bits of `kind` at `d`) is ±inf or NaN: all exponent bits set.
 ///
@@ -265,69 +196,4 @@ pub(super) unsafe fn k_empty(p: &Problem) -> bool {
         }
     }
     non_finite
-}
-
-/// One element of `kind` at `s`, widened to f32.
-///
-/// # Safety
-/// `s` readable as one `kind` element.
-#[inline(always)]
-pub(super) unsafe fn load1(kind: Kind, s: *const u8) -> f32 {
-    // SAFETY: the caller's contract.
-    unsafe {
-        match kind {
-            Kind::F32 => *(s as *const f32),
-            Kind::F16 => convert::widen_f16(*(s as *const f16)),
-            Kind::Bf16 => convert::widen_bf16(*(s as *const bf16)),
-        }
-    }
-}
-
-/// Stores `v` at `d` as one `kind` element, rounding to nearest even like the slice
-/// conversions.
-///
-/// # Safety
-/// `d` writable as one `kind` element.
-#[inline(always)]
-pub(super) unsafe fn store1(kind: Kind, d: *mut u8, v: f32) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        match kind {
-            Kind::F32 => *(d as *mut f32) = v,
-            Kind::F16 => *(d as *mut f16) = convert::narrow_f16(v),
-            Kind::Bf16 => *(d as *mut bf16) = convert::narrow_bf16(v),
-        }
-    }
-}
-
-/// `n` elements of `kind` at `src` widened into `dst`.
-///
-/// # Safety
-/// `src` readable and `dst` writable for `n` elements, not overlapping; `lvl` supported.
-#[inline]
-pub(super) unsafe fn widen(lvl: Level, kind: Kind, src: *const u8, dst: *mut f32, n: usize) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        match kind {
-            Kind::F32 => std::ptr::copy_nonoverlapping(src as *const f32, dst, n),
-            Kind::F16 => convert::f16_to_f32_raw(lvl, src as *const f16, dst, n),
-            Kind::Bf16 => convert::bf16_to_f32_raw(lvl, src as *const bf16, dst, n),
-        }
-    }
-}
-
-/// `n` f32 at `src` rounded into `kind` elements at `dst`.
-///
-/// # Safety
-/// As [`widen`].
-#[inline]
-pub(super) unsafe fn narrow(lvl: Level, kind: Kind, src: *const f32, dst: *mut u8, n: usize) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        match kind {
-            Kind::F32 => std::ptr::copy_nonoverlapping(src, dst as *mut f32, n),
-            Kind::F16 => convert::f32_to_f16_raw(lvl, src, dst as *mut f16, n),
-            Kind::Bf16 => convert::f32_to_bf16_raw(lvl, src, dst as *mut bf16, n),
-        }
-    }
 }

@@ -3,8 +3,9 @@
 //! for every B block and, with running sums, B again for every A block).
 
 use super::arch::Arch;
-use super::driver::{aligned, tile_in_place, tile_running_sum, Buffers, Tile, TILE_MR, TILE_NR};
 use super::problem::Problem;
+use super::tile::{Tile, TILE_MR, TILE_NR};
+use super::tile_run::{aligned, tile_in_place, tile_running_sum, Buffers};
 
 /// Bytes of packed panels [`serial`] may hold for each of A and B per thread
 /// (kept between calls, as the blocked buffers are): the GPT's and ViT's weights (up to

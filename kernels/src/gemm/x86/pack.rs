@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::gemm::store::load1;
+use crate::gemm::elem::load1;
 use crate::gemm::Kind;
 
 use super::lanes::{lane_mask, load16, load16_masked};

@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::gemm::store::TileEpi;
+use crate::gemm::tile::TileEpi;
 use crate::gemm::Kind;
 
 use super::lanes::lane_mask;
