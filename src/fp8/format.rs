@@ -54,6 +54,7 @@ macro_rules! define_fp8_kind {
 }
 
 /// An FP8 format typed-amp quantises to: [`E4M3`] or [`E5M2`], with its [`Fp8Kind`].
+#[doc(hidden)] // a bound of the FP8 types' parameters: users name `E4M3` or `E5M2`.
 pub trait Fp8Element: Fp8Format {
     /// This format as a value.
     const KIND: Fp8Kind;

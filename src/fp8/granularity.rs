@@ -6,6 +6,7 @@ mod sealed {
 }
 
 /// The granularity of an FP8 tensor's scales: [`PerTensor`] or [`PerRow`].
+#[doc(hidden)] // a sealed kind of the FP8 types' parameters: users name `PerTensor` or `PerRow`.
 pub trait Granularity:
     sealed::Sealed + Copy + Default + std::fmt::Debug + Send + Sync + 'static
 {

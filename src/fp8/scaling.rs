@@ -13,6 +13,7 @@ mod sealed {
 }
 
 /// How an FP8 tensor's scale was chosen: [`Current`] or [`Delayed`].
+#[doc(hidden)] // a sealed kind of the FP8 types' parameters: users name `Current` or `Delayed`.
 pub trait ScalingMode:
     sealed::Sealed + Copy + Default + std::fmt::Debug + Send + Sync + 'static
 {

@@ -5,6 +5,7 @@ use typed_amp_kernels::convert;
 
 /// An element type FP8 tensors are quantised from: `f32`, `bf16` or `f16` (widened to FP32
 /// exactly before it is scaled).
+#[doc(hidden)] // a bound of quantisation's element type: users pass `f32`, `bf16` or `f16`.
 pub trait Fp8Source: Copy + Send + Sync + 'static {
     /// The value in FP32 (exact).
     fn to_f32(self) -> f32;

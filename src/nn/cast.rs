@@ -10,6 +10,7 @@ use crate::precision::{AmpElem, Precision};
 use crate::tape::AmpTape;
 
 /// A layer that casts its input to one precision.
+#[doc(hidden)] // the cast layers' row machinery: users name `ToF16`, `ToBf16` and `ToF32`.
 pub trait CastLayer {
     /// The precision it casts to.
     type To: Precision;

@@ -3,6 +3,7 @@
 
 /// Where unscaled gradients came from: a [`GradScaler`](crate::scaler::GradScaler) ([`FromScaler`]) or a backward pass
 /// without one ([`ScaleFree`]). It decides how the step's outcome is consumed.
+#[doc(hidden)] // a sealed kind of the gradients' parameter: users meet `FromScaler`, `ScaleFree`, ...
 pub trait StepKind: sealed::Sealed + 'static {}
 
 /// Gradients unscaled by a [`GradScaler`](crate::scaler::GradScaler): the step's outcome goes to [`GradScaler::update`](crate::scaler::GradScaler::update).

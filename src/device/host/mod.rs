@@ -10,6 +10,7 @@ use dfdx::prelude::Storage;
 use crate::precision::AmpElem;
 
 /// Copies buffers of element type `E` to and from the host without conversion.
+#[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait HostKernel<E: AmpElem>: Storage<E> {
     /// The buffer's elements, on the host.
     fn try_read(&self, buf: &Self::Vec) -> Result<Vec<E>, Self::Err>;

@@ -24,6 +24,7 @@ use crate::precision::{AmpElem, Precision};
 use crate::tape::AmpTape;
 
 /// Which tokens a query attends to.
+#[doc(hidden)] // the attention's machinery: users name `Causal` or `Full`.
 pub trait Mask: Send + Sync + 'static {
     /// Token `i` sees only tokens `j ≤ i`.
     const CAUSAL: bool;

@@ -221,7 +221,8 @@ pub fn to_f32<S: Shape, E: AmpElem, D: AmpDevice + CastDevice<E, f32>, T: AmpTap
 }
 
 /// The differentiable forward cast of a layer: what `#[amp]` inserts at precision boundaries,
-/// and what the cast layers ([`crate::nn::modules::CastLayer`]) run.
+/// and what the cast layers ([`ToF16`](crate::nn::modules::ToF16),
+/// [`ToBf16`](crate::nn::modules::ToBf16), [`ToF32`](crate::nn::modules::ToF32)) run.
 #[doc(hidden)]
 pub fn try_cast_to<P: Precision, S: Shape, E: AmpElem, D, T: AmpTape<D>>(
     t: Tensor<S, E, D, T>,

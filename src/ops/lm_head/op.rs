@@ -16,6 +16,7 @@ use crate::tape::AmpTape;
 /// a cast of the logits to FP32, log-softmax, and the one-hot targets' cross-entropy, each
 /// keeping its output for the backward pass. A device with [`LmHeadKernel`](super::LmHeadKernel)s runs
 /// [`super::try_lm_head_loss_fused`].
+#[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait LmHeadOp<E: AmpElem>: HasErr + Sized {
     /// The mean cross-entropy of `h · wᵀ` against `targets` (token ids below `V`), as an FP32
     /// scalar on `h`'s tape; the gradient reaches `h` and `w` (whose gradient is FP32).
