@@ -1,5 +1,5 @@
 //! The IDX format, gzip-compressed, as Fashion-MNIST ships it: its parsers (the magic numbers
-//! are [`crate::format`]'s).
+//! are `format.rs`'s).
 
 use std::io::Read;
 use std::path::Path;

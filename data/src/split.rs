@@ -33,7 +33,7 @@ impl Split {
         &self.images[i * IMAGE_SIZE..(i + 1) * IMAGE_SIZE]
     }
 
-    /// The `i`-th label, a class index below [`CLASSES`] (see [`CLASS_NAMES`]).
+    /// The `i`-th label, a class index below [`CLASSES`] (see [`CLASS_NAMES`](crate::CLASS_NAMES)).
     ///
     /// # Panics
     /// If `i >= self.len()`.

@@ -57,7 +57,8 @@ mod short;
 mod unscaled;
 mod update;
 
-/// The largest gradient magnitude a step takes (2^62): see [`crate::device::unscale::GRADIENT_LIMIT`].
+/// The largest gradient magnitude a step takes (2^62; defined beside the unscale kernel, which
+/// checks it).
 pub use crate::device::unscale::GRADIENT_LIMIT;
 pub use accumulation::Accumulation;
 pub(crate) use backward::check_fresh;

@@ -14,7 +14,7 @@
 //! - The residual connection's sum ([`typed_amp::ops::residual`]) against dfdx's `add`: the sum,
 //!   the skip's and the branch's gradients equal, whether or not the skip already had a
 //!   gradient when the sum's backward ran.
-//! - The fused optimizer + refresh ([`typed_amp::ops::update`]) against dfdx's Adam and SGD
+//! - The fused optimizer + refresh ([`typed_amp::device::UpdateKernel`]) against dfdx's Adam and SGD
 //!   followed by the separate refresh: master weights, optimizer state and the working copy bit
 //!   for bit, on tensors large enough to take the parallel path.
 
