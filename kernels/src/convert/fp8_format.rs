@@ -41,7 +41,7 @@ pub trait Fp8Format:
     /// The code of this value.
     fn to_bits(self) -> u8;
 
-    /// Narrows one f32 (the scalar reference: see the [module](self) rules).
+    /// Narrows one f32 (the scalar reference: see the [rules](super::fp8)).
     #[inline]
     fn from_f32(x: f32) -> Self {
         Self::from_bits(encode::<Self>(x.to_bits()))
