@@ -14,6 +14,8 @@
 //! - [`embedding`]: a GPT's token and position embedding as one op, its gradients into the
 //!   tables' FP32 gradients ([`embedding::EmbeddingOp`]; the CPU fuses it);
 //! - [`fill`]: fill, scale and clamp in place ([`fill::FillKernel`]);
+//! - [`fp8_linear`]: the linear layer with FP8 products, the op of an `#[amp(fp8 = ...)]`
+//!   model's linear layers ([`fp8_linear::Fp8LinearOp`]; the CPU's, through `gemm_fp8`);
 //! - [`gelu`]: exact GELU, fused into the linear op before it where it can be;
 //! - [`host`]: exact copies between device buffers and the host ([`host::HostKernel`]);
 //! - [`layernorm`]: layer norm with 16-bit activations and FP32 parameters and statistics
@@ -36,6 +38,7 @@ pub mod cast;
 pub mod embedding;
 #[doc(hidden)] // a device's kernels only (`device::AmpDevice`)
 pub mod fill;
+pub mod fp8_linear;
 pub mod gelu;
 pub mod host;
 pub mod layernorm;
