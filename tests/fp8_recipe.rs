@@ -202,21 +202,27 @@ fn a_nan_or_inf_in_the_input_reaches_the_gradients() {
         let mut xv = vec![0.5f32; 24];
         xv[5] = bad;
         let x = tensor(&dev, &xv, (3, Const::<8>));
-        let y = try_fp8_linear::<Hybrid, _, 8, 4, _, _, _, _>(
-            &layer,
-            x.leaky_traced_mixed(),
-        )
-        .unwrap();
+        let y =
+            try_fp8_linear::<Hybrid, _, 8, 4, _, _, _, _>(&layer, x.leaky_traced_mixed()).unwrap();
         let out = f32s(&y.retaped::<NoneTape>());
         // A saturating cast would have made the inf ±448 / scale: finite.
         assert!(out.iter().any(|v| !v.is_finite()), "{bad}: {out:?}");
-        let grads = Loss::new(y.to_f32().sum()).backward().unwrap().grads().clone();
+        let grads = Loss::new(y.to_f32().sum())
+            .backward()
+            .unwrap()
+            .grads()
+            .clone();
         let dw = grads.param_grad(layer.weight.id()).unwrap().to_vec();
         assert!(dw.iter().any(|v| !v.is_finite()), "{bad}: {dw:?}");
     }
 }
 
-#[typed_amp::amp(policy = "O2", dtype = "bf16", fp8 = "hybrid", cast_model_outputs = "fp32")]
+#[typed_amp::amp(
+    policy = "O2",
+    dtype = "bf16",
+    fp8 = "hybrid",
+    cast_model_outputs = "fp32"
+)]
 pub struct Net {
     fc1: UnbiasedLinear<6, 16>,
     act: AccurateGeLU,
@@ -239,7 +245,12 @@ fn batch(i: u64) -> (Tensor<Rank2<5, 6>, f32, Cpu>, Tensor<Rank2<5, 3>, f32, Cpu
 }
 
 /// Steps of the FP8 model; whether each was skipped.
-fn train(model: &mut Model, opt: &mut Adam<NetMaster<Cpu>, f32, Cpu>, steps: std::ops::Range<u64>, poison: Option<f32>) -> Vec<bool> {
+fn train(
+    model: &mut Model,
+    opt: &mut Adam<NetMaster<Cpu>, f32, Cpu>,
+    steps: std::ops::Range<u64>,
+    poison: Option<f32>,
+) -> Vec<bool> {
     let mut grads = model.alloc_grads().unwrap();
     let mut skipped = Vec::new();
     for i in steps {
@@ -254,7 +265,13 @@ fn train(model: &mut Model, opt: &mut Adam<NetMaster<Cpu>, f32, Cpu>, steps: std
             .try_forward_mut(x.traced_mixed(grads))
             .unwrap();
         let loss = cross_entropy_with_logits_loss(logits, y);
-        let outcome = loss.backward().unwrap().check(model).unwrap().step(opt).unwrap();
+        let outcome = loss
+            .backward()
+            .unwrap()
+            .check(model)
+            .unwrap()
+            .step(opt)
+            .unwrap();
         skipped.push(outcome.skipped());
         grads = outcome.into_grads();
     }
@@ -268,7 +285,11 @@ fn a_nan_or_inf_input_skips_the_step_and_leaves_the_histories_finite() {
         let mut opt = Adam::new(model.master(), AdamConfig::default());
         assert_eq!(train(&mut model, &mut opt, 0..2, None), [false, false]);
         let before = param_bytes(model.master());
-        assert_eq!(train(&mut model, &mut opt, 2..3, Some(bad)), [true], "{bad}");
+        assert_eq!(
+            train(&mut model, &mut opt, 2..3, Some(bad)),
+            [true],
+            "{bad}"
+        );
         assert_eq!(param_bytes(model.master()), before);
         let state = model.working().fp8_scaling().state();
         assert_eq!(state.layers, 2);
@@ -290,14 +311,28 @@ fn the_recipe_state_resumes_bit_for_bit_and_damage_is_refused() {
     // recorded.
     assert_eq!((saved.layers, saved.history_len), (2, 1024));
     assert!(saved.values.iter().filter(|v| **v > 0.0).count() >= 2 * 3 * 4);
-    checkpoint::save_with_policy(&path, &mut model, &opt, &scaler, &Net::AMP_CONFIG, &BTreeMap::new()).unwrap();
+    checkpoint::save_with_policy(
+        &path,
+        &mut model,
+        &opt,
+        &scaler,
+        &Net::AMP_CONFIG,
+        &BTreeMap::new(),
+    )
+    .unwrap();
     train(&mut model, &mut opt, 4..9, None);
 
     let mut resumed = Net::build(&Cpu::seed_from_u64(60)).unwrap();
     let mut resumed_opt = Adam::new(resumed.master(), AdamConfig::default());
     let mut resumed_scaler = Net::scaler();
-    checkpoint::load_with_policy(&path, &mut resumed, &mut resumed_opt, &mut resumed_scaler, &Net::AMP_CONFIG)
-        .unwrap();
+    checkpoint::load_with_policy(
+        &path,
+        &mut resumed,
+        &mut resumed_opt,
+        &mut resumed_scaler,
+        &Net::AMP_CONFIG,
+    )
+    .unwrap();
     assert_eq!(resumed.working().fp8_scaling().state(), saved);
     train(&mut resumed, &mut resumed_opt, 4..9, None);
     assert_eq!(param_bytes(resumed.master()), param_bytes(model.master()));
@@ -312,14 +347,18 @@ fn the_recipe_state_resumes_bit_for_bit_and_damage_is_refused() {
         std::fs::copy(&path, &bad).unwrap();
         rewrite(&bad, |tensors, _| match damage {
             Some(v) => {
-                let t = tensors.iter_mut().find(|t| t.0 == "fp8.amax_history").unwrap();
+                let t = tensors
+                    .iter_mut()
+                    .find(|t| t.0 == "fp8.amax_history")
+                    .unwrap();
                 t.3[4..8].copy_from_slice(&v.to_le_bytes());
             }
             None => tensors.retain(|t| t.0 != "fp8.amax_history"),
         });
         let mut fresh = Net::build(&Cpu::seed_from_u64(61)).unwrap();
         let before = param_bytes(fresh.master());
-        let mut o: Adam<NetMaster<Cpu>, f32, Cpu> = Adam::new(fresh.master(), AdamConfig::default());
+        let mut o: Adam<NetMaster<Cpu>, f32, Cpu> =
+            Adam::new(fresh.master(), AdamConfig::default());
         let mut s = Net::scaler();
         let err = checkpoint::load(&bad, &mut fresh, &mut o, &mut s).unwrap_err();
         assert!(

@@ -49,11 +49,13 @@ mod tensor;
 
 pub use error::Fp8Error;
 pub use format::{ForwardOperand, Fp8Element, Fp8Format, Fp8Kind, E4M3, E5M2};
-pub use granularity::{Granularity, PerRow, PerTensor, RowsKeepTheirScales, TransposesWithItsScale};
+pub use granularity::{
+    Granularity, PerRow, PerTensor, RowsKeepTheirScales, TransposesWithItsScale,
+};
 pub use product::{forward_product, gradient_product};
 pub use recipe::{Fp8Recipe, Hybrid, HybridCurrent, TE_HISTORY};
 pub use scaling::{scale_from_amax, Current, Delayed, DelayedScaling, ScalingMode};
-pub use source::Fp8Source;
 pub(crate) use source::amax;
+pub use source::Fp8Source;
 pub use state::{ForwardScope, Fp8Scaling, Fp8ScalingState, LayerScaling, Role};
 pub use tensor::{widen, CarriesItsScale, Codes, Fp8Parts, Fp8Tensor};

@@ -27,7 +27,9 @@
 //! hide it. Nothing non-finite is recorded in a history.
 
 use dfdx::nn::modules::Module;
-use dfdx::prelude::{Cpu, CpuError, HasErr, HasShape, PutTape, SplitTape, Tape, Tensor, ZerosTensor};
+use dfdx::prelude::{
+    Cpu, CpuError, HasErr, HasShape, PutTape, SplitTape, Tape, Tensor, ZerosTensor,
+};
 
 use crate::device::{AmpDevice, Kernels};
 use crate::fp8::{
@@ -154,7 +156,10 @@ where
     } else {
         None
     };
-    let (ax, aw) = (amax(host::<E>(x.storage())), amax(host::<E>(layer.weight().storage())));
+    let (ax, aw) = (
+        amax(host::<E>(x.storage())),
+        amax(host::<E>(layer.weight().storage())),
+    );
     if !(ax.is_finite() && aw.is_finite()) {
         return crate::ops::linear::try_linear(layer, x);
     }
@@ -225,13 +230,9 @@ where
             if let Some(s) = &state {
                 s.observe(Role::OutputGrad, ady);
             }
-            let qdy = Fp8Tensor::<Bwd<R>, PerTensor, Mode<R>>::quantize_with_scale(
-                dy,
-                rows,
-                O,
-                sdy,
-            )
-            .map_err(cpu_err)?;
+            let qdy =
+                Fp8Tensor::<Bwd<R>, PerTensor, Mode<R>>::quantize_with_scale(dy, rows, O, sdy)
+                    .map_err(cpu_err)?;
             // dW = Q(dy)ᵀ · Q(x): (O × rows) · (I × rows)ᵀ.
             let dw = gradient_product(&qdy.transpose(), &qx.transpose()).map_err(cpu_err)?;
             // dx = Q(dy) · Q(W): (rows × O) · (I × O)ᵀ.
