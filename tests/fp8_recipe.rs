@@ -305,6 +305,14 @@ fn the_recipe_state_resumes_bit_for_bit_and_damage_is_refused() {
     let mut model = Net::build(&Cpu::seed_from_u64(6)).unwrap();
     let mut opt = Adam::new(model.master(), AdamConfig::default());
     let scaler = Net::scaler();
+    // Before any forward pass the state is empty, and it round-trips as such.
+    checkpoint::save(&path, &mut model, &opt, &scaler, &BTreeMap::new()).unwrap();
+    let mut empty = Net::build(&Cpu::seed_from_u64(7)).unwrap();
+    let mut empty_opt = Adam::new(empty.master(), AdamConfig::default());
+    checkpoint::load(&path, &mut empty, &mut empty_opt, &mut Net::scaler()).unwrap();
+    assert_eq!(empty.working().fp8_scaling().layers(), 0);
+    train(&mut empty, &mut empty_opt, 0..1, None);
+    assert_eq!(empty.working().fp8_scaling().history_len(), Some(1024));
     train(&mut model, &mut opt, 0..4, None);
     let saved = model.working().fp8_scaling().state();
     // Two FP8 linear layers, each with 3 histories of 1,024 (+1 pending), the last 4 amaxes

@@ -206,7 +206,8 @@ impl Fp8Scaling {
             })
             .collect();
         let mut inner = self.lock();
-        inner.history_len = Some(state.history_len);
+        // A state saved before any forward pass has no layers: the recipe sets the length.
+        inner.history_len = (state.layers > 0).then_some(state.history_len);
         inner.layers = layers;
         inner.reduced = false;
         Ok(())

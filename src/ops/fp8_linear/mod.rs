@@ -144,18 +144,20 @@ where
     type Fwd<R> = <R as Fp8Recipe>::Forward;
     type Bwd<R> = <R as Fp8Recipe>::Backward;
     type Mode<R> = <R as Fp8Recipe>::Scaling;
+    // Taken first, whatever path this call runs, so that each layer keeps its index in the
+    // forward order.
+    let state = if <Mode<R> as ScalingMode>::HISTORY > 0 {
+        LayerScaling::next_in_forward(<Mode<R> as ScalingMode>::HISTORY)
+    } else {
+        None
+    };
+    let records = <T as Tape<E, Cpu>>::OWNS_TAPE;
     let shape = *x.shape();
     // Rows that are not contiguous: the 16-bit op (which has its own fallback for them).
     if shape.row_stride(x.strides()) != Some(I) {
         return crate::ops::linear::try_linear(layer, x);
     }
     let rows = shape.num_elements() / I.max(1);
-    let records = <T as Tape<E, Cpu>>::OWNS_TAPE;
-    let state = if <Mode<R> as ScalingMode>::HISTORY > 0 {
-        LayerScaling::next_in_forward(<Mode<R> as ScalingMode>::HISTORY)
-    } else {
-        None
-    };
     let (ax, aw) = (
         amax(host::<E>(x.storage())),
         amax(host::<E>(layer.weight().storage())),
