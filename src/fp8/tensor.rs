@@ -199,11 +199,14 @@ impl<F: Fp8Element, G: Granularity, M: ScalingMode> Fp8Tensor<F, G, M> {
     }
 }
 
-impl<F: Fp8Element, G: TransposesWithItsScale, M: ScalingMode> Fp8Tensor<F, G, M> {
+impl<F: Fp8Element, G: Granularity, M: ScalingMode> Fp8Tensor<F, G, M> {
     /// The `cols × rows` transpose, as codes (no rounding) under the same scale. Only
     /// per-tensor scaled tensors transpose (rule [`TransposesWithItsScale`]): a per-row scale
     /// would have to become a per-column one.
-    pub fn transpose(&self) -> Self {
+    pub fn transpose(&self) -> Self
+    where
+        G: TransposesWithItsScale,
+    {
         let (rows, cols) = (self.rows, self.cols);
         let mut codes = vec![F::default(); self.codes.len()];
         // Blocks of 32 × 32 keep both the rows read and the rows written in cache.
