@@ -26,8 +26,8 @@ typed-amp: train Fashion-MNIST models and a character-level GPT on Shakespeare i
 mixed precision, compare them, sample from the GPT and export it
 
 USAGE:
-    typed-amp [compare] [OPTIONS]     train FP32 (O0), O2-FP16 and O2-BF16 alike, each in its own
-                                      process, print the table
+    typed-amp [compare] [OPTIONS]     train FP32 (O0), O2-FP16 and O2-BF16 alike (the GPT: and
+                                      O2-BF16+FP8), each in its own process, print the table
                                       (with --policy or --dtype: FP32 and that one mixed run)
     typed-amp train [OPTIONS]         train one model under one policy
     typed-amp sample --resume CKPT [SAMPLE OPTIONS]

@@ -126,6 +126,7 @@ pub fn compare_command(
     }
     let fp32 = GptConfig {
         policy: OptLevel::O0,
+        fp8: false,
         ..cfg.clone()
     };
     let mut configs = vec![fp32];
