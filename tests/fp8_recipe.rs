@@ -8,7 +8,8 @@
 //! - an inf or NaN in the input reaches the step's non-finite check (the step is skipped);
 //! - a model's recipe state survives a checkpoint bit for bit, and a file whose state is missing
 //!   or non-finite is refused with `CheckpointError::Fp8State`;
-//! - a data-parallel commit refuses amaxes that were not reduced across ranks.
+//! - a data-parallel commit refuses amaxes that were not reduced across ranks, and the
+//!   data-parallel step (its all-reduce stage reduces them) trains as a single process does.
 
 use std::collections::BTreeMap;
 
@@ -408,4 +409,47 @@ fn a_data_parallel_commit_needs_the_amaxes_reduced() {
         }),
         Err(Fp8Error::DamagedState(_))
     ));
+}
+
+/// Through `DataParallel` (one process here): the all-reduce stage reduces the step's amaxes
+/// before the step commits them, so the data-parallel step trains and the histories advance as
+/// a single process's do; a data-parallel model stepped without that stage is refused (the
+/// library's own `NotAllReduced` check, before the FP8 one).
+#[test]
+fn a_data_parallel_step_reduces_the_amaxes_before_committing_them() {
+    use typed_amp::distributed::{DataParallel, SingleProcess};
+    let run = |parallel: bool| {
+        let mut model = Net::build(&Cpu::seed_from_u64(8)).unwrap();
+        let mut opt = Adam::new(model.master(), AdamConfig::default());
+        let mut dist = DataParallel::new(GradScaler::disabled(), SingleProcess).unwrap();
+        if parallel {
+            dist.sync_model(&mut model).unwrap();
+        }
+        for i in 0..3 {
+            let (x, y) = batch(i);
+            let grads = model.alloc_grads().unwrap();
+            let logits = model
+                .working_mut()
+                .try_forward_mut(x.traced_mixed(grads))
+                .unwrap();
+            let loss = cross_entropy_with_logits_loss(logits, y);
+            if parallel {
+                let scaled = dist.scale(loss).backward().unwrap();
+                let local = dist.unscale(&mut model, scaled).unwrap();
+                let averaged = dist.all_reduce(local).unwrap();
+                let outcome = dist.step(&mut opt, averaged).unwrap();
+                dist.update(outcome).unwrap();
+            } else {
+                let outcome = loss.backward().unwrap().check(&mut model).unwrap();
+                assert!(!outcome.step(&mut opt).unwrap().skipped());
+            }
+        }
+        (
+            param_bytes(model.master()),
+            model.working().fp8_scaling().state(),
+        )
+    };
+    let (dp, alone) = (run(true), run(false));
+    assert_eq!(dp.1.layers, 2);
+    assert_eq!(dp, alone);
 }
