@@ -28,7 +28,8 @@
 //!   not for `vit`, whose attention is typed-amp's;
 //! - `O0`, `O2-FP16`, `O2-BF16`, `O1-BF16`: `#[typed_amp::amp]` models trained with the typed
 //!   step as the main job does (`scale` → `backward` → `unscale` → `step` → `update`); `vit`
-//!   has `O0`, `O2-FP16` and `O2-BF16`.
+//!   has `O0`, `O2-FP16` and `O2-BF16`; `gpt` adds `O2-BF16+FP8` (`#[amp(fp8 = "hybrid")]`:
+//!   FP8 products in its linear layers).
 //!
 //! and matrix products through dfdx's `matmul` on `(usize, usize)` tensors, 256³ and 1024³, in
 //! f32, f16 and bf16.
@@ -69,8 +70,8 @@ use typed_amp::tape::MixedTape;
 use typed_amp::{error::AmpError, master::TrainTarget, optim::MasterOptimizer};
 use typed_amp_kernels::timing::{self, Phase};
 use typed_amp_models::gpt::{
-    init_gpt, GptBabyO0, GptBabyO2, GptBabyO2Bf16, GptModel, GptSize, GptSmallO0, GptSmallO2,
-    GptSmallO2Bf16,
+    init_gpt, GptBabyO0, GptBabyO2, GptBabyO2Bf16, GptBabyO2Bf16Fp8, GptModel, GptSize, GptSmallO0,
+    GptSmallO2, GptSmallO2Bf16, GptSmallO2Bf16Fp8,
 };
 
 const CLASSES: usize = 10;
@@ -275,11 +276,13 @@ fn gpt_configs(dev: &Cpu, size: GptSize) -> Vec<Config> {
             gpt_config::<GptSmallO0>("O0", dev),
             gpt_config::<GptSmallO2>("O2-FP16", dev),
             gpt_config::<GptSmallO2Bf16>("O2-BF16", dev),
+            gpt_config::<GptSmallO2Bf16Fp8>("O2-BF16+FP8", dev),
         ],
         GptSize::Baby => vec![
             gpt_config::<GptBabyO0>("O0", dev),
             gpt_config::<GptBabyO2>("O2-FP16", dev),
             gpt_config::<GptBabyO2Bf16>("O2-BF16", dev),
+            gpt_config::<GptBabyO2Bf16Fp8>("O2-BF16+FP8", dev),
         ],
     }
 }

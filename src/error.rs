@@ -8,6 +8,11 @@ pub enum AmpError {
     #[error("device error: {0}")]
     Device(String),
 
+    /// The FP8 recipe's state refused an operation: its amaxes not reduced across ranks before
+    /// a data-parallel step, or damaged state put back.
+    #[error("FP8 recipe: {0}")]
+    Fp8(#[from] crate::fp8::Fp8Error),
+
     /// Two inputs were traced with separate gradient stores and then combined in one graph.
     #[error(
         "two traced inputs carried separate gradient stores; trace one input with the gradients \

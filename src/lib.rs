@@ -177,7 +177,13 @@
 //! Properties override the policy, as in Apex: `dtype = "fp16" | "bf16"`,
 //! `keep_batchnorm_fp32 = bool`, `master_weights = bool`,
 //! `loss_scale = "dynamic" | <number below 65520>`, `cast_model_outputs = "fp32" | "fp16" | "bf16"`,
-//! `allow_fp16_updates` / `allow_bf16_updates`, and `custom_forward` (generate no forward).
+//! `allow_fp16_updates` / `allow_bf16_updates`, `custom_forward` (generate no forward), and
+//! `fp8 = "hybrid" | "hybrid-current"` (O2-BF16 with master weights only): the products of the
+//! linear layers take FP8 operands, E4M3 activations and weights forward, E5M2 output gradients
+//! backward, accumulated in FP32 and returned in BF16 ([`fp8::Hybrid`]: Transformer Engine's
+//! delayed scaling, whose amax histories the working copy holds, the step commits, checkpoints
+//! save and data parallelism reduces; [`fp8::HybridCurrent`]: each tensor's own amax), see
+//! [`ops::fp8_linear`]; everything else is O2-BF16's.
 //! `#[amp(fp16)]`, `#[amp(bf16)]` or `#[amp(fp32)]` on a field pins that layer. A layer's
 //! row of the table is its [`amp::AmpLayer`] impl, not its name: dfdx's and typed-amp's layers,
 //! type aliases of them, tuples (run in order), `Repeated`, `Residual` (its branch cast back to

@@ -26,8 +26,8 @@ typed-amp: train Fashion-MNIST models and a character-level GPT on Shakespeare i
 mixed precision, compare them, sample from the GPT and export it
 
 USAGE:
-    typed-amp [compare] [OPTIONS]     train FP32 (O0), O2-FP16 and O2-BF16 alike, each in its own
-                                      process, print the table
+    typed-amp [compare] [OPTIONS]     train FP32 (O0), O2-FP16 and O2-BF16 alike (the GPT: and
+                                      O2-BF16+FP8), each in its own process, print the table
                                       (with --policy or --dtype: FP32 and that one mixed run)
     typed-amp train [OPTIONS]         train one model under one policy
     typed-amp sample --resume CKPT [SAMPLE OPTIONS]
@@ -39,6 +39,8 @@ OPTIONS:
     --model mlp|cnn|vit|gpt  architecture                                [default: mlp]
     --policy O0|O1|O2|O3   policy (compare: the mixed one; the GPT: O0 or O2) [default: O2]
     --dtype fp16|bf16      16-bit precision of O1-O3                     [default: fp16]
+    --fp8                  (the GPT, train) O2-BF16 with FP8 linear layers (E4M3 forward,
+                           E5M2 backward, delayed scaling); compare runs it as a fourth column
     --epochs N             (mlp, cnn, vit) epochs                        [default: 5]
     --batch B              examples per step (the GPT: windows)          [default: 128; the GPT's size's]
     --seed S               seed for initialisation and data order        [default: 0]
@@ -281,6 +283,7 @@ fn parse_training(mut parser: lexopt::Parser) -> Result<Option<Args>, String> {
     };
     let (mut data_dir, mut json, mut chosen_mixed) = (None, false, false);
     let mut data_parallel = false;
+    let mut fp8 = false;
     // Options of one kind of model only: given or not.
     let (mut epochs, mut batch) = (None, None);
     let mut gpt_size = None;
@@ -326,6 +329,7 @@ fn parse_training(mut parser: lexopt::Parser) -> Result<Option<Args>, String> {
             Long("quiet") => config.progress = false,
             Long("json") => json = true,
             Long("data-parallel") => data_parallel = true,
+            Long("fp8") => fp8 = true,
             Short('h') | Long("help") => return Ok(None),
             other => return Err(other.unexpected().to_string()),
         }
@@ -347,7 +351,12 @@ fn parse_training(mut parser: lexopt::Parser) -> Result<Option<Args>, String> {
         return Err("--lr must be a positive number".to_string());
     }
     let arch = match model {
-        ModelChoice::Fashion(arch) => arch,
+        ModelChoice::Fashion(arch) => {
+            if fp8 {
+                return Err("--fp8 belongs to the GPT (--model gpt)".to_string());
+            }
+            arch
+        }
         ModelChoice::Gpt => {
             if epochs.is_some() {
                 return Err(
@@ -362,6 +371,7 @@ fn parse_training(mut parser: lexopt::Parser) -> Result<Option<Args>, String> {
             let mut gpt = GptConfig::new(size);
             gpt.policy = config.policy;
             gpt.dtype = config.dtype;
+            gpt.fp8 = fp8;
             gpt.iters = iters.unwrap_or(gpt.iters);
             gpt.eval_every = eval_every.unwrap_or(gpt.eval_every);
             gpt.eval_windows = eval_windows.unwrap_or(gpt.eval_windows);

@@ -103,12 +103,31 @@ pub struct AmpArgs {
     /// `allow_fp16_updates` or `allow_bf16_updates`: the value and the precision it names.
     pub allow_updates: Option<Spanned<(bool, Prec)>>,
     pub custom_forward: Option<Spanned<bool>>,
+    /// `fp8 = "hybrid"` or `fp8 = "hybrid-current"`: the FP8 recipe of the linear layers.
+    pub fp8: Option<Spanned<Fp8Spec>>,
+}
+
+/// An FP8 recipe named by `fp8 = "..."`: `typed_amp::fp8::Hybrid` or `HybridCurrent`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fp8Spec {
+    Hybrid,
+    HybridCurrent,
+}
+
+impl Fp8Spec {
+    /// The recipe's type name in `typed_amp::fp8`.
+    pub fn type_name(self) -> &'static str {
+        match self {
+            Fp8Spec::Hybrid => "Hybrid",
+            Fp8Spec::HybridCurrent => "HybridCurrent",
+        }
+    }
 }
 
 /// The properties an `#[amp]` attribute accepts, for error messages.
 pub const PROPERTIES: &str = "policy, dtype, keep_batchnorm_fp32, master_weights, loss_scale, \
                               cast_model_outputs, allow_fp16_updates, allow_bf16_updates, \
-                              custom_forward";
+                              custom_forward, fp8";
 
 impl AmpArgs {
     /// Parses one `key = value` (or bare flag) of the attribute.
@@ -166,6 +185,20 @@ impl AmpArgs {
                     ));
                 }
                 set(&mut self.dtype, value, lit.span(), &meta)
+            }
+            "fp8" => {
+                let lit: LitStr = meta.value()?.parse()?;
+                let value = match lit.value().as_str() {
+                    "hybrid" => Fp8Spec::Hybrid,
+                    "hybrid-current" => Fp8Spec::HybridCurrent,
+                    other => {
+                        return Err(Error::new_spanned(
+                            &lit,
+                            format!("unknown FP8 recipe `{other}`: expected \"hybrid\" (E4M3 forward, E5M2 backward, delayed scaling) or \"hybrid-current\" (the same formats, current scaling)"),
+                        ))
+                    }
+                };
+                set(&mut self.fp8, value, lit.span(), &meta)
             }
             "custom_forward" => {
                 let value = parse_flag(&meta)?;

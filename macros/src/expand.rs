@@ -121,6 +121,13 @@ fn config_tokens(recipe: &Recipe) -> TokenStream {
     let outputs = dtype(recipe.cast_model_outputs);
     let low = dtype((recipe.opt_level != OptLevel::O0).then_some(recipe.low));
     let allow = recipe.target == Target::LowPrecision;
+    let fp8 = match recipe.fp8 {
+        None => quote!(::core::option::Option::None),
+        Some(spec) => {
+            let r = format_ident!("{}", spec.type_name());
+            quote!(::core::option::Option::Some(::typed_amp::amp::Fp8Linear::#r))
+        }
+    };
     quote! {
         ::typed_amp::amp::AmpConfig {
             opt_level: ::typed_amp::amp::OptLevel::#level,
@@ -130,6 +137,7 @@ fn config_tokens(recipe: &Recipe) -> TokenStream {
             loss_scale: #scale,
             cast_model_outputs: #outputs,
             low_precision_updates: #allow,
+            fp8: #fp8,
         }
     }
 }

@@ -45,6 +45,11 @@ pub(crate) fn plan_ty(plan: LayerPlan) -> TokenStream {
             let p = marker(p);
             quote!(::typed_amp::__private::plan::KeepFp32<#p>)
         }
+        Compute::Fp8(p, recipe) => {
+            let p = marker(p);
+            let r = quote::format_ident!("{}", recipe.type_name());
+            quote!(::typed_amp::__private::plan::Fp8<#p, ::typed_amp::fp8::#r>)
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 use syn::{Error, Result};
 
 use crate::ast::{Field, Model};
-use crate::attr::{AmpArgs, LossScaleSpec, OptLevel, Prec};
+use crate::attr::{AmpArgs, Fp8Spec, LossScaleSpec, OptLevel, Prec};
 
 /// FP16's largest finite value, and the largest static scale `GradScaler` accepts (for any
 /// model: the scaler does not know the model's precision).
@@ -72,6 +72,8 @@ pub struct Recipe {
     pub cast_model_outputs: Option<Prec>,
     pub custom_forward: bool,
     pub target: Target,
+    /// The FP8 recipe of the linear layers, if any (O2 with master weights and BF16 only).
+    pub fp8: Option<Fp8Spec>,
 }
 
 impl Recipe {
@@ -103,6 +105,9 @@ pub enum Compute {
     /// Activations in this 16-bit precision, parameters and arithmetic in FP32 (a norm under
     /// `keep_batchnorm_fp32`).
     KeepFp32(Prec),
+    /// Parameters and activations in this 16-bit precision, linear layers' products with FP8
+    /// operands by the recipe (`fp8 = ...`).
+    Fp8(Prec, Fp8Spec),
 }
 
 /// A layer's storage and compute precision under the recipe.
@@ -144,6 +149,7 @@ pub fn recipe(args: &AmpArgs, model: &Model) -> Result<Recipe> {
         cast_model_outputs: args.cast_model_outputs.map(|c| c.value),
         custom_forward: args.custom_forward.is_some_and(|a| a.value),
         target: Target::Fp32,
+        fp8: None,
     };
 
     if let Some(keep) = args.keep_batchnorm_fp32 {
@@ -214,6 +220,18 @@ pub fn recipe(args: &AmpArgs, model: &Model) -> Result<Recipe> {
     }
     for field in &model.fields {
         check_pins(&recipe, field)?;
+    }
+    if let Some(fp8) = args.fp8 {
+        // The recipes' other half is O2-BF16: FP32 masters (an FP8 product's rounding would
+        // swallow small updates of anything narrower), BF16 activations between the products
+        // (FP32's range, so no loss scale on top of the FP8 scales).
+        if level != OptLevel::O2 || recipe.target != Target::MasterWeights || low != Prec::BF16 {
+            return Err(Error::new(
+                fp8.span,
+                format!("FP8 linear layers are a recipe on top of O2-BF16 (FP32 master weights, BF16 activations, FP32 norms, softmax and loss): `fp8` needs `policy = \"O2\", dtype = \"bf16\"` with master weights, not {name}{}{}", if low == Prec::BF16 || level == OptLevel::O0 { "" } else { "-FP16" }, if recipe.target == Target::MasterWeights || level != OptLevel::O2 { "" } else { " without master weights" }),
+            ));
+        }
+        recipe.fp8 = Some(fp8.value);
     }
     // FP16 anywhere (the dtype, or a layer pinned to it) needs a dynamic loss scale; BF16 and
     // FP32 have FP32's exponent range and need none.
@@ -328,6 +346,10 @@ pub fn plan_layer(recipe: &Recipe, kind: Row, pin: Option<Prec>) -> LayerPlan {
         (O2 | O3, Row::Neutral) => LayerPlan {
             storage: low,
             compute: Compute::Pass,
+        },
+        (O2, Row::Matmul) if recipe.fp8.is_some() => LayerPlan {
+            storage: low,
+            compute: Compute::Fp8(low, recipe.fp8.unwrap_or(Fp8Spec::Hybrid)),
         },
         (O2 | O3, _) => at(low),
     }

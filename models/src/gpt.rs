@@ -1,7 +1,7 @@
 //! The character-level GPT of the Shakespeare job: nanoGPT's `model.py` with `bias=False`
 //! (tied token embedding and head, pre-norm blocks, causal attention, an MLP 4× wide with
 //! exact GELU), in nanoGPT's two character-level sizes ([`GptSize`]), each declared under O0,
-//! O2-FP16 and O2-BF16.
+//! O2-FP16, O2-BF16 and O2-BF16 with FP8 linear layers (`fp8 = "hybrid"`).
 //!
 //! Layer norms keep dfdx's `LayerNorm1D`, whose bias (β) nanoGPT's `bias=False` drops: 2·C
 //! parameters a norm (0.6% of the small GPT's), initialised to zero and trained.
@@ -323,6 +323,17 @@ gpt!(
     policy = "O2",
     dtype = "bf16"
 );
+gpt!(
+    GptSmallO2Bf16Fp8,
+    Small,
+    bf16,
+    SmallBlock,
+    [],
+    policy = "O2",
+    dtype = "bf16",
+    fp8 = "hybrid"
+);
 gpt!(GptBabyO0, Baby, f32, BabyBlock, [drop: DropoutOneIn<5>,], policy = "O0");
 gpt!(GptBabyO2, Baby, f16, BabyBlock, [drop: DropoutOneIn<5>,], policy = "O2");
 gpt!(GptBabyO2Bf16, Baby, bf16, BabyBlock, [drop: DropoutOneIn<5>,], policy = "O2", dtype = "bf16");
+gpt!(GptBabyO2Bf16Fp8, Baby, bf16, BabyBlock, [drop: DropoutOneIn<5>,], policy = "O2", dtype = "bf16", fp8 = "hybrid");

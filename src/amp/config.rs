@@ -63,6 +63,26 @@ pub enum LossScale {
     Static(f32),
 }
 
+/// The FP8 recipe of a model's linear layers (`#[amp(fp8 = "...")]`): the type
+/// [`crate::fp8::Hybrid`] or [`crate::fp8::HybridCurrent`] as a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fp8Linear {
+    /// `fp8 = "hybrid"`: E4M3 forward, E5M2 backward, delayed scaling (history 1,024, margin 0).
+    Hybrid,
+    /// `fp8 = "hybrid-current"`: E4M3 forward, E5M2 backward, current scaling.
+    HybridCurrent,
+}
+
+impl Fp8Linear {
+    /// The name `#[amp(fp8 = ...)]` spells it by.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Fp8Linear::Hybrid => "hybrid",
+            Fp8Linear::HybridCurrent => "hybrid-current",
+        }
+    }
+}
+
 /// The mixed-precision recipe a `#[amp]` model was compiled with: its policy with any
 /// properties that override it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -82,6 +102,8 @@ pub struct AmpConfig {
     pub cast_model_outputs: Option<DType>,
     /// Whether 16-bit weights are updated directly (O3's explicit opt-in).
     pub low_precision_updates: bool,
+    /// The FP8 recipe of the linear layers' products, if any (on top of O2-BF16).
+    pub fp8: Option<Fp8Linear>,
 }
 
 impl AmpConfig {
@@ -103,6 +125,9 @@ impl std::fmt::Display for AmpConfig {
             Some(DType::F16) => write!(f, "-FP16")?,
             Some(dtype) => write!(f, "-{dtype}")?,
             None => {}
+        }
+        if let Some(fp8) = self.fp8 {
+            write!(f, "+FP8 ({})", fp8.name())?;
         }
         write!(
             f,

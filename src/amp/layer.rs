@@ -58,6 +58,13 @@ pub mod plan {
     /// ([`crate::amp::norm`]).
     #[derive(Debug)]
     pub struct KeepFp32<P>(PhantomData<P>);
+
+    /// The matrix-product row of an `#[amp(fp8 = ...)]` model: parameters stored in the 16-bit
+    /// `P` as under [`In`]; linear layers run their products with FP8 operands by recipe `R`
+    /// ([`crate::fp8::Fp8Recipe`], [`crate::ops::fp8_linear`]) and return `P`; other matrix
+    /// products (convolutions) run in `P` as under [`In`].
+    #[derive(Debug)]
+    pub struct Fp8<P, R>(PhantomData<(P, R)>);
 }
 
 /// A plan's storage precision: what a layer's parameters are held in.
@@ -80,6 +87,10 @@ impl<P: Precision> Plan for plan::Pass<P> {
 
 impl<P: LowPrecision> Plan for plan::KeepFp32<P> {
     type Storage = crate::precision::F32;
+}
+
+impl<P: LowPrecision, R: crate::fp8::Fp8Recipe> Plan for plan::Fp8<P, R> {
+    type Storage = P;
 }
 
 /// A policy: the plan for each row of the table. `#[amp]` writes one [`Table`] per model from

@@ -90,6 +90,32 @@ macro_rules! run_linear {
             }
         }
 
+        impl<X, S, const I: usize, const O: usize, E, D, T, P, R>
+            RunLinear<dfdx::nn::modules::$layer<I, O, E, D>, plan::Fp8<P, R>> for X
+        where
+            P: Precision<Elem = E>,
+            R: crate::fp8::Fp8Recipe,
+            X: CastTo<P, Output = Tensor<S, E, D, T>, Error = D::Err>,
+            S: LinearInput<I, O>,
+            E: AmpElem,
+            D: AmpDevice
+                + Kernels<E>
+                + crate::ops::linear::LinearOp<E>
+                + crate::ops::fp8_linear::Fp8LinearOp<E>,
+            T: crate::tape::AmpTape<D> + dfdx::prelude::Tape<E, D>,
+            dfdx::nn::modules::$layer<I, O, E, D>:
+                Module<Tensor<S, E, D, T>, Output = Tensor<S::Output, E, D, T>, Error = D::Err>,
+        {
+            type Output = Tensor<S::Output, E, D, T>;
+            type Error = D::Err;
+            fn try_run_linear(
+                self,
+                layer: &dfdx::nn::modules::$layer<I, O, E, D>,
+            ) -> Result<Self::Output, D::Err> {
+                crate::ops::fp8_linear::try_fp8_linear::<R, S, I, O, E, D, T, _>(layer, self.try_cast_to()?)
+            }
+        }
+
         impl<S, const I: usize, const O: usize, E, D, T, P>
             RunLinear<dfdx::nn::modules::$layer<I, O, E, D>, plan::Pass<P>> for Tensor<S, E, D, T>
         where
@@ -288,6 +314,16 @@ macro_rules! planned_layer_norm {
             }
         }
     )*};
+}
+
+impl<X: RunPlanned<M, plan::Fp8<P, R>>, M, P: LowPrecision, R> RunLayerNorm<M, plan::Fp8<P, R>>
+    for X
+{
+    type Output = X::Output;
+    type Error = X::Error;
+    fn try_run_layer_norm(self, layer: &M) -> Result<X::Output, X::Error> {
+        self.try_run_planned(layer)
+    }
 }
 
 planned_layer_norm!(

@@ -31,7 +31,7 @@ mod planned;
 pub(crate) use built::built_policy;
 #[doc(hidden)]
 pub use built::record_built_policy;
-pub use config::{AmpConfig, LossScale, OptLevel};
+pub use config::{AmpConfig, Fp8Linear, LossScale, OptLevel};
 pub(crate) use layer_kind::amp_layers;
 pub use layer_kind::AmpLayer;
 // The run traits of the leaf rows with a forward of their own (`layer::KindRun` bounds).

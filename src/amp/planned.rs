@@ -35,6 +35,29 @@ where
     }
 }
 
+// The FP8 plan's matrix products other than linear layers (convolutions) run as `In<P>`.
+impl<X, M, P, R> RunPlanned<M, plan::Fp8<P, R>> for X
+where
+    X: RunPlanned<M, plan::In<P>>,
+{
+    type Output = X::Output;
+    type Error = X::Error;
+    fn try_run_planned(self, layer: &M) -> Result<X::Output, X::Error> {
+        RunPlanned::<M, plan::In<P>>::try_run_planned(self, layer)
+    }
+}
+
+impl<X, M, P, R> RunPlannedMut<M, plan::Fp8<P, R>> for X
+where
+    X: RunPlannedMut<M, plan::In<P>>,
+{
+    type Output = X::Output;
+    type Error = X::Error;
+    fn try_run_planned_mut(self, layer: &mut M) -> Result<X::Output, X::Error> {
+        RunPlannedMut::<M, plan::In<P>>::try_run_planned_mut(self, layer)
+    }
+}
+
 impl<X: AutocastForward<M, P>, M, P: LowPrecision> RunPlanned<M, plan::Autocast<P>> for X {
     type Output = X::Output;
     type Error = X::Error;

@@ -69,6 +69,17 @@ pub enum CheckpointError {
         /// The rule's error.
         source: AmpError,
     },
+    /// The state of the model's FP8 recipe (its amax histories) is missing from a checkpoint
+    /// of an FP8 model, or damaged (a value that is not a finite magnitude, a shape that does
+    /// not fit): its scales cannot be resumed. Refused on load, and on save before anything is
+    /// written.
+    #[error("{path}: the FP8 recipe's state (`fp8.amax_history`) {detail}")]
+    Fp8State {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
     /// The device failed while copying tensors.
     #[error(transparent)]
     Amp(#[from] AmpError),

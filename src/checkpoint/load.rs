@@ -389,6 +389,24 @@ where
         .check_state(&scalars, &entries, trainable)
         .map_err(|detail| mismatch(format!("the optimizer's state is inconsistent: {detail}")))?;
 
+    // The FP8 recipe's state: required of a model with FP8 linear layers, checked whole before
+    // anything is loaded.
+    let fp8 = read_fp8_state(path, &tensors)?;
+    if fp8.is_none() && policy.is_some_and(|p| p.fp8.is_some()) {
+        return Err(CheckpointError::Fp8State {
+            path: path.to_path_buf(),
+            detail: "is missing: this model's linear layers run the FP8 recipe, whose scales come from it".into(),
+        });
+    }
+    if let Some(state) = &fp8 {
+        // Checked here, put in place below with the rest.
+        crate::fp8::Fp8Scaling::default()
+            .restore(state)
+            .map_err(|e| CheckpointError::Fp8State {
+                path: path.to_path_buf(),
+                detail: format!("is damaged: {e}"),
+            })?;
+    }
     target.master_mut().visit_params_mut(&mut LoadParams {
         file: path,
         tensors: &tensors,
@@ -409,5 +427,48 @@ where
     scaler
         .load_state(scaler_state)
         .map_err(|e| mismatch(e.to_string()))?;
+    if let Some(state) = &fp8 {
+        target
+            .working()
+            .fp8_scaling()
+            .restore(state)
+            .map_err(|e| CheckpointError::Fp8State {
+                path: path.to_path_buf(),
+                detail: format!("is damaged: {e}"),
+            })?;
+    }
     Ok(user_metadata(meta))
+}
+
+/// The FP8 recipe's state stored in a checkpoint, if it holds one: shape and dtype checked
+/// (the values are checked by [`crate::fp8::Fp8Scaling::restore`]).
+fn read_fp8_state(
+    path: &Path,
+    tensors: &SafeTensors<'_>,
+) -> Result<Option<crate::fp8::Fp8ScalingState>, CheckpointError> {
+    let Ok(view) = tensors.tensor(super::save::FP8_STATE) else {
+        return Ok(None);
+    };
+    let bad = |detail: String| CheckpointError::Fp8State {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let shape = view.shape();
+    if view.dtype() != safetensors::Dtype::F32 || shape.len() != 3 || shape[1] != 3 || shape[2] == 0
+    {
+        return Err(bad(format!(
+            "is {:?} of shape {shape:?}: FP32 of layers × 3 × (history + 1) expected",
+            view.dtype()
+        )));
+    }
+    let values: Vec<f32> = view
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    Ok(Some(crate::fp8::Fp8ScalingState {
+        history_len: shape[2] - 1,
+        layers: shape[0],
+        values,
+    }))
 }

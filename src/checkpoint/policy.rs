@@ -53,7 +53,7 @@ pub(super) fn loss_scale_setting(scale: LossScale) -> String {
 }
 
 /// Every setting of a policy, by name, as checkpoints store them (`policy.<name>`).
-pub(super) fn policy_settings(config: &AmpConfig) -> [(&'static str, String); 7] {
+pub(super) fn policy_settings(config: &AmpConfig) -> [(&'static str, String); 8] {
     [
         ("opt_level", config.opt_level.to_string()),
         ("dtype", dtype_setting(config.dtype).to_string()),
@@ -71,6 +71,7 @@ pub(super) fn policy_settings(config: &AmpConfig) -> [(&'static str, String); 7]
             "low_precision_updates",
             config.low_precision_updates.to_string(),
         ),
+        ("fp8", config.fp8.map_or("none", |r| r.name()).to_string()),
     ]
 }
 
@@ -171,6 +172,13 @@ pub(super) fn saved_policy(
         loss_scale,
         cast_model_outputs: dtype("cast_model_outputs")?,
         low_precision_updates: flag("low_precision_updates")?,
+        // Written before FP8 recipes existed: none.
+        fp8: match meta.get("policy.fp8").map(String::as_str) {
+            None | Some("none") => None,
+            Some("hybrid") => Some(crate::amp::Fp8Linear::Hybrid),
+            Some("hybrid-current") => Some(crate::amp::Fp8Linear::HybridCurrent),
+            Some(_) => return Err(bad("fp8")),
+        },
     };
     Ok(Some(config))
 }

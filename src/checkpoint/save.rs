@@ -24,6 +24,10 @@ use super::policy::{layout_metadata, model_policy, policy_settings};
 use super::scaler_meta::scaler_metadata;
 use super::validate::invariant_violation;
 
+/// The name of the FP8 recipe's state in a checkpoint: `layers × 3 × (history + 1)` FP32
+/// amaxes ([`crate::fp8::Fp8ScalingState`]).
+pub(super) const FP8_STATE: &str = "fp8.amax_history";
+
 /// A tensor ready to serialise.
 pub(super) struct Entry {
     dtype: DType,
@@ -223,7 +227,7 @@ where
     S: ScaleState + ?Sized,
 {
     // Another model's policy value would be recorded as this model's.
-    model_policy(path, built_policy(target.id()), policy)?;
+    let built = model_policy(path, built_policy(target.id()), policy)?;
     // Refuse to write what `load` would refuse to read.
     let refuse = |detail: String| CheckpointError::Mismatch {
         path: path.to_path_buf(),
@@ -273,6 +277,25 @@ where
         })
         .collect();
     let trainable = target.layout().iter().filter(|p| p.trainable).count();
+    // The FP8 recipe's amax histories, bit for bit: the scales of every later step come from them.
+    let fp8 = target.working().fp8_scaling().state();
+    let has_fp8 = built.is_some_and(|p| p.fp8.is_some()) || fp8.layers > 0;
+    if has_fp8 {
+        if let Some(v) = fp8.values.iter().find(|v| !(v.is_finite() && **v >= 0.0)) {
+            return Err(CheckpointError::Fp8State {
+                path: path.to_path_buf(),
+                detail: format!("holds {v}: not saved"),
+            });
+        }
+        entries.insert(
+            FP8_STATE.to_string(),
+            Entry {
+                dtype: DType::F32,
+                shape: vec![fp8.layers, 3, fp8.history_len + 1],
+                bytes: fp8.values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            },
+        );
+    }
     if write {
         optimizer
             .check_state(&optimizer.scalars(), &counts, trainable)

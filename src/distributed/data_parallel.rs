@@ -15,7 +15,7 @@ use crate::tape::MixedGradients;
 
 use super::collective::{AllReduce, Collective};
 use super::digest::scaler_digest;
-use super::reduce::average_master_grads;
+use super::reduce::{average_master_grads, reduce_fp8_amaxes};
 use super::rules::{AllReducedOnce, ReducedAcrossRanks, ReducedOutcomes};
 use super::{AllReduced, Unreduced};
 
@@ -120,6 +120,12 @@ impl<C: Collective> DataParallel<C> {
             ));
         }
         let found_inf = self.comm.any(grads.found_inf())?;
+        // The FP8 recipe's amaxes of this step, reduced (max) before the step commits them to
+        // the histories the next scales come from: every rank then scales alike.
+        reduce_fp8_amaxes(
+            &self.comm,
+            grads.target_and_master().0.working().fp8_scaling(),
+        )?;
         if !found_inf && self.comm.size() > 1 {
             let (target, master) = grads.target_and_master();
             average_master_grads(&self.comm, target, master)?;

@@ -11,7 +11,7 @@ use crate::master::{for_each_trainable_grad, GradOp, TrainTarget};
 use crate::precision::AmpElem;
 use crate::tape::MixedGradients;
 
-use super::collective::AllReduce;
+use super::collective::{AllReduce, Collective};
 
 /// Sums the trainable master gradients across ranks in FP32 and divides by the number of ranks.
 pub(super) fn average_master_grads<D, T, C>(
@@ -75,5 +75,34 @@ where
         inv_ranks: 1.0 / comm.size() as f32,
     };
     for_each_trainable_grad(target.master(), master, &mut scatter)?;
+    Ok(())
+}
+
+/// Replaces the pending amaxes of the FP8 recipe's state by their maximum across ranks. The
+/// collective sums, so each rank puts its amaxes in its own slot of a `ranks × n` buffer of
+/// zeros and the sum gathers them all, exactly (each slot sums one value with zeros); the max
+/// is then taken on every rank alike.
+pub(super) fn reduce_fp8_amaxes<C: Collective>(
+    comm: &C,
+    scaling: &crate::fp8::Fp8Scaling,
+) -> Result<(), AmpError> {
+    let mine = scaling.pending_amaxes();
+    let n = mine.len();
+    let mut all = vec![0f64; n * comm.size()];
+    let slot = comm.rank() * n;
+    for (d, &a) in all[slot..slot + n].iter_mut().zip(&mine) {
+        *d = f64::from(a);
+    }
+    if comm.size() > 1 {
+        comm.sum_f64(&mut all)?;
+    }
+    let reduced: Vec<f32> = (0..n)
+        .map(|i| {
+            (0..comm.size())
+                .map(|r| all[r * n + i] as f32)
+                .fold(0.0f32, f32::max)
+        })
+        .collect();
+    scaling.set_reduced_amaxes(&reduced)?;
     Ok(())
 }

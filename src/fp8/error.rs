@@ -45,4 +45,21 @@ pub enum Fp8Error {
     /// not fit a product.
     #[error("FP8 shape mismatch: {0}")]
     Shape(String),
+
+    /// A recipe's FP8 state (amax histories) read back from a checkpoint or reduced across
+    /// ranks is damaged: a value that is not a finite magnitude, or counts that do not fit.
+    #[error(
+        "the FP8 recipe state is damaged: {0} (the scales computed from it would be wrong; \
+         load a checkpoint whose FP8 state is intact, or start the recipe fresh)"
+    )]
+    DamagedState(String),
+
+    /// A data-parallel step tried to commit this step's amaxes before they were reduced across
+    /// ranks: each rank would compute other scales from then on.
+    #[error(
+        "this step's FP8 amaxes were not reduced across ranks before the step: step a \
+         data-parallel model through `DataParallel::all_reduce` and `DataParallel::step`, which \
+         reduce them (max) before the scales are computed"
+    )]
+    AmaxNotReduced,
 }

@@ -72,3 +72,19 @@ impl Granularity for PerRow {
 pub trait RowsKeepTheirScales: Granularity {}
 
 impl RowsKeepTheirScales for PerRow {}
+
+/// Rule: an FP8 tensor is transposed only where its scales survive the transposition.
+///
+/// A per-tensor scale stands for every element, so the transposed codes keep it. A per-row
+/// scale stands for one row: after a transposition that row is a column, and a column of
+/// codes quantised under as many scales as there are rows has no one scale left to carry (the
+/// backward pass's products, which read the forward operands transposed, need one per row of
+/// the transposed tensor).
+#[diagnostic::on_unimplemented(
+    message = "a `{Self}` scaled FP8 tensor cannot be transposed: its rows' scales would become columns' scales",
+    label = "a transposition that would separate codes from their scales",
+    note = "transpose only per-tensor scaled FP8 tensors (rule `typed_amp::fp8::TransposesWithItsScale`): quantise the operand as `Fp8Tensor<_, PerTensor, _>`, or widen it with its scales (`t.dequantize()`), transpose in FP32 and quantise the transposed matrix per row"
+)]
+pub trait TransposesWithItsScale: Granularity {}
+
+impl TransposesWithItsScale for PerTensor {}

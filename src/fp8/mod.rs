@@ -14,6 +14,8 @@
 //! | the operands of a forward-pass product are E4M3 | [`ForwardOperand`] | [`E4M3`] |
 //! | FP8 codes are widened with their scale, never without | [`CarriesItsScale`] | [`Fp8Tensor`] (not its [`Codes`]) |
 //! | codes quantised with different scales never share one tensor | [`RowsKeepTheirScales`] | [`PerRow`] |
+//! | a tensor is transposed only where its scale survives it | [`TransposesWithItsScale`] | [`PerTensor`] |
+//! | a recipe's forward format is E4M3 | [`ForwardOperand`] on [`Fp8Recipe::Forward`] | [`Hybrid`], [`HybridCurrent`] |
 //!
 //! Breaking a rule is a compile error whose message names the rule and the fix (the cases in
 //! `tests/precision_rules/fail/fp8_*.rs`). Bad run-time input (inf or NaN data, so a non-finite
@@ -39,14 +41,21 @@ mod error;
 mod format;
 mod granularity;
 mod product;
+mod recipe;
 mod scaling;
 mod source;
+mod state;
 mod tensor;
 
 pub use error::Fp8Error;
 pub use format::{ForwardOperand, Fp8Element, Fp8Format, Fp8Kind, E4M3, E5M2};
-pub use granularity::{Granularity, PerRow, PerTensor, RowsKeepTheirScales};
+pub use granularity::{
+    Granularity, PerRow, PerTensor, RowsKeepTheirScales, TransposesWithItsScale,
+};
 pub use product::{forward_product, gradient_product};
+pub use recipe::{Fp8Recipe, Hybrid, HybridCurrent, TE_HISTORY};
 pub use scaling::{scale_from_amax, Current, Delayed, DelayedScaling, ScalingMode};
+pub(crate) use source::amax;
 pub use source::Fp8Source;
+pub use state::{ForwardScope, Fp8Scaling, Fp8ScalingState, LayerScaling, Role};
 pub use tensor::{widen, CarriesItsScale, Codes, Fp8Parts, Fp8Tensor};

@@ -19,6 +19,11 @@ pub trait ScalingMode:
 {
     /// The mode's name.
     const NAME: &'static str;
+    /// The length of the amax history a scale comes from: 0 for [`Current`] scaling (each
+    /// tensor's own amax), `H` for [`Delayed`].
+    const HISTORY: usize;
+    /// The margin: the amax is put at `fp8_max / 2^MARGIN`.
+    const MARGIN: u32;
 }
 
 /// Current scaling: the scale is computed from the amax of the tensor being quantised, just
@@ -39,10 +44,14 @@ impl<const H: usize, const MARGIN: u32> sealed::Sealed for Delayed<H, MARGIN> {}
 
 impl ScalingMode for Current {
     const NAME: &'static str = "current";
+    const HISTORY: usize = 0;
+    const MARGIN: u32 = 0;
 }
 
 impl<const H: usize, const MARGIN: u32> ScalingMode for Delayed<H, MARGIN> {
     const NAME: &'static str = "delayed";
+    const HISTORY: usize = H;
+    const MARGIN: u32 = MARGIN;
 }
 
 /// The scale that puts `amax` at `fp8_max / 2^margin`: `(fp8_max / amax) / 2^margin`.

@@ -7,7 +7,7 @@ use typed_amp_kernels::convert;
 
 use super::error::Fp8Error;
 use super::format::Fp8Element;
-use super::granularity::{Granularity, PerTensor, RowsKeepTheirScales};
+use super::granularity::{Granularity, PerTensor, RowsKeepTheirScales, TransposesWithItsScale};
 use super::scaling::{check_scale, scale_from_amax, Current, Delayed, DelayedScaling, ScalingMode};
 use super::source::{amax, Fp8Source};
 
@@ -196,6 +196,56 @@ impl<F: Fp8Element, G: Granularity, M: ScalingMode> Fp8Tensor<F, G, M> {
         self.scale_invs.extend(other.scale_invs);
         self.rows += other.rows;
         Ok(self)
+    }
+}
+
+impl<F: Fp8Element, G: Granularity, M: ScalingMode> Fp8Tensor<F, G, M> {
+    /// The `cols × rows` transpose, as codes (no rounding) under the same scale. Only
+    /// per-tensor scaled tensors transpose (rule [`TransposesWithItsScale`]): a per-row scale
+    /// would have to become a per-column one.
+    pub fn transpose(&self) -> Self
+    where
+        G: TransposesWithItsScale,
+    {
+        let (rows, cols) = (self.rows, self.cols);
+        let mut codes = vec![F::default(); self.codes.len()];
+        // Blocks of 32 × 32 keep both the rows read and the rows written in cache.
+        const B: usize = 32;
+        for i0 in (0..rows).step_by(B) {
+            for j0 in (0..cols).step_by(B) {
+                for i in i0..(i0 + B).min(rows) {
+                    for j in j0..(j0 + B).min(cols) {
+                        codes[j * rows + i] = self.codes[i * cols + j];
+                    }
+                }
+            }
+        }
+        Fp8Tensor {
+            codes,
+            scales: self.scales.clone(),
+            scale_invs: self.scale_invs.clone(),
+            rows: cols,
+            cols: rows,
+            _kind: PhantomData,
+        }
+    }
+}
+
+impl<F: Fp8Element, M: ScalingMode> Fp8Tensor<F, PerTensor, M> {
+    /// Quantises a row-major `rows × cols` matrix under a scale chosen elsewhere (a recipe's
+    /// history, or the amax its caller computed on the way): `code = F(x · scale)`, saturating.
+    ///
+    /// # Errors
+    /// [`Fp8Error::Shape`] if `data` is not `rows × cols`; [`Fp8Error::BadScale`] if `scale` is
+    /// not finite and positive.
+    pub fn quantize_with_scale<T: Fp8Source>(
+        data: &[T],
+        rows: usize,
+        cols: usize,
+        scale: f32,
+    ) -> Result<Self, Fp8Error> {
+        check_shape("the data", data.len(), rows, cols)?;
+        Self::with_scales(data, rows, cols, vec![scale])
     }
 }
 

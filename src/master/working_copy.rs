@@ -5,6 +5,7 @@ use dfdx::nn::{Module, ModuleMut, ModuleVisitor, TensorCollection};
 use dfdx::prelude::{Device, Dtype};
 
 use crate::device::AmpDevice;
+use crate::fp8::Fp8Scaling;
 use crate::params::{ParamPath, ParamVisitor, ParamVisitorMut, Parameters};
 
 /// The working copy of a training target (the 16-bit model of a
@@ -40,13 +41,22 @@ use crate::params::{ParamPath, ParamVisitor, ParamVisitorMut, Parameters};
 /// let grads = model.working().alloc_grads();
 /// opt.update(model.working_mut(), &grads); // does not compile: rule `UpdatableByAnOptimizer`
 /// ```
+///
+/// It also holds the state of the model's FP8 recipe, if it has one ([`Fp8Scaling`]: the amax
+/// histories of its FP8 linear layers), which its forward passes read and record into.
 #[derive(Debug, Clone)]
-pub struct WorkingCopy<W>(W);
+pub struct WorkingCopy<W>(W, Fp8Scaling);
 
 impl<W> WorkingCopy<W> {
     /// Wraps a target's working model.
     pub(crate) fn new(working: W) -> Self {
-        Self(working)
+        Self(working, Fp8Scaling::default())
+    }
+
+    /// The state of the model's FP8 recipe (empty for a model without FP8 linear layers):
+    /// what checkpoints save and load and data-parallel steps reduce across ranks.
+    pub fn fp8_scaling(&self) -> &Fp8Scaling {
+        &self.1
     }
 
     /// The working model, mutably, for the target that owns it (refresh, reload, unscaling).
@@ -86,6 +96,7 @@ impl<T, W: Module<T>> Module<T> for WorkingCopy<W> {
     type Error = W::Error;
 
     fn try_forward(&self, input: T) -> Result<Self::Output, Self::Error> {
+        let _fp8 = self.1.enter();
         self.0.try_forward(input)
     }
 }
@@ -95,6 +106,7 @@ impl<T, W: ModuleMut<T>> ModuleMut<T> for WorkingCopy<W> {
     type Error = W::Error;
 
     fn try_forward_mut(&mut self, input: T) -> Result<Self::Output, Self::Error> {
+        let _fp8 = self.1.enter();
         self.0.try_forward_mut(input)
     }
 }

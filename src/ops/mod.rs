@@ -10,6 +10,8 @@
 //!   buffer casts the master weights run on too ([`CastKernel`](crate::device::CastKernel));
 //! - [`embedding`]: a GPT's token and position embedding as one op, its gradients into the
 //!   tables' FP32 gradients ([`embedding::EmbeddingOp`]; the CPU fuses it);
+//! - [`fp8_linear`]: the linear layer with FP8 products, the op of an `#[amp(fp8 = ...)]`
+//!   model's linear layers ([`fp8_linear::Fp8LinearOp`]; the CPU's, through `gemm_fp8`);
 //! - [`gelu`]: exact GELU, fused into the linear op before it where it can be;
 //! - [`layernorm`]: layer norm with 16-bit activations and FP32 parameters and statistics
 //!   ([`layernorm::MixedLayerNormKernel`]);
@@ -29,6 +31,7 @@ pub mod batchnorm;
 pub mod cast;
 pub mod embedding;
 pub(crate) mod fused_activation;
+pub mod fp8_linear;
 pub mod gelu;
 pub mod layernorm;
 pub mod linear;

@@ -41,6 +41,13 @@ impl<'t, T: TrainTarget<D>, D: AmpDevice, K: StepKind> UnscaledGrads<'t, T, D, K
         } else {
             target.update_with(optimizer, &master)?;
         }
+        // The step's amaxes enter the FP8 recipe's histories (a skipped step's too: only its
+        // finite ones were recorded), so that the next step's scales come from them; under
+        // data parallelism `DataParallel::all_reduce` reduced them across ranks first.
+        target
+            .working()
+            .fp8_scaling()
+            .commit(target.is_data_parallel())?;
         let mut grads = target.recycle(master, working)?;
         // Zeroed for the next iteration: no backward pass has written them yet.
         grads.scaled_at = None;

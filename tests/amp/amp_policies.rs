@@ -405,6 +405,7 @@ fn o2_stores_batch_norm_in_fp32_and_conv_and_linear_in_fp16() {
             loss_scale: typed_amp::amp::LossScale::Dynamic,
             cast_model_outputs: Some(DType::F32),
             low_precision_updates: false,
+            fp8: None,
         }
     );
     assert_eq!(CnnO0::scaler().get_scale(), 1.0, "O0 does not scale");

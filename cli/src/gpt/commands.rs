@@ -88,7 +88,7 @@ fn train_args(cfg: &GptConfig, data_dir: Option<&Path>) -> Vec<OsString> {
         progress: cfg.progress,
         data_dir,
     };
-    shared.command_line(&[
+    let mut args = shared.command_line(&[
         "--model".into(),
         "gpt".into(),
         "--gpt-size".into(),
@@ -103,10 +103,14 @@ fn train_args(cfg: &GptConfig, data_dir: Option<&Path>) -> Vec<OsString> {
         cfg.eval_every.to_string(),
         "--eval-windows".into(),
         cfg.eval_windows.to_string(),
-    ])
+    ]);
+    if cfg.fp8 {
+        args.push("--fp8".into());
+    }
+    args
 }
 
-/// `typed-amp compare --model gpt`: trains FP32 (O0), O2-FP16 and O2-BF16 (or, with
+/// `typed-amp compare --model gpt`: trains FP32 (O0), O2-FP16, O2-BF16 and O2-BF16+FP8 (or, with
 /// `chosen_mixed`, FP32 and `cfg`'s policy) each in a process of its own, on the texts loaded
 /// here, and prints the table (or the runs' JSON).
 pub fn compare_command(
@@ -122,6 +126,7 @@ pub fn compare_command(
     }
     let fp32 = GptConfig {
         policy: OptLevel::O0,
+        fp8: false,
         ..cfg.clone()
     };
     let mut configs = vec![fp32];
@@ -132,9 +137,17 @@ pub fn compare_command(
             configs.push(GptConfig {
                 policy: OptLevel::O2,
                 dtype,
+                fp8: false,
                 ..cfg.clone()
             });
         }
+        // The fourth column: O2-BF16 with FP8 linear layers.
+        configs.push(GptConfig {
+            policy: OptLevel::O2,
+            dtype: LowDtype::Bf16,
+            fp8: true,
+            ..cfg.clone()
+        });
     }
     let description = corpus.describe();
     let dir = match corpus.origin() {

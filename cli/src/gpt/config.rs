@@ -17,6 +17,8 @@ pub struct GptConfig {
     pub policy: OptLevel,
     /// The 16-bit precision of O2 (ignored under O0).
     pub dtype: LowDtype,
+    /// O2-BF16 with FP8 linear layers (`#[amp(fp8 = "hybrid")]`, `--fp8`).
+    pub fp8: bool,
     /// Iterations of the whole run (counting those a resumed checkpoint already did); the
     /// learning-rate schedule spans them.
     pub iters: usize,
@@ -67,6 +69,7 @@ impl GptConfig {
             size,
             policy: OptLevel::O2,
             dtype: LowDtype::Fp16,
+            fp8: false,
             iters: size.iterations(),
             eval_every: default_eval_every(size),
             eval_windows: DEFAULT_EVAL_WINDOWS,
@@ -85,6 +88,7 @@ impl GptConfig {
     pub fn label(&self) -> String {
         match self.policy {
             OptLevel::O0 => "FP32 (O0)".to_string(),
+            level if self.fp8 => format!("{level}-{}+FP8", self.dtype.upper()),
             level => format!("{level}-{}", self.dtype.upper()),
         }
     }
@@ -107,6 +111,12 @@ impl GptConfig {
     pub fn validate(&self) -> Result<(), RunError> {
         check_policy(self.policy)?;
         let usage = |m: String| Err(RunError::Usage(m));
+        if self.fp8 && (self.policy != OptLevel::O2 || self.dtype != LowDtype::Bf16) {
+            return usage(
+                "--fp8 is a recipe on top of O2-BF16: give it with --policy O2 --dtype bf16"
+                    .to_string(),
+            );
+        }
         if self.batch == 0 {
             return usage("--batch must be at least 1".to_string());
         }

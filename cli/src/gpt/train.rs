@@ -65,6 +65,9 @@ pub fn train_gpt(cfg: &GptConfig, corpus: &CharCorpus) -> Result<GptReport, RunE
         }
         None => None,
     };
+    if cfg.fp8 {
+        return train_fp8(cfg, corpus);
+    }
     match cfg.device {
         DeviceChoice::Cpu => train_on(cfg, corpus, Cpu::seed_from_u64(cfg.seed)),
         #[cfg(feature = "cuda")]
@@ -92,6 +95,23 @@ fn train_on<D: AmpOps>(
         };
     }
     for_each_gpt!(cfg.size, cfg.policy, cfg.dtype, go)
+}
+
+/// The GPT with FP8 linear layers (`--fp8`, which `GptConfig::validate` allows under O2-BF16
+/// only): the CPU runs FP8 products; CUDA's FP8 products (cuBLASLt) are not written yet.
+fn train_fp8(cfg: &GptConfig, corpus: &CharCorpus) -> Result<GptReport, RunError> {
+    use typed_amp_models::gpt::{GptBabyO2Bf16Fp8, GptSize, GptSmallO2Bf16Fp8};
+    if cfg.device != DeviceChoice::Cpu {
+        return Err(RunError::Usage(format!(
+            "--fp8 runs on the CPU only: FP8 products on `{}` are not written yet",
+            cfg.device
+        )));
+    }
+    let dev = Cpu::seed_from_u64(cfg.seed);
+    match cfg.size {
+        GptSize::Small => train_model::<GptSmallO2Bf16Fp8, Cpu>(cfg, corpus, dev),
+        GptSize::Baby => train_model::<GptBabyO2Bf16Fp8, Cpu>(cfg, corpus, dev),
+    }
 }
 
 /// Errors unless `corpus` fits the GPT: a vocabulary of at most [`VOCAB`] characters, and a

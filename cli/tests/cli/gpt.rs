@@ -250,7 +250,7 @@ fn train_prints_its_evaluations_and_json() {
 }
 
 #[test]
-fn compare_trains_three_runs_and_prints_the_table() {
+fn compare_trains_four_runs_and_prints_the_table() {
     let dir = TempDir::new("gpt-compare");
     let data = texts(&dir, "texts", &[]);
     let common = [
@@ -271,7 +271,7 @@ fn compare_trains_three_runs_and_prints_the_table() {
         .lines()
         .find(|l| l.contains("FP32 (O0)"))
         .unwrap_or_else(|| panic!("no header in:\n{out}"));
-    for column in ["O2-FP16", "O2-BF16"] {
+    for column in ["O2-FP16", "O2-BF16", "O2-BF16+FP8"] {
         assert!(header.contains(column), "{out}");
     }
     for row in [
@@ -297,9 +297,14 @@ fn compare_trains_three_runs_and_prints_the_table() {
     let value: serde_json::Value = serde_json::from_str(&out).unwrap();
     let runs = value["runs"].as_array().unwrap();
     let labels: Vec<&str> = runs.iter().map(|r| r["label"].as_str().unwrap()).collect();
-    assert_eq!(labels, ["FP32 (O0)", "O2-FP16", "O2-BF16"]);
+    assert_eq!(labels, ["FP32 (O0)", "O2-FP16", "O2-BF16", "O2-BF16+FP8"]);
     let pids: Vec<u64> = runs.iter().map(|r| r["pid"].as_u64().unwrap()).collect();
-    assert!(pids[0] != pids[1] && pids[1] != pids[2], "{pids:?}");
+    assert!(
+        pids[0] != pids[1] && pids[1] != pids[2] && pids[2] != pids[3],
+        "{pids:?}"
+    );
+    // The FP8 run's checkpoint holds its recipe's amax histories beside O2-BF16's tensors.
+    assert!(runs[3]["checkpoint_bytes"].as_u64() > runs[2]["checkpoint_bytes"].as_u64());
     for run in runs {
         let val = run["val_loss"].as_f64().unwrap();
         assert!(val < 4.0, "{}: {val}", run["label"]);
@@ -538,8 +543,17 @@ fn o1_and_o3_gpts_are_refused_naming_what_exists() {
         &["train", "--model", "gpt", "--data-parallel"],
         &["compare", "--model", "gpt", "--stop-after", "3"],
         &["export", "only-one.safetensors"],
+        &["train", "--model", "mlp", "--fp8"],
     ] {
         fails(&typed_amp(args), 2);
+    }
+    // FP8 linear layers are a recipe on top of O2-BF16.
+    for args in [
+        &["train", "--model", "gpt", "--fp8"][..],
+        &["train", "--model", "gpt", "--fp8", "--policy", "O0"],
+    ] {
+        let err = fails(&typed_amp(args), 2);
+        assert!(err.contains("--fp8 is a recipe on top of O2-BF16"), "{err}");
     }
 }
 
