@@ -12,7 +12,7 @@
 //! | [`FillKernel`] | fill, scale, clamp in place | [`crate::ops::fill`] |
 //! | [`HostKernel`] | exact copies to and from the host (checkpoints) | [`crate::ops::host`] |
 //! | [`LinearOp`](crate::ops::linear::LinearOp) | the linear layer, fused (bias, ReLU or GELU, FP32 weight gradient) | [`crate::ops::linear`] |
-//! | [`MixedBatchNormKernel`] | batch norm over 16-bit activations with FP32 statistics | [`crate::ops::batchnorm`] |
+//! | [`BatchNormOp`](crate::ops::batchnorm::BatchNormOp) | batch norm over 16-bit activations with FP32 statistics, fused | [`crate::ops::batchnorm`] |
 //! | [`LayerNormOp`](crate::ops::layernorm::LayerNormOp) | layer norm over 16-bit activations with FP32 statistics, fused | [`crate::ops::layernorm`] |
 //! | [`AttentionOp`](crate::ops::attention::AttentionOp) | multi-head attention, fused where the scores are FP32 | [`crate::ops::attention`] |
 //! | [`EmbeddingOp`](crate::ops::embedding::EmbeddingOp) | a GPT's token and position embedding, fused | [`crate::ops::embedding`] |
@@ -67,7 +67,6 @@ macro_rules! define_capabilities {
             + HostKernel<E>
             + CastKernel<E, E>
             + UpdateKernel<E>
-            + MixedBatchNormKernel<E>
             $(
                 + CastKernel<E, $elem>
                 + CastKernel<$elem, E>
@@ -89,8 +88,7 @@ macro_rules! define_capabilities {
                 + HostKernel<E>
                 + CastKernel<E, E>
                 + UpdateKernel<E>
-                        + MixedBatchNormKernel<E>
-                                $(
+                $(
                     + CastKernel<E, $elem>
                     + CastKernel<$elem, E>
                     + dfdx::tensor_ops::ToDtypeKernel<E, $elem>

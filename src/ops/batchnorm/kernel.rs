@@ -1,74 +1,84 @@
-//! The mixed batch norm's kernels' trait.
+//! The mixed batch norm's kernels' trait and the statistics it keeps.
 
 use dfdx::prelude::{HasErr, Storage};
-use dfdx::tensor::CpuError;
 use dfdx::tensor_ops::batchnorm_parts::BatchNormLayout;
 
 use crate::precision::AmpElem;
 
-/// The passes of batch norm over activations of element type `E` (FP32 per-channel values).
+/// Each channel's FP32 batch statistics, kept on the device by the training forward for the
+/// backward.
+pub struct ChannelStats<D: Storage<f32>> {
+    /// The batch mean, rounded to FP32.
+    pub mean: <D as Storage<f32>>::Vec,
+    /// `√(variance + ε)` in FP32, the variance biased (divided by the values per channel).
+    pub std: <D as Storage<f32>>::Vec,
+}
+
+/// The running statistics a training forward updates and the constants of the update, as
+/// dfdx's batch norm applies them (`running · (1 − momentum) + batch · momentum`, through its
+/// FP32 `axpy`; the variance unbiased).
+pub struct RunningUpdate<'a, D: Storage<f32>> {
+    /// The running mean.
+    pub mean: &'a mut <D as Storage<f32>>::Vec,
+    /// The running variance (unbiased).
+    pub var: &'a mut <D as Storage<f32>>::Vec,
+    /// The running statistics' update weight.
+    pub momentum: f64,
+}
+
+/// The passes of batch norm over activations of element type `E` laid out as
+/// `outer × chan × inner` (contiguous), with FP32 per-channel parameters and statistics and
+/// FP32 arithmetic.
 #[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
-pub trait MixedBatchNormKernel<E: AmpElem>:
-    Storage<E> + Storage<f32> + HasErr<Err: From<CpuError>>
-{
-    /// Whether the device has these kernels; without them no method here is called.
-    const FUSED: bool = false;
-
-    /// Per channel, the batch mean and (biased) variance of `x`.
-    fn try_bn_stats(
-        &self,
-        lay: &BatchNormLayout,
-        x: &<Self as Storage<E>>::Vec,
-    ) -> Result<(Vec<f64>, Vec<f64>), Self::Err> {
-        let _ = (lay, x);
-        Err(CpuError::WrongNumElements.into())
-    }
-
-    /// `y = (x − mean[c]) · a[c] + b[c]`, rounded once to `E`.
-    fn try_bn_normalize(
+pub trait MixedBatchNormKernel<E: AmpElem>: Storage<E> + Storage<f32> + HasErr {
+    /// The training forward: each channel's batch mean and (biased) variance of `x`, the
+    /// running statistics updated with them, and `y = (x − mean)·(scale / std) + bias` rounded
+    /// once to `E`; returns the statistics the backward reads.
+    #[allow(clippy::too_many_arguments)]
+    fn try_bn_train_forward(
         &self,
         lay: &BatchNormLayout,
         x: &<Self as Storage<E>>::Vec,
         y: &mut <Self as Storage<E>>::Vec,
-        per_channel: [&[f32]; 3],
-    ) -> Result<(), Self::Err> {
-        let _ = (lay, x, y, per_channel);
-        Err(CpuError::WrongNumElements.into())
-    }
+        scale: &<Self as Storage<f32>>::Vec,
+        bias: &<Self as Storage<f32>>::Vec,
+        running: RunningUpdate<'_, Self>,
+        epsilon: f64,
+    ) -> Result<ChannelStats<Self>, Self::Err>;
 
-    /// Per channel, `Σ dy` and `Σ dy·(x − mean[c])`, `dy` taken as zero where `mask` (the
-    /// output of a ReLU fused after the batch norm) is not positive.
-    fn try_bn_grad_sums(
+    /// The inference forward: `y = (x − running_mean)·(scale / √(running_var + ε)) + bias`,
+    /// rounded once to `E`.
+    #[allow(clippy::too_many_arguments)]
+    fn try_bn_infer_forward(
+        &self,
+        lay: &BatchNormLayout,
+        x: &<Self as Storage<E>>::Vec,
+        y: &mut <Self as Storage<E>>::Vec,
+        scale: &<Self as Storage<f32>>::Vec,
+        bias: &<Self as Storage<f32>>::Vec,
+        running_mean: &<Self as Storage<f32>>::Vec,
+        running_var: &<Self as Storage<f32>>::Vec,
+        epsilon: f64,
+    ) -> Result<(), Self::Err>;
+
+    /// The gradients from `dy`, taken as zero where `mask` (the output of a ReLU fused after
+    /// the batch norm) is not positive: per channel `Σ dy` and `Σ dy·(x − mean)` (f32 partial
+    /// sums added in f64), then the input's gradient
+    /// `k1·(dy − mean(dy) − (x − mean)·k2)` written into `gx` (or added to it if its flag says
+    /// so; `None` when nobody reads it), and the scale's (`Σ dy·(x − mean) / std`) and the
+    /// bias's (`Σ dy`) added in f64 to their FP32 gradients (written over a fresh one, as its
+    /// flag says), each rounded once.
+    #[allow(clippy::too_many_arguments)]
+    fn try_bn_backward(
         &self,
         lay: &BatchNormLayout,
         x: &<Self as Storage<E>>::Vec,
         dy: &<Self as Storage<E>>::Vec,
         mask: Option<&<Self as Storage<E>>::Vec>,
-        mean: &[f32],
-    ) -> Result<Vec<[f64; 2]>, Self::Err> {
-        let _ = (lay, x, dy, mask, mean);
-        Err(CpuError::WrongNumElements.into())
-    }
-
-    /// `gx (+)= k1[c] · (dy − mdy[c] − (x − mean[c]) · k2[c])` (added to `gx` only if its
-    /// flag says so, else written), with `per_channel` = `[mean, k1, mdy, k2]` and `dy` masked
-    /// as in [`MixedBatchNormKernel::try_bn_grad_sums`].
-    fn try_bn_input_grad(
-        &self,
-        lay: &BatchNormLayout,
-        x: &<Self as Storage<E>>::Vec,
-        dy: &<Self as Storage<E>>::Vec,
-        mask: Option<&<Self as Storage<E>>::Vec>,
-        gx: (&mut <Self as Storage<E>>::Vec, bool),
-        per_channel: [&[f32]; 4],
-    ) -> Result<(), Self::Err> {
-        let _ = (lay, x, dy, mask, gx, per_channel);
-        Err(CpuError::WrongNumElements.into())
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl<E: AmpElem> MixedBatchNormKernel<E> for dfdx::prelude::Cuda where
-    dfdx::prelude::Cuda: Storage<E>
-{
+        gx: Option<(&mut <Self as Storage<E>>::Vec, bool)>,
+        scale: &<Self as Storage<f32>>::Vec,
+        stats: &ChannelStats<Self>,
+        dscale: Option<(&mut <Self as Storage<f32>>::Vec, bool)>,
+        dbias: Option<(&mut <Self as Storage<f32>>::Vec, bool)>,
+    ) -> Result<(), Self::Err>;
 }
