@@ -8,6 +8,7 @@
 //! | [`StatsDevice`] | per-tensor results kept on the device, read back once a step | here |
 //! | [`CastKernel`] | `dst = src`, `dst += src` across precisions | [`crate::ops::cast`] |
 //! | [`UnscaleKernel`] | `x / scale` with the non-finite check, fused | [`crate::ops::unscale`] |
+//! | [`UnscaleBatchKernel`] | every gradient's unscale and check in as few launches as possible | [`crate::ops::unscale`] |
 //! | [`ReduceKernel`] | Σx² and max\|x\| (clipping, layer probes) | [`crate::ops::reduce`] |
 //! | [`FillKernel`] | fill, scale, clamp in place | [`crate::ops::fill`] |
 //! | [`HostKernel`] | exact copies to and from the host (checkpoints) | [`crate::ops::host`] |
@@ -43,7 +44,7 @@ pub use crate::ops::layernorm::MixedLayerNormKernel;
 pub use crate::ops::linear::LinearKernel;
 pub use crate::ops::reduce::ReduceKernel;
 pub use crate::ops::relu::ReluKernel;
-pub use crate::ops::unscale::UnscaleKernel;
+pub use crate::ops::unscale::{UnscaleBatchKernel, UnscaleKernel};
 pub use crate::ops::update::UpdateKernel;
 
 pub use crate::ops::utilities::StatsDevice;
@@ -111,11 +112,11 @@ macro_rules! define_capabilities {
             note = "train on `dfdx::prelude::Cpu`, or on `dfdx::prelude::Cuda` with typed-amp's `cuda` feature"
         )]
         pub trait AmpDevice:
-            StatsDevice<Err: From<dfdx::tensor::CpuError>> $(+ Kernels<$elem>)*
+            StatsDevice<Err: From<dfdx::tensor::CpuError>> + UnscaleBatchKernel $(+ Kernels<$elem>)*
         {
         }
 
-        impl<D: StatsDevice<Err: From<dfdx::tensor::CpuError>> $(+ Kernels<$elem>)*> AmpDevice for D {}
+        impl<D: StatsDevice<Err: From<dfdx::tensor::CpuError>> + UnscaleBatchKernel $(+ Kernels<$elem>)*> AmpDevice for D {}
     };
 }
 

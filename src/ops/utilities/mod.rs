@@ -8,6 +8,8 @@ pub(crate) mod cpu_gemm;
 pub(crate) mod cuda;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_gemm;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda_multi;
 pub(crate) mod fused_activation;
 
 /// `(batch, tokens, W)` rows of a sequence model's activations (what attention, the embedding
