@@ -12,7 +12,7 @@
 //! `2·u·|value|` (each rounds once) plus `3·n·u₃₂·mass`, `mass` the sum of the magnitudes of
 //! everything summed into the value (computed here in f64), `n` the longest accumulation.
 //! The optimizer's update is elementwise and written without contractions on both devices: the
-//! same bits.
+//! same bits, queued and run per tensor or all at once.
 #![cfg(feature = "cuda")]
 
 use std::panic::catch_unwind;
@@ -678,6 +678,113 @@ fn the_fused_update_on_cuda_gives_the_cpus_bits() {
     update_case::<f32>(&gpu);
     update_case::<half::f16>(&gpu);
     update_case::<half::bf16>(&gpu);
+}
+
+/// Several tensors' Adam and SGD updates queued and run by one flush (on CUDA one multi-tensor
+/// launch per working precision over a table of the tensors): lengths that end mid-chunk, and
+/// weight decay on some tensors only (as `DecoupledMatrices` resolves it by rank). The same
+/// elementwise arithmetic as the unqueued kernels: the CPU's bits.
+fn batched_update_case<E: AmpElem>(gpu: &Cuda)
+where
+    Cpu: typed_amp::device::Kernels<E>,
+    Cuda: typed_amp::device::Kernels<E>,
+{
+    use typed_amp::device::UpdateKernel;
+    let lens = [5000, 1, 20_000, 16_384];
+    let decayed = [true, false, true, false];
+    fn run<D: typed_amp::device::AmpDevice + typed_amp::device::Kernels<E>, E: AmpElem>(
+        dev: &D,
+        lens: &[usize],
+        decayed: &[bool],
+        adam: bool,
+    ) -> Vec<Vec<u32>> {
+        let mut tensors: Vec<_> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let s = 100 + 10 * i as u64;
+                let t = |v: Vec<f32>| -> Tensor<(usize,), f32, D> { dev.tensor_from_vec(v, (n,)) };
+                let v2: Vec<f32> = values::<f32>(n, s + 3, 0.001, 0.001)
+                    .into_iter()
+                    .map(f32::abs)
+                    .collect();
+                (
+                    t(values::<f32>(n, s, 1.0, 0.0)),
+                    t(values::<f32>(n, s + 1, 0.1, 0.0)),
+                    t(values::<f32>(n, s + 2, 0.01, 0.0)),
+                    t(v2),
+                    dev.zeros_like(&(n,)) as Tensor<(usize,), E, D>,
+                )
+            })
+            .collect();
+        let mut batch = Default::default();
+        for ((p, g, m, v, w), decay) in tensors.iter_mut().zip(decayed) {
+            // SAFETY: every buffer stays in `tensors`, untouched, until the flush.
+            unsafe {
+                if adam {
+                    let cfg = AdamConfig {
+                        weight_decay: decay.then_some(WeightDecay::Decoupled(0.1)),
+                        ..Default::default()
+                    };
+                    UpdateKernel::<E>::try_queue_adam_refresh(
+                        dev,
+                        &mut batch,
+                        3,
+                        &cfg,
+                        p,
+                        m.storage_mut(),
+                        v.storage_mut(),
+                        g.storage(),
+                        w.storage_mut(),
+                    )
+                } else {
+                    let cfg = SgdConfig {
+                        lr: 0.05,
+                        momentum: Some(Momentum::Nesterov(0.9)),
+                        weight_decay: decay.then_some(WeightDecay::L2(0.01)),
+                    };
+                    UpdateKernel::<E>::try_queue_sgd_refresh(
+                        dev,
+                        &mut batch,
+                        &cfg,
+                        p,
+                        m.storage_mut(),
+                        g.storage(),
+                        w.storage_mut(),
+                    )
+                }
+            }
+            .unwrap();
+        }
+        dev.try_flush_update(batch).unwrap();
+        let bits = |t: Vec<f32>| t.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+        tensors
+            .iter()
+            .flat_map(|(p, _, m, v, w)| {
+                [
+                    bits(p.as_vec()),
+                    bits(m.as_vec()),
+                    bits(v.as_vec()),
+                    bits(w.as_vec().into_iter().map(AmpElem::to_f32).collect()),
+                ]
+            })
+            .collect()
+    }
+    for adam in [true, false] {
+        let cpu = run::<Cpu, E>(&Cpu::default(), &lens, &decayed, adam);
+        let cuda = run::<Cuda, E>(gpu, &lens, &decayed, adam);
+        for (i, (c, g)) in cpu.iter().zip(&cuda).enumerate() {
+            assert!(c == g, "adam {adam}, buffer {i}, {:?}", dtype_of::<E>());
+        }
+    }
+}
+
+#[test]
+fn the_batched_update_on_cuda_gives_the_cpus_bits() {
+    let Some(gpu) = open_cuda() else { return };
+    batched_update_case::<f32>(&gpu);
+    batched_update_case::<half::f16>(&gpu);
+    batched_update_case::<half::bf16>(&gpu);
 }
 
 /// The small GPT's first training steps under O0 and O2-BF16 on both devices, from the same

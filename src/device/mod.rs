@@ -21,6 +21,7 @@
 //! | [`ReluOp`](crate::ops::relu::ReluOp) | ReLU, fused into the op before it | [`crate::ops::relu`] |
 //! | [`GeluOp`](crate::ops::gelu::GeluOp) | exact GELU, fused into the linear op before it | [`crate::ops::gelu`] |
 //! | [`UpdateKernel`] | the optimizer's update fused with the working copy's refresh | [`crate::ops::update`] |
+//! | [`UpdateBatchKernel`] | every parameter's fused update in as few launches as possible | [`crate::ops::update`] |
 //!
 //! The `…Op` rows are tensor-level ops (each with a composed default that a device overrides
 //! with its fused kernel), bundled by [`Ops<E>`](crate::ops::Ops) and
@@ -45,7 +46,7 @@ pub use crate::ops::linear::LinearKernel;
 pub use crate::ops::reduce::ReduceKernel;
 pub use crate::ops::relu::ReluKernel;
 pub use crate::ops::unscale::{UnscaleBatchKernel, UnscaleKernel};
-pub use crate::ops::update::UpdateKernel;
+pub use crate::ops::update::{UpdateBatchKernel, UpdateKernel};
 
 pub use crate::ops::utilities::StatsDevice;
 

@@ -1,4 +1,4 @@
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceSlice};
 use dfdx::prelude::Storage;
@@ -137,7 +137,10 @@ impl<E: CudaElem> UnscaleKernel<E> for Cuda {
         let b = raw_mut(self, &mut **buf)?;
         check_slot(stats, slot)?;
         let tag = E::TAG;
-        batch.queue(
+        queue_unscale(
+            self,
+            batch,
+            stats,
             format!("tamp_unscale_many_{tag}_{tag}"),
             [b.ptr, b.ptr, b.len as u64, slot as u64],
             inv_scale,
@@ -156,7 +159,10 @@ impl<E: CudaElem> UnscaleKernel<E> for Cuda {
         let (s, d) = (raw(self, &*src)?, raw_mut(self, &mut **dst)?);
         check_lengths(s, d)?;
         check_slot(stats, slot)?;
-        batch.queue(
+        queue_unscale(
+            self,
+            batch,
+            stats,
             format!("tamp_unscale_many_{}_f32", E::TAG),
             [s.ptr, d.ptr, s.len as u64, slot as u64],
             inv_scale,
@@ -180,6 +186,26 @@ pub struct CudaUnscaleBatch {
     groups: BTreeMap<String, Vec<[u64; 4]>>,
     /// The sources unscaled into FP32 buffers, kept until they are read.
     keep: Vec<Box<dyn std::any::Any>>,
+    /// The buffers written.
+    written: HashSet<u64>,
+}
+
+/// Queues an unscale writing `words[1]` into `batch`, after running what `batch` holds if that
+/// writes the same buffer already (a buffer unscaled twice is unscaled twice, in order, as
+/// unqueued unscales would be, not raced by one launch).
+fn queue_unscale(
+    dev: &Cuda,
+    batch: &mut CudaUnscaleBatch,
+    stats: &mut CudaSlice<f32>,
+    kernel: String,
+    words: [u64; 4],
+    inv_scale: f32,
+) -> Result<(), CudaError> {
+    if !batch.written.insert(words[1]) {
+        dev.try_flush_unscale(std::mem::take(batch), stats)?;
+        batch.written.insert(words[1]);
+    }
+    batch.queue(kernel, words, inv_scale)
 }
 
 impl CudaUnscaleBatch {
