@@ -12,7 +12,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cudarc::driver::{CudaDevice, CudaSlice, DevicePtr, LaunchConfig};
+use cudarc::driver::{CudaDevice, CudaSlice, DevicePtr, DeviceSlice, LaunchConfig};
 use dfdx::tensor::{CpuError, Cuda, CudaError};
 
 use super::cuda::BLOCK;
@@ -23,7 +23,7 @@ pub(crate) const CHUNK: usize = 64 * BLOCK as usize;
 /// At most this many blocks; each loops over its chunks.
 const MAX_BLOCKS: usize = 4096;
 
-/// Tables kept per kernel and device (the least recently used one is freed beyond this).
+/// Tables kept per kernel and device (beyond this the least recently used one is rewritten).
 const KEEP: usize = 4;
 
 /// The words of a table of `entries` (`W` words each, the tensor's length at `len_word`) and
@@ -67,7 +67,8 @@ struct Table {
 static TABLES: Mutex<(u64, Vec<Table>)> = Mutex::new((0, Vec::new()));
 
 /// The device address of a table holding `words` for `kernel` on `dev`: a kept one with the same
-/// words, else a new one (allocated and uploaded, both counted in `Cuda::transfer_counts`).
+/// words, else the least recently used one rewritten (once `KEEP` are kept), else a new one
+/// (each allocation and upload counted in `Cuda::transfer_counts`).
 pub(crate) fn device_table(dev: &Cuda, kernel: &str, words: &[u64]) -> Result<u64, CudaError> {
     let device = dev.cuda_device();
     let mut guard = TABLES.lock().unwrap_or_else(PoisonError::into_inner);
@@ -86,6 +87,16 @@ pub(crate) fn device_table(dev: &Cuda, kernel: &str, words: &[u64]) -> Result<u6
             .min_by_key(|(_, t)| t.used)
             .map(|(i, _)| i);
         if let Some(i) = oldest {
+            let t = &mut tables[i];
+            if t.buf.len() >= words.len() && !words.is_empty() {
+                // Pointer sets that keep changing cost an upload a step, not an allocation: the
+                // copy is queued after the kernels that read the old words, and waits for them.
+                let mut view = t.buf.slice_mut(0..words.len());
+                dev.write_from_host(words, &mut view)?;
+                t.words = words.to_vec();
+                t.used = *clock;
+                return Ok(*t.buf.device_ptr());
+            }
             // Kernels queued earlier may still read it: freeing is not ordered with them.
             device.synchronize()?;
             tables.swap_remove(i);
