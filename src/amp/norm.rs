@@ -4,19 +4,17 @@
 //!
 //! Batch norm runs as typed-amp's mixed op ([`crate::ops::batchnorm`]): the 16-bit input is
 //! normalized with FP32 statistics into a 16-bit output, no FP32 copy of the activations made.
-//! Layer norm runs as its mixed op ([`crate::ops::layernorm`]) the same way. Where an op cannot
-//! run (a device without its kernels, an input that is not contiguous), the layer runs in FP32
-//! between two casts, as O2 ran every norm before.
+//! Layer norm runs as its mixed op ([`crate::ops::layernorm`]) the same way. How each runs is the
+//! device's (`BatchNormOp`, `LayerNormOp`): where the fused op cannot run (a device without its
+//! kernels, an input that is not contiguous), the layer runs in FP32 between two casts, as O2
+//! ran every norm before.
 
-use dfdx::nn::modules::{BatchNorm1D, BatchNorm2D, LayerNorm1D, Module, ModuleMut};
+use dfdx::nn::modules::{BatchNorm1D, BatchNorm2D, LayerNorm1D, Module};
 use dfdx::prelude::{Axes2, Axes3, Axis, Const, Dim, NoneTape, Shape, Tape, Tensor};
 use dfdx::tensor::TrainingTape;
 
 use crate::device::{AmpDevice, Kernels};
-use crate::ops::batchnorm::{
-    fused_layout, try_batchnorm_infer, try_batchnorm_train, BatchNormParams,
-};
-use crate::ops::cast::Cast;
+use crate::ops::batchnorm::{try_batch_norm_infer, try_batch_norm_train, BatchNormOp};
 use crate::ops::layernorm::try_layer_norm;
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
@@ -55,8 +53,10 @@ pub trait MixedNormMut<X> {
 
 macro_rules! batch_norm {
     ($layer:ident, [$($dims:ident: Dim),*], $shape:ty, $axes:ty) => {
-        impl<const C: usize, $($dims: Dim,)* E: AmpElem, D: AmpDevice + Kernels<E>>
-            MixedNorm<Tensor<$shape, E, D, NoneTape>> for $layer<C, f32, D>
+        impl<const C: usize, $($dims: Dim,)* E: AmpElem, D> MixedNorm<Tensor<$shape, E, D, NoneTape>>
+            for $layer<C, f32, D>
+        where
+            D: AmpDevice + Kernels<E> + BatchNormOp<E>,
         {
             type Output = Tensor<$shape, E, D, NoneTape>;
             type Error = D::Err;
@@ -64,24 +64,7 @@ macro_rules! batch_norm {
                 &self,
                 x: Tensor<$shape, E, D, NoneTape>,
             ) -> Result<Self::Output, D::Err> {
-                let Some(lay) = fused_layout::<C, $shape, $axes, E, D, NoneTape>(&x, false) else {
-                    let y = self.try_forward(x.try_to_f32()?)?;
-                    return y.try_cast::<E::Precision>();
-                };
-                // Inference reads the running statistics only; the op takes them mutably.
-                let (mut mean, mut var) = (self.running_mean.clone(), self.running_var.clone());
-                try_batchnorm_infer(
-                    lay,
-                    x,
-                    BatchNormParams {
-                        scale: &self.scale,
-                        bias: &self.bias,
-                        running_mean: &mut mean,
-                        running_var: &mut var,
-                        epsilon: self.epsilon,
-                        momentum: self.momentum,
-                    },
-                )
+                try_batch_norm_infer::<C, $shape, $axes, E, D, Self>(self, x)
             }
         }
 
@@ -89,7 +72,7 @@ macro_rules! batch_norm {
             for $layer<C, f32, D>
         where
             E: AmpElem,
-            D: AmpDevice + Kernels<E>,
+            D: AmpDevice + Kernels<E> + BatchNormOp<E>,
             T: AmpTape<D> + TrainingTape<E, D> + TrainingTape<f32, D> + Tape<E, D>,
         {
             type Output = Tensor<$shape, E, D, T>;
@@ -98,22 +81,7 @@ macro_rules! batch_norm {
                 &mut self,
                 x: Tensor<$shape, E, D, T>,
             ) -> Result<Self::Output, D::Err> {
-                let Some(lay) = fused_layout::<C, $shape, $axes, E, D, T>(&x, true) else {
-                    let y = self.try_forward_mut(x.try_to_f32()?)?;
-                    return y.try_cast::<E::Precision>();
-                };
-                try_batchnorm_train(
-                    lay,
-                    x,
-                    BatchNormParams {
-                        scale: &self.scale,
-                        bias: &self.bias,
-                        running_mean: &mut self.running_mean,
-                        running_var: &mut self.running_var,
-                        epsilon: self.epsilon,
-                        momentum: self.momentum,
-                    },
-                )
+                try_batch_norm_train::<C, $shape, $axes, E, D, T, Self>(self, x)
             }
         }
     };

@@ -10,11 +10,12 @@
 //! | [`StatsDevice`] | per-tensor results kept on the device, read back once a step | `device/utilities` |
 //! | [`CastKernel`] | `dst = src`, `dst += src` across precisions (the tensor casts: [`crate::ops::cast`]) | `device/cast` |
 //! | [`UnscaleKernel`] | `x / scale` with the non-finite check, fused | `device/unscale` |
+//! | [`UnscaleBatchKernel`] | every gradient's unscale and check in as few launches as possible | `device/unscale` |
 //! | [`ReduceKernel`] | Σx² and max\|x\| (clipping, layer probes) | `device/reduce` |
 //! | [`FillKernel`] | fill, scale, clamp in place | `device/fill` |
 //! | [`HostKernel`] | exact copies to and from the host (checkpoints) | `device/host` |
-//! | [`MixedBatchNormKernel`] | batch norm over 16-bit activations with FP32 statistics (the op: [`crate::ops::batchnorm`]) | `device/batchnorm` |
 //! | [`UpdateKernel`] | the optimizer's update fused with the working copy's refresh | `device/update` |
+//! | [`UpdateBatchKernel`] | every parameter's fused update in as few launches as possible | `device/update` |
 //! | [`LinearOp`](crate::ops::linear::LinearOp) | the linear layer, fused (bias, ReLU or GELU, FP32 weight gradient) | [`crate::ops::linear`] |
 //! | [`LayerNormOp`](crate::ops::layernorm::LayerNormOp) | layer norm over 16-bit activations with FP32 statistics, fused | [`crate::ops::layernorm`] |
 //! | [`AttentionOp`](crate::ops::attention::AttentionOp) | multi-head attention, fused where the scores are FP32 | [`crate::ops::attention`] |
@@ -32,7 +33,6 @@
 //! the capabilities: dfdx's `Cpu` and, with the `cuda` feature, `Cuda`.
 
 mod allocator;
-mod batchnorm;
 mod cast;
 mod fill;
 mod host;
@@ -45,13 +45,12 @@ pub(crate) mod utilities;
 pub use allocator::keep_freed_memory;
 pub use pool::on_cpu_pool;
 
-pub use batchnorm::MixedBatchNormKernel;
 pub use cast::CastKernel;
 pub use fill::FillKernel;
 pub use host::HostKernel;
 pub use reduce::ReduceKernel;
-pub use unscale::UnscaleKernel;
-pub use update::UpdateKernel;
+pub use unscale::{UnscaleBatchKernel, UnscaleKernel};
+pub use update::{UpdateBatchKernel, UpdateKernel};
 pub use utilities::StatsDevice;
 
 macro_rules! define_capabilities {
@@ -73,7 +72,6 @@ macro_rules! define_capabilities {
             + HostKernel<E>
             + CastKernel<E, E>
             + UpdateKernel<E>
-            + MixedBatchNormKernel<E>
             $(
                 + CastKernel<E, $elem>
                 + CastKernel<$elem, E>
@@ -95,8 +93,7 @@ macro_rules! define_capabilities {
                 + HostKernel<E>
                 + CastKernel<E, E>
                 + UpdateKernel<E>
-                        + MixedBatchNormKernel<E>
-                                $(
+                $(
                     + CastKernel<E, $elem>
                     + CastKernel<$elem, E>
                     + dfdx::tensor_ops::ToDtypeKernel<E, $elem>
@@ -119,11 +116,11 @@ macro_rules! define_capabilities {
             note = "train on `dfdx::prelude::Cpu`, or on `dfdx::prelude::Cuda` with typed-amp's `cuda` feature"
         )]
         pub trait AmpDevice:
-            StatsDevice<Err: From<dfdx::tensor::CpuError>> $(+ Kernels<$elem>)*
+            StatsDevice<Err: From<dfdx::tensor::CpuError>> + UnscaleBatchKernel $(+ Kernels<$elem>)*
         {
         }
 
-        impl<D: StatsDevice<Err: From<dfdx::tensor::CpuError>> $(+ Kernels<$elem>)*> AmpDevice for D {}
+        impl<D: StatsDevice<Err: From<dfdx::tensor::CpuError>> + UnscaleBatchKernel $(+ Kernels<$elem>)*> AmpDevice for D {}
     };
 }
 

@@ -1,10 +1,11 @@
 //! The fused update: Adam and SGD over each master/working pair, refreshing the working copy
-//! in the same pass.
+//! in the same pass. The walk queues each pair's update and runs them all after it
+//! ([`UpdateBatchKernel`]: on CUDA one launch per working precision).
 
 use dfdx::optim::{Adam, Sgd};
 use dfdx::prelude::{AdamConfig, Gradients, SgdConfig, Shape, Tensor, WeightDecay};
 
-use crate::device::{AmpDevice, CastKernel, Kernels, UpdateKernel};
+use crate::device::{AmpDevice, CastKernel, Kernels, UpdateBatchKernel, UpdateKernel};
 use crate::error::AmpError;
 use crate::master::{PairVisitor, Paired};
 use crate::precision::AmpElem;
@@ -49,6 +50,7 @@ where
         moments: (&'a mut Gradients<f32, D>, &'a mut Gradients<f32, D>),
         grads: &'a Gradients<f32, D>,
         unused: usize,
+        batch: Batch<D>,
     }
     impl<D: AmpDevice> PairVisitor<D> for Visit<'_, D> {
         type Error = AmpError;
@@ -82,16 +84,22 @@ where
                 weight_decay: WeightDecay::for_rank(self.cfg.weight_decay, Sm::NUM_DIMS),
                 ..self.cfg
             };
-            UpdateKernel::<W>::try_adam_refresh(
-                &dev,
-                self.t,
-                &cfg,
-                master,
-                m1,
-                m2,
-                grad,
-                working.storage_mut(),
-            )
+            self.batch.1.get_or_insert_with(|| dev.clone());
+            // SAFETY: the master, its moments, its gradient and the working copy stay where
+            // they are, untouched, until `flush` runs the batch after the walk.
+            unsafe {
+                UpdateKernel::<W>::try_queue_adam_refresh(
+                    &dev,
+                    &mut self.batch.0,
+                    self.t,
+                    &cfg,
+                    master,
+                    m1,
+                    m2,
+                    grad,
+                    working.storage_mut(),
+                )
+            }
             .map_err(AmpError::device)
         }
     }
@@ -110,9 +118,22 @@ where
         moments: (fp32_state(m1), fp32_state(m2)),
         grads: grads.store::<f32>().unwrap_or(&empty),
         unused: 0,
+        batch: Default::default(),
     };
     master.visit_pairs(working, &mut visit)?;
+    flush(visit.batch)?;
     unused_error(visit.unused)
+}
+
+/// The updates a walk queued, and the device that runs them.
+type Batch<D> = (<D as UpdateBatchKernel>::Batch, Option<D>);
+
+/// Runs the updates a walk queued.
+fn flush<D: AmpDevice>(batch: Batch<D>) -> Result<(), AmpError> {
+    match batch {
+        (batch, Some(dev)) => dev.try_flush_update(batch).map_err(AmpError::device),
+        (_, None) => Ok(()),
+    }
 }
 
 /// SGD's update fused with the refresh, pair by pair.
@@ -132,6 +153,7 @@ where
         velocity: &'a mut Gradients<f32, D>,
         grads: &'a Gradients<f32, D>,
         unused: usize,
+        batch: Batch<D>,
     }
     impl<D: AmpDevice> PairVisitor<D> for Visit<'_, D> {
         type Error = AmpError;
@@ -158,8 +180,20 @@ where
                 weight_decay: WeightDecay::for_rank(self.cfg.weight_decay, Sm::NUM_DIMS),
                 ..self.cfg
             };
-            UpdateKernel::<W>::try_sgd_refresh(&dev, &cfg, master, v, grad, working.storage_mut())
-                .map_err(AmpError::device)
+            self.batch.1.get_or_insert_with(|| dev.clone());
+            // SAFETY: as Adam's, above.
+            unsafe {
+                UpdateKernel::<W>::try_queue_sgd_refresh(
+                    &dev,
+                    &mut self.batch.0,
+                    &cfg,
+                    master,
+                    v,
+                    grad,
+                    working.storage_mut(),
+                )
+            }
+            .map_err(AmpError::device)
         }
     }
     let cfg = opt.cfg;
@@ -169,8 +203,10 @@ where
         velocity: fp32_state(opt.velocity_mut()),
         grads: grads.store::<f32>().unwrap_or(&empty),
         unused: 0,
+        batch: Default::default(),
     };
     master.visit_pairs(working, &mut visit)?;
+    flush(visit.batch)?;
     unused_error(visit.unused)
 }
 

@@ -245,16 +245,9 @@ where
         };
         let (master, working_model) = (&mut self.master, self.working.model_mut());
         let flags = self.flags.record(|stats| {
-            master.visit_pairs(
-                working_model,
-                &mut UnscalePairs {
-                    working,
-                    master: &mut master_grads,
-                    inv_scale,
-                    stats,
-                    slot: 0,
-                },
-            )
+            let mut unscale = UnscalePairs::new(working, &mut master_grads, inv_scale, stats);
+            master.visit_pairs(working_model, &mut unscale)?;
+            unscale.finish()
         })?;
         Ok((master_grads, flags))
     }

@@ -6,11 +6,17 @@
 //! the parameter's precision. An FP32 part is moved into the master gradients, not copied (the
 //! master's previous buffer is kept for the next pass to overwrite), a 16-bit part is widened
 //! into them, and whatever the sum, it is unscaled and checked in place once.
+//!
+//! The walk queues each unscale ([`UnscaleBatchKernel`]) and [`UnscalePairs::finish`] runs them
+//! all at once (on CUDA one launch per pair of precisions over a table of the tensors, Apex's
+//! `multi_tensor_apply`; on the CPU each as it is queued).
 
 use dfdx::prelude::{Shape, Storage, Tensor};
 
 use super::pair::PairVisitor;
-use crate::device::{AmpDevice, CastKernel, FillKernel, Kernels, StatsDevice, UnscaleKernel};
+use crate::device::{
+    AmpDevice, CastKernel, FillKernel, Kernels, StatsDevice, UnscaleBatchKernel, UnscaleKernel,
+};
 use crate::error::AmpError;
 use crate::params::{ParamVisitor, Parameters};
 use crate::precision::AmpElem;
@@ -23,6 +29,37 @@ pub(crate) struct UnscalePairs<'a, D: AmpDevice> {
     pub(crate) inv_scale: f32,
     pub(crate) stats: &'a mut <D as StatsDevice>::Stats,
     pub(crate) slot: usize,
+    /// The unscales queued by the walk, and the device that runs them.
+    pub(crate) batch: (<D as UnscaleBatchKernel>::Batch, Option<D>),
+}
+
+impl<'a, D: AmpDevice> UnscalePairs<'a, D> {
+    /// A walk that unscales `working`'s gradients into `master`, its flags from slot 0.
+    pub(crate) fn new(
+        working: &'a mut MixedGradients<D>,
+        master: &'a mut MixedGradients<D>,
+        inv_scale: f32,
+        stats: &'a mut <D as StatsDevice>::Stats,
+    ) -> Self {
+        UnscalePairs {
+            working,
+            master,
+            inv_scale,
+            stats,
+            slot: 0,
+            batch: Default::default(),
+        }
+    }
+
+    /// Runs the unscales the walk queued.
+    pub(crate) fn finish(self) -> Result<(), AmpError> {
+        match self.batch {
+            (batch, Some(dev)) => dev
+                .try_flush_unscale(batch, self.stats)
+                .map_err(AmpError::device),
+            (_, None) => Ok(()),
+        }
+    }
 }
 
 impl<D: AmpDevice> PairVisitor<D> for UnscalePairs<'_, D> {
@@ -48,6 +85,8 @@ impl<D: AmpDevice> PairVisitor<D> for UnscalePairs<'_, D> {
         let stored = self.working.store_mut::<E>().remove(working.id());
         let grads = self.master.store_mut::<f32>();
         let (inv, stats) = (self.inv_scale, &mut *self.stats);
+        let batch = &mut self.batch.0;
+        self.batch.1.get_or_insert_with(|| dev.clone());
         let result = match (fp32, stored) {
             (Some(fp32), stored) => {
                 if let Some(old) = grads.insert(master.id(), fp32) {
@@ -58,11 +97,22 @@ impl<D: AmpDevice> PairVisitor<D> for UnscalePairs<'_, D> {
                     CastKernel::<E, f32>::try_add_cast(&dev, &stored, dst)
                         .map_err(AmpError::device)?;
                 }
-                UnscaleKernel::<f32>::try_unscale_in_place(&dev, dst, inv, stats, slot)
+                // SAFETY: `dst` stays in the master gradients, and `stats` with the caller,
+                // untouched until `finish` runs the batch.
+                unsafe {
+                    UnscaleKernel::<f32>::try_queue_unscale_in_place(
+                        &dev, batch, dst, inv, stats, slot,
+                    )
+                }
             }
             (None, Some(stored)) => {
                 let dst = grads.get_or_alloc_mut(master).map_err(AmpError::device)?;
-                UnscaleKernel::<E>::try_unscale_to_f32(&dev, &stored, dst, inv, stats, slot)
+                // SAFETY: as above; the batch keeps `stored`.
+                unsafe {
+                    UnscaleKernel::<E>::try_queue_unscale_to_f32(
+                        &dev, batch, stored, dst, inv, stats, slot,
+                    )
+                }
             }
             // A parameter the loss did not reach gets a zero gradient, as dfdx gives it, and its
             // flag is written too: the flag buffer is reused across steps.
@@ -93,6 +143,7 @@ pub(crate) fn unscale_in_place<M: Parameters<D>, D: AmpDevice>(
         inv_scale: f32,
         stats: &'a mut <D as StatsDevice>::Stats,
         slot: usize,
+        batch: (<D as UnscaleBatchKernel>::Batch, Option<D>),
     }
     impl<D: AmpDevice> ParamVisitor<D> for Visit<'_, D> {
         type Error = AmpError;
@@ -111,6 +162,7 @@ pub(crate) fn unscale_in_place<M: Parameters<D>, D: AmpDevice>(
             let slot = self.slot;
             self.slot += 1;
             let dev = param.device();
+            self.batch.1.get_or_insert_with(|| dev.clone());
             let store = self.grads.store_mut::<E>();
             if let Some(fp32) = self.working.take_param_grad(param.id()) {
                 match same_buf::<f32, E, D>(fp32) {
@@ -132,17 +184,30 @@ pub(crate) fn unscale_in_place<M: Parameters<D>, D: AmpDevice>(
                 }
             }
             let grad = store.get_or_alloc_mut(param).map_err(AmpError::device)?;
-            UnscaleKernel::<E>::try_unscale_in_place(dev, grad, self.inv_scale, self.stats, slot)
-                .map_err(AmpError::device)
+            let (inv, stats, batch) = (self.inv_scale, &mut *self.stats, &mut self.batch.0);
+            // SAFETY: `grad` stays in the store, and `stats` with the caller, untouched until
+            // the batch runs below.
+            unsafe {
+                UnscaleKernel::<E>::try_queue_unscale_in_place(dev, batch, grad, inv, stats, slot)
+            }
+            .map_err(AmpError::device)
         }
     }
-    module.visit_params(&mut Visit {
+    let mut visit = Visit {
         working,
         grads,
         inv_scale,
         stats,
         slot: 0,
-    })
+        batch: Default::default(),
+    };
+    module.visit_params(&mut visit)?;
+    match visit.batch {
+        (batch, Some(dev)) => dev
+            .try_flush_unscale(batch, visit.stats)
+            .map_err(AmpError::device),
+        (_, None) => Ok(()),
+    }
 }
 
 /// After a single-precision model's step: its gradients leave the store (FP32 buffers are kept

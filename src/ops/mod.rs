@@ -5,7 +5,7 @@
 //! - [`attention`]: multi-head attention over packed `[q | k | v]` rows, causal or not, with
 //!   its scores in the softmax row's precision ([`attention::AttentionOp`]; the CPU fuses it);
 //! - [`batchnorm`]: batch norm with 16-bit activations and FP32 parameters and statistics
-//!   (on [`MixedBatchNormKernel`](crate::device::MixedBatchNormKernel));
+//!   ([`batchnorm::BatchNormOp`]; the CPU and CUDA fuse it);
 //! - [`cast`]: differentiable precision casts ([`cast::to_f16`], [`cast::to_f32`], ...), on the
 //!   buffer casts the master weights run on too ([`CastKernel`](crate::device::CastKernel));
 //! - [`embedding`]: a GPT's token and position embedding as one op, its gradients into the
@@ -44,6 +44,7 @@ pub(crate) mod tokens;
 use crate::precision::AmpElem;
 
 pub use attention::AttentionOp;
+pub use batchnorm::BatchNormOp;
 pub use embedding::EmbeddingOp;
 pub use gelu::GeluOp;
 pub use layernorm::LayerNormOp;
@@ -57,7 +58,7 @@ macro_rules! define_op_bundles {
         /// op's trait has the composed computation as its default; the CPU and CUDA fuse them).
         #[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
         pub trait Ops<E: AmpElem>:
-            LinearOp<E> + ReluOp<E> + GeluOp<E> + LayerNormOp<E> + AttentionOp<E> + LmHeadOp<E> + EmbeddingOp<E>
+            LinearOp<E> + ReluOp<E> + GeluOp<E> + LayerNormOp<E> + BatchNormOp<E> + AttentionOp<E> + LmHeadOp<E> + EmbeddingOp<E>
         {
         }
 
@@ -66,6 +67,7 @@ macro_rules! define_op_bundles {
                 + ReluOp<E>
                 + GeluOp<E>
                 + LayerNormOp<E>
+                + BatchNormOp<E>
                 + AttentionOp<E>
                 + LmHeadOp<E>
                 + EmbeddingOp<E>

@@ -328,30 +328,6 @@ impl<D: AmpDevice> MixedGradients<D> {
         self.param_grads.get(&id)
     }
 
-    /// Adds per-element sums (computed in f64 by a fused op's backward) to parameter `id`'s
-    /// FP32 gradient, each added in f64 and rounded once; nothing if nobody reads `id`'s
-    /// gradient. For small per-channel parameters (norm layers' scale and bias): the buffer goes
-    /// through the host.
-    pub(crate) fn add_to_param_grad(
-        &mut self,
-        id: UniqueId,
-        sums: &[f64],
-        dev: &D,
-    ) -> Result<(), D::Err> {
-        let Some((g, fresh)) = self.param_grad_mut(id, sums.len(), dev)? else {
-            return Ok(());
-        };
-        let mut host = if fresh {
-            vec![0f32; sums.len()]
-        } else {
-            crate::device::HostKernel::<f32>::try_read(dev, g)?
-        };
-        for (h, v) in host.iter_mut().zip(sums) {
-            *h = (f64::from(*h) + v) as f32;
-        }
-        crate::device::HostKernel::<f32>::try_write(dev, g, &host)
-    }
-
     /// The FP32 gradient buffer of parameter `id` (`len` elements) for a fused op's backward to
     /// write, and whether it is fresh: a fresh buffer holds no gradient (its contents are left
     /// from an earlier pass), so the op overwrites it; otherwise the op adds to it. `None` if

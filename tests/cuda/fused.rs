@@ -1,6 +1,6 @@
-//! The fused ops' CUDA kernels (layer norm, the linear layer, the fused optimizer update)
-//! against the CPU's fused kernels on the same inputs, and the GPT's training step on both
-//! devices. Every test opens GPU 0 first and, where that fails, prints why and passes.
+//! The fused ops' CUDA kernels (layer norm, batch norm, the linear layer, the fused optimizer
+//! update) against the CPU's fused kernels on the same inputs, and the GPT's training step on
+//! both devices. Every test opens GPU 0 first and, where that fails, prints why and passes.
 //!
 //! # Tolerances
 //!
@@ -12,7 +12,7 @@
 //! `2·u·|value|` (each rounds once) plus `3·n·u₃₂·mass`, `mass` the sum of the magnitudes of
 //! everything summed into the value (computed here in f64), `n` the longest accumulation.
 //! The optimizer's update is elementwise and written without contractions on both devices: the
-//! same bits.
+//! same bits, queued and run per tensor or all at once.
 #![cfg(feature = "cuda")]
 
 use std::panic::catch_unwind;
@@ -185,6 +185,243 @@ fn layer_norm_on_cuda_matches_the_cpu() {
     layer_norm_case::<f32>(&gpu);
     layer_norm_case::<half::f16>(&gpu);
     layer_norm_case::<half::bf16>(&gpu);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batch norm: the mixed op (16-bit activations, FP32 parameters and statistics), training
+// forward and backward through the layer (with and without a fused ReLU after it), and the
+// inference forward.
+
+/// Channels of the batch norm cases.
+const BN_C: usize = 6;
+/// Images, height and width of the batch norm cases: 2,304 values per channel.
+const BN_SHAPE: (usize, usize, usize) = (16, 12, 12);
+const BN_SCALE: [f32; BN_C] = [1.5, -0.5, 0.75, 2.0, 0.3, -1.25];
+const BN_BIAS: [f32; BN_C] = [0.25, 1.0, -2.0, 0.1, 0.0, 0.5];
+const BN_EPS: f64 = 1e-5;
+
+type BnInput<E, D, T = NoneTape> = Tensor<(usize, Const<BN_C>, usize, usize), E, D, T>;
+
+/// Each channel's exact (f64) statistics of `x`: mean, biased variance, mean magnitude.
+fn bn_stats(x: &[f64]) -> Vec<(f64, f64, f64)> {
+    let (b, h, w) = BN_SHAPE;
+    let n = (b * h * w) as f64;
+    (0..BN_C)
+        .map(|c| {
+            let vals: Vec<f64> = (0..b)
+                .flat_map(|i| (0..h * w).map(move |k| (i * BN_C + c) * h * w + k))
+                .map(|j| x[j])
+                .collect();
+            let mean = vals.iter().sum::<f64>() / n;
+            let var = vals.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
+            let abs = vals.iter().map(|v| v.abs()).sum::<f64>() / n;
+            (mean, var, abs)
+        })
+        .collect()
+}
+
+fn bn_channel(j: usize) -> usize {
+    let (_, h, w) = BN_SHAPE;
+    (j / (h * w)) % BN_C
+}
+
+/// The input, in `E`, offset (so that the centred values are small beside the raw ones), and
+/// moved away from the ReLU's kink: no exact output lies within 0.01 of zero, so that both
+/// devices' fused ReLUs pass the same gradients (their outputs differ by far less).
+fn bn_input<E: AmpElem>(seed: u64) -> Vec<E> {
+    let (b, h, w) = BN_SHAPE;
+    let mut x = values::<E>(b * BN_C * h * w, seed, 2.0, 1.0);
+    for _ in 0..50 {
+        let xv = f64s(&x);
+        let stats = bn_stats(&xv);
+        let mut moved = false;
+        for (j, v) in xv.iter().enumerate() {
+            let c = bn_channel(j);
+            let (mean, var, _) = stats[c];
+            let a = f64::from(BN_SCALE[c]) / (var + BN_EPS).sqrt();
+            let y = (v - mean) * a + f64::from(BN_BIAS[c]);
+            if y.abs() < 0.01 {
+                let away = if y < 0.0 { -0.05 } else { 0.05 };
+                x[j] = <E as AmpElem>::from_f32((v + away / a) as f32);
+                moved = true;
+            }
+        }
+        if !moved {
+            return x;
+        }
+    }
+    panic!("the batch norm input keeps values at the ReLU's kink");
+}
+
+/// A training forward and backward of a batch norm (`loss = Σ y·r`, `y` after a fused ReLU if
+/// `relu`): output, input gradient, the scale's and the bias's gradients, the running mean and
+/// variance.
+fn batch_norm_run<D, E>(dev: &D, x: &[E], r: &[E], relu: bool) -> [Vec<f64>; 6]
+where
+    D: typed_amp::device::AmpDevice
+        + typed_amp::device::Kernels<E>
+        + typed_amp::ops::Ops<E>
+        + DeviceBuildExt,
+    E: AmpElem,
+{
+    use typed_amp::amp::norm::MixedNormMut;
+    use typed_amp::dfdx::nn::modules::BatchNorm2D;
+    let (b, h, w) = BN_SHAPE;
+    let mut bn: BatchNorm2D<BN_C, f32, D> =
+        dev.build_module::<typed_amp::dfdx::nn::builders::BatchNorm2D<BN_C>, f32>();
+    bn.scale = dev.tensor(BN_SCALE);
+    bn.bias = dev.tensor(BN_BIAS);
+    let xt: BnInput<E, D> = dev.tensor_from_vec(x.to_vec(), (b, Const, h, w));
+    let rt: BnInput<E, D> = dev.tensor_from_vec(r.to_vec(), (b, Const, h, w));
+    let y: BnInput<E, D, typed_amp::tape::MixedTape<D>> = bn
+        .try_forward_mixed_mut(xt.clone().leaky_traced_mixed())
+        .unwrap();
+    let y = if relu {
+        typed_amp::ops::relu::try_relu(y).unwrap()
+    } else {
+        y
+    };
+    let yv = f64s(&y.retaped::<NoneTape>().as_vec());
+    let grads = Loss::new((y * rt).to_f32().sum())
+        .backward()
+        .unwrap()
+        .grads()
+        .clone();
+    let g32 = |id| fp32_grad(dev, &grads, id);
+    let widen = |v: Vec<f32>| v.into_iter().map(f64::from).collect::<Vec<_>>();
+    [
+        yv,
+        f64s(&grads.get(&xt).unwrap().as_vec()),
+        g32(bn.scale.id()),
+        g32(bn.bias.id()),
+        widen(bn.running_mean.as_vec()),
+        widen(bn.running_var.as_vec()),
+    ]
+}
+
+/// The inference forward of a batch norm with the given running statistics, as bits.
+fn batch_norm_infer_bits<D, E>(dev: &D, x: &[E], mean: &[f32], var: &[f32]) -> Vec<u32>
+where
+    D: typed_amp::device::AmpDevice
+        + typed_amp::device::Kernels<E>
+        + typed_amp::ops::Ops<E>
+        + DeviceBuildExt,
+    E: AmpElem,
+{
+    use typed_amp::amp::norm::MixedNorm;
+    use typed_amp::dfdx::nn::modules::BatchNorm2D;
+    let (b, h, w) = BN_SHAPE;
+    let mut bn: BatchNorm2D<BN_C, f32, D> =
+        dev.build_module::<typed_amp::dfdx::nn::builders::BatchNorm2D<BN_C>, f32>();
+    bn.scale = dev.tensor(BN_SCALE);
+    bn.bias = dev.tensor(BN_BIAS);
+    bn.running_mean = dev.tensor_from_vec(mean.to_vec(), (Const,));
+    bn.running_var = dev.tensor_from_vec(var.to_vec(), (Const,));
+    let xt: BnInput<E, D> = dev.tensor_from_vec(x.to_vec(), (b, Const, h, w));
+    bn.try_forward_mixed(xt)
+        .unwrap()
+        .as_vec()
+        .into_iter()
+        .map(|v| AmpElem::to_f32(v).to_bits())
+        .collect()
+}
+
+/// The CPU's and CUDA's batch norms on the same input. Both compute the statistics in FP32
+/// (the CPU in runs of 16 lanes, at most `N/16 + 32` additions per value; CUDA in chains of
+/// `N/256` per thread), adding partial sums in f64, and everything after them with the same
+/// FP32 operations; the bounds are the header's with `n = N/16 + 40` and, per value, the mass
+/// of what reaches it through the statistics (the mean's error scales with the mean magnitude
+/// `S`, the variance's relative error moves `a = scale/std` by `n·u₃₂/2` relatively). The
+/// inference forward, whose statistics are given, is the same arithmetic on both: the same bits.
+fn batch_norm_case<E: AmpElem>(gpu: &Cuda, seed: u64)
+where
+    Cpu: typed_amp::device::Kernels<E> + typed_amp::ops::Ops<E>,
+    Cuda: typed_amp::device::Kernels<E> + typed_amp::ops::Ops<E>,
+{
+    let (b, h, w) = BN_SHAPE;
+    let per_chan = b * h * w;
+    let x = bn_input::<E>(seed);
+    let r = values::<E>(x.len(), seed + 1, 1.0, 0.0);
+    let (xv, rv) = (f64s(&x), f64s(&r));
+    let stats = bn_stats(&xv);
+    let u = f64::from(dtype_of::<E>().unit_roundoff());
+    let n = per_chan / 16 + 40;
+    for relu in [false, true] {
+        let cpu = batch_norm_run::<Cpu, E>(&Cpu::default(), &x, &r, relu);
+        let cuda = batch_norm_run::<Cuda, E>(gpu, &x, &r, relu);
+        let what = format!("batch norm {:?} relu {relu}", dtype_of::<E>());
+        // The gradient reaching each value: r, where the (fused) ReLU passes it.
+        let dz: Vec<f64> = (0..x.len())
+            .map(|j| if relu && cpu[0][j] <= 0.0 { 0.0 } else { rv[j] })
+            .collect();
+        let (mut dz_abs, mut dz_dev) = (vec![0.0; BN_C], vec![0.0; BN_C]);
+        for (j, d) in dz.iter().enumerate() {
+            let c = bn_channel(j);
+            let (mean, _, s) = stats[c];
+            dz_abs[c] += d.abs();
+            dz_dev[c] += d.abs() * ((xv[j] - mean).abs() + s);
+        }
+        let (mut y_mass, mut dx_mass) = (vec![0.0; x.len()], vec![0.0; x.len()]);
+        for j in 0..x.len() {
+            let c = bn_channel(j);
+            let (mean, var, s) = stats[c];
+            let std = (var + BN_EPS).sqrt();
+            let a = f64::from(BN_SCALE[c]).abs() / std;
+            let dev = (xv[j] - mean).abs();
+            y_mass[j] = a * (s + dev) + f64::from(BN_BIAS[c]).abs();
+            let k2 = dz_dev[c] / (per_chan as f64 * std * std);
+            dx_mass[j] = a * (dz[j].abs() + dz_abs[c] / per_chan as f64 + (dev + s) * k2);
+        }
+        let ds_mass: Vec<f64> = (0..BN_C)
+            .map(|c| dz_dev[c] / (stats[c].1 + BN_EPS).sqrt())
+            .collect();
+        let rm_mass: Vec<f64> = stats.iter().map(|(_, _, s)| *s).collect();
+        let rv_mass: Vec<f64> = stats.iter().map(|(_, v, _)| 1.0 + 2.0 * v).collect();
+        close(&format!("{what} y"), &cpu[0], &cuda[0], u, n, &y_mass);
+        close(&format!("{what} dx"), &cpu[1], &cuda[1], u, n, &dx_mass);
+        close(
+            &format!("{what} dscale"),
+            &cpu[2],
+            &cuda[2],
+            0.0,
+            n,
+            &ds_mass,
+        );
+        close(&format!("{what} dbias"), &cpu[3], &cuda[3], 0.0, n, &dz_abs);
+        close(
+            &format!("{what} running mean"),
+            &cpu[4],
+            &cuda[4],
+            0.0,
+            n,
+            &rm_mass,
+        );
+        close(
+            &format!("{what} running var"),
+            &cpu[5],
+            &cuda[5],
+            0.0,
+            n,
+            &rv_mass,
+        );
+        let narrow = |v: &[f64]| v.iter().map(|v| *v as f32).collect::<Vec<_>>();
+        let (mean, var) = (narrow(&cpu[4]), narrow(&cpu[5]));
+        assert_eq!(
+            batch_norm_infer_bits::<Cpu, E>(&Cpu::default(), &x, &mean, &var),
+            batch_norm_infer_bits::<Cuda, E>(gpu, &x, &mean, &var),
+            "{what}: inference"
+        );
+    }
+}
+
+#[test]
+fn batch_norm_on_cuda_matches_the_cpu() {
+    // The input's preparation runs without a GPU too: it must terminate.
+    let _ = bn_input::<half::f16>(41);
+    let Some(gpu) = open_cuda() else { return };
+    batch_norm_case::<f32>(&gpu, 41);
+    batch_norm_case::<half::f16>(&gpu, 43);
+    batch_norm_case::<half::bf16>(&gpu, 45);
 }
 
 /// Forward and backward of a linear layer and the ReLU after it (`loss = Σ relu(y)·r`).
@@ -441,6 +678,113 @@ fn the_fused_update_on_cuda_gives_the_cpus_bits() {
     update_case::<f32>(&gpu);
     update_case::<half::f16>(&gpu);
     update_case::<half::bf16>(&gpu);
+}
+
+/// Several tensors' Adam and SGD updates queued and run by one flush (on CUDA one multi-tensor
+/// launch per working precision over a table of the tensors): lengths that end mid-chunk, and
+/// weight decay on some tensors only (as `DecoupledMatrices` resolves it by rank). The same
+/// elementwise arithmetic as the unqueued kernels: the CPU's bits.
+fn batched_update_case<E: AmpElem>(gpu: &Cuda)
+where
+    Cpu: typed_amp::device::Kernels<E>,
+    Cuda: typed_amp::device::Kernels<E>,
+{
+    use typed_amp::device::UpdateKernel;
+    let lens = [5000, 1, 20_000, 16_384];
+    let decayed = [true, false, true, false];
+    fn run<D: typed_amp::device::AmpDevice + typed_amp::device::Kernels<E>, E: AmpElem>(
+        dev: &D,
+        lens: &[usize],
+        decayed: &[bool],
+        adam: bool,
+    ) -> Vec<Vec<u32>> {
+        let mut tensors: Vec<_> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let s = 100 + 10 * i as u64;
+                let t = |v: Vec<f32>| -> Tensor<(usize,), f32, D> { dev.tensor_from_vec(v, (n,)) };
+                let v2: Vec<f32> = values::<f32>(n, s + 3, 0.001, 0.001)
+                    .into_iter()
+                    .map(f32::abs)
+                    .collect();
+                (
+                    t(values::<f32>(n, s, 1.0, 0.0)),
+                    t(values::<f32>(n, s + 1, 0.1, 0.0)),
+                    t(values::<f32>(n, s + 2, 0.01, 0.0)),
+                    t(v2),
+                    dev.zeros_like(&(n,)) as Tensor<(usize,), E, D>,
+                )
+            })
+            .collect();
+        let mut batch = Default::default();
+        for ((p, g, m, v, w), decay) in tensors.iter_mut().zip(decayed) {
+            // SAFETY: every buffer stays in `tensors`, untouched, until the flush.
+            unsafe {
+                if adam {
+                    let cfg = AdamConfig {
+                        weight_decay: decay.then_some(WeightDecay::Decoupled(0.1)),
+                        ..Default::default()
+                    };
+                    UpdateKernel::<E>::try_queue_adam_refresh(
+                        dev,
+                        &mut batch,
+                        3,
+                        &cfg,
+                        p,
+                        m.storage_mut(),
+                        v.storage_mut(),
+                        g.storage(),
+                        w.storage_mut(),
+                    )
+                } else {
+                    let cfg = SgdConfig {
+                        lr: 0.05,
+                        momentum: Some(Momentum::Nesterov(0.9)),
+                        weight_decay: decay.then_some(WeightDecay::L2(0.01)),
+                    };
+                    UpdateKernel::<E>::try_queue_sgd_refresh(
+                        dev,
+                        &mut batch,
+                        &cfg,
+                        p,
+                        m.storage_mut(),
+                        g.storage(),
+                        w.storage_mut(),
+                    )
+                }
+            }
+            .unwrap();
+        }
+        dev.try_flush_update(batch).unwrap();
+        let bits = |t: Vec<f32>| t.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+        tensors
+            .iter()
+            .flat_map(|(p, _, m, v, w)| {
+                [
+                    bits(p.as_vec()),
+                    bits(m.as_vec()),
+                    bits(v.as_vec()),
+                    bits(w.as_vec().into_iter().map(AmpElem::to_f32).collect()),
+                ]
+            })
+            .collect()
+    }
+    for adam in [true, false] {
+        let cpu = run::<Cpu, E>(&Cpu::default(), &lens, &decayed, adam);
+        let cuda = run::<Cuda, E>(gpu, &lens, &decayed, adam);
+        for (i, (c, g)) in cpu.iter().zip(&cuda).enumerate() {
+            assert!(c == g, "adam {adam}, buffer {i}, {:?}", dtype_of::<E>());
+        }
+    }
+}
+
+#[test]
+fn the_batched_update_on_cuda_gives_the_cpus_bits() {
+    let Some(gpu) = open_cuda() else { return };
+    batched_update_case::<f32>(&gpu);
+    batched_update_case::<half::f16>(&gpu);
+    batched_update_case::<half::bf16>(&gpu);
 }
 
 /// The small GPT's first training steps under O0 and O2-BF16 on both devices, from the same

@@ -20,7 +20,7 @@ use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
 use typed_amp::device::{
     AmpDevice, CastKernel, FillKernel, HostKernel, Kernels, ReduceKernel, StatsDevice,
-    UnscaleKernel,
+    UnscaleBatchKernel, UnscaleKernel,
 };
 use typed_amp::dfdx::nn::ToDevice;
 use typed_amp::dfdx::optim::Sgd;
@@ -490,6 +490,130 @@ fn unscale_flags_non_finite_in_either_precision_across_blocks() {
         .unwrap();
     assert!(out.read(&dev).iter().all(|x| x.is_nan()));
     assert_eq!(dev.try_read_stats(&stats).unwrap(), vec![1.0, 1.0, 1.0]);
+}
+
+/// The unscales of a batch (`UnscaleKernel::try_queue_*`, run by one flush: on CUDA one
+/// multi-tensor launch per pair of precisions over a table of the tensors): every precision
+/// into FP32 and in place, lengths that end mid-chunk and span a grid pass, a flag set by an
+/// inf, one by a finite value scaled past `GRADIENT_LIMIT`, and one slot left out of the batch
+/// (it keeps its old value). Returns every result's bits and the flags.
+fn batched_unscale<D: AmpDevice>(dev: &D, inputs: &[Vec<f32>; 5], inv: f32) -> Vec<Vec<u32>> {
+    let mut stats = dev.try_alloc_stats(6).unwrap();
+    for slot in 0..6 {
+        dirty_slot(dev, &mut stats, slot);
+    }
+    let mut batch = Default::default();
+    let zeros = |i: usize| vec![0.0f32; inputs[i].len()];
+    let mut into = [0, 1, 2].map(|i| Buf::<D, f32>::new(dev, &zeros(i)));
+    let mut in_place_32 = Buf::<D, f32>::new(dev, &inputs[3]);
+    let mut in_place_16 = Buf::<D, f16>::new(dev, &inputs[4]);
+    let [a, b, c] = &mut into;
+    // SAFETY: every buffer and `stats` stay here, untouched, until the flush below.
+    unsafe {
+        let src = Buf::<D, f16>::new(dev, &inputs[0]).vec;
+        UnscaleKernel::<f16>::try_queue_unscale_to_f32(
+            dev, &mut batch, src, &mut a.vec, inv, &mut stats, 0,
+        )
+        .unwrap();
+        let src = Buf::<D, bf16>::new(dev, &inputs[1]).vec;
+        UnscaleKernel::<bf16>::try_queue_unscale_to_f32(
+            dev, &mut batch, src, &mut b.vec, inv, &mut stats, 1,
+        )
+        .unwrap();
+        let src = Buf::<D, f32>::new(dev, &inputs[2]).vec;
+        UnscaleKernel::<f32>::try_queue_unscale_to_f32(
+            dev, &mut batch, src, &mut c.vec, inv, &mut stats, 2,
+        )
+        .unwrap();
+        UnscaleKernel::<f32>::try_queue_unscale_in_place(
+            dev,
+            &mut batch,
+            &mut in_place_32.vec,
+            inv,
+            &mut stats,
+            3,
+        )
+        .unwrap();
+        UnscaleKernel::<f16>::try_queue_unscale_in_place(
+            dev,
+            &mut batch,
+            &mut in_place_16.vec,
+            inv,
+            &mut stats,
+            4,
+        )
+        .unwrap();
+    }
+    dev.try_flush_unscale(batch, &mut stats).unwrap();
+    let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    let mut out: Vec<Vec<u32>> = into.iter().map(|b| bits(b.read(dev))).collect();
+    out.push(bits(in_place_32.read(dev)));
+    out.push(bits(in_place_16.read(dev)));
+    out.push(bits(dev.try_read_stats(&stats).unwrap()));
+    out
+}
+
+#[test]
+fn a_batched_unscale_gives_the_cpus_bits_and_flags() {
+    // The CPU's side runs without a GPU too.
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut normal = |n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|_| 100.0 * rng.sample::<f32, _>(StandardNormal))
+            .collect()
+    };
+    let mut inputs = [
+        normal(LONG),
+        normal(16_385),
+        normal(1),
+        normal(70_000),
+        normal(LONG),
+    ];
+    inputs[0][LONG - 1] = f32::INFINITY;
+    inputs[3][69_999] = 1e30;
+    let inv = 1.0 / 1024.0;
+    let cpu = batched_unscale(&Cpu::default(), &inputs, inv);
+    let flags: Vec<f32> = cpu[5].iter().map(|b| f32::from_bits(*b)).collect();
+    assert_eq!(flags, vec![1.0, 0.0, 0.0, 1.0, 0.0, 1.0], "the CPU's flags");
+    let dev = cuda_or_skip!(0);
+    let gpu = batched_unscale(&dev, &inputs, inv);
+    for (i, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
+        assert!(c == g, "result {i} differs from the CPU's");
+    }
+}
+
+/// A parameter set's batched unscale uploads its table once: a warmed-up step's flush with the
+/// same buffers allocates nothing and copies nothing to the device.
+#[test]
+fn a_batched_unscale_reuses_its_table_across_steps() {
+    let dev = cuda_or_skip!(0);
+    let mut a = Buf::<Cuda, f32>::new(&dev, &vec![1.0; LONG]);
+    let mut b = Buf::<Cuda, f16>::new(&dev, &vec![1.0; 3]);
+    let mut stats = dev.try_alloc_stats(2).unwrap();
+    for step in 0..3 {
+        if step == 2 {
+            dev.synchronize();
+            dev.reset_transfer_counts();
+        }
+        let mut batch = Default::default();
+        // SAFETY: the buffers and `stats` stay here, untouched, until the flush.
+        unsafe {
+            UnscaleKernel::<f32>::try_queue_unscale_in_place(
+                &dev, &mut batch, &mut a.vec, 0.5, &mut stats, 0,
+            )
+            .unwrap();
+            UnscaleKernel::<f16>::try_queue_unscale_in_place(
+                &dev, &mut batch, &mut b.vec, 0.5, &mut stats, 1,
+            )
+            .unwrap();
+        }
+        dev.try_flush_unscale(batch, &mut stats).unwrap();
+    }
+    dev.synchronize();
+    let counts = dev.transfer_counts();
+    assert_eq!((counts.allocs, counts.htod), (0, 0), "{counts}");
+    assert!(a.read(&dev).iter().all(|x| *x == 0.125));
+    assert_eq!(dev.try_read_stats(&stats).unwrap(), vec![0.0, 0.0]);
 }
 
 #[test]

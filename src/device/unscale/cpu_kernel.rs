@@ -89,6 +89,29 @@ impl<E: AmpElem> UnscaleKernel<E> for Cpu {
         *slot_of(stats, slot)? = f32::from(u8::from(non_finite));
         Ok(())
     }
+
+    unsafe fn try_queue_unscale_in_place(
+        &self,
+        (): &mut (),
+        buf: &mut <Self as dfdx::prelude::Storage<E>>::Vec,
+        inv_scale: f32,
+        stats: &mut Vec<f32>,
+        slot: usize,
+    ) -> Result<(), CpuError> {
+        UnscaleKernel::<E>::try_unscale_in_place(self, buf, inv_scale, stats, slot)
+    }
+
+    unsafe fn try_queue_unscale_to_f32(
+        &self,
+        (): &mut (),
+        src: <Self as dfdx::prelude::Storage<E>>::Vec,
+        dst: &mut <Self as dfdx::prelude::Storage<f32>>::Vec,
+        inv_scale: f32,
+        stats: &mut Vec<f32>,
+        slot: usize,
+    ) -> Result<(), CpuError> {
+        UnscaleKernel::<E>::try_unscale_to_f32(self, &src, dst, inv_scale, stats, slot)
+    }
 }
 
 #[cfg(test)]

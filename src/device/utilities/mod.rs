@@ -9,6 +9,8 @@ pub(crate) mod cpu_gemm;
 pub(crate) mod cuda;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_gemm;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda_multi;
 
 /// A device that keeps small per-tensor results (non-finite flags, sums of squares) in a buffer
 /// of its own until they are read back, once per step.

@@ -1,111 +1,124 @@
 //! Batch norm with 16-bit activations and FP32 parameters and statistics (Apex's
 //! `keep_batchnorm_fp32`, as cuDNN's mixed batch norm runs it): the input and the output are in
 //! the working precision, the scale, the bias and the running statistics in FP32, and every
-//! statistic and the normalization are computed in FP32 (sums in f64 across runs), so the tape
-//! keeps the 16-bit input and nothing in FP32.
+//! statistic and the normalization are computed in FP32, so the tape keeps the 16-bit input and
+//! two FP32 numbers per channel, not an FP32 copy of the activations as casting around an FP32
+//! batch norm does.
 //!
-//! The passes are those of the vendored dfdx's fused batch norm (`tensor_ops/batchnorm`),
-//! which reads and writes any precision and computes in FP32: given the same input, the
-//! statistics and the output are those of an FP32 batch norm on the widened input, rounded once
-//! to the working precision. A ReLU right after it is fused ([`crate::ops::relu`]). Devices
-//! without the fused kernels (CUDA), and inputs that are not contiguous, run the layer in FP32
-//! between two casts instead.
+//! How it runs is the device's ([`BatchNormOp`]): the default is dfdx's FP32 layer between two
+//! casts ([`try_batchnorm_composed_train`], [`try_batchnorm_composed_infer`]); the CPU and CUDA
+//! run the fused op ([`try_batchnorm_fused_train`], [`try_batchnorm_fused_infer`]) on their
+//! [`MixedBatchNormKernel`]s. The CPU's passes are those of the vendored dfdx's fused batch norm
+//! (`tensor_ops/batchnorm`), which reads and writes any precision and computes in FP32 (sums in
+//! f64 across runs): given the same input, the statistics and the output are those of an FP32
+//! batch norm on the widened input, rounded once to the working precision. A ReLU right after
+//! it is fused ([`crate::ops::relu`]). Inputs that are not contiguous (and training batches
+//! with a single value per channel) run composed on every device.
 
-use dfdx::prelude::{Axes, HasShape, PutTape, Rank1, Shape, SplitTape, Storage, Tensor};
+mod cpu_kernel;
+#[cfg(feature = "cuda")]
+mod cuda_kernel;
+mod kernel;
+mod layer;
+mod op;
+
+use dfdx::prelude::{
+    Axes, Cpu, HasShape, Module, ModuleMut, PutTape, Shape, SplitTape, Storage, Tape, Tensor,
+};
 use dfdx::tensor_ops::batchnorm_parts::BatchNormLayout;
 
-use crate::device::{AmpDevice, Kernels, MixedBatchNormKernel};
+use crate::ops::cast::CastDevice;
 use crate::ops::fused_activation::{ActivationSlot, FusedActivation};
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
-/// A batch norm layer's FP32 parameters and statistics.
-pub struct BatchNormParams<'a, const C: usize, D: Storage<f32>> {
-    /// The scale (γ).
-    pub scale: &'a Tensor<Rank1<C>, f32, D>,
-    /// The bias (β).
-    pub bias: &'a Tensor<Rank1<C>, f32, D>,
-    /// The running mean, updated by training forwards.
-    pub running_mean: &'a mut Tensor<Rank1<C>, f32, D>,
-    /// The running variance (unbiased), updated by training forwards.
-    pub running_var: &'a mut Tensor<Rank1<C>, f32, D>,
-    /// Added to the variance before its square root.
-    pub epsilon: f64,
-    /// The running statistics' update weight.
-    pub momentum: f64,
+pub use kernel::{ChannelStats, MixedBatchNormKernel, RunningUpdate};
+pub use layer::{BatchNormLayer, BatchNormParams, BatchNormParamsMut};
+pub use op::{try_batchnorm_composed_infer, try_batchnorm_composed_train, BatchNormOp};
+
+/// The training forward of `layer` (16-bit or FP32 activations, reduced over `Ax`), its
+/// parameters and statistics in FP32, the output in `x`'s precision; the device's
+/// [`BatchNormOp`] decides how.
+pub fn try_batch_norm_train<const C: usize, S: Shape, Ax: Axes, E, D, T, L>(
+    layer: &mut L,
+    x: Tensor<S, E, D, T>,
+) -> Result<Tensor<S, E, D, T>, D::Err>
+where
+    E: AmpElem,
+    D: CastDevice<E, f32> + CastDevice<f32, E> + BatchNormOp<E>,
+    T: AmpTape<D> + Tape<E, D>,
+    L: BatchNormLayer<C, D>
+        + ModuleMut<Tensor<S, f32, D, T>, Output = Tensor<S, f32, D, T>, Error = D::Err>,
+{
+    D::try_batch_norm_train::<C, S, Ax, T, L>(layer, x)
 }
 
-/// The layout of `x` for a batch norm of `C` channels reduced over `Ax`, if the fused kernels
-/// can run on it (the device has them, `x` is contiguous, and, for training, a channel has at
-/// least two values).
-pub fn fused_layout<const C: usize, S: Shape, Ax: Axes, E: AmpElem, D, T>(
+/// The inference forward of `layer`, as [`try_batch_norm_train`] but with the running
+/// statistics.
+pub fn try_batch_norm_infer<const C: usize, S: Shape, Ax: Axes, E, D, L>(
+    layer: &L,
+    x: Tensor<S, E, D>,
+) -> Result<Tensor<S, E, D>, D::Err>
+where
+    E: AmpElem,
+    D: CastDevice<E, f32> + CastDevice<f32, E> + BatchNormOp<E>,
+    L: BatchNormLayer<C, D> + Module<Tensor<S, f32, D>, Output = Tensor<S, f32, D>, Error = D::Err>,
+{
+    D::try_batch_norm_infer::<C, S, Ax, L>(layer, x)
+}
+
+/// The layout of `x` for the fused op of `C` channels reduced over `Ax`, if it can run on it
+/// (`x` is contiguous, and, for training, a channel has at least two values: the running
+/// variance is unbiased).
+fn fused_layout<const C: usize, S: Shape, Ax: Axes, E: AmpElem, D: Storage<E>, T>(
     x: &Tensor<S, E, D, T>,
     training: bool,
-) -> Option<BatchNormLayout>
-where
-    D: AmpDevice + Kernels<E>,
-{
-    if !<D as MixedBatchNormKernel<E>>::FUSED || x.strides() != x.shape().strides() {
+) -> Option<BatchNormLayout> {
+    if x.strides() != x.shape().strides() {
         return None;
     }
     let lay = BatchNormLayout::of::<S, Ax>(x.shape());
     (lay.chan == C && (!training || lay.per_chan() >= 2)).then_some(lay)
 }
 
-/// Per-channel FP32 values of a rank-1 tensor.
-fn channels<const C: usize, D: AmpDevice>(t: &Tensor<Rank1<C>, f32, D>) -> Vec<f32> {
-    t.as_vec()
-}
-
-/// The training forward, for an input whose layout [`fused_layout`] gave: batch statistics,
-/// the running statistics updated (`running · (1 − momentum) + batch · momentum`, the variance
-/// unbiased), the normalized output in `E`; its backward writes the input's gradient in `E` and
-/// the scale's and bias's in FP32.
-pub fn try_batchnorm_train<const C: usize, S: Shape, E, D, T>(
-    lay: BatchNormLayout,
+/// The fused training forward: batch statistics, the running statistics updated
+/// (`running · (1 − momentum) + batch · momentum`, the variance unbiased), the normalized
+/// output in `E`; its backward writes the input's gradient in `E` and the scale's and bias's in
+/// FP32, with the derivative of a ReLU fused after it applied as it reads `dy`. Runs composed
+/// where `x` is not contiguous or a channel has fewer than two values.
+pub fn try_batchnorm_fused_train<const C: usize, S: Shape, Ax: Axes, E, D, T, L>(
+    layer: &mut L,
     x: Tensor<S, E, D, T>,
-    p: BatchNormParams<'_, C, D>,
 ) -> Result<Tensor<S, E, D, T>, D::Err>
 where
     E: AmpElem,
-    D: AmpDevice + Kernels<E>,
-    T: AmpTape<D>,
+    D: CastDevice<E, f32> + CastDevice<f32, E> + MixedBatchNormKernel<E>,
+    T: AmpTape<D> + Tape<E, D>,
+    L: BatchNormLayer<C, D>
+        + ModuleMut<Tensor<S, f32, D, T>, Output = Tensor<S, f32, D, T>, Error = D::Err>,
 {
-    let n = lay.per_chan() as f64;
+    let Some(lay) = fused_layout::<C, S, Ax, E, D, T>(&x, true) else {
+        return try_batchnorm_composed_train(layer, x);
+    };
     let (x, mut tape) = x.split_tape();
     let dev = x.device().clone();
-    let (mean64, var64) = MixedBatchNormKernel::<E>::try_bn_stats(&dev, &lay, x.storage())?;
-    // The running statistics as dfdx's fused kernel updates them, through axpy in FP32.
-    let batch = |v: &[f64]| -> Result<Tensor<Rank1<C>, f32, D>, D::Err> {
-        dev.try_tensor_from_vec(
-            v.iter().map(|v| *v as f32).collect(),
-            (dfdx::prelude::Const,),
-        )
-    };
-    p.running_mean
-        .try_axpy(1.0 - p.momentum, &batch(&mean64)?, p.momentum)?;
-    p.running_var.try_axpy(
-        1.0 - p.momentum,
-        &batch(&var64)?,
-        p.momentum * n / (n - 1.0),
-    )?;
-
-    let mean32: Vec<f32> = mean64.iter().map(|m| *m as f32).collect();
-    let var32: Vec<f32> = var64.iter().map(|v| *v as f32).collect();
-    let scale32 = channels(p.scale);
-    let bias32 = channels(p.bias);
-    let (std32, a32) =
-        dfdx::tensor_ops::batchnorm_parts::std_and_scale(&var32, &scale32, p.epsilon);
     let mut y: Tensor<S, E, D> = dev.try_zeros_like(x.shape())?;
-    MixedBatchNormKernel::<E>::try_bn_normalize(
+    let p = layer.params_mut();
+    let stats = MixedBatchNormKernel::<E>::try_bn_train_forward(
         &dev,
         &lay,
         x.storage(),
         y.storage_mut(),
-        [&mean32, &a32, &bias32],
+        p.scale.storage(),
+        p.bias.storage(),
+        RunningUpdate {
+            mean: p.running_mean.storage_mut(),
+            var: p.running_var.storage_mut(),
+            momentum: p.momentum,
+        },
+        p.epsilon,
     )?;
-
-    let (scale_id, bias_id, y_id) = (p.scale.id(), p.bias.id(), y.id());
+    let (scale, bias_id, y_id) = (p.scale.clone(), p.bias.id(), y.id());
     // Batch norm's backward applies ReLU's derivative, not GELU's.
     let fused = ActivationSlot::<S, E, D>::new(false);
     let relu = fused.clone();
@@ -120,73 +133,117 @@ where
             Some(FusedActivation::Gelu(_)) | None => None,
         };
         let mask = relu_out.as_ref().map(|t| t.storage());
-        let sums = MixedBatchNormKernel::<E>::try_bn_grad_sums(
+        let ([dscale, dbias], store) =
+            grads.params_and_store_mut::<E, 2>([(scale.id(), C), (bias_id, C)], &dev)?;
+        let gx = if store.wants_grad(&x) {
+            // Written over a fresh gradient, added to one that other ops already wrote.
+            let accumulate = store.get_ref_checked(&x).is_some();
+            Some((store.get_or_alloc_mut(&x)?, accumulate))
+        } else {
+            None
+        };
+        MixedBatchNormKernel::<E>::try_bn_backward(
             &dev,
             &lay,
             x.storage(),
             &dy,
             mask,
-            &mean32,
-        )?;
-        // dx = (scale / std) · (dy − mean(dy) − (x − mean) · Σ dy·(x − mean) / (n · std²))
-        let inv_std: Vec<f64> = std32.iter().map(|s| 1.0 / f64::from(*s)).collect();
-        let k1: Vec<f32> = (0..lay.chan)
-            .map(|c| (f64::from(scale32[c]) * inv_std[c]) as f32)
-            .collect();
-        let mdy: Vec<f32> = sums.iter().map(|s| (s[0] / n) as f32).collect();
-        let k2: Vec<f32> = (0..lay.chan)
-            .map(|c| (sums[c][1] * inv_std[c] * inv_std[c] / n) as f32)
-            .collect();
-        let store = grads.store_mut::<E>();
-        if store.wants_grad(&x) {
-            // Written over a fresh gradient, added to one that other ops already wrote.
-            let accumulate = store.get_ref_checked(&x).is_some();
-            let gx = store.get_or_alloc_mut(&x)?;
-            MixedBatchNormKernel::<E>::try_bn_input_grad(
-                &dev,
-                &lay,
-                x.storage(),
-                &dy,
-                mask,
-                (gx, accumulate),
-                [&mean32, &k1, &mdy, &k2],
-            )?;
-        }
-        // d scale = Σ dy·(x − mean) / std, d bias = Σ dy: each added in f64, rounded once.
-        let dscale: Vec<f64> = (0..lay.chan).map(|c| sums[c][1] * inv_std[c]).collect();
-        let dbias: Vec<f64> = sums.iter().map(|s| s[0]).collect();
-        grads.add_to_param_grad(scale_id, &dscale, &dev)?;
-        grads.add_to_param_grad(bias_id, &dbias, &dev)?;
-        Ok(())
+            gx,
+            scale.storage(),
+            &stats,
+            dscale,
+            dbias,
+        )
     });
     tape.offer_activation(y.id(), fused);
     Ok(y.put_tape(tape))
 }
 
-/// The inference forward, for an input whose layout [`fused_layout`] gave: normalized with the
-/// running statistics.
-pub fn try_batchnorm_infer<const C: usize, S: Shape, E, D>(
-    lay: BatchNormLayout,
+/// The fused inference forward: normalized with the running statistics. Runs composed where
+/// `x` is not contiguous.
+pub fn try_batchnorm_fused_infer<const C: usize, S: Shape, Ax: Axes, E, D, L>(
+    layer: &L,
     x: Tensor<S, E, D>,
-    p: BatchNormParams<'_, C, D>,
 ) -> Result<Tensor<S, E, D>, D::Err>
 where
     E: AmpElem,
-    D: AmpDevice + Kernels<E>,
+    D: CastDevice<E, f32> + CastDevice<f32, E> + MixedBatchNormKernel<E>,
+    L: BatchNormLayer<C, D> + Module<Tensor<S, f32, D>, Output = Tensor<S, f32, D>, Error = D::Err>,
 {
+    let Some(lay) = fused_layout::<C, S, Ax, E, D, _>(&x, false) else {
+        return try_batchnorm_composed_infer(layer, x);
+    };
     let dev = x.device().clone();
-    let (_, a32) = dfdx::tensor_ops::batchnorm_parts::std_and_scale(
-        &channels(p.running_var),
-        &channels(p.scale),
-        p.epsilon,
-    );
     let mut y: Tensor<S, E, D> = dev.try_zeros_like(x.shape())?;
-    MixedBatchNormKernel::<E>::try_bn_normalize(
+    let p = layer.params();
+    MixedBatchNormKernel::<E>::try_bn_infer_forward(
         &dev,
         &lay,
         x.storage(),
         y.storage_mut(),
-        [&channels(p.running_mean), &a32, &channels(p.bias)],
+        p.scale.storage(),
+        p.bias.storage(),
+        p.running_mean.storage(),
+        p.running_var.storage(),
+        p.epsilon,
     )?;
     Ok(y)
+}
+
+/// The CPU fuses batch norm.
+impl<E: AmpElem> BatchNormOp<E> for Cpu {
+    fn try_batch_norm_train<const C: usize, S: Shape, Ax: Axes, T, L>(
+        layer: &mut L,
+        x: Tensor<S, E, Self, T>,
+    ) -> Result<Tensor<S, E, Self, T>, Self::Err>
+    where
+        Self: CastDevice<E, f32> + CastDevice<f32, E>,
+        T: AmpTape<Self> + Tape<E, Self>,
+        L: BatchNormLayer<C, Self>
+            + ModuleMut<Tensor<S, f32, Self, T>, Output = Tensor<S, f32, Self, T>, Error = Self::Err>,
+    {
+        try_batchnorm_fused_train::<C, S, Ax, E, Self, T, L>(layer, x)
+    }
+
+    fn try_batch_norm_infer<const C: usize, S: Shape, Ax: Axes, L>(
+        layer: &L,
+        x: Tensor<S, E, Self>,
+    ) -> Result<Tensor<S, E, Self>, Self::Err>
+    where
+        Self: CastDevice<E, f32> + CastDevice<f32, E>,
+        L: BatchNormLayer<C, Self>
+            + Module<Tensor<S, f32, Self>, Output = Tensor<S, f32, Self>, Error = Self::Err>,
+    {
+        try_batchnorm_fused_infer::<C, S, Ax, E, Self, L>(layer, x)
+    }
+}
+
+/// CUDA fuses batch norm ([`MixedBatchNormKernel`] for `Cuda`: a block per channel for the
+/// statistics, a thread per element for the normalization and the input's gradient).
+#[cfg(feature = "cuda")]
+impl<E: crate::device::utilities::cuda::CudaElem> BatchNormOp<E> for dfdx::prelude::Cuda {
+    fn try_batch_norm_train<const C: usize, S: Shape, Ax: Axes, T, L>(
+        layer: &mut L,
+        x: Tensor<S, E, Self, T>,
+    ) -> Result<Tensor<S, E, Self, T>, Self::Err>
+    where
+        Self: CastDevice<E, f32> + CastDevice<f32, E>,
+        T: AmpTape<Self> + Tape<E, Self>,
+        L: BatchNormLayer<C, Self>
+            + ModuleMut<Tensor<S, f32, Self, T>, Output = Tensor<S, f32, Self, T>, Error = Self::Err>,
+    {
+        try_batchnorm_fused_train::<C, S, Ax, E, Self, T, L>(layer, x)
+    }
+
+    fn try_batch_norm_infer<const C: usize, S: Shape, Ax: Axes, L>(
+        layer: &L,
+        x: Tensor<S, E, Self>,
+    ) -> Result<Tensor<S, E, Self>, Self::Err>
+    where
+        Self: CastDevice<E, f32> + CastDevice<f32, E>,
+        L: BatchNormLayer<C, Self>
+            + Module<Tensor<S, f32, Self>, Output = Tensor<S, f32, Self>, Error = Self::Err>,
+    {
+        try_batchnorm_fused_infer::<C, S, Ax, E, Self, L>(layer, x)
+    }
 }
