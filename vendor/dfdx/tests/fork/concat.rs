@@ -39,7 +39,9 @@ fn concat_along_contiguous_runs_and_strided_inputs_agree_with_the_index_definiti
     let w = weights.array();
     for strided in [false, true] {
         let b_in = if strided {
-            b_t.clone().leaky_trace().permute::<Rank3<2, 2, 4>, Axes3<2, 1, 0>>()
+            b_t.clone()
+                .leaky_trace()
+                .permute::<Rank3<2, 2, 4>, Axes3<2, 1, 0>>()
         } else {
             b.clone().leaky_trace()
         };
@@ -52,7 +54,11 @@ fn concat_along_contiguous_runs_and_strided_inputs_agree_with_the_index_definiti
             .concat_along(Axis::<1>)
             .try_realize::<Rank3<2, 5, 4>>()
             .unwrap();
-        assert_eq!(c.array(), expected(&a.array(), &b.array()), "strided b: {strided}");
+        assert_eq!(
+            c.array(),
+            expected(&a.array(), &b.array()),
+            "strided b: {strided}"
+        );
         let grads = (c * weights.clone()).sum().backward();
         let ga = grads.get(&a).array();
         for i in 0..2 {
@@ -68,7 +74,11 @@ fn concat_along_contiguous_runs_and_strided_inputs_agree_with_the_index_definiti
             grads.get(&b).as_vec()
         };
         for (n, g) in gb.iter().enumerate() {
-            assert_eq!(*g, w[n / 8][3 + n / 4 % 2][n % 4], "b's gradient, strided b: {strided}");
+            assert_eq!(
+                *g,
+                w[n / 8][3 + n / 4 % 2][n % 4],
+                "b's gradient, strided b: {strided}"
+            );
         }
     }
 }

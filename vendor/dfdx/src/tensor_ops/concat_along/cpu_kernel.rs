@@ -73,8 +73,14 @@ impl<E: Dtype> super::ConcatAlongKernel<E> for Cpu {
             let runs = grad_out.chunks(a_n + b_n);
             let sinks = grad_a.chunks_mut(a_n).zip(grad_b.chunks_mut(b_n));
             for (g, (ga, gb)) in runs.zip(sinks) {
-                ga[..a_n].iter_mut().zip(&g[..a_n]).for_each(|(x, y)| *x += *y);
-                gb[..b_n].iter_mut().zip(&g[a_n..]).for_each(|(x, y)| *x += *y);
+                ga[..a_n]
+                    .iter_mut()
+                    .zip(&g[..a_n])
+                    .for_each(|(x, y)| *x += *y);
+                gb[..b_n]
+                    .iter_mut()
+                    .zip(&g[a_n..])
+                    .for_each(|(x, y)| *x += *y);
             }
             return Ok(());
         }
