@@ -13,6 +13,7 @@
 //! | file | concept |
 //! | --- | --- |
 //! | `grads.rs` | [`MixedGradients`], the gradients of every precision |
+//! | `erased_store.rs` | one precision's dfdx gradient store with its element type erased |
 //! | `identity.rs` | [`TargetId`] and `ScaledAt`: whose gradients they are, and when a scaler wrote them |
 //! | `computed.rs` | the precisions a backward pass computed gradients in (FP16 needs a loss scale) |
 //! | `mixed.rs` | [`MixedTape`] and [`TraceMixed`] |
@@ -21,6 +22,7 @@
 
 mod amp_tape;
 mod computed;
+mod erased_store;
 mod grads;
 mod identity;
 mod mixed;
