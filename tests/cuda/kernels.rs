@@ -1357,13 +1357,21 @@ mod fused_ops {
     /// the division, because CUDA's `expf` is within 2 ulp (the CPU's within 1.5). The CUDA
     /// kernels round neither the probabilities nor the scores' gradient to `E` before their
     /// products (the CPU does, once each): inside the `2u`.
+    ///
+    /// Where the kernels may run on tensor cores (16-bit values, heads of 16, 32 or 64 columns:
+    /// src/ops/attention/cuda_mma.rs), the FP32 roundings count twice: tensor cores may round
+    /// their additions toward zero (Fasi et al., "Numerical behavior of NVIDIA tensor cores",
+    /// 2021), up to an ulp rather than half of one each.
     fn attention_bound<E: AmpElem>(
         d: &AttentionDims,
         score_mass: f64,
         largest: f64,
     ) -> impl Fn(f64, f64) -> f64 {
         let u = unit::<E>();
-        let eps = 2.0 * u + (d.head_dim + d.tokens + 16) as f64 * U32 * (2.0 + 2.0 * score_mass);
+        let tensor_cores = u > U32 && [16, 32, 64].contains(&d.head_dim);
+        let per_rounding = if tensor_cores { 2.0 * U32 } else { U32 };
+        let eps =
+            2.0 * u + (d.head_dim + d.tokens + 16) as f64 * per_rounding * (2.0 + 2.0 * score_mass);
         let underflow = eta::<E>() * (1.0 + d.tokens as f64 * largest);
         move |value: f64, mass: f64| u * value.abs() + eps * mass + underflow
     }
@@ -1469,10 +1477,13 @@ mod fused_ops {
             for t in [1, 67, 130] {
                 for causal in [true, false] {
                     seed += 1;
-                    // Two heads of width 1, 5, 16 (the ViT's) and 64 (the GPT's).
+                    // Two heads of width 1, 5, 16 (the ViT's), 32 (the small GPT's) and 64
+                    // (the baby GPT's). 16, 32 and 64 run on tensor cores in 16 bits on GPUs
+                    // of compute capability 8.0 or higher (src/ops/attention/cuda_mma.rs).
                     attention_case::<2, 6, 2, E>(g, c, (2, t), causal, seed);
                     attention_case::<10, 30, 2, E>(g, c, (2, t), causal, seed);
                     attention_case::<32, 96, 2, E>(g, c, (2, t), causal, seed);
+                    attention_case::<64, 192, 2, E>(g, c, (2, t), causal, seed);
                     attention_case::<128, 384, 2, E>(g, c, (2, t), causal, seed);
                 }
             }
@@ -1538,12 +1549,14 @@ mod fused_ops {
                 + LmHeadKernel<E>
                 + EmbeddingKernel<E>,
         {
-            for causal in [true, false] {
+            // Heads of 5 columns (CUDA cores) and of 16 (tensor cores in 16 bits, where the
+            // GPU has them).
+            for (causal, head_dim) in [(true, 5), (false, 5), (true, 16), (false, 16)] {
                 let d = AttentionDims {
                     batch: 2,
                     tokens: 67,
                     heads: 3,
-                    head_dim: 5,
+                    head_dim,
                     causal,
                 };
                 let mut rng = StdRng::seed_from_u64(17);
@@ -1590,7 +1603,13 @@ mod fused_ops {
     fn fused_attention_propagates_nan_to_the_same_elements_as_the_cpu() {
         let gpu = cuda_or_skip!(0);
         let cpu = Cpu::default();
-        const M: usize = 10;
+        // Heads of 5 columns (CUDA cores) and of 16 (tensor cores, where the GPU has them).
+        attention_nan_case::<10, 30>(&gpu, &cpu);
+        attention_nan_case::<32, 96>(&gpu, &cpu);
+    }
+
+    /// A NaN in one query, key or value element, in two heads of `M / 2` columns.
+    fn attention_nan_case<const M: usize, const M3: usize>(gpu: &Cuda, cpu: &Cpu) {
         const H: usize = 2;
         let (b, t) = (2, 67);
         let mut rng = StdRng::seed_from_u64(23);
@@ -1602,12 +1621,10 @@ mod fused_ops {
                 // block are exercised too.
                 let mut qkv = values::<f16>(&mut rng, b * t * 3 * M, 1.0);
                 qkv[(t + 40) * 3 * M + part * M + M / H + 2] = f16::NAN;
-                let (yg, gg) =
-                    attention_run::<M, { 3 * M }, H, f16, Cuda>(&gpu, (b, t), causal, &qkv, &w);
-                let (yc, gc) =
-                    attention_run::<M, { 3 * M }, H, f16, Cpu>(&cpu, (b, t), causal, &qkv, &w);
+                let (yg, gg) = attention_run::<M, M3, H, f16, Cuda>(gpu, (b, t), causal, &qkv, &w);
+                let (yc, gc) = attention_run::<M, M3, H, f16, Cpu>(cpu, (b, t), causal, &qkv, &w);
                 let nans = |v: &[f64]| v.iter().map(|x| x.is_nan()).collect::<Vec<bool>>();
-                let what = format!("causal {causal}, NaN in part {part}");
+                let what = format!("head of {}, causal {causal}, NaN in part {part}", M / H);
                 assert!(
                     yg.iter().any(|x| x.is_nan()),
                     "{what}: the output hides the NaN"

@@ -32,6 +32,7 @@ extern "C" __global__ void tamp_add_cast_{stag}_{dtag}(u64 n, const {sty} *src, 
             .to_vec();
         (source, names)
     },
+    arch: None,
 };
 
 impl<Src: CudaElem, Dst: CudaElem> CastKernel<Src, Dst> for Cuda {

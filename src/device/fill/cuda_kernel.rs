@@ -41,6 +41,7 @@ extern "C" __global__ void tamp_clamp_{tag}(u64 n, {ty} *buf, float limit) {{ am
         (source, names)
     },
     pair: no_pair,
+    arch: None,
 };
 
 /// Applies an elementwise kernel taking one scalar, `x`, to `buf` in place.

@@ -61,6 +61,7 @@ extern "C" __global__ void tamp_max_abs_{tag}(u64 n, const {ty} *buf, float *out
         (source, names)
     },
     pair: no_pair,
+    arch: None,
 };
 
 /// Reduces `buf` into stats slot `slot` (reset first).

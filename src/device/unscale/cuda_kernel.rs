@@ -85,6 +85,7 @@ extern "C" __global__ void tamp_unscale_many_{stag}_{dtag}(const u64 *table, u64
         }
         (source, names)
     },
+    arch: None,
 };
 
 impl<E: CudaElem> UnscaleKernel<E> for Cuda {

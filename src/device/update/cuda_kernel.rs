@@ -133,6 +133,7 @@ extern "C" __global__ void tamp_sgd_many_{tag}(const u64 *table, u64 tensors, u6
         (source, names)
     },
     pair: crate::device::utilities::cuda::no_pair,
+    arch: None,
 };
 
 /// One Adam step's constants, passed to the kernel by value (its `AdamConstants`).

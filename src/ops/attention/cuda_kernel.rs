@@ -25,12 +25,16 @@
 //! backward's probabilities are the forward's. The tiles' shapes match the CPU kernel's blocks
 //! of 64 (the same pairs of query and key blocks meet), so a NaN reaches the same outputs and
 //! gradients on both devices.
+//!
+//! These kernels run FP32 values, and 16-bit values where tensor cores cannot: 16-bit values
+//! with heads of 16, 32 or 64 columns on GPUs of compute capability 8.0 or higher run on tensor
+//! cores instead (`cuda_mma.rs`: the same algorithm, grid order and masking, on `mma.sync`).
 
 use cudarc::driver::LaunchConfig;
 use dfdx::prelude::Storage;
 use dfdx::tensor::{CpuError, Cuda, CudaError};
 
-use super::{AttentionDims, AttentionKernel};
+use super::{cuda_mma, AttentionDims, AttentionKernel};
 use crate::device::utilities::cuda::{
     launch, launch_with, no_pair, raw, raw_mut, CudaElem, OpSource, BLOCK,
 };
@@ -57,6 +61,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) tamp_attn_dq_{tag}(u64 batch
         (source, names)
     },
     pair: no_pair,
+    arch: None,
 };
 
 fn wrong() -> CudaError {
@@ -114,6 +119,10 @@ impl<E: CudaElem> AttentionKernel<E> for Cuda {
         let cfg = tiled(&d)?;
         let mut lse = Storage::<f32>::try_alloc_len(self, n)?;
         let l = raw_mut(self, &mut *lse)?;
+        if let Some(hd) = cuda_mma::mma_head::<E>(self, &d)? {
+            cuda_mma::forward::<E>(self, &d, hd, (x, out, l))?;
+            return Ok(lse);
+        }
         launch_with(
             self,
             &SOURCE,
@@ -173,6 +182,9 @@ impl<E: CudaElem> AttentionKernel<E> for Cuda {
                 dl.ptr,
             ),
         )?;
+        if let Some(hd) = cuda_mma::mma_head::<E>(self, &d)? {
+            return cuda_mma::backward::<E>(self, &d, hd, accumulate, (x, dout, l, dl, dx));
+        }
         // The two kernels write disjoint parts of each packed gradient row: K and V, then Q.
         for kernel in ["attn_dkv", "attn_dq"] {
             launch_with(

@@ -17,6 +17,8 @@ mod composed;
 mod cpu_kernel;
 #[cfg(feature = "cuda")]
 mod cuda_kernel;
+#[cfg(feature = "cuda")]
+mod cuda_mma;
 mod fused;
 mod kernel;
 mod op;

@@ -184,6 +184,7 @@ extern "C" __global__ void tamp_bn_input_grad_{tag}(BnDims dm, const {ty} *x, co
         (source, names)
     },
     pair: no_pair,
+    arch: None,
 };
 
 fn wrong() -> CudaError {

@@ -101,6 +101,7 @@ extern "C" __global__ void tamp_embed_dwte_{tag}(u64 rows, u64 width, u64 vocab,
         (source, names)
     },
     pair: no_pair,
+    arch: None,
 };
 
 fn wrong() -> CudaError {

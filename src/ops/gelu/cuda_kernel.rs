@@ -53,6 +53,7 @@ extern "C" __global__ void tamp_gelu_backward_{tag}(u64 n, const {ty} *input, {t
         )
     },
     pair: no_pair,
+    arch: None,
 };
 
 impl<E: CudaElem> GeluKernel<E> for Cuda {

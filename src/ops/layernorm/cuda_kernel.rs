@@ -122,6 +122,7 @@ extern "C" __global__ void tamp_ln_backward_params_{tag}(u64 rows, u64 width, u6
         (source, names)
     },
     pair: no_pair,
+    arch: None,
 };
 
 fn wrong() -> CudaError {

@@ -69,6 +69,7 @@ extern "C" __global__ void tamp_linear_column_sums_{tag}(u64 rows, u64 cols, u64
         (source, names)
     },
     pair: no_pair,
+    arch: None,
 };
 
 fn check(ok: bool) -> Result<(), CudaError> {

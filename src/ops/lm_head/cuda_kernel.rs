@@ -101,6 +101,7 @@ extern "C" __global__ void tamp_ce_backward_{tag}(u64 rows, u64 vocab, float row
         (source, names)
     },
     pair: crate::device::utilities::cuda::no_pair,
+    arch: None,
 };
 
 fn wrong() -> CudaError {

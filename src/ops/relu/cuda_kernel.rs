@@ -36,6 +36,7 @@ extern "C" __global__ void tamp_relu_mask_{tag}(u64 n, const {ty} *out, {ty} *gr
         )
     },
     pair: no_pair,
+    arch: None,
 };
 
 impl<E: CudaElem> ReluKernel<E> for Cuda {
