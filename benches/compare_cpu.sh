@@ -14,7 +14,7 @@
 #   ARGS           passed to both benches: --only mlp|cnn|vit|gpt-small|gpt-baby|matmul, --steps N,
 #                  --warmup W,
 #                  --min-time S, --max-steps N (and PyTorch-only ones, which the Rust bench
-#                  ignores: --max-time S, --min-steps N, --no-fp16)
+#                  ignores: --max-time S, --min-steps N, --no-fp16, --fp32-only)
 #
 # The table needs only python3's standard library. Timings on a shared machine wander: the
 # table shows wall-clock medians, and CPU time per step (all threads) beside them.

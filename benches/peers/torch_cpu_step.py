@@ -238,6 +238,9 @@ def main():
     p.add_argument("--min-steps", type=int, default=5,
                    help="samples a configuration cut short by --max-time still takes (default 5)")
     p.add_argument("--no-fp16", action="store_true", help="skip the FP16 configurations")
+    p.add_argument("--fp32-only", action="store_true",
+                   help="time FP32 only (autocast on a CPU without AVX512-BF16/AMX runs 16-bit "
+                   "arithmetic in emulation)")
     args = p.parse_args()
     args.steps = max(args.steps, 1)
     args.min_steps = max(1, min(args.min_steps, args.steps))
@@ -256,11 +259,11 @@ def main():
     ]:
         if args.only not in (None, model_name):
             continue
-        configs = [
-            Config(model_name, "torch-fp32", build, shape, seed),
-            Config(model_name, "torch-bf16-autocast", build, shape, seed, torch.bfloat16),
-        ]
-        if not fp16_problem:
+        configs = [Config(model_name, "torch-fp32", build, shape, seed)]
+        if not args.fp32_only:
+            configs.append(
+                Config(model_name, "torch-bf16-autocast", build, shape, seed, torch.bfloat16))
+        if not fp16_problem and not args.fp32_only:
             configs.append(
                 Config(model_name, "torch-fp16-autocast", build, shape, seed, torch.float16))
         for c, s in zip(configs, time_interleaved(configs, args)):
@@ -274,8 +277,10 @@ def main():
                       f"(over --max-time {args.max_time} s)", file=sys.stderr)
 
     if args.only in (None, "matmul"):
-        dtypes = [("f32", torch.float32), ("bf16", torch.bfloat16)]
-        if not fp16_problem:
+        dtypes = [("f32", torch.float32)]
+        if not args.fp32_only:
+            dtypes.append(("bf16", torch.bfloat16))
+        if not fp16_problem and not args.fp32_only:
             dtypes.append(("f16", torch.float16))
         products = [Product(name, dt, n) for n in (256, 1024) for name, dt in dtypes]
         margs = argparse.Namespace(**vars(args))

@@ -504,8 +504,10 @@ def cmd_step(args):
     rows = []
     for seed, size in enumerate(sizes, start=11):
         cfg = SIZES[size]
-        configs = [("torch-fp32", None), ("torch-bf16-autocast", torch.bfloat16)]
-        if not fp16_problem:
+        configs = [("torch-fp32", None)]
+        if not args.fp32_only:
+            configs.append(("torch-bf16-autocast", torch.bfloat16))
+        if not fp16_problem and not args.fp32_only:
             configs.append(("torch-fp16-autocast", torch.float16))
         entries = [StepEntry(size, name, dtype, seed) for name, dtype in configs]
         flop = product_flop(cfg)
@@ -572,6 +574,9 @@ def main():
     s.add_argument("--min-steps", type=int, default=5,
                    help="samples a configuration cut short by --max-time still takes (default 5)")
     s.add_argument("--no-fp16", action="store_true", help="skip the FP16 configuration")
+    s.add_argument("--fp32-only", action="store_true",
+                   help="time FP32 only (autocast on a CPU without AVX512-BF16/AMX runs 16-bit "
+                   "arithmetic in emulation, minutes per baby GPT step)")
 
     t = sub.add_parser("train", help="a full training run with validation loss")
     t.add_argument("--data-dir", required=True, help="the directory of the *_gut.txt files")
