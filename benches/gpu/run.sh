@@ -10,8 +10,8 @@
 #                 left (less a reserve for the summary; at most STEP_TIMEOUT_S), and no step is
 #                 started with under 15 s left
 #   STEPS         the steps, in order [default: cuda_tests nvrtc_tests, nccl_tests in an --nccl
-#                 build, gpu_step_gpt gpu_step_mlp gpu_step_vit gpu_step_cnn torch_peer
-#                 compare_gpt]
+#                 build, gpu_step_gpt gpu_step_gpt_cuda_cores gpu_step_mlp gpu_step_vit
+#                 gpu_step_cnn torch_peer compare_gpt]
 #   STEP_TIMEOUT_S  the most one step may take, so that a step that hangs leaves time for the
 #                 next ones [default: 240]
 #   GPT_ITERS     iterations of the baby GPT in compare_gpt and train_gpt [default: 300]
@@ -22,6 +22,9 @@
 #   nvrtc_tests    the library's NVRTC compile tests (no GPU needed)
 #   gpu_step_gpt, gpu_step_mlp, gpu_step_vit, gpu_step_cnn
 #                  cli/benches/gpu_step.rs --only <model>
+#   gpu_step_gpt_cuda_cores
+#                  gpu_step --only gpt with the attention on CUDA cores (TYPED_AMP_CUDA_ATTENTION=fp32):
+#                  beside gpu_step_gpt, what the tensor-core attention (16-bit, sm_80+) gains
 #   gpu_step       cli/benches/gpu_step.rs, every model
 #   torch_peer     benches/peers/torch_gpu_step.py, every model (PyTorch, the machine's python3)
 #   torch_peer_gpt, torch_peer_mlp, torch_peer_vit, torch_peer_cnn: one model
@@ -57,7 +60,7 @@ fi
 nccl_built=$(sed -n 's/^nccl: //p' "$gpu/MANIFEST")
 default_steps="cuda_tests nvrtc_tests"
 [ "$nccl_built" = 1 ] && default_steps+=" nccl_tests"
-default_steps+=" gpu_step_gpt gpu_step_mlp gpu_step_vit gpu_step_cnn torch_peer compare_gpt"
+default_steps+=" gpu_step_gpt gpu_step_gpt_cuda_cores gpu_step_mlp gpu_step_vit gpu_step_cnn torch_peer compare_gpt"
 steps=${STEPS:-$default_steps}
 
 # The machine, the driver and CUDA first.
@@ -154,6 +157,9 @@ step_command() {
         gpu_step) cmd=("$gpu/bin/gpu_step") ;;
         gpu_step_gpt | gpu_step_mlp | gpu_step_vit | gpu_step_cnn)
             cmd=("$gpu/bin/gpu_step" --only "${step#gpu_step_}")
+            ;;
+        gpu_step_gpt_cuda_cores)
+            cmd=(env TYPED_AMP_CUDA_ATTENTION=fp32 "$gpu/bin/gpu_step" --only gpt)
             ;;
         torch_peer) cmd=(python3 "$gpu/peers/torch_gpu_step.py") ;;
         torch_peer_gpt | torch_peer_mlp | torch_peer_vit | torch_peer_cnn)

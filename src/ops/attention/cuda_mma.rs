@@ -157,7 +157,7 @@ pub(super) fn backward<E: CudaElem>(
 #[cfg(test)]
 mod tests {
     #[test]
-    fn nvrtc_compiles_the_tensor_core_kernels() {
+    fn nvrtc_compiles_the_kernels() {
         crate::device::utilities::cuda::check_program_of(&super::MMA_SOURCE, &["f16", "bf16"]);
     }
 
