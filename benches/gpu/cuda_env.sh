@@ -96,7 +96,9 @@ cuda_env_main() {
         ln -sfn "$lib" "$root/lib64/${name%%.so.*}.so"
     done
 
-    if [ ! -e "$root/lib64/stubs/libcuda.so.1" ] || [ "$root/lib64/stubs/libcuda.so.1" -ot "$wheel_root/include/cuda.h" ]; then
+    # Made again when cuda.h or this script is newer than it.
+    local stub=$root/lib64/stubs/libcuda.so.1
+    if [ ! -e "$stub" ] || [ "$stub" -ot "$wheel_root/include/cuda.h" ] || [ "$stub" -ot "${BASH_SOURCE[0]}" ]; then
         cuda_env_stub "$wheel_root/include" "$root/lib64/stubs" || return 1
     fi
 
@@ -133,7 +135,9 @@ EOF
 
 # Writes a stub libcuda.so.1 (and libcuda.so) into $2 from the cuda.h under $1: every driver
 # entry point, under the names cuda.h's macros give them (cuMemAlloc is cuMemAlloc_v2), returning
-# CUDA_ERROR_STUB_LIBRARY (34), as the toolkit's own stub does.
+# CUDA_ERROR_STUB_LIBRARY (34), as the toolkit's own stub does; except cuGetErrorName and
+# cuGetErrorString, which answer (cudarc's `Debug` of a driver error unwraps them, and a stub
+# that failed there too made every error a panic inside a panic: an abort, not a skip).
 cuda_env_stub() {
     local include=$1 out=$2 tmp
     tmp=$(mktemp -d) || return 1
@@ -143,7 +147,20 @@ cuda_env_stub() {
         echo "#include <cuda.h>" | cc -E -P -I"$include" -x c - |
             grep -oE '^(extern +)?CUresult +(CUDAAPI +)?cu[A-Za-z0-9_]+ *\(' |
             grep -oE 'cu[A-Za-z0-9_]+ *\($' | tr -d ' (' | sort -u |
+            grep -vxE 'cuGetErrorName|cuGetErrorString' |
             sed 's/.*/int &(void) { return CUDA_ERROR_STUB_LIBRARY; }/'
+        cat <<'EOF'
+int cuGetErrorName(int error, const char **name) {
+    *name = error == CUDA_ERROR_STUB_LIBRARY ? "CUDA_ERROR_STUB_LIBRARY" : "CUDA_ERROR_UNKNOWN";
+    return 0;
+}
+int cuGetErrorString(int error, const char **text) {
+    *text = error == CUDA_ERROR_STUB_LIBRARY
+        ? "CUDA driver is a stub library (benches/gpu/cuda_env.sh): no NVIDIA driver here"
+        : "unknown error (stub CUDA driver library)";
+    return 0;
+}
+EOF
     } >"$tmp/libcuda_stub.c" || {
         rm -rf "$tmp"
         return 1
