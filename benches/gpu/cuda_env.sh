@@ -26,6 +26,11 @@
 #   Where no nvidia-smi is on PATH, a shim that prints CUDA_COMPUTE_CAP stands in for it (in
 #   $CUDA_ROOT/shim, on PATH only then).
 
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+    echo "cuda_env.sh sets up the calling shell: source it (source benches/gpu/cuda_env.sh)" >&2
+    exit 2
+fi
+
 cuda_env_main() {
     local venv
     if [ -n "${CUDA_VENV:-}" ]; then
@@ -61,7 +66,7 @@ cuda_env_main() {
                 return 1
             }
         fi
-        "$python" -m pip install --quiet --disable-pip-version-check --no-deps --no-compile \
+        "$python" -m pip install --quiet --disable-pip-version-check --no-deps --no-compile --no-cache-dir \
             "${pins[@]}" || {
             echo "cuda_env: pip could not install NVIDIA's CUDA wheels from PyPI" \
                 "(network? disk?): ${pins[*]}" >&2
@@ -180,12 +185,14 @@ EOF
 }
 
 # Errors are handled where they happen (`|| return 1`), also under a caller's `set -e`, so that
-# the message below is printed.
-cuda_env_main && cuda_env_status=0 || cuda_env_status=$?
+# the message below is printed. `source` returns the status of the last command: `false` on a
+# failure (which also stops a caller under `set -e` there).
+cuda_env_main && cuda_env_failed=0 || cuda_env_failed=1
 unset -f cuda_env_main cuda_env_stub
-if [ "$cuda_env_status" != 0 ]; then
+if [ "$cuda_env_failed" = 1 ]; then
+    unset cuda_env_failed
     echo "cuda_env: FAILED to set up CUDA (see above)" >&2
+    false
+else
+    unset cuda_env_failed
 fi
-# `return` works when sourced; the status is that of the set-up.
-# shellcheck disable=SC2317
-return "$cuda_env_status" 2>/dev/null || exit "$cuda_env_status"
