@@ -8,11 +8,14 @@
 #   bash benches/gpu/build.sh --nccl     # the same with NCCL (features typed-amp/nccl,
 #                                        # typed-amp-cli/nccl): tests/cuda/nccl.rs runs too
 #
-# .gpu/ gets:
-#   bin/cuda_tests     tests/cuda (kernels::, fused::, and nccl:: with --nccl), release
-#   bin/nvrtc_tests    the library's unit tests with `cuda` (run.sh filters them to `nvrtc`)
-#   bin/gpu_step       cli/benches/gpu_step.rs
-#   bin/typed-amp      the CLI with `cuda` (`--device cuda:0`)
+# .gpu/ gets, the executables stripped of their symbol tables (panics keep their messages,
+# backtraces lose function names) and compressed with gzip (70 MiB stripped, 15 MiB compressed;
+# run.sh unpacks them into a temporary folder):
+#   bin/cuda_tests.gz  tests/cuda (kernels::, fused::, and nccl:: with --nccl), release
+#   bin/nvrtc_tests.gz the library's unit tests with `cuda` (run.sh filters them to `nvrtc`)
+#   bin/gpu_step.gz    cli/benches/gpu_step.rs
+#   bin/typed-amp.gz   the CLI with `cuda` (`--device cuda:0`; 37 MiB stripped, most of it the
+#                      embedded data)
 #   include/           the CUDA headers dfdx's run-time NVRTC kernels include (cuda_fp16.h,
 #                      cuda_bf16.h): dfdx bakes the build's include directory into its binaries,
 #                      and run.sh links that path to these where it does not exist
@@ -26,12 +29,11 @@
 # Size: the device tool carries at most 64 MiB, the checkout's tracked files included, so .gpu/
 # gets what is left (less a margin). The libraries do not fit: libnvrtc.so.13 is 105 MiB,
 # libcublasLt.so.13 515 MiB (with libcublas.so.13, 52 MiB: one library in two files that must be
-# of the same version), libnccl.so.2 208 MiB, and stripping them saves nothing (they are device
-# code). Each such group is copied only where it fits whole; otherwise the GPU machine's own copy
-# is used: its image holds PyTorch built for CUDA 13.0 with NVIDIA's wheels (nvidia-cublas,
-# nvidia-cuda-nvrtc, nvidia-nccl-cu13) and the CUDA 13.0 toolkit, which run.sh finds and whose
-# versions it prints. The executables are copied stripped of their symbol tables (panics keep
-# their messages, backtraces lose function names).
+# of the same version; the executables name libcublas only, which loads libcublasLt),
+# libnccl.so.2 208 MiB, and stripping them saves nothing (they are device code). Each such group
+# is copied only where it fits whole; otherwise the GPU machine's own copy is used: its image
+# holds PyTorch built for CUDA 13.0 with NVIDIA's wheels (nvidia-cublas, nvidia-cuda-nvrtc,
+# nvidia-nccl-cu13) and the CUDA 13.0 toolkit, which run.sh finds and whose paths it prints.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$(pwd)
@@ -104,7 +106,9 @@ for name in "${!exes[@]}"; do
         echo "build.sh: cargo named no executable for $name" >&2
         exit 1
     fi
-    strip --strip-all -o "$out/bin/$name" "$exe"
+    strip --strip-all -o "$json_dir/$name" "$exe"
+    gzip -6 -n -c "$json_dir/$name" >"$out/bin/$name.gz"
+    stripped_total=$((${stripped_total:-0} + $(stat -c %s "$json_dir/$name")))
 done
 
 for header in cuda_fp16.h cuda_fp16.hpp cuda_bf16.h cuda_bf16.hpp; do
@@ -123,11 +127,11 @@ used() { du -sb "$out" | cut -f1; }
 # The CUDA libraries the executables need (their NEEDED entries, libcuda aside: the driver's),
 # in groups that must travel together. NVRTC loads libnvrtc-builtins of its own version at run
 # time.
-needed=$(for exe in "$out"/bin/*; do readelf -d "$exe"; done |
+needed=$(for name in "${!exes[@]}"; do readelf -d "$json_dir/$name"; done |
     sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | sort -u)
 groups=()
 grep -q '^libnvrtc\.' <<<"$needed" && groups+=("nvrtc:libnvrtc.so.13 libnvrtc-builtins.so.13.0")
-grep -q '^libcublas' <<<"$needed" && groups+=("cublas:libcublas.so.13 libcublasLt.so.13")
+grep -q '^libcublas\.' <<<"$needed" && groups+=("cublas:libcublas.so.13 libcublasLt.so.13")
 grep -q '^libcudart' <<<"$needed" && groups+=("cudart:libcudart.so.13")
 grep -q '^libnccl' <<<"$needed" && groups+=("nccl:libnccl.so.2")
 shipped=()
@@ -156,6 +160,7 @@ total=$(used)
     echo "compute_cap: sm_$CUDA_COMPUTE_CAP (dfdx's PTX and its run-time NVRTC kernels)"
     echo "cuda_include_dir: $CUDA_ROOT/include"
     echo "needed: $(tr '\n' ' ' <<<"$needed")"
+    echo "executables: ${!exes[*]} ($((stripped_total / 1048576)) MiB stripped, gzip'd in bin/)"
     for s in "${shipped[@]}"; do echo "shipped: $s"; done
     for s in "${from_machine[@]}"; do echo "from the GPU machine: $s"; done
     echo "size: $total bytes ($((total / 1048576)) MiB of the $((budget / 1048576)) MiB left by the tracked files' $((tracked / 1048576)) MiB)"

@@ -26,6 +26,11 @@
 #   Where no nvidia-smi is on PATH, a shim that prints CUDA_COMPUTE_CAP stands in for it (in
 #   $CUDA_ROOT/shim, on PATH only then).
 
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+    echo "cuda_env.sh sets up the calling shell: source it (source benches/gpu/cuda_env.sh)" >&2
+    exit 2
+fi
+
 cuda_env_main() {
     local venv
     if [ -n "${CUDA_VENV:-}" ]; then
@@ -61,7 +66,7 @@ cuda_env_main() {
                 return 1
             }
         fi
-        "$python" -m pip install --quiet --disable-pip-version-check --no-deps --no-compile \
+        "$python" -m pip install --quiet --disable-pip-version-check --no-deps --no-compile --no-cache-dir \
             "${pins[@]}" || {
             echo "cuda_env: pip could not install NVIDIA's CUDA wheels from PyPI" \
                 "(network? disk?): ${pins[*]}" >&2
@@ -96,7 +101,9 @@ cuda_env_main() {
         ln -sfn "$lib" "$root/lib64/${name%%.so.*}.so"
     done
 
-    if [ ! -e "$root/lib64/stubs/libcuda.so.1" ] || [ "$root/lib64/stubs/libcuda.so.1" -ot "$wheel_root/include/cuda.h" ]; then
+    # Made again when cuda.h or this script is newer than it.
+    local stub=$root/lib64/stubs/libcuda.so.1
+    if [ ! -e "$stub" ] || [ "$stub" -ot "$wheel_root/include/cuda.h" ] || [ "$stub" -ot "${BASH_SOURCE[0]}" ]; then
         cuda_env_stub "$wheel_root/include" "$root/lib64/stubs" || return 1
     fi
 
@@ -133,7 +140,9 @@ EOF
 
 # Writes a stub libcuda.so.1 (and libcuda.so) into $2 from the cuda.h under $1: every driver
 # entry point, under the names cuda.h's macros give them (cuMemAlloc is cuMemAlloc_v2), returning
-# CUDA_ERROR_STUB_LIBRARY (34), as the toolkit's own stub does.
+# CUDA_ERROR_STUB_LIBRARY (34), as the toolkit's own stub does; except cuGetErrorName and
+# cuGetErrorString, which answer (cudarc's `Debug` of a driver error unwraps them, and a stub
+# that failed there too made every error a panic inside a panic: an abort, not a skip).
 cuda_env_stub() {
     local include=$1 out=$2 tmp
     tmp=$(mktemp -d) || return 1
@@ -143,7 +152,20 @@ cuda_env_stub() {
         echo "#include <cuda.h>" | cc -E -P -I"$include" -x c - |
             grep -oE '^(extern +)?CUresult +(CUDAAPI +)?cu[A-Za-z0-9_]+ *\(' |
             grep -oE 'cu[A-Za-z0-9_]+ *\($' | tr -d ' (' | sort -u |
+            grep -vxE 'cuGetErrorName|cuGetErrorString' |
             sed 's/.*/int &(void) { return CUDA_ERROR_STUB_LIBRARY; }/'
+        cat <<'EOF'
+int cuGetErrorName(int error, const char **name) {
+    *name = error == CUDA_ERROR_STUB_LIBRARY ? "CUDA_ERROR_STUB_LIBRARY" : "CUDA_ERROR_UNKNOWN";
+    return 0;
+}
+int cuGetErrorString(int error, const char **text) {
+    *text = error == CUDA_ERROR_STUB_LIBRARY
+        ? "CUDA driver is a stub library (benches/gpu/cuda_env.sh): no NVIDIA driver here"
+        : "unknown error (stub CUDA driver library)";
+    return 0;
+}
+EOF
     } >"$tmp/libcuda_stub.c" || {
         rm -rf "$tmp"
         return 1
@@ -163,12 +185,14 @@ cuda_env_stub() {
 }
 
 # Errors are handled where they happen (`|| return 1`), also under a caller's `set -e`, so that
-# the message below is printed.
-cuda_env_main && cuda_env_status=0 || cuda_env_status=$?
+# the message below is printed. `source` returns the status of the last command: `false` on a
+# failure (which also stops a caller under `set -e` there).
+cuda_env_main && cuda_env_failed=0 || cuda_env_failed=1
 unset -f cuda_env_main cuda_env_stub
-if [ "$cuda_env_status" != 0 ]; then
+if [ "$cuda_env_failed" = 1 ]; then
+    unset cuda_env_failed
     echo "cuda_env: FAILED to set up CUDA (see above)" >&2
+    false
+else
+    unset cuda_env_failed
 fi
-# `return` works when sourced; the status is that of the set-up.
-# shellcheck disable=SC2317
-return "$cuda_env_status" 2>/dev/null || exit "$cuda_env_status"

@@ -78,6 +78,19 @@ steps=${STEPS:-$default_steps}
     command -v nvcc >/dev/null 2>&1 && echo "== the machine's nvcc: $(nvcc --version | tail -n 2 | head -n 1)"
 } 2>&1 | tee "$out/env.log"
 
+# The executables, gzip'd by build.sh, unpacked outside .gpu/ (which must stay small enough for
+# the device tool to carry).
+bin=$(mktemp -d "${TMPDIR:-/tmp}/typed-amp-gpu.XXXXXX") || exit 1
+trap 'rm -rf "$bin"' EXIT
+for gz in "$gpu"/bin/*.gz; do
+    exe=$bin/$(basename "$gz" .gz)
+    if ! gzip -dc "$gz" >"$exe" 2>/dev/null; then
+        python3 -c 'import gzip, shutil, sys; shutil.copyfileobj(gzip.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$gz" "$exe" ||
+            echo "run.sh: could not unpack $gz" | tee -a "$out/env.log"
+    fi
+    chmod +x "$exe"
+done
+
 # The CUDA libraries: those build.sh shipped first, then the machine's own: PyTorch's NVIDIA
 # wheels (the python3 that holds PyTorch), a toolkit in /usr/local/cuda, and a build machine's
 # benches/gpu/cuda_env.sh venv (for a run on the build machine itself).
@@ -131,11 +144,11 @@ fi
 {
     echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
     echo "== the libraries the binaries load"
-    for exe in "$gpu"/bin/*; do
+    for exe in "$bin"/*; do
         echo "$(basename "$exe"):"
         ldd "$exe" 2>&1 | grep -E 'cuda|nvrtc|cublas|nccl|not found' | sed 's/^[[:space:]]*/  /'
     done
-    for f in $(ldd "$gpu/bin/cuda_tests" 2>/dev/null | awk '/nvrtc|cublas|nccl/ {print $3}'); do
+    for f in $(ldd "$bin/cuda_tests" 2>/dev/null | awk '/nvrtc|cublas|nccl/ {print $3}'); do
         echo "$f -> $(readlink -f "$f")"
     done
 } 2>&1 | tee -a "$out/env.log"
@@ -144,19 +157,19 @@ fi
 step_command() {
     local step=$1 model
     case $step in
-        cuda_tests) cmd=("$gpu/bin/cuda_tests" --skip nccl:: --test-threads=1) ;;
+        cuda_tests) cmd=("$bin/cuda_tests" --skip nccl:: --test-threads=1) ;;
         nccl_tests)
             if [ "$nccl_built" != 1 ]; then
                 cmd=()
                 skip_reason="built without NCCL (benches/gpu/build.sh --nccl)"
             else
-                cmd=("$gpu/bin/cuda_tests" nccl:: --test-threads=1)
+                cmd=("$bin/cuda_tests" nccl:: --test-threads=1)
             fi
             ;;
-        nvrtc_tests) cmd=("$gpu/bin/nvrtc_tests" nvrtc) ;;
-        gpu_step) cmd=("$gpu/bin/gpu_step") ;;
+        nvrtc_tests) cmd=("$bin/nvrtc_tests" nvrtc) ;;
+        gpu_step) cmd=("$bin/gpu_step") ;;
         gpu_step_gpt | gpu_step_mlp | gpu_step_vit | gpu_step_cnn)
-            cmd=("$gpu/bin/gpu_step" --only "${step#gpu_step_}")
+            cmd=("$bin/gpu_step" --only "${step#gpu_step_}")
             ;;
         gpu_step_gpt_cuda_cores)
             cmd=(env TYPED_AMP_CUDA_ATTENTION=fp32 "$gpu/bin/gpu_step" --only gpt)
@@ -166,16 +179,16 @@ step_command() {
             cmd=(python3 "$gpu/peers/torch_gpu_step.py" --only "${step#torch_peer_}")
             ;;
         compare_gpt)
-            cmd=("$gpu/bin/typed-amp" compare --model gpt --gpt-size baby --device cuda:0
+            cmd=("$bin/typed-amp" compare --model gpt --gpt-size baby --device cuda:0
                 --iters "$gpt_iters" --eval-every "$gpt_iters" --quiet)
             ;;
         train_gpt)
-            cmd=("$gpu/bin/typed-amp" train --model gpt --gpt-size baby --policy O2 --dtype bf16
+            cmd=("$bin/typed-amp" train --model gpt --gpt-size baby --policy O2 --dtype bf16
                 --device cuda:0 --iters "$gpt_iters" --eval-every "$gpt_iters" --quiet)
             ;;
         compare_vit | compare_cnn | compare_mlp)
             model=${step#compare_}
-            cmd=("$gpu/bin/typed-amp" compare --model "$model" --device cuda:0 --epochs 1 --quiet)
+            cmd=("$bin/typed-amp" compare --model "$model" --device cuda:0 --epochs 1 --quiet)
             ;;
         *) return 1 ;;
     esac
