@@ -10,8 +10,8 @@ fn main() -> Result<(), AmpError> {
     let grads = model.alloc_grads()?;
     // Wrong: the forward closure returns the logits; the one-call step needs the FP32 loss.
     let _grads = scaler.train_step(&mut model, &mut opt, grads, |model, _, grads| {
-        let x: Tensor<Rank2<3, 4>, f32, _> = dev.zeros();
-        model.working().forward(x.traced_mixed(grads))
+        let x: Tensor<Rank2<3, 4>, f16, _> = dev.zeros();
+        model.working().forward(x.traced_mixed(grads)).to_f32()
     })?;
     Ok(())
 }
