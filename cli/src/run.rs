@@ -12,7 +12,7 @@ use typed_amp::checkpoint::{self, CheckpointError};
 use typed_amp::device::Kernels;
 use typed_amp::dfdx::optim::Adam;
 use typed_amp::distributed::{record_world_size, shard, Collective, SingleProcess};
-use typed_amp::optim::{cosine_lr, LearningRate, MasterOptimizer, OptimizerState};
+use typed_amp::optim::{cosine_lr, MasterOptimizer, OptimizerState};
 use typed_amp::prelude::*;
 use typed_amp::step::{ScaleState, StepProtocol};
 use typed_amp::{
@@ -185,7 +185,7 @@ where
             Output = Logits<D, MixedTape<D>>,
             Error = D::Err,
         > + Module<Tensor<I::Shape, InputElem<M, D>, D>, Output = Logits<D>, Error = D::Err>,
-    O: MasterOptimizer<MasterOf<M, D>, D> + OptimizerState<D> + LearningRate,
+    O: MasterOptimizer<MasterOf<M, D>, D> + OptimizerState<D>,
 {
     if cfg.batch == 0 {
         return Err(RunError::Usage("--batch must be at least 1".to_string()));

@@ -59,7 +59,7 @@ fn layers_struct(model: &Model, name: &Ident) -> TokenStream {
                 ::core::result::Result::Ok(())
             }
 
-            fn visit_params_mut_at<V: ::typed_amp::params::ParamVisitorMut<D>>(
+            fn visit_params_mut_at<V: ::typed_amp::params::ParamVisitor<D, ::typed_amp::params::Mutable>>(
                 &mut self,
                 path: &mut ::typed_amp::params::ParamPath,
                 visitor: &mut V,

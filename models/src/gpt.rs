@@ -16,7 +16,7 @@ use typed_amp::master::{TrainTarget, WorkingCopy};
 use typed_amp::nn::builders::{CausalSelfAttention, TokenEmbedding};
 use typed_amp::nn::modules::{ScaledNormal, INIT_STD};
 use typed_amp::ops::lm_head::{try_lm_head_loss, try_lm_logits, LmHeadOp};
-use typed_amp::params::{ParamVisitorMut, Parameters};
+use typed_amp::params::{Mutable, ParamVisitor, Parameters};
 use typed_amp::precision::AmpElem;
 use typed_amp::prelude::*;
 use typed_amp::tape::MixedTape;
@@ -211,9 +211,9 @@ pub fn init_gpt<T: TrainTarget<D>, D: AmpDevice>(
     struct Init {
         layers: usize,
     }
-    impl<D: AmpDevice> ParamVisitorMut<D> for Init {
+    impl<D: AmpDevice> ParamVisitor<D, Mutable> for Init {
         type Error = D::Err;
-        fn visit_mut<S: Shape, E: AmpElem>(
+        fn visit<S: Shape, E: AmpElem>(
             &mut self,
             path: &str,
             param: &mut Tensor<S, E, D>,

@@ -12,7 +12,7 @@ use crate::device::{AmpDevice, HostKernel, Kernels};
 use crate::error::AmpError;
 use crate::master::TrainTarget;
 use crate::optim::{OptimizerState, StateMut, StoreInvariant};
-use crate::params::{ParamVisitor, ParamVisitorMut, Parameters};
+use crate::params::{Mutable, ParamVisitor, Parameters};
 use crate::precision::{AmpElem, Precision};
 use crate::scaler::{GradScaler, ScaleMode};
 
@@ -29,9 +29,9 @@ pub(super) struct LoadParams<'a> {
     prefix: &'static str,
 }
 
-impl<D: AmpDevice> ParamVisitorMut<D> for LoadParams<'_> {
+impl<D: AmpDevice> ParamVisitor<D, Mutable> for LoadParams<'_> {
     type Error = CheckpointError;
-    fn visit_mut<S: Shape, E: AmpElem>(
+    fn visit<S: Shape, E: AmpElem>(
         &mut self,
         path: &str,
         param: &mut Tensor<S, E, D>,

@@ -4,7 +4,7 @@ use dfdx::prelude::{Shape, Storage, Tensor};
 
 use crate::device::{AmpDevice, HostKernel, Kernels};
 use crate::error::AmpError;
-use crate::params::{ParamVisitor, ParamVisitorMut};
+use crate::params::{Mutable, ParamVisitor};
 use crate::precision::AmpElem;
 
 /// Every parameter's bits (or only the buffers', the parameters no optimizer updates), in
@@ -47,9 +47,9 @@ pub(super) struct WriteBytes<'b> {
     pub(super) params: Params,
 }
 
-impl<D: AmpDevice> ParamVisitorMut<D> for WriteBytes<'_> {
+impl<D: AmpDevice> ParamVisitor<D, Mutable> for WriteBytes<'_> {
     type Error = AmpError;
-    fn visit_mut<S: Shape, E: AmpElem>(
+    fn visit<S: Shape, E: AmpElem>(
         &mut self,
         path: &str,
         param: &mut Tensor<S, E, D>,

@@ -13,7 +13,8 @@ use crate::tape::MixedGradients;
 
 use super::fused_update::{fused_adam, fused_sgd};
 
-/// An optimizer that updates the master module `M` (FP32, by rule [`UpdatablePrecision`]).
+/// An optimizer that updates the master module `M` (FP32, by rule [`UpdatablePrecision`]), and
+/// whose learning rate a schedule reads and changes between steps.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot update `{M}`: optimizers update FP32 master weights only",
     label = "this optimizer does not update the FP32 master module",
@@ -22,6 +23,13 @@ use super::fused_update::{fused_adam, fused_sgd};
 pub trait MasterOptimizer<M, D: AmpDevice> {
     /// Applies one update to `master` from its unscaled gradients.
     fn try_update(&mut self, master: &mut M, grads: &MixedGradients<D>) -> Result<(), AmpError>;
+
+    /// The current learning rate.
+    fn learning_rate(&self) -> f64;
+
+    /// Sets the learning rate for the following steps (a schedule:
+    /// [`cosine_lr`](crate::optim::cosine_lr)).
+    fn set_learning_rate(&mut self, lr: f64);
 
     /// Applies one update to `master` and refreshes its working copy `working`: weights master
     /// → working, buffers (batch norm statistics) working → master. Adam and SGD do it in one
@@ -75,6 +83,14 @@ macro_rules! master_optimizer {
         {
             fn try_update(&mut self, master: &mut M, grads: &MixedGradients<D>) -> Result<(), AmpError> {
                 Optimizer::update(self, master, &store_of::<E, D>(grads)).map_err(map_update_error)
+            }
+
+            fn learning_rate(&self) -> f64 {
+                self.cfg.lr
+            }
+
+            fn set_learning_rate(&mut self, lr: f64) {
+                self.cfg.lr = lr;
             }
 
             fn try_update_paired<W>(

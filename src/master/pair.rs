@@ -19,7 +19,7 @@ use num_traits::NumCast;
 
 use crate::device::{AmpDevice, Kernels};
 use crate::error::AmpError;
-use crate::params::{ParamPath, ParamVisitorMut, Parameters};
+use crate::params::{Mutable, ParamPath, ParamVisitor, Parameters};
 use crate::precision::AmpElem;
 
 /// Visits the (master, working) pairs of parameters of a [`Paired`] walk.
@@ -200,7 +200,7 @@ struct WorkingSide<'a, M, V> {
     index: usize,
 }
 
-impl<M, D, V> ParamVisitorMut<D> for WorkingSide<'_, M, V>
+impl<M, D, V> ParamVisitor<D, Mutable> for WorkingSide<'_, M, V>
 where
     M: TensorCollection<f32, D>,
     D: AmpDevice,
@@ -208,7 +208,7 @@ where
 {
     type Error = V::Error;
 
-    fn visit_mut<S: Shape, E: AmpElem>(
+    fn visit<S: Shape, E: AmpElem>(
         &mut self,
         path: &str,
         working: &mut Tensor<S, E, D>,

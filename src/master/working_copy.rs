@@ -6,7 +6,7 @@ use dfdx::prelude::{Device, Dtype};
 
 use crate::device::AmpDevice;
 use crate::fp8::Fp8Scaling;
-use crate::params::{ParamPath, ParamVisitor, ParamVisitorMut, Parameters};
+use crate::params::{Mutable, ParamPath, ParamVisitor, Parameters};
 
 /// The working copy of a training target (the 16-bit model of a
 /// [`MasterWeights`](crate::master::MasterWeights), or the model of an
@@ -122,7 +122,7 @@ impl<D: AmpDevice, W: Parameters<D>> Parameters<D> for WorkingCopy<W> {
         self.0.visit_params_at(path, visitor)
     }
 
-    fn visit_params_mut_at<V: ParamVisitorMut<D>>(
+    fn visit_params_mut_at<V: ParamVisitor<D, Mutable>>(
         &mut self,
         path: &mut ParamPath,
         visitor: &mut V,

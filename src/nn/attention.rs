@@ -26,7 +26,7 @@ use crate::device::AmpDevice;
 use crate::error::AmpError;
 use crate::master::{CompositePaired, PairVisitor, Paired};
 use crate::ops::cast::{Cast, CastDevice};
-use crate::params::{ParamPath, ParamVisitor, ParamVisitorMut, Parameters};
+use crate::params::{ParamPath, Parameters};
 use crate::precision::{AmpElem, SamePrecisionAs};
 
 /// Architecture type for [`SelfAttention`].
@@ -82,28 +82,8 @@ impl<const H: usize, L: TensorCollection<E, D>, E: Dtype, D: Device<E>> TensorCo
     }
 }
 
-impl<const H: usize, L: Parameters<D>, D: AmpDevice> Parameters<D> for SelfAttention<H, L> {
-    fn visit_params_at<V: ParamVisitor<D>>(
-        &self,
-        path: &mut ParamPath,
-        visitor: &mut V,
-    ) -> Result<(), V::Error> {
-        path.within("q", |path| self.q.visit_params_at(path, visitor))?;
-        path.within("k", |path| self.k.visit_params_at(path, visitor))?;
-        path.within("v", |path| self.v.visit_params_at(path, visitor))?;
-        path.within("o", |path| self.o.visit_params_at(path, visitor))
-    }
-
-    fn visit_params_mut_at<V: ParamVisitorMut<D>>(
-        &mut self,
-        path: &mut ParamPath,
-        visitor: &mut V,
-    ) -> Result<(), V::Error> {
-        path.within("q", |path| self.q.visit_params_mut_at(path, visitor))?;
-        path.within("k", |path| self.k.visit_params_mut_at(path, visitor))?;
-        path.within("v", |path| self.v.visit_params_mut_at(path, visitor))?;
-        path.within("o", |path| self.o.visit_params_mut_at(path, visitor))
-    }
+crate::params::field_params! {
+    [const H: usize, L: Parameters<D>,] SelfAttention<H, L> { q => "q", k => "k", v => "v", o => "o" };
 }
 
 /// `(batch, tokens, M)` tokens.

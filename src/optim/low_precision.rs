@@ -78,6 +78,14 @@ macro_rules! low_precision_optimizer {
                 check_epsilon::<E>(($eps)(&self.0))?;
                 self.0.update(master, &store_of::<E, D>(grads)).map_err(map_update_error)
             }
+
+            fn learning_rate(&self) -> f64 {
+                self.0.cfg.lr
+            }
+
+            fn set_learning_rate(&mut self, lr: f64) {
+                self.0.cfg.lr = lr;
+            }
         }
     )*};
 }

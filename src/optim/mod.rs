@@ -11,5 +11,5 @@ pub use constructors::{adam, adamw, adamw_config, sgd};
 pub use low_precision::LowPrecisionUpdates;
 // Defined beside the master weights it steps (`master/optimizer.rs`, below this module).
 pub use crate::master::optimizer::MasterOptimizer;
-pub use schedule::{cosine_lr, LearningRate};
+pub use schedule::cosine_lr;
 pub use state::{OptimizerState, StateMut, StateRef, StoreInvariant};

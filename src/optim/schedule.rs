@@ -1,40 +1,5 @@
-//! Learning rates: read and set between steps ([`LearningRate`]), and the cosine schedule.
-
-use dfdx::optim::{Adam, RMSprop, Sgd};
-
-use super::low_precision::LowPrecisionUpdates;
-
-/// An optimizer whose learning rate can be read and changed between steps (for schedules).
-pub trait LearningRate {
-    /// The current learning rate.
-    fn learning_rate(&self) -> f64;
-    /// Sets the learning rate for the following steps.
-    fn set_learning_rate(&mut self, lr: f64);
-}
-
-macro_rules! learning_rate {
-    ($($opt:ident),*) => {$(
-        impl<M, E: dfdx::prelude::Dtype, D: dfdx::prelude::Storage<E>> LearningRate for $opt<M, E, D> {
-            fn learning_rate(&self) -> f64 {
-                self.cfg.lr
-            }
-            fn set_learning_rate(&mut self, lr: f64) {
-                self.cfg.lr = lr;
-            }
-        }
-    )*};
-}
-
-learning_rate!(Sgd, Adam, RMSprop);
-
-impl<O: LearningRate> LearningRate for LowPrecisionUpdates<O> {
-    fn learning_rate(&self) -> f64 {
-        self.0.learning_rate()
-    }
-    fn set_learning_rate(&mut self, lr: f64) {
-        self.0.set_learning_rate(lr);
-    }
-}
+//! Learning-rate schedules: the cosine schedule. An optimizer's learning rate is read and set
+//! between steps through [`MasterOptimizer`](crate::optim::MasterOptimizer).
 
 /// Cosine annealing from `base_lr` at step 0 to 0 at step `total_steps` (Loshchilov & Hutter's
 /// SGDR without restarts, as PyTorch's `CosineAnnealingLR` with `eta_min = 0`).

@@ -18,7 +18,7 @@ use crate::precision::AmpElem;
 mod visitor;
 mod walker;
 
-pub use visitor::{ParamPath, ParamVisitor, ParamVisitorMut};
+pub use visitor::{Access, Mutable, ParamPath, ParamVisitor, Shared};
 pub use walker::{visit_collection, visit_collection_mut};
 
 /// A model (or layer) whose parameters typed-amp can walk in both precisions.
@@ -39,7 +39,7 @@ pub trait Parameters<D: AmpDevice> {
     ) -> Result<(), V::Error>;
 
     /// Visits every parameter below `path`, mutably.
-    fn visit_params_mut_at<V: ParamVisitorMut<D>>(
+    fn visit_params_mut_at<V: ParamVisitor<D, Mutable>>(
         &mut self,
         path: &mut ParamPath,
         visitor: &mut V,
@@ -51,7 +51,10 @@ pub trait Parameters<D: AmpDevice> {
     }
 
     /// Visits every parameter mutably, paths starting at the model's root.
-    fn visit_params_mut<V: ParamVisitorMut<D>>(&mut self, visitor: &mut V) -> Result<(), V::Error> {
+    fn visit_params_mut<V: ParamVisitor<D, Mutable>>(
+        &mut self,
+        visitor: &mut V,
+    ) -> Result<(), V::Error> {
         self.visit_params_mut_at(&mut ParamPath::default(), visitor)
     }
 
@@ -125,7 +128,7 @@ macro_rules! collection_params {
                 $crate::params::visit_collection::<Self, E, D, V>(self, path, visitor)
             }
 
-            fn visit_params_mut_at<V: $crate::params::ParamVisitorMut<D>>(
+            fn visit_params_mut_at<V: $crate::params::ParamVisitor<D, $crate::params::Mutable>>(
                 &mut self,
                 path: &mut $crate::params::ParamPath,
                 visitor: &mut V,
@@ -163,7 +166,7 @@ macro_rules! parameterless_params {
                 Ok(())
             }
 
-            fn visit_params_mut_at<V: $crate::params::ParamVisitorMut<D>>(
+            fn visit_params_mut_at<V: $crate::params::ParamVisitor<D, $crate::params::Mutable>>(
                 &mut self,
                 _path: &mut $crate::params::ParamPath,
                 _visitor: &mut V,
@@ -221,7 +224,7 @@ macro_rules! tuple_params {
                 Ok(())
             }
 
-            fn visit_params_mut_at<Vis: ParamVisitorMut<D>>(
+            fn visit_params_mut_at<Vis: ParamVisitor<D, Mutable>>(
                 &mut self,
                 path: &mut ParamPath,
                 visitor: &mut Vis,
@@ -244,22 +247,23 @@ tuple_params! {
     [A 0, B 1, C 2, F 3, G 4, H 5, I 6, J 7]
 }
 
-/// Implements [`Parameters`] for wrappers whose named fields are layers.
+/// Implements [`Parameters`] for layers whose named fields are layers: each field visited under
+/// its name, in the order listed (dfdx's wrappers here; typed-amp's attention layers in `nn`).
 macro_rules! field_params {
     ($([$($generics:tt)*] $wrapper:ty { $($field:tt => $name:literal),+ };)*) => {$(
-        impl<$($generics)* D: AmpDevice> Parameters<D> for $wrapper {
-            fn visit_params_at<Vis: ParamVisitor<D>>(
+        impl<$($generics)* D: $crate::device::AmpDevice> $crate::params::Parameters<D> for $wrapper {
+            fn visit_params_at<Vis: $crate::params::ParamVisitor<D>>(
                 &self,
-                path: &mut ParamPath,
+                path: &mut $crate::params::ParamPath,
                 visitor: &mut Vis,
             ) -> Result<(), Vis::Error> {
                 $(path.within($name, |path| self.$field.visit_params_at(path, visitor))?;)+
                 Ok(())
             }
 
-            fn visit_params_mut_at<Vis: ParamVisitorMut<D>>(
+            fn visit_params_mut_at<Vis: $crate::params::ParamVisitor<D, $crate::params::Mutable>>(
                 &mut self,
-                path: &mut ParamPath,
+                path: &mut $crate::params::ParamPath,
                 visitor: &mut Vis,
             ) -> Result<(), Vis::Error> {
                 $(path.within($name, |path| self.$field.visit_params_mut_at(path, visitor))?;)+
@@ -268,6 +272,8 @@ macro_rules! field_params {
         }
     )*};
 }
+
+pub(crate) use field_params;
 
 field_params! {
     [F: Parameters<D>,] Residual<F> { 0 => "0" };
@@ -288,7 +294,7 @@ impl<D: AmpDevice, T: Parameters<D>, const N: usize> Parameters<D> for Repeated<
         Ok(())
     }
 
-    fn visit_params_mut_at<V: ParamVisitorMut<D>>(
+    fn visit_params_mut_at<V: ParamVisitor<D, Mutable>>(
         &mut self,
         path: &mut ParamPath,
         visitor: &mut V,

@@ -1,5 +1,5 @@
 //! The walk itself: dfdx's [`ModuleVisitor`] adapted to typed-amp's parameter visitors, with
-//! each parameter's path.
+//! each parameter's path; one walker for both modes ([`Shared`], [`Mutable`]).
 
 use dfdx::nn::{ModuleVisitor, ScalarOptions, TensorCollection, TensorOptions};
 use dfdx::prelude::{Shape, Tensor};
@@ -8,21 +8,25 @@ use num_traits::NumCast;
 use crate::device::{AmpDevice, Kernels};
 use crate::precision::AmpElem;
 
-use super::visitor::{ParamPath, ParamVisitor, ParamVisitorMut};
+use super::visitor::{Access, Mutable, ParamPath, ParamVisitor, Shared};
 
-/// Adapts a [`ParamVisitor`] to dfdx's [`ModuleVisitor`], keeping track of the path.
-struct RefWalker<'w, T, V> {
-    module: &'w T,
+/// Adapts a [`ParamVisitor`] of mode `A` to dfdx's [`ModuleVisitor`], keeping track of the
+/// path: it holds the module by `A`'s reference (a lifetime of its own: a reborrow of a mode's
+/// reference is not known to shorten like `&'m T` does) and hands each field and tensor on by the
+/// accessor of that mode (dfdx passes both, `get_refs` and `get_muts`).
+struct Walker<'m, 'w, T: 'm, A: Access, V> {
+    module: A::Ref<'m, T>,
     path: &'w mut ParamPath,
     visitor: &'w mut V,
 }
 
-impl<T, E, D, V> ModuleVisitor<T, E, D> for RefWalker<'_, T, V>
+impl<'m, T: 'm, E, D, A, V> ModuleVisitor<T, E, D> for Walker<'m, '_, T, A, V>
 where
     T: TensorCollection<E, D>,
     E: AmpElem,
     D: AmpDevice + Kernels<E>,
-    V: ParamVisitor<D>,
+    A: Access,
+    V: ParamVisitor<D, A>,
 {
     type Err = V::Error;
     type E2 = E;
@@ -31,18 +35,18 @@ where
     fn visit_module<Field, GetRef, GetMut>(
         &mut self,
         name: &str,
-        mut get_refs: GetRef,
-        _get_muts: GetMut,
+        get_refs: GetRef,
+        get_muts: GetMut,
     ) -> Result<Option<Field::To<E, D>>, Self::Err>
     where
         GetRef: FnMut(&T) -> &Field,
         GetMut: FnMut(&mut T) -> &mut Field,
         Field: TensorCollection<E, D>,
     {
-        let module = get_refs(self.module);
+        let module = A::project(A::reborrow(&mut self.module), get_refs, get_muts);
         let visitor = &mut *self.visitor;
         self.path.within(name, |path| {
-            Field::iter_tensors(&mut RefWalker {
+            Field::iter_tensors(&mut Walker::<'_, '_, Field, A, V> {
                 module,
                 path,
                 visitor,
@@ -54,103 +58,18 @@ where
     fn visit_tensor<S: Shape, GetRef, GetMut>(
         &mut self,
         name: &str,
-        mut get_refs: GetRef,
-        _get_muts: GetMut,
+        get_refs: GetRef,
+        get_muts: GetMut,
         opts: TensorOptions<S, E, D>,
     ) -> Result<Option<Tensor<S, E, D>>, Self::Err>
     where
         GetRef: FnMut(&T) -> &Tensor<S, E, D>,
         GetMut: FnMut(&mut T) -> &mut Tensor<S, E, D>,
     {
-        let tensor = get_refs(self.module);
+        let tensor = A::project(A::reborrow(&mut self.module), get_refs, get_muts);
         let visitor = &mut *self.visitor;
         self.path.within(name, |path| {
             visitor.visit(path.as_str(), tensor, opts.do_gradient_update)
-        })?;
-        Ok(None)
-    }
-
-    fn visit_scalar<N, GetRef, GetMut>(
-        &mut self,
-        _name: &str,
-        _get_refs: GetRef,
-        _get_muts: GetMut,
-        _opts: ScalarOptions<N>,
-    ) -> Result<Option<N>, Self::Err>
-    where
-        N: NumCast,
-        GetRef: FnMut(&T) -> &N,
-        GetMut: FnMut(&mut T) -> &mut N,
-    {
-        Ok(None)
-    }
-
-    fn visit_fields<M: dfdx::nn::ModuleFields<T, E, D>>(
-        &mut self,
-        fields: M,
-        _builder: impl FnOnce(M::Output<E, D>) -> T::To<E, D>,
-    ) -> Result<Option<T::To<E, D>>, Self::Err> {
-        fields.visit_fields(self)?;
-        Ok(None)
-    }
-}
-
-/// Adapts a [`ParamVisitorMut`] to dfdx's [`ModuleVisitor`].
-struct MutWalker<'w, T, V> {
-    module: &'w mut T,
-    path: &'w mut ParamPath,
-    visitor: &'w mut V,
-}
-
-impl<T, E, D, V> ModuleVisitor<T, E, D> for MutWalker<'_, T, V>
-where
-    T: TensorCollection<E, D>,
-    E: AmpElem,
-    D: AmpDevice + Kernels<E>,
-    V: ParamVisitorMut<D>,
-{
-    type Err = V::Error;
-    type E2 = E;
-    type D2 = D;
-
-    fn visit_module<Field, GetRef, GetMut>(
-        &mut self,
-        name: &str,
-        _get_refs: GetRef,
-        mut get_muts: GetMut,
-    ) -> Result<Option<Field::To<E, D>>, Self::Err>
-    where
-        GetRef: FnMut(&T) -> &Field,
-        GetMut: FnMut(&mut T) -> &mut Field,
-        Field: TensorCollection<E, D>,
-    {
-        let module = get_muts(self.module);
-        let visitor = &mut *self.visitor;
-        self.path.within(name, |path| {
-            Field::iter_tensors(&mut MutWalker {
-                module,
-                path,
-                visitor,
-            })
-        })?;
-        Ok(None)
-    }
-
-    fn visit_tensor<S: Shape, GetRef, GetMut>(
-        &mut self,
-        name: &str,
-        _get_refs: GetRef,
-        mut get_muts: GetMut,
-        opts: TensorOptions<S, E, D>,
-    ) -> Result<Option<Tensor<S, E, D>>, Self::Err>
-    where
-        GetRef: FnMut(&T) -> &Tensor<S, E, D>,
-        GetMut: FnMut(&mut T) -> &mut Tensor<S, E, D>,
-    {
-        let tensor = get_muts(self.module);
-        let visitor = &mut *self.visitor;
-        self.path.within(name, |path| {
-            visitor.visit_mut(path.as_str(), tensor, opts.do_gradient_update)
         })?;
         Ok(None)
     }
@@ -194,7 +113,7 @@ where
     D: AmpDevice + Kernels<E>,
     V: ParamVisitor<D>,
 {
-    M::iter_tensors(&mut RefWalker {
+    M::iter_tensors(&mut Walker::<'_, '_, M, Shared, V> {
         module,
         path,
         visitor,
@@ -212,9 +131,9 @@ where
     M: TensorCollection<E, D>,
     E: AmpElem,
     D: AmpDevice + Kernels<E>,
-    V: ParamVisitorMut<D>,
+    V: ParamVisitor<D, Mutable>,
 {
-    M::iter_tensors(&mut MutWalker {
+    M::iter_tensors(&mut Walker::<'_, '_, M, Mutable, V> {
         module,
         path,
         visitor,

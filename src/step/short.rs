@@ -152,6 +152,11 @@ impl StepOptions {
 
 /// What the forward closure of the one-call step returns: the FP32 [`Loss`] itself, or a
 /// `Result` of it (for a forward pass that uses `?`), whose error type the step returns.
+#[diagnostic::on_unimplemented(
+    message = "the forward closure of a one-call step returns `{Self}`, not an FP32 loss",
+    label = "the closure's return type",
+    note = "return the `Loss` of typed-amp's losses (`mse_loss`, `cross_entropy_with_logits_loss`, ...), or a `Result` of it whose error converts from `AmpError`"
+)]
 pub trait ForwardOutput<D: AmpDevice> {
     /// The error the step returns.
     type Error: From<AmpError>;

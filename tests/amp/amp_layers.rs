@@ -14,7 +14,7 @@ use typed_amp::dfdx::nn::modules::{
 use typed_amp::dfdx::nn::{BuildModule, BuildOnDevice, ModuleVisitor, NonMutableModule};
 use typed_amp::dfdx::nn::{TensorCollection, TensorOptions};
 use typed_amp::params::{visit_collection, visit_collection_mut, ParamPath};
-use typed_amp::params::{ParamVisitor, ParamVisitorMut};
+use typed_amp::params::{Mutable, ParamVisitor};
 use typed_amp::prelude::*;
 use typed_amp::{device::AmpDevice, params::Parameters, tape::MixedTape};
 use typed_amp::{optim::MasterOptimizer, precision::AmpElem};
@@ -95,7 +95,7 @@ pub mod gate {
             visit_collection::<Self, E, D, V>(self, path, visitor)
         }
 
-        fn visit_params_mut_at<V: ParamVisitorMut<D>>(
+        fn visit_params_mut_at<V: ParamVisitor<D, Mutable>>(
             &mut self,
             path: &mut ParamPath,
             visitor: &mut V,

@@ -43,7 +43,7 @@ use approx::assert_abs_diff_eq;
 use typed_amp::dfdx::nn::builders::{BatchNorm2D, LayerNorm1D, Linear};
 use typed_amp::loss::{cross_entropy_with_logits_loss, mse_loss};
 use typed_amp::nn::builders::{Conv2D, Flatten, MaxPool2D, ToBf16, ToF16, ToF32};
-use typed_amp::params::ParamVisitorMut;
+use typed_amp::params::{Mutable, ParamVisitor};
 use typed_amp::precision::dtype_of;
 use typed_amp::prelude::*;
 use typed_amp::step::StepKind;
@@ -145,9 +145,9 @@ fn round_to<L>() -> RoundTo<L> {
     RoundTo(std::marker::PhantomData)
 }
 
-impl<L: Low> ParamVisitorMut<Cpu> for RoundTo<L> {
+impl<L: Low> ParamVisitor<Cpu, Mutable> for RoundTo<L> {
     type Error = std::convert::Infallible;
-    fn visit_mut<S: Shape, E: AmpElem>(
+    fn visit<S: Shape, E: AmpElem>(
         &mut self,
         _path: &str,
         param: &mut Tensor<S, E, Cpu>,

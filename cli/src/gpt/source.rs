@@ -10,7 +10,7 @@ use typed_amp::checkpoint;
 use typed_amp::device::{AmpDevice, HostKernel, Kernels};
 use typed_amp::error::AmpError;
 use typed_amp::master::TrainTarget;
-use typed_amp::params::{ParamVisitorMut, Parameters};
+use typed_amp::params::{Mutable, ParamVisitor, Parameters};
 use typed_amp::precision::AmpElem;
 use typed_amp::prelude::*;
 use typed_amp_models::gpt::{GptModel, GptSize, VOCAB};
@@ -199,9 +199,9 @@ struct LoadExport<'a> {
     loaded: usize,
 }
 
-impl<D: AmpDevice> ParamVisitorMut<D> for LoadExport<'_> {
+impl<D: AmpDevice> ParamVisitor<D, Mutable> for LoadExport<'_> {
     type Error = RunError;
-    fn visit_mut<S: Shape, E: AmpElem>(
+    fn visit<S: Shape, E: AmpElem>(
         &mut self,
         path: &str,
         param: &mut Tensor<S, E, D>,

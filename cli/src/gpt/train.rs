@@ -14,7 +14,7 @@ use typed_amp::dfdx::optim::Adam;
 use typed_amp::error::AmpError;
 use typed_amp::master::TrainTarget;
 use typed_amp::ops::AmpOps;
-use typed_amp::optim::{LearningRate, MasterOptimizer};
+use typed_amp::optim::MasterOptimizer;
 use typed_amp::params::Parameters;
 use typed_amp::prelude::*;
 use typed_amp_data::CharCorpus;

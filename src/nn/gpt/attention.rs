@@ -19,7 +19,7 @@ use crate::error::AmpError;
 use crate::master::{CompositePaired, PairVisitor, Paired};
 use crate::ops::attention::{try_attention, AttentionOp};
 use crate::ops::cast::CastDevice;
-use crate::params::{ParamPath, ParamVisitor, ParamVisitorMut, Parameters};
+use crate::params::{ParamPath, Parameters};
 use crate::precision::{AmpElem, Precision};
 use crate::tape::AmpTape;
 
@@ -131,34 +131,9 @@ where
     }
 }
 
-impl<const M: usize, const H: usize, const M3: usize, K, A, O, D> Parameters<D>
-    for Attention<M, H, M3, K, A, O>
-where
-    A: Parameters<D>,
-    O: Parameters<D>,
-    D: AmpDevice,
-{
-    fn visit_params_at<V: ParamVisitor<D>>(
-        &self,
-        path: &mut ParamPath,
-        visitor: &mut V,
-    ) -> Result<(), V::Error> {
-        path.within("c_attn", |path| self.c_attn.visit_params_at(path, visitor))?;
-        path.within("c_proj", |path| self.c_proj.visit_params_at(path, visitor))
-    }
-
-    fn visit_params_mut_at<V: ParamVisitorMut<D>>(
-        &mut self,
-        path: &mut ParamPath,
-        visitor: &mut V,
-    ) -> Result<(), V::Error> {
-        path.within("c_attn", |path| {
-            self.c_attn.visit_params_mut_at(path, visitor)
-        })?;
-        path.within("c_proj", |path| {
-            self.c_proj.visit_params_mut_at(path, visitor)
-        })
-    }
+crate::params::field_params! {
+    [const M: usize, const H: usize, const M3: usize, K, A: Parameters<D>, O: Parameters<D>,]
+    Attention<M, H, M3, K, A, O> { c_attn => "c_attn", c_proj => "c_proj" };
 }
 
 impl<const M: usize, const H: usize, const M3: usize, K, A, O> AmpLayer
