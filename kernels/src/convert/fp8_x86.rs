@@ -52,7 +52,7 @@ fn encode_512<F: Fp8Format>(x: __m512i) -> __m512i {
 /// Sixteen FP8 codes (one per 32-bit lane) to f32 bit patterns, as `decode` does one.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn decode_512<F: Fp8Format>(c: __m512i) -> __m512i {
+pub(crate) fn decode_512<F: Fp8Format>(c: __m512i) -> __m512i {
     let s = _mm512_set1_epi32(Spec::<F>::SHIFT as i32);
     let sign = _mm512_slli_epi32::<24>(_mm512_and_si512(c, _mm512_set1_epi32(0x80)));
     let mag = _mm512_and_si512(c, _mm512_set1_epi32(0x7F));
@@ -192,7 +192,7 @@ fn encode_256<F: Fp8Format>(x: __m256i) -> __m256i {
 /// Eight FP8 codes (one per 32-bit lane) to f32 bit patterns, as `decode` does one.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn decode_256<F: Fp8Format>(c: __m256i) -> __m256i {
+pub(crate) fn decode_256<F: Fp8Format>(c: __m256i) -> __m256i {
     let s = _mm256_set1_epi32(Spec::<F>::SHIFT as i32);
     let sign = _mm256_slli_epi32::<24>(_mm256_and_si256(c, _mm256_set1_epi32(0x80)));
     let mag = _mm256_and_si256(c, _mm256_set1_epi32(0x7F));

@@ -12,6 +12,7 @@ use std::arch::x86_64::*;
 
 use super::elem::{load1, store1};
 use super::tile::TileEpi;
+use crate::convert::{fp8_decode_avx2, E4M3, E5M2};
 use super::Kind;
 
 use super::types::{TAG_BF16 as OUT_BF16, TAG_F16 as OUT_F16, TAG_F32 as OUT_F32};
@@ -47,6 +48,7 @@ pub(super) unsafe fn store_rows_avx2(
             (Kind::Bf16, true, false) => rows_k::<OUT_BF16, true, false>(args),
             (Kind::Bf16, true, true) => rows_k::<OUT_BF16, true, true>(args),
             (Kind::Bf16, false, _) => rows_k::<OUT_BF16, false, true>(args),
+            (Kind::E4M3 | Kind::E5M2, _, _) => unreachable!("C is never FP8"),
         }
     }
 }
@@ -165,7 +167,7 @@ unsafe fn rows_k<const K: u8, const PLAIN: bool, const CHECK: bool>(
     CHECK && (bad_scalar || _mm256_movemask_epi8(bad32) != 0 || _mm_movemask_epi8(bad16) != 0)
 }
 
-/// Eight elements of `kind` as f32 (16-bit ones widened as the slice conversions do).
+/// Eight elements of `kind` as f32 (16-bit and FP8 ones widened as the slice conversions do).
 ///
 /// # Safety
 /// `s` readable for eight elements of `kind`; AVX2, FMA and F16C.
@@ -177,8 +179,24 @@ pub(super) unsafe fn load8(kind: Kind, s: *const u8) -> __m256 {
         if kind == Kind::F32 {
             return _mm256_loadu_ps(s as *const f32);
         }
+        if kind.is_fp8() {
+            return widen8_fp8(kind, _mm_loadl_epi64(s as *const __m128i));
+        }
         widen8_16(kind, _mm_loadu_si128(s as *const __m128i))
     }
+}
+
+/// The eight FP8 codes of `kind` in the low bytes of `c` widened to f32, exactly: `convert`'s
+/// decoding, whose results are those of widening the codes to bf16 and the bf16 to f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn widen8_fp8(kind: Kind, c: __m128i) -> __m256 {
+    let c = _mm256_cvtepu8_epi32(c);
+    _mm256_castsi256_ps(if kind == Kind::E5M2 {
+        fp8_decode_avx2::<E5M2>(c)
+    } else {
+        fp8_decode_avx2::<E4M3>(c)
+    })
 }
 
 /// The eight 16-bit elements of `h` widened to f32 as the slice conversions do.
@@ -204,13 +222,31 @@ fn widen8_16(kind: Kind, h: __m128i) -> __m256 {
 #[inline]
 pub(super) unsafe fn load_n(kind: Kind, s: *const u8, n: usize) -> __m256 {
     // SAFETY: the masked loads read the first `n` f32, or the first `n / 2` pairs and (the
-    // scalar read) element `n - 1` of a 16-bit kind, all below `n`.
+    // scalar read) element `n - 1` of a 16-bit kind, or the first `n` bytes of FP8 codes (the
+    // runs of four, two and one stop at `n`), all below `n`.
     unsafe {
         if n >= 8 {
             return load8(kind, s);
         }
         if kind == Kind::F32 {
             return _mm256_maskload_ps(s as *const f32, first_lanes(n));
+        }
+        if kind.is_fp8() {
+            // Runs of four, two and one bytes, the lowest first, into one 64-bit lane.
+            let mut bytes = 0u64;
+            let mut at = 0;
+            if n >= 4 {
+                bytes = (s as *const u32).read_unaligned() as u64;
+                at = 4;
+            }
+            if n - at >= 2 {
+                bytes |= ((s.add(at) as *const u16).read_unaligned() as u64) << (8 * at);
+                at += 2;
+            }
+            if n > at {
+                bytes |= (*s.add(at) as u64) << (8 * at);
+            }
+            return widen8_fp8(kind, _mm_cvtsi64_si128(bytes as i64));
         }
         let pairs = _mm_cmpgt_epi32(_mm_set1_epi32((n / 2) as i32), _mm_setr_epi32(0, 1, 2, 3));
         let mut h = _mm_maskload_epi32(s as *const i32, pairs);

@@ -1,5 +1,7 @@
 //! Packing: copy a strided block of A or B into the contiguous micro-panel layout the kernels
-//! read, widening f16/bf16 to f32 (or, for the bf16-pair path, interleaving k pairs).
+//! read, widening f16/bf16 to f32 (or, for the bf16-pair path, interleaving k pairs). FP8 codes
+//! are widened here too, exactly, to what their product runs in (f32 lanes, or bf16 pairs), so
+//! an FP8 operand is read once, at one byte per element, and never copied to 16 bits first.
 
 use super::elem::{load1, widen};
 use super::{Arch, Kind};
@@ -35,6 +37,48 @@ pub(super) unsafe fn panel(
     // `< kc` of the view and writes panel slots below `kc·dst_stride` itself.
     unsafe {
         debug_assert!(kc <= KC_LIMIT && lanes <= dst_stride);
+        if arch.pairs && kind.is_fp8() {
+            // FP8 codes widened to bf16 on their way into the pairs (exact), so that the
+            // panel is the one the bf16 codes would have given.
+            #[cfg(target_arch = "x86_64")]
+            if arch.level >= Level::Avx512 && !scalar_pairs_forced() {
+                if lane_stride == 1 {
+                    return super::x86::pack_pairs_rows_fp8_avx512(
+                        kind,
+                        src,
+                        k_stride,
+                        lanes,
+                        kc,
+                        dst as *mut u32,
+                        dst_stride,
+                        fill,
+                    );
+                }
+                if k_stride == 1 {
+                    return super::x86::pack_pairs_transpose_fp8_avx512(
+                        kind,
+                        src,
+                        lane_stride,
+                        lanes,
+                        kc,
+                        dst as *mut u32,
+                        dst_stride,
+                        fill,
+                    );
+                }
+            }
+            return pairs_fp8(
+                kind,
+                src,
+                lane_stride,
+                k_stride,
+                lanes,
+                kc,
+                dst as *mut u32,
+                dst_stride,
+                fill,
+            );
+        }
         if arch.pairs {
             #[cfg(target_arch = "x86_64")]
             if arch.level >= Level::Avx512 && !scalar_pairs_forced() {
@@ -193,6 +237,47 @@ pub(super) unsafe fn pairs(
         for q in 0..kc.div_ceil(2) {
             let d = dst.add(q * dst_stride);
             // An odd kc leaves the last pair's high half (k = kc, outside the block) zero.
+            let has_hi = 2 * q + 1 < kc;
+            for l in 0..lanes {
+                let hi = if has_hi { at(l, 2 * q + 1) } else { 0 };
+                *d.add(l) = at(l, 2 * q) | (hi << 16);
+            }
+            if fill {
+                for l in lanes..dst_stride {
+                    *d.add(l) = 0;
+                }
+            }
+        }
+    }
+}
+
+/// [`pairs`] for FP8 codes of `kind`: each code widened to bf16 (exact, `convert`'s decoding)
+/// and packed where the bf16 would have been; the reference of the vector versions.
+///
+/// # Safety
+/// As [`panel`] for FP8 (`src` a valid `lanes × kc` view of one-byte codes, `dst` writable
+/// for `ceil(kc / 2) · dst_stride` u32).
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn pairs_fp8(
+    kind: Kind,
+    src: *const u8,
+    lane_stride: isize,
+    k_stride: isize,
+    lanes: usize,
+    kc: usize,
+    dst: *mut u32,
+    dst_stride: usize,
+    fill: bool,
+) {
+    // SAFETY: as in `pairs`, one byte per element.
+    unsafe {
+        let at = |l: usize, p: usize| -> u32 {
+            let s = src.offset(l as isize * lane_stride + p as isize * k_stride);
+            // Every FP8 value is a bf16 value: the f32's low half is zero.
+            load1(kind, s).to_bits() >> 16
+        };
+        for q in 0..kc.div_ceil(2) {
+            let d = dst.add(q * dst_stride);
             let has_hi = 2 * q + 1 < kc;
             for l in 0..lanes {
                 let hi = if has_hi { at(l, 2 * q + 1) } else { 0 };
