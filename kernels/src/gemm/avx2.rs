@@ -420,3 +420,47 @@ pub(super) unsafe fn pack_transpose(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{load8, load_n};
+    use crate::convert::{Fp8Format, E4M3, E5M2};
+    use crate::gemm::elem::load1;
+    use crate::gemm::Kind;
+    use crate::level::{detected_level, Level};
+    use std::arch::x86_64::*;
+
+    /// The packing's FP8 widening in registers (whole vectors and every short run) gives the
+    /// scalar decoding's bits for all 256 codes of both formats, NaN and inf included.
+    #[test]
+    fn fp8_widening_in_registers_gives_the_scalar_bits() {
+        if detected_level() < Level::Avx2 {
+            println!("fp8_widening_in_registers_gives_the_scalar_bits: no AVX2, skipped");
+            return;
+        }
+        let codes: Vec<u8> = (0..=255u8).chain(0..8).collect();
+        for kind in [Kind::E4M3, Kind::E5M2] {
+            let want = |c: u8| match kind {
+                Kind::E4M3 => E4M3(c).to_f32().to_bits(),
+                _ => E5M2(c).to_f32().to_bits(),
+            };
+            for start in 0..256 {
+                for n in 1..=8 {
+                    let mut got = [0u32; 8];
+                    // SAFETY: `codes` has 8 readable bytes from every start below 256; AVX2,
+                    // FMA and F16C are present (the detected level).
+                    unsafe {
+                        let p = codes.as_ptr().add(start);
+                        let v = if n == 8 { load8(kind, p) } else { load_n(kind, p, n) };
+                        _mm256_storeu_si256(got.as_mut_ptr() as *mut __m256i, _mm256_castps_si256(v));
+                        assert_eq!(load1(kind, p).to_bits(), want(codes[start]));
+                    }
+                    for (l, &g) in got.iter().enumerate() {
+                        let w = if l < n { want(codes[start + l]) } else { 0 };
+                        assert_eq!(g, w, "{kind:?} from code {start}, {n} lanes, lane {l}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -294,8 +294,12 @@ pub(super) unsafe fn pairs_fp8(
 
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
-    use super::pairs;
-    use crate::gemm::x86::{pack_pairs_rows_avx512, pack_pairs_transpose_avx512};
+    use super::{pairs, pairs_fp8};
+    use crate::gemm::x86::{
+        pack_pairs_rows_avx512, pack_pairs_rows_fp8_avx512, pack_pairs_transpose_avx512,
+        pack_pairs_transpose_fp8_avx512,
+    };
+    use crate::gemm::Kind;
     use crate::level::{detected_level, Level};
 
     /// A `lanes × kc` view at `base` inside `buf` whose every other slot holds a NaN pattern
@@ -394,5 +398,69 @@ mod tests {
             }
         }
         println!("vector_pair_packing_matches_scalar: {cases} panels");
+    }
+
+    /// The FP8 pair packing in registers against the scalar one, for both formats: every
+    /// code in every position (the codes run through all 256 patterns), every lane count, k
+    /// depths around the 32-code loads, both layouts, odd strides.
+    #[test]
+    fn vector_fp8_pair_packing_matches_scalar() {
+        if detected_level() < Level::Avx512 {
+            println!("vector_fp8_pair_packing_matches_scalar: no AVX-512, skipped");
+            return;
+        }
+        let buf: Vec<u8> = (0..40_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let mut cases = 0usize;
+        for kind in [Kind::E4M3, Kind::E5M2] {
+            for lanes in 1..=32usize {
+                for kc in (1..=70usize).chain([511, 512]) {
+                    for fill in [false, true] {
+                        let dst_stride = 32;
+                        let kp = kc.div_ceil(2);
+                        let base = 100;
+                        let run = |f: &dyn Fn(*mut u32)| {
+                            let mut out = vec![0xDEAD_BEEFu32; kp * dst_stride];
+                            f(out.as_mut_ptr());
+                            out
+                        };
+                        // Each k step contiguous (lane stride 1), an odd k stride.
+                        let ks = lanes as isize + 3;
+                        // SAFETY: the view's last element is at base + (kc − 1)·ks + lanes − 1
+                        // < 40,000 (kc ≤ 512, ks ≤ 35); the panels hold kp·dst_stride u32;
+                        // AVX-512F/BW/VL checked above.
+                        let (a, b) = unsafe {
+                            let s = buf.as_ptr().add(base);
+                            (
+                                run(&|d| pairs_fp8(kind, s, 1, ks, lanes, kc, d, dst_stride, fill)),
+                                run(&|d| {
+                                    pack_pairs_rows_fp8_avx512(
+                                        kind, s, ks, lanes, kc, d, dst_stride, fill,
+                                    )
+                                }),
+                            )
+                        };
+                        assert_eq!(a, b, "{kind:?} rows: lanes {lanes} kc {kc} fill {fill}");
+                        // Each lane contiguous along k, an odd lane stride.
+                        let ls = kc as isize + 1;
+                        // SAFETY: the last element is at base + (lanes − 1)·ls + kc − 1 <
+                        // 40,000 (lanes ≤ 32, ls ≤ 513); as above otherwise.
+                        let (a, b) = unsafe {
+                            let s = buf.as_ptr().add(base);
+                            (
+                                run(&|d| pairs_fp8(kind, s, ls, 1, lanes, kc, d, dst_stride, fill)),
+                                run(&|d| {
+                                    pack_pairs_transpose_fp8_avx512(
+                                        kind, s, ls, lanes, kc, d, dst_stride, fill,
+                                    )
+                                }),
+                            )
+                        };
+                        assert_eq!(a, b, "{kind:?} transpose: lanes {lanes} kc {kc} fill {fill}");
+                        cases += 2;
+                    }
+                }
+            }
+        }
+        println!("vector_fp8_pair_packing_matches_scalar: {cases} panels");
     }
 }
