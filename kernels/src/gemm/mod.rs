@@ -48,10 +48,16 @@ mod tests {
     use crate::level::Level;
     use half::bf16;
 
+    /// Held by the tests below while they run: the pair emulation is a process-wide switch,
+    /// and a bf16 product that straddles its toggling (on a CPU without AVX512-BF16) is run by
+    /// two different paths.
+    static EMULATION: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     /// The vector pair packing changes where bits are copied, never the arithmetic: whole bf16
     /// products must come out bit for bit as with the scalar packing, for every layout.
     #[test]
     fn pair_packing_vector_and_scalar_products_identical() {
+        let _guard = EMULATION.lock().unwrap_or_else(|e| e.into_inner());
         let emulate = detected_level() < Level::Avx512Bf16;
         if emulate {
             set_bf16_pair_emulation(true);
@@ -128,6 +134,7 @@ mod tests {
     /// shapes of several row, column and k blocks, odd ones included.
     #[test]
     fn whole_panel_packing_gives_the_blocked_loops_bits() {
+        let _guard = EMULATION.lock().unwrap_or_else(|e| e.into_inner());
         use half::f16;
         fn products<T: GemmElem + GemmOut<T>>(from: fn(f32) -> T, bits: fn(T) -> u32)
         where
