@@ -193,7 +193,7 @@ fn encode_256<F: Fp8Format>(x: __m256i) -> __m256i {
 /// Eight FP8 codes (one per 32-bit lane) to f32 bit patterns, as `decode` does one.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(crate) fn decode_256<F: Fp8Format>(c: __m256i) -> __m256i {
+fn decode_256<F: Fp8Format>(c: __m256i) -> __m256i {
     let s = _mm256_set1_epi32(Spec::<F>::SHIFT as i32);
     let sign = _mm256_slli_epi32::<24>(_mm256_and_si256(c, _mm256_set1_epi32(0x80)));
     let mag = _mm256_and_si256(c, _mm256_set1_epi32(0x7F));
