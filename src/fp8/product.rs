@@ -192,21 +192,44 @@ where
     if let Some(bias) = bias.filter(|b| b.len() != n) {
         return shape(format!("a bias of {} for {n} outputs", bias.len()));
     }
+    let alpha = ta.scale_inv(0) * tb.scale_inv(0);
+    let threads = rayon::current_num_threads();
+    fn view<C>(data: &mut [C], rows: usize, cols: usize) -> MatMut<'_, C> {
+        MatMut {
+            data,
+            rows,
+            cols,
+            rs: cols,
+            cs: 1,
+        }
+    }
+    // An FP32 C written afresh (a weight gradient, k = every token row) is its own running sum
+    // between the GEMM's k blocks only for the plain product, whose packing of each operand
+    // the GEMM then does once; the scale follows in a pass of its own, the same one
+    // multiplication per element as in the store (`alpha·s`), so the same bits.
+    if let (false, None, Some(c)) = (accumulate, bias, as_f32_mut(c)) {
+        gemm_fp8_epilogue(a, b, view(&mut *c, m, n), &Epilogue::STORE, threads);
+        if alpha != 1.0 {
+            c.iter_mut().for_each(|x| *x *= alpha);
+        }
+        return Ok(c.iter().any(|x| !x.is_finite()));
+    }
     let epi = Epilogue {
-        alpha: ta.scale_inv(0) * tb.scale_inv(0),
+        alpha,
         accumulate,
         bias,
         ..Epilogue::STORE
     };
-    let c = MatMut {
-        data: c,
-        rows: m,
-        cols: n,
-        rs: n,
-        cs: 1,
-    };
-    let report = gemm_fp8_epilogue(a, b, c, &epi, rayon::current_num_threads());
+    let report = gemm_fp8_epilogue(a, b, view(c, m, n), &epi, threads);
     Ok(report.non_finite)
+}
+
+/// `c` itself where `C` is `f32`.
+fn as_f32_mut<C: 'static>(c: &mut [C]) -> Option<&mut [f32]> {
+    (std::any::TypeId::of::<C>() == std::any::TypeId::of::<f32>()).then(|| {
+        // SAFETY: `C` is `f32`: the same slice, borrowed uniquely for as long as `c`.
+        unsafe { std::slice::from_raw_parts_mut(c.as_mut_ptr().cast::<f32>(), c.len()) }
+    })
 }
 
 /// [`forward_product`] of per-tensor scaled operands into a row-major `x.rows() × w.rows()`
