@@ -40,7 +40,7 @@
 //! median milliseconds per step (GFLOP/s of the median product time for matmul).
 //!
 //! ```text
-//! cargo bench --bench cpu_step [-- [--json] [--breakdown] [--only mlp|cnn|vit|gpt-small|gpt-baby|matmul] [--config NAME]
+//! cargo bench --bench cpu_step [-- [--json] [--breakdown] [--only mlp|cnn|vit|gpt-small|gpt-baby|matmul] [--config NAME[,NAME...]]
 //!                                   [--steps N] [--warmup W] [--min-time SECONDS] [--max-steps N]
 //!                                   [--default-malloc]]
 //! ```
@@ -49,7 +49,8 @@
 //! splits each step's wall time by phase with `typed_amp_kernels::timing`: forward products,
 //! backward products (matrix products and convolutions), attention (the fused op's forward and
 //! backward), casts, unscale + check, optimizer + refresh, and norms/elementwise (everything else: activations, norms, pooling, the loss,
-//! allocation). `--config NAME` runs only the configurations of that name.
+//! allocation). `--config NAME` runs only the configurations of that name (several names,
+//! comma-separated, run alternately as usual: `--config O2-BF16,O2-BF16+FP8`).
 //!
 //! Like the main job, the bench first makes glibc keep freed memory for reuse
 //! ([`typed_amp::device::keep_freed_memory`]); `--default-malloc` leaves the allocator as it is.
@@ -482,7 +483,7 @@ fn usage(problem: &str) -> ! {
     }
     eprintln!(
         "usage: cargo bench --bench cpu_step -- [--json] [--breakdown] [--only mlp|cnn|vit|gpt-small|gpt-baby|matmul] \
-         [--config NAME] [--steps N] [--warmup W] [--min-time SECONDS] [--max-steps N]"
+         [--config NAME[,NAME...]] [--steps N] [--warmup W] [--min-time SECONDS] [--max-steps N]"
     );
     std::process::exit(if problem.is_empty() { 0 } else { 2 });
 }
@@ -618,7 +619,7 @@ impl Row {
 
 fn run_models(model: &'static str, mut configs: Vec<Config>, opts: &Options, out: &mut Vec<Row>) {
     if let Some(only) = &opts.config {
-        configs.retain(|c| c.name == only);
+        configs.retain(|c| only.split(',').any(|name| c.name == name));
     }
     if opts.breakdown {
         return breakdown(model, configs, opts, out);

@@ -34,6 +34,7 @@ use half::{bf16, f16};
 
 pub mod fp8;
 mod fp8_format;
+mod fp8_quantize;
 #[cfg(target_arch = "x86_64")]
 mod fp8_x86;
 mod scalar;
@@ -41,8 +42,12 @@ mod scalar;
 pub use fp8::{
     bf16_to_fp8, f16_to_fp8, f32_to_fp8, fp8_to_bf16, fp8_to_f32, Fp8Format, E4M3, E5M2,
 };
+pub use fp8_quantize::{amax, quantize_fp8, QuantizeSource};
 
 pub(crate) use scalar::{bf16_bits_to_f32_bits, f32_bits_to_bf16_bits};
+/// Sixteen FP8 codes (one per 32-bit lane) to f32 bits, for the GEMM's AVX-512 packing.
+#[cfg(target_arch = "x86_64")]
+pub(crate) use fp8_x86::decode_512 as fp8_decode_avx512;
 pub use scalar::{narrow_bf16, narrow_f16, widen_bf16, widen_f16};
 
 use crate::level::{level, Level};

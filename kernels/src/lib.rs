@@ -11,8 +11,10 @@
 //!   scalars), bit-exact with `half`'s scalar conversions, with one NaN rule for every path;
 //!   and the two FP8 formats, [`convert::E4M3`] and [`convert::E5M2`] (saturating narrowing
 //!   from f32, bf16 and f16; exact widening to f32 and bf16; see [`convert::fp8`]).
-//! * [`gemm_fp8`]: the product of two FP8 matrices (E4M3 or E5M2, each with its scales),
-//!   widened exactly to bf16 and multiplied by the bf16 product into an f32 C.
+//! * [`gemm_fp8_epilogue`]: the product of two FP8 matrices (E4M3 or E5M2) whose codes the
+//!   packing widens exactly to bf16, at the bf16 product's rate, with the [`Epilogue`] (the
+//!   dequantising scales in its `alpha`) into a bf16 or f32 C; [`gemm_fp8`] is its form with
+//!   per-tensor or per-row scales into an f32 C.
 //! * [`math`]: `erf` and `exp` for f32 without branches or calls, so that GELU's loops
 //!   vectorize.
 //! * [`norm`]: layer norm's row arithmetic (statistics and sums in f64, in fixed lanes).
@@ -38,8 +40,8 @@ pub mod timing;
 
 pub use fp8_gemm::gemm_fp8;
 pub use gemm::{
-    gemm, gemm_epilogue, gemm_epilogue_slices, gemm_slices, Activation, Epilogue, GemmElem,
-    GemmOut, GemmReport, MatMut, MatRef,
+    gemm, gemm_epilogue, gemm_epilogue_slices, gemm_fp8_epilogue, gemm_slices, Activation,
+    Epilogue, GemmElem, GemmOut, GemmReport, MatMut, MatRef,
 };
 pub use level::{default_level, detected_level, force_level, level, Level};
 

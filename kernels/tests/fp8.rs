@@ -390,3 +390,82 @@ fn sixteen_bit_sources_round_once() {
         assert_eq!(E5M2::from_f16(f), E5M2::from_f32(f.to_f32()));
     }
 }
+
+/// The scalar amax of the module's rule: NaN if any element is, else the largest `|x|`.
+fn reference_amax(xs: impl Iterator<Item = f32>) -> f32 {
+    let mut m = 0f32;
+    for x in xs {
+        if x.is_nan() {
+            return f32::NAN;
+        }
+        m = m.max(x.abs());
+    }
+    m
+}
+
+/// `quantize_fp8` against `F(x · scale)` element by element and its amax against
+/// [`reference_amax`], and `amax` alone, on `src` and on short pieces of it from four offsets
+/// (vector bodies plus each tail).
+fn check_quantize<F: Fp8Format, S: convert::QuantizeSource + std::fmt::Debug>(
+    src: &[S],
+    wide: impl Fn(S) -> f32 + Copy,
+    scale: f32,
+) {
+    let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+    let check = |s: &[S]| {
+        let mut out = vec![F::default(); s.len()];
+        let m = convert::quantize_fp8(s, scale, &mut out);
+        let want = reference_amax(s.iter().map(|&x| wide(x)));
+        assert!(same(m, want), "{}: amax {m} against {want}", F::NAME);
+        assert!(same(convert::amax(s), want), "{}: amax alone", F::NAME);
+        for (i, (&x, &d)) in s.iter().zip(&out).enumerate() {
+            let code = F::from_f32(wide(x) * scale);
+            assert_eq!(d.to_bits(), code.to_bits(), "{} element {i} ({x:?})", F::NAME);
+        }
+    };
+    check(src);
+    for start in 0..4 {
+        for len in 0..=40 {
+            check(&src[start..start + len]);
+        }
+    }
+}
+
+fn quantize_matches_scalar<F: Fp8Format>() {
+    // Finite values, then the same with a NaN and with an inf placed in the parallel tasks'
+    // middle chunks (beyond 2^16 elements the pass is split over threads).
+    let mut finite: Vec<f32> = random_f32s(70_000)
+        .into_iter()
+        .filter(|x| x.is_finite())
+        .collect();
+    finite.truncate(140_000);
+    let mut with_inf = finite.clone();
+    with_inf[100_003] = f32::NEG_INFINITY;
+    let mut with_nan = with_inf.clone();
+    with_nan[77_777] = f32::NAN;
+    let bf16_inputs: Vec<bf16> = (0..=u16::MAX).map(bf16::from_bits).collect();
+    let f16_inputs: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+    at_each_level(F::NAME, || {
+        for scale in [1.0f32, 3.5e-3, 448.0 / 3.0] {
+            check_quantize::<F, f32>(&finite, |x| x, scale);
+            check_quantize::<F, f32>(&with_inf, |x| x, scale);
+            check_quantize::<F, f32>(&with_nan, |x| x, scale);
+            // Every bf16 and f16 pattern (NaNs included), and their finite ones alone.
+            check_quantize::<F, bf16>(&bf16_inputs, |x| x.to_f32(), scale);
+            check_quantize::<F, f16>(&f16_inputs, |x| x.to_f32(), scale);
+            let finite_bf16: Vec<bf16> =
+                bf16_inputs.iter().copied().filter(|x| x.is_finite()).collect();
+            check_quantize::<F, bf16>(&finite_bf16, |x| x.to_f32(), scale);
+        }
+    });
+}
+
+#[test]
+fn e4m3_quantisation_and_amax_equal_the_scalar_reference_at_every_level() {
+    quantize_matches_scalar::<E4M3>();
+}
+
+#[test]
+fn e5m2_quantisation_and_amax_equal_the_scalar_reference_at_every_level() {
+    quantize_matches_scalar::<E5M2>();
+}

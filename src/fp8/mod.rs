@@ -53,6 +53,7 @@ pub use granularity::{
     Granularity, PerRow, PerTensor, RowsKeepTheirScales, TransposesWithItsScale,
 };
 pub use product::{forward_product, gradient_product};
+pub(crate) use product::{forward_product_into, gradient_product_into};
 pub use recipe::{Fp8Recipe, Hybrid, HybridCurrent, TE_HISTORY};
 pub use scaling::{scale_from_amax, Current, Delayed, DelayedScaling, ScalingMode};
 pub(crate) use source::amax;

@@ -4,9 +4,9 @@ use half::{bf16, f16};
 use typed_amp_kernels::convert;
 
 /// An element type FP8 tensors are quantised from: `f32`, `bf16` or `f16` (widened to FP32
-/// exactly before it is scaled).
+/// exactly before it is scaled), the kernels' quantisation sources.
 #[doc(hidden)] // a bound of quantisation's element type: users pass `f32`, `bf16` or `f16`.
-pub trait Fp8Source: Copy + Send + Sync + 'static {
+pub trait Fp8Source: convert::QuantizeSource {
     /// The value in FP32 (exact).
     fn to_f32(self) -> f32;
 }
@@ -29,15 +29,8 @@ impl Fp8Source for f16 {
     }
 }
 
-/// The largest magnitude of `data` (NaN if it holds one; 0 for an empty slice).
+/// The largest magnitude of `data` (NaN if it holds one; 0 for an empty slice): the kernels'
+/// vectorised pass, split over threads for large tensors.
 pub(crate) fn amax<T: Fp8Source>(data: &[T]) -> f32 {
-    let mut m = 0.0f32;
-    for &x in data {
-        let a = x.to_f32().abs();
-        if a.is_nan() {
-            return f32::NAN;
-        }
-        m = m.max(a);
-    }
-    m
+    convert::amax(data)
 }

@@ -59,28 +59,50 @@ impl<F: Fp8Element, G: Granularity, M: ScalingMode> Fp8Tensor<F, G, M> {
         cols: usize,
         scales: Vec<f32>,
     ) -> Result<Self, Fp8Error> {
+        Ok(Self::with_scales_amax(data, rows, cols, scales)?.0)
+    }
+
+    /// [`Self::with_scales`], also returning the amax of `data` (NaN if it holds a NaN), found
+    /// by the same pass: `code = F(x · scale)` in FP32 ([`convert::quantize_fp8`]), one pass
+    /// over a per-tensor scaled tensor, one per row otherwise.
+    fn with_scales_amax<T: Fp8Source>(
+        data: &[T],
+        rows: usize,
+        cols: usize,
+        scales: Vec<f32>,
+    ) -> Result<(Self, f32), Fp8Error> {
         for &s in &scales {
             check_scale(s)?;
         }
         let mut codes = vec![F::default(); data.len()];
-        let mut scaled = vec![0.0f32; cols];
-        for i in 0..rows {
-            let s = scales[G::scale_index(i)];
-            let row = &data[i * cols..(i + 1) * cols];
-            for (d, &x) in scaled.iter_mut().zip(row) {
-                *d = x.to_f32() * s;
+        let mut found = 0f32;
+        // A NaN must stay NaN against the later rows (`f32::max` would drop it).
+        let mut add = |a: f32| {
+            found = if a.is_nan() || found.is_nan() {
+                f32::NAN
+            } else {
+                found.max(a)
             }
-            convert::f32_to_fp8(&scaled, &mut codes[i * cols..(i + 1) * cols]);
+        };
+        if scales.len() == 1 {
+            add(convert::quantize_fp8(data, scales[0], &mut codes));
+        } else {
+            for i in 0..rows {
+                let s = scales[G::scale_index(i)];
+                let span = i * cols..(i + 1) * cols;
+                add(convert::quantize_fp8(&data[span.clone()], s, &mut codes[span]));
+            }
         }
         let scale_invs = scales.iter().map(|s| 1.0 / s).collect();
-        Ok(Fp8Tensor {
+        let t = Fp8Tensor {
             codes,
             scales,
             scale_invs,
             rows,
             cols,
             _kind: PhantomData,
-        })
+        };
+        Ok((t, found))
     }
 
     /// Rows.
@@ -247,6 +269,23 @@ impl<F: Fp8Element, M: ScalingMode> Fp8Tensor<F, PerTensor, M> {
         check_shape("the data", data.len(), rows, cols)?;
         Self::with_scales(data, rows, cols, vec![scale])
     }
+
+    /// [`Self::quantize_with_scale`] that also returns the amax of `data` (NaN if it holds a
+    /// NaN, inf if an inf), found in the same pass over it: what delayed scaling records, for
+    /// one read of the data where the scale is known before it is read.
+    ///
+    /// # Errors
+    /// As [`Self::quantize_with_scale`]; data holding inf or NaN is not an error here (the
+    /// caller decides from the amax), its codes saturate or are NaN.
+    pub(crate) fn quantize_with_scale_amax<T: Fp8Source>(
+        data: &[T],
+        rows: usize,
+        cols: usize,
+        scale: f32,
+    ) -> Result<(Self, f32), Fp8Error> {
+        check_shape("the data", data.len(), rows, cols)?;
+        Self::with_scales_amax(data, rows, cols, vec![scale])
+    }
 }
 
 impl<F: Fp8Element, G: Granularity> Fp8Tensor<F, G, Current> {
@@ -303,11 +342,11 @@ impl<F: Fp8Element, const H: usize, const MARGIN: u32> Fp8Tensor<F, PerTensor, D
     ) -> Result<Self, Fp8Error> {
         check_shape("the data", data.len(), rows, cols)?;
         let scale = state.scale::<F>()?;
-        let a = amax(data);
+        // One pass: the scale is known before the data is read.
+        let (t, a) = Self::with_scales_amax(data, rows, cols, vec![scale])?;
         if !a.is_finite() {
             return Err(Fp8Error::NonFiniteAmax { amax: a });
         }
-        let t = Self::with_scales(data, rows, cols, vec![scale])?;
         state.record_amax(a)?;
         Ok(t)
     }

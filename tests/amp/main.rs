@@ -13,6 +13,7 @@ mod common;
 pub mod amp_layers;
 pub mod amp_models;
 pub mod amp_policies;
+pub mod fp8_fused;
 pub mod fp8_recipe;
 pub mod gpt_smoke;
 pub mod input_gradient;

@@ -148,7 +148,7 @@ unsafe fn narrow_raw<F: Fp8Format, const SRC: u8>(
 /// # Safety
 /// `src` readable for `n` bytes, `dst` writable for `n` elements (f32, or bf16 when `BF16`),
 /// not overlapping; `lvl` supported by the CPU.
-unsafe fn widen_raw<F: Fp8Format, const BF16: bool>(
+pub(crate) unsafe fn widen_raw<F: Fp8Format, const BF16: bool>(
     lvl: Level,
     src: *const u8,
     dst: *mut u8,

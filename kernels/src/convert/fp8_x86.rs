@@ -5,6 +5,7 @@
 use std::arch::x86_64::*;
 
 use super::fp8_format::{decode, encode, source_bits, Fp8Format, Spec};
+use super::fp8_quantize::tail;
 
 /// Sixteen f32 bit patterns to FP8 codes (in the low byte of each lane), as `encode` does one.
 #[target_feature(enable = "avx512f")]
@@ -52,7 +53,7 @@ fn encode_512<F: Fp8Format>(x: __m512i) -> __m512i {
 /// Sixteen FP8 codes (one per 32-bit lane) to f32 bit patterns, as `decode` does one.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn decode_512<F: Fp8Format>(c: __m512i) -> __m512i {
+pub(crate) fn decode_512<F: Fp8Format>(c: __m512i) -> __m512i {
     let s = _mm512_set1_epi32(Spec::<F>::SHIFT as i32);
     let sign = _mm512_slli_epi32::<24>(_mm512_and_si512(c, _mm512_set1_epi32(0x80)));
     let mag = _mm512_and_si512(c, _mm512_set1_epi32(0x7F));
@@ -297,5 +298,121 @@ pub(super) unsafe fn widen_avx2<F: Fp8Format, const BF16: bool>(
             }
             i += 1;
         }
+    }
+}
+
+/// Sixteen source elements of tag `SRC` (0 f32, 1 bf16, 2 f16) at `src` as f32 bits, as the
+/// narrowing loops read them.
+///
+/// # Safety
+/// `src` readable for 16 elements; the CPU has AVX-512F.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn source_512<const SRC: u8>(src: *const u8) -> __m512i {
+    // SAFETY: the contract.
+    unsafe {
+        match SRC {
+            0 => _mm512_loadu_si512(src as *const _),
+            1 => _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                src as *const __m256i,
+            ))),
+            _ => _mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256(src as *const __m256i))),
+        }
+    }
+}
+
+/// `fp8_quantize`'s pass on AVX-512: the largest `|x|` bits of `n` source elements, and with
+/// `CAST` the codes of `x · scale` (the narrowing of `encode_512`, as [`narrow_avx512`]).
+///
+/// # Safety
+/// `src` readable for `n` elements of the `SRC` type; with `CAST`, `dst` writable for `n`
+/// bytes, not overlapping; the CPU has AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn quantize_avx512<F: Fp8Format, const SRC: u8, const CAST: bool>(
+    src: *const u8,
+    scale: f32,
+    dst: *mut u8,
+    n: usize,
+) -> u32 {
+    let esz = if SRC == 0 { 4 } else { 2 };
+    // SAFETY: every access is at an index below `n` (the vector loop runs while a whole vector
+    // fits, the tail one element at a time), inside the contract's buffers.
+    unsafe {
+        let abs = _mm512_set1_epi32(0x7FFF_FFFF);
+        let s = _mm512_set1_ps(scale);
+        let mut m = _mm512_setzero_si512();
+        let mut i = 0;
+        while i + 16 <= n {
+            let x = source_512::<SRC>(src.add(i * esz));
+            m = _mm512_max_epu32(m, _mm512_and_si512(x, abs));
+            if CAST {
+                let y = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(x), s));
+                let codes = _mm512_cvtepi32_epi8(encode_512::<F>(y));
+                _mm_storeu_si128(dst.add(i) as *mut __m128i, codes);
+            }
+            i += 16;
+        }
+        let m = _mm512_reduce_max_epu32(m);
+        tail::<F, SRC, CAST>(src, scale, dst, i, n, m)
+    }
+}
+
+/// Eight source elements of tag `SRC` at `src` as f32 bits, as the narrowing loops read them.
+///
+/// # Safety
+/// `src` readable for 8 elements; AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn source_256<const SRC: u8>(src: *const u8) -> __m256i {
+    // SAFETY: the contract.
+    unsafe {
+        match SRC {
+            0 => _mm256_loadu_si256(src as *const __m256i),
+            1 => _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+                src as *const __m128i,
+            ))),
+            _ => _mm256_castps_si256(_mm256_cvtph_ps(_mm_loadu_si128(src as *const __m128i))),
+        }
+    }
+}
+
+/// [`quantize_avx512`] on AVX2 (`encode_256`, as [`narrow_avx2`]).
+///
+/// # Safety
+/// As [`quantize_avx512`], with AVX2, FMA and F16C in place of AVX-512F.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn quantize_avx2<F: Fp8Format, const SRC: u8, const CAST: bool>(
+    src: *const u8,
+    scale: f32,
+    dst: *mut u8,
+    n: usize,
+) -> u32 {
+    let esz = if SRC == 0 { 4 } else { 2 };
+    // SAFETY: as in `quantize_avx512`.
+    unsafe {
+        let low_bytes = _mm256_setr_epi8(
+            0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1, -1, -1,
+            -1, -1, -1, -1, -1, -1, -1, -1, -1,
+        );
+        let abs = _mm256_set1_epi32(0x7FFF_FFFF);
+        let s = _mm256_set1_ps(scale);
+        let mut m = _mm256_setzero_si256();
+        let mut i = 0;
+        while i + 8 <= n {
+            let x = source_256::<SRC>(src.add(i * esz));
+            m = _mm256_max_epu32(m, _mm256_and_si256(x, abs));
+            if CAST {
+                let y = _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(x), s));
+                let b = _mm256_shuffle_epi8(encode_256::<F>(y), low_bytes);
+                let lo = _mm256_castsi256_si128(b);
+                let hi = _mm256_extracti128_si256::<1>(b);
+                _mm_storel_epi64(dst.add(i) as *mut __m128i, _mm_unpacklo_epi32(lo, hi));
+            }
+            i += 8;
+        }
+        let mut lanes = [0u32; 8];
+        _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, m);
+        let m = lanes.into_iter().max().unwrap_or(0);
+        tail::<F, SRC, CAST>(src, scale, dst, i, n, m)
     }
 }

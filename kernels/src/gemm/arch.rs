@@ -42,15 +42,20 @@ impl Arch {
         self.nvmax * self.vw
     }
 
-    /// Where A's rows can be read in place (the pair path, A's k stride 1, k even so that no
-    /// pair reaches past a row's end), the distance between them in bytes; else `None` (pack A).
+    /// Where A's rows can be read in place (the pair path, A stored as bf16 rather than FP8,
+    /// A's k stride 1, k even so that no pair reaches past a row's end), the distance between
+    /// them in bytes; else `None` (pack A).
     ///
     /// Packing A cost as much as the products themselves on a transformer's products (k of 64
     /// or 128, one pass of each packed A micro-panel over a few B panels): 7.5% of the ViT's
     /// O2-BF16 step, in `pack_pairs_transpose`.
     pub(super) fn a_rows(&self, p: &Problem) -> Option<isize> {
-        (self.rows_kernels.is_some() && p.a_cs == 1 && p.k.is_multiple_of(2) && !rows_off())
-            .then(|| p.a_rs * p.kind.size())
+        (self.rows_kernels.is_some()
+            && p.a_kind == p.kind
+            && p.a_cs == 1
+            && p.k.is_multiple_of(2)
+            && !rows_off())
+        .then(|| p.a_rs * p.kind.size())
     }
 
     /// The micro-kernel for an `mrr`-row tile of `nv` vectors: packed, or with `a_rows` (from

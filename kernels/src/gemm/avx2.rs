@@ -47,6 +47,7 @@ pub(super) unsafe fn store_rows_avx2(
             (Kind::Bf16, true, false) => rows_k::<OUT_BF16, true, false>(args),
             (Kind::Bf16, true, true) => rows_k::<OUT_BF16, true, true>(args),
             (Kind::Bf16, false, _) => rows_k::<OUT_BF16, false, true>(args),
+            (Kind::E4M3 | Kind::E5M2, _, _) => unreachable!("C is never FP8"),
         }
     }
 }
@@ -165,7 +166,7 @@ unsafe fn rows_k<const K: u8, const PLAIN: bool, const CHECK: bool>(
     CHECK && (bad_scalar || _mm256_movemask_epi8(bad32) != 0 || _mm_movemask_epi8(bad16) != 0)
 }
 
-/// Eight elements of `kind` as f32 (16-bit ones widened as the slice conversions do).
+/// Eight elements of `kind` as f32 (16-bit and FP8 ones widened as the slice conversions do).
 ///
 /// # Safety
 /// `s` readable for eight elements of `kind`; AVX2, FMA and F16C.
@@ -177,8 +178,36 @@ pub(super) unsafe fn load8(kind: Kind, s: *const u8) -> __m256 {
         if kind == Kind::F32 {
             return _mm256_loadu_ps(s as *const f32);
         }
+        if kind.is_fp8() {
+            return widen8_fp8(kind, _mm_loadl_epi64(s as *const __m128i));
+        }
         widen8_16(kind, _mm_loadu_si128(s as *const __m128i))
     }
+}
+
+/// The eight FP8 codes of `kind` in the low bytes of `c` widened to f32, exactly, with the bits
+/// of `convert`'s decoding (those of widening the codes to bf16 and the bf16 to f32), through
+/// F16C: an FP8 code is an f16's top bits. E5M2 is the top byte of the f16 of the same value
+/// (its NaNs included: `vcvtph2ps` sets the quiet bit and keeps the payload, as the decoding
+/// does). E4M3's exponent and mantissa, moved down one bit, are an f16 of 2^-8 times the value
+/// (subnormals included), so the f32 is scaled by 256, exactly; its one NaN pattern per sign
+/// would read as ±480 and is set to the decoding's NaN (`±0x7FF0_0000`). Half the work of the
+/// integer decoding, in the packing of every FP8 operand.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn widen8_fp8(kind: Kind, c: __m128i) -> __m256 {
+    let c = _mm_cvtepu8_epi16(c);
+    if kind == Kind::E5M2 {
+        return _mm256_cvtph_ps(_mm_slli_epi16::<8>(c));
+    }
+    let mag = _mm_and_si128(c, _mm_set1_epi16(0x7F));
+    let sign = _mm_slli_epi16::<8>(_mm_and_si128(c, _mm_set1_epi16(0x80)));
+    let h = _mm_or_si128(_mm_slli_epi16::<7>(mag), sign);
+    let x = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0));
+    // 480 (0x43F0_0000) or-ed with 0x7FF0_0000 is the NaN's bits; the sign stays.
+    let nan = _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7F)));
+    let nan = _mm256_and_si256(nan, _mm256_set1_epi32(0x7FF0_0000));
+    _mm256_or_ps(x, _mm256_castsi256_ps(nan))
 }
 
 /// The eight 16-bit elements of `h` widened to f32 as the slice conversions do.
@@ -204,13 +233,31 @@ fn widen8_16(kind: Kind, h: __m128i) -> __m256 {
 #[inline]
 pub(super) unsafe fn load_n(kind: Kind, s: *const u8, n: usize) -> __m256 {
     // SAFETY: the masked loads read the first `n` f32, or the first `n / 2` pairs and (the
-    // scalar read) element `n - 1` of a 16-bit kind, all below `n`.
+    // scalar read) element `n - 1` of a 16-bit kind, or the first `n` bytes of FP8 codes (the
+    // runs of four, two and one stop at `n`), all below `n`.
     unsafe {
         if n >= 8 {
             return load8(kind, s);
         }
         if kind == Kind::F32 {
             return _mm256_maskload_ps(s as *const f32, first_lanes(n));
+        }
+        if kind.is_fp8() {
+            // Runs of four, two and one bytes, the lowest first, into one 64-bit lane.
+            let mut bytes = 0u64;
+            let mut at = 0;
+            if n >= 4 {
+                bytes = (s as *const u32).read_unaligned() as u64;
+                at = 4;
+            }
+            if n - at >= 2 {
+                bytes |= ((s.add(at) as *const u16).read_unaligned() as u64) << (8 * at);
+                at += 2;
+            }
+            if n > at {
+                bytes |= (*s.add(at) as u64) << (8 * at);
+            }
+            return widen8_fp8(kind, _mm_cvtsi64_si128(bytes as i64));
         }
         let pairs = _mm_cmpgt_epi32(_mm_set1_epi32((n / 2) as i32), _mm_setr_epi32(0, 1, 2, 3));
         let mut h = _mm_maskload_epi32(s as *const i32, pairs);
@@ -381,6 +428,50 @@ pub(super) unsafe fn pack_transpose(
                 }
             }
             l0 += 8;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{load8, load_n};
+    use crate::convert::{Fp8Format, E4M3, E5M2};
+    use crate::gemm::elem::load1;
+    use crate::gemm::Kind;
+    use crate::level::{detected_level, Level};
+    use std::arch::x86_64::*;
+
+    /// The packing's FP8 widening in registers (whole vectors and every short run) gives the
+    /// scalar decoding's bits for all 256 codes of both formats, NaN and inf included.
+    #[test]
+    fn fp8_widening_in_registers_gives_the_scalar_bits() {
+        if detected_level() < Level::Avx2 {
+            println!("fp8_widening_in_registers_gives_the_scalar_bits: no AVX2, skipped");
+            return;
+        }
+        let codes: Vec<u8> = (0..=255u8).chain(0..8).collect();
+        for kind in [Kind::E4M3, Kind::E5M2] {
+            let want = |c: u8| match kind {
+                Kind::E4M3 => E4M3(c).to_f32().to_bits(),
+                _ => E5M2(c).to_f32().to_bits(),
+            };
+            for start in 0..256 {
+                for n in 1..=8 {
+                    let mut got = [0u32; 8];
+                    // SAFETY: `codes` has 8 readable bytes from every start below 256; AVX2,
+                    // FMA and F16C are present (the detected level).
+                    unsafe {
+                        let p = codes.as_ptr().add(start);
+                        let v = if n == 8 { load8(kind, p) } else { load_n(kind, p, n) };
+                        _mm256_storeu_si256(got.as_mut_ptr() as *mut __m256i, _mm256_castps_si256(v));
+                        assert_eq!(load1(kind, p).to_bits(), want(codes[start]));
+                    }
+                    for (l, &g) in got.iter().enumerate() {
+                        let w = if l < n { want(codes[start + l]) } else { 0 };
+                        assert_eq!(g, w, "{kind:?} from code {start}, {n} lanes, lane {l}");
+                    }
+                }
+            }
         }
     }
 }

@@ -158,7 +158,7 @@ pub(super) unsafe fn serial_with(arch: &Arch, p: &Problem, bufs: &mut Buffers) -
         // SAFETY: the same contract.
         return unsafe { serial_running_sum(arch, p, bufs, (kc_max, mc_max, nc_max)) };
     }
-    let (esz, csz) = (p.kind.size(), p.out.size());
+    let (asz, bsz, csz) = (p.a_kind.size(), p.b_kind.size(), p.out.size());
     let a_rows = arch.a_rows(p);
     let mut tile = Tile([0.0; TILE_MR * TILE_NR]);
     let tile_p = tile.0.as_mut_ptr();
@@ -181,9 +181,9 @@ pub(super) unsafe fn serial_with(arch: &Arch, p: &Problem, bufs: &mut Buffers) -
                 while jr < nc {
                     let nrr = nr.min(nc - jr);
                     let src =
-                        p.b.offset((pc as isize * p.b_rs + (jc + jr) as isize * p.b_cs) * esz);
+                        p.b.offset((pc as isize * p.b_rs + (jc + jr) as isize * p.b_cs) * bsz);
                     let dst = bbuf.add(jr / nr * nr * kc_units);
-                    super::pack::panel(arch, p.kind, src, p.b_cs, p.b_rs, nrr, kc, dst, nr, true);
+                    super::pack::panel(arch, p.b_kind, src, p.b_cs, p.b_rs, nrr, kc, dst, nr, true);
                     jr += nr;
                 }
                 let mut ic = 0;
@@ -193,10 +193,10 @@ pub(super) unsafe fn serial_with(arch: &Arch, p: &Problem, bufs: &mut Buffers) -
                     while a_rows.is_none() && ir < mc {
                         let mrr = mr.min(mc - ir);
                         let src =
-                            p.a.offset(((ic + ir) as isize * p.a_rs + pc as isize * p.a_cs) * esz);
+                            p.a.offset(((ic + ir) as isize * p.a_rs + pc as isize * p.a_cs) * asz);
                         let dst = abuf.add(ir / mr * mr * kc_units);
                         super::pack::panel(
-                            arch, p.kind, src, p.a_rs, p.a_cs, mrr, kc, dst, mr, false,
+                            arch, p.a_kind, src, p.a_rs, p.a_cs, mrr, kc, dst, mr, false,
                         );
                         ir += mr;
                     }
@@ -280,7 +280,7 @@ pub(super) unsafe fn serial_running_sum(
     let bbuf = aligned(&mut bufs.b, nc_max * kc_units_max);
     let s_rs = nc_max.div_ceil(vw) * vw;
     let sbuf = aligned(&mut bufs.s, mc_max * s_rs);
-    let (esz, csz) = (p.kind.size(), p.out.size());
+    let (asz, bsz, csz) = (p.a_kind.size(), p.b_kind.size(), p.out.size());
     let a_rows = arch.a_rows(p);
     let mut non_finite = false;
     // SAFETY: every pointer formed below is an offset of rows < m, columns < n and k < k of the
@@ -302,10 +302,10 @@ pub(super) unsafe fn serial_running_sum(
                     while jr < nc {
                         let nrr = nr.min(nc - jr);
                         let src =
-                            p.b.offset((pc as isize * p.b_rs + (jc + jr) as isize * p.b_cs) * esz);
+                            p.b.offset((pc as isize * p.b_rs + (jc + jr) as isize * p.b_cs) * bsz);
                         let dst = bbuf.add(jr / nr * nr * kc_units);
                         super::pack::panel(
-                            arch, p.kind, src, p.b_cs, p.b_rs, nrr, kc, dst, nr, true,
+                            arch, p.b_kind, src, p.b_cs, p.b_rs, nrr, kc, dst, nr, true,
                         );
                         jr += nr;
                     }
@@ -313,10 +313,10 @@ pub(super) unsafe fn serial_running_sum(
                     while a_rows.is_none() && ir < mc {
                         let mrr = mr.min(mc - ir);
                         let src =
-                            p.a.offset(((ic + ir) as isize * p.a_rs + pc as isize * p.a_cs) * esz);
+                            p.a.offset(((ic + ir) as isize * p.a_rs + pc as isize * p.a_cs) * asz);
                         let dst = abuf.add(ir / mr * mr * kc_units);
                         super::pack::panel(
-                            arch, p.kind, src, p.a_rs, p.a_cs, mrr, kc, dst, mr, false,
+                            arch, p.a_kind, src, p.a_rs, p.a_cs, mrr, kc, dst, mr, false,
                         );
                         ir += mr;
                     }

@@ -242,6 +242,8 @@ pub unsafe fn gemm<T: GemmElem>(
         c_rs,
         c_cs,
         kind: T::KIND,
+        a_kind: T::KIND,
+        b_kind: T::KIND,
         out: T::KIND,
         epi: Epi::legacy(accumulate),
     };
@@ -309,6 +311,8 @@ pub unsafe fn gemm_epilogue<T: GemmElem, C: GemmOut<T>>(
         c_rs,
         c_cs,
         kind: T::KIND,
+        a_kind: T::KIND,
+        b_kind: T::KIND,
         out: C::OUT,
         epi: Epi::new(epi),
     };

@@ -1,5 +1,5 @@
 //! Blocked matrix products in the style of BLIS / Goto: pack a block of B and a block of A into
-//! contiguous micro-panels (widening 16-bit inputs to f32 on the way), then sweep an `MR × NR`
+//! contiguous micro-panels (widening 16-bit and FP8 inputs on the way), then sweep an `MR × NR`
 //! register-blocked micro-kernel over them; products too small for packing to pay (attention's
 //! per-head products) skip it (`small.rs`). On the bf16-pair path a row-major A is not packed
 //! at all: its (k, k+1) pairs already lie side by side, and the micro-kernel reads its rows in
@@ -12,6 +12,7 @@ mod avx2;
 mod driver;
 mod elem;
 mod entry;
+mod fp8_entry;
 mod pack;
 mod portable;
 mod problem;
@@ -34,6 +35,7 @@ use tile::{KernFn, RowsKernFn, TILE_MR, TILE_NR};
 
 pub use arch::set_a_rows_in_place;
 pub use entry::{gemm, gemm_epilogue, gemm_epilogue_slices, gemm_slices, set_bf16_pair_emulation};
+pub use fp8_entry::gemm_fp8_epilogue;
 pub use small::set_small_products;
 use types::Kind;
 pub use types::{Activation, Epilogue, GemmElem, GemmOut, GemmReport, MatMut, MatRef};
@@ -46,10 +48,16 @@ mod tests {
     use crate::level::Level;
     use half::bf16;
 
+    /// Held by the tests below while they run: the pair emulation is a process-wide switch,
+    /// and a bf16 product that straddles its toggling (on a CPU without AVX512-BF16) is run by
+    /// two different paths.
+    static EMULATION: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     /// The vector pair packing changes where bits are copied, never the arithmetic: whole bf16
     /// products must come out bit for bit as with the scalar packing, for every layout.
     #[test]
     fn pair_packing_vector_and_scalar_products_identical() {
+        let _guard = EMULATION.lock().unwrap_or_else(|e| e.into_inner());
         let emulate = detected_level() < Level::Avx512Bf16;
         if emulate {
             set_bf16_pair_emulation(true);
@@ -126,6 +134,7 @@ mod tests {
     /// shapes of several row, column and k blocks, odd ones included.
     #[test]
     fn whole_panel_packing_gives_the_blocked_loops_bits() {
+        let _guard = EMULATION.lock().unwrap_or_else(|e| e.into_inner());
         use half::f16;
         fn products<T: GemmElem + GemmOut<T>>(from: fn(f32) -> T, bits: fn(T) -> u32)
         where

@@ -1,5 +1,7 @@
 //! Packing: copy a strided block of A or B into the contiguous micro-panel layout the kernels
-//! read, widening f16/bf16 to f32 (or, for the bf16-pair path, interleaving k pairs).
+//! read, widening f16/bf16 to f32 (or, for the bf16-pair path, interleaving k pairs). FP8 codes
+//! are widened here too, exactly, to what their product runs in (f32 lanes, or bf16 pairs), so
+//! an FP8 operand is read once, at one byte per element, and never copied to 16 bits first.
 
 use super::elem::{load1, widen};
 use super::{Arch, Kind};
@@ -35,6 +37,48 @@ pub(super) unsafe fn panel(
     // `< kc` of the view and writes panel slots below `kc·dst_stride` itself.
     unsafe {
         debug_assert!(kc <= KC_LIMIT && lanes <= dst_stride);
+        if arch.pairs && kind.is_fp8() {
+            // FP8 codes widened to bf16 on their way into the pairs (exact), so that the
+            // panel is the one the bf16 codes would have given.
+            #[cfg(target_arch = "x86_64")]
+            if arch.level >= Level::Avx512 && !scalar_pairs_forced() {
+                if lane_stride == 1 {
+                    return super::x86::pack_pairs_rows_fp8_avx512(
+                        kind,
+                        src,
+                        k_stride,
+                        lanes,
+                        kc,
+                        dst as *mut u32,
+                        dst_stride,
+                        fill,
+                    );
+                }
+                if k_stride == 1 {
+                    return super::x86::pack_pairs_transpose_fp8_avx512(
+                        kind,
+                        src,
+                        lane_stride,
+                        lanes,
+                        kc,
+                        dst as *mut u32,
+                        dst_stride,
+                        fill,
+                    );
+                }
+            }
+            return pairs_fp8(
+                kind,
+                src,
+                lane_stride,
+                k_stride,
+                lanes,
+                kc,
+                dst as *mut u32,
+                dst_stride,
+                fill,
+            );
+        }
         if arch.pairs {
             #[cfg(target_arch = "x86_64")]
             if arch.level >= Level::Avx512 && !scalar_pairs_forced() {
@@ -207,10 +251,55 @@ pub(super) unsafe fn pairs(
     }
 }
 
+/// [`pairs`] for FP8 codes of `kind`: each code widened to bf16 (exact, `convert`'s decoding)
+/// and packed where the bf16 would have been; the reference of the vector versions.
+///
+/// # Safety
+/// As [`panel`] for FP8 (`src` a valid `lanes × kc` view of one-byte codes, `dst` writable
+/// for `ceil(kc / 2) · dst_stride` u32).
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn pairs_fp8(
+    kind: Kind,
+    src: *const u8,
+    lane_stride: isize,
+    k_stride: isize,
+    lanes: usize,
+    kc: usize,
+    dst: *mut u32,
+    dst_stride: usize,
+    fill: bool,
+) {
+    // SAFETY: as in `pairs`, one byte per element.
+    unsafe {
+        let at = |l: usize, p: usize| -> u32 {
+            let s = src.offset(l as isize * lane_stride + p as isize * k_stride);
+            // Every FP8 value is a bf16 value: the f32's low half is zero.
+            load1(kind, s).to_bits() >> 16
+        };
+        for q in 0..kc.div_ceil(2) {
+            let d = dst.add(q * dst_stride);
+            let has_hi = 2 * q + 1 < kc;
+            for l in 0..lanes {
+                let hi = if has_hi { at(l, 2 * q + 1) } else { 0 };
+                *d.add(l) = at(l, 2 * q) | (hi << 16);
+            }
+            if fill {
+                for l in lanes..dst_stride {
+                    *d.add(l) = 0;
+                }
+            }
+        }
+    }
+}
+
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
-    use super::pairs;
-    use crate::gemm::x86::{pack_pairs_rows_avx512, pack_pairs_transpose_avx512};
+    use super::{pairs, pairs_fp8};
+    use crate::gemm::x86::{
+        pack_pairs_rows_avx512, pack_pairs_rows_fp8_avx512, pack_pairs_transpose_avx512,
+        pack_pairs_transpose_fp8_avx512,
+    };
+    use crate::gemm::Kind;
     use crate::level::{detected_level, Level};
 
     /// A `lanes × kc` view at `base` inside `buf` whose every other slot holds a NaN pattern
@@ -309,5 +398,69 @@ mod tests {
             }
         }
         println!("vector_pair_packing_matches_scalar: {cases} panels");
+    }
+
+    /// The FP8 pair packing in registers against the scalar one, for both formats: every
+    /// code in every position (the codes run through all 256 patterns), every lane count, k
+    /// depths around the 32-code loads, both layouts, odd strides.
+    #[test]
+    fn vector_fp8_pair_packing_matches_scalar() {
+        if detected_level() < Level::Avx512 {
+            println!("vector_fp8_pair_packing_matches_scalar: no AVX-512, skipped");
+            return;
+        }
+        let buf: Vec<u8> = (0..40_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let mut cases = 0usize;
+        for kind in [Kind::E4M3, Kind::E5M2] {
+            for lanes in 1..=32usize {
+                for kc in (1..=70usize).chain([511, 512]) {
+                    for fill in [false, true] {
+                        let dst_stride = 32;
+                        let kp = kc.div_ceil(2);
+                        let base = 100;
+                        let run = |f: &dyn Fn(*mut u32)| {
+                            let mut out = vec![0xDEAD_BEEFu32; kp * dst_stride];
+                            f(out.as_mut_ptr());
+                            out
+                        };
+                        // Each k step contiguous (lane stride 1), an odd k stride.
+                        let ks = lanes as isize + 3;
+                        // SAFETY: the view's last element is at base + (kc − 1)·ks + lanes − 1
+                        // < 40,000 (kc ≤ 512, ks ≤ 35); the panels hold kp·dst_stride u32;
+                        // AVX-512F/BW/VL checked above.
+                        let (a, b) = unsafe {
+                            let s = buf.as_ptr().add(base);
+                            (
+                                run(&|d| pairs_fp8(kind, s, 1, ks, lanes, kc, d, dst_stride, fill)),
+                                run(&|d| {
+                                    pack_pairs_rows_fp8_avx512(
+                                        kind, s, ks, lanes, kc, d, dst_stride, fill,
+                                    )
+                                }),
+                            )
+                        };
+                        assert_eq!(a, b, "{kind:?} rows: lanes {lanes} kc {kc} fill {fill}");
+                        // Each lane contiguous along k, an odd lane stride.
+                        let ls = kc as isize + 1;
+                        // SAFETY: the last element is at base + (lanes − 1)·ls + kc − 1 <
+                        // 40,000 (lanes ≤ 32, ls ≤ 513); as above otherwise.
+                        let (a, b) = unsafe {
+                            let s = buf.as_ptr().add(base);
+                            (
+                                run(&|d| pairs_fp8(kind, s, ls, 1, lanes, kc, d, dst_stride, fill)),
+                                run(&|d| {
+                                    pack_pairs_transpose_fp8_avx512(
+                                        kind, s, ls, lanes, kc, d, dst_stride, fill,
+                                    )
+                                }),
+                            )
+                        };
+                        assert_eq!(a, b, "{kind:?} transpose: lanes {lanes} kc {kc} fill {fill}");
+                        cases += 2;
+                    }
+                }
+            }
+        }
+        println!("vector_fp8_pair_packing_matches_scalar: {cases} panels");
     }
 }

@@ -95,8 +95,13 @@ pub(super) struct Problem {
     pub(super) c: *mut u8,
     pub(super) c_rs: isize,
     pub(super) c_cs: isize,
-    /// A's and B's element type, which picks the kernels.
+    /// The element type the product runs in, which picks the kernels: A's and B's own, or
+    /// bf16 for FP8 operands (widened exactly while they are packed).
     pub(super) kind: Kind,
+    /// A's element type as stored (what its packing reads): `kind`, or an FP8 format.
+    pub(super) a_kind: Kind,
+    /// B's element type as stored.
+    pub(super) b_kind: Kind,
     /// C's element type.
     pub(super) out: Kind,
     pub(super) epi: Epi,
@@ -113,6 +118,7 @@ impl Kind {
         match self {
             Kind::F32 => 4,
             Kind::F16 | Kind::Bf16 => 2,
+            Kind::E4M3 | Kind::E5M2 => 1,
         }
     }
 }
@@ -129,6 +135,8 @@ impl Problem {
             b: self.a,
             b_rs: self.a_cs,
             b_cs: self.a_rs,
+            a_kind: self.b_kind,
+            b_kind: self.a_kind,
             c_rs: self.c_cs,
             c_cs: self.c_rs,
             epi: Epi {
@@ -146,15 +154,15 @@ impl Problem {
     /// `i0 + m <= self.m` and `j0 + n <= self.n` (and `self` a valid problem), so that the
     /// offset pointers stay inside the caller's matrices.
     pub(super) unsafe fn sub(&self, i0: usize, m: usize, j0: usize, n: usize) -> Problem {
-        let (s, so) = (self.kind.size(), self.out.size());
+        let (sa, sb, so) = (self.a_kind.size(), self.b_kind.size(), self.out.size());
         // SAFETY: row i0 of A, column j0 of B and element (i0, j0) of C (and its bias entry)
         // exist, by the contract.
         unsafe {
             Problem {
                 m,
                 n,
-                a: self.a.offset(i0 as isize * self.a_rs * s),
-                b: self.b.offset(j0 as isize * self.b_cs * s),
+                a: self.a.offset(i0 as isize * self.a_rs * sa),
+                b: self.b.offset(j0 as isize * self.b_cs * sb),
                 c: self
                     .c
                     .offset((i0 as isize * self.c_rs + j0 as isize * self.c_cs) * so),

@@ -64,6 +64,8 @@ pub(super) unsafe fn try_run(arch: &Arch, p: &Problem) -> Option<bool> {
     let macs = p.m.saturating_mul(p.n).saturating_mul(p.k);
     if arch.level < Level::Avx2
         || arch.pairs
+        || p.a_kind != p.kind
+        || p.b_kind != p.kind
         || macs > SMALL_MAX_MACS
         || p.k > SMALL_MAX_K
         || !SMALL_PRODUCTS.load(Ordering::Relaxed)
@@ -202,6 +204,8 @@ unsafe fn kernel(p: &Problem, i: usize, rows: usize, b: BRows, cols: usize, tile
             (Kind::F16, _) => by_vectors!(F16, F16),
             (Kind::Bf16, Kind::F32) => by_vectors!(BF16, F32),
             (Kind::Bf16, _) => by_vectors!(BF16, BF16),
+            // `try_run` leaves FP8 operands to the blocked driver.
+            (Kind::E4M3 | Kind::E5M2, _) => unreachable!("an FP8 operand in a small product"),
         }
     }
 }

@@ -23,6 +23,7 @@ unsafe fn stored_non_finite(kind: Kind, d: *const u8) -> bool {
             Kind::F32 => *(d as *const u32) & 0x7F80_0000 == 0x7F80_0000,
             Kind::F16 => *(d as *const u16) & 0x7C00 == 0x7C00,
             Kind::Bf16 => *(d as *const u16) & 0x7F80 == 0x7F80,
+            Kind::E4M3 | Kind::E5M2 => unreachable!("C is never FP8"),
         }
     }
 }

@@ -106,6 +106,6 @@ pub(super) unsafe fn tile_running_sum(
 pub(super) unsafe fn a_at(p: &Problem, i: usize, pc: usize) -> *const f32 {
     // SAFETY: the caller's contract.
     unsafe {
-        p.a.offset((i as isize * p.a_rs + pc as isize) * p.kind.size()) as *const f32
+        p.a.offset((i as isize * p.a_rs + pc as isize) * p.a_kind.size()) as *const f32
     }
 }

@@ -4,12 +4,16 @@
 use half::{bf16, f16};
 
 /// Which element type a [`GemmElem`] or [`GemmOut`] is; lets the driver stay non-generic.
+/// The two FP8 formats are only ever operands ([`crate::gemm_fp8_epilogue`]), read by the
+/// packing and widened there (exactly) to the type their product runs in, bf16's; never C.
 #[doc(hidden)]
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Kind {
     F32,
     F16,
     Bf16,
+    E4M3,
+    E5M2,
 }
 
 /// A [`Kind`] as a const generic parameter (stable Rust has none of enum type), so that a loop
@@ -26,6 +30,11 @@ impl Kind {
             TAG_F16 => Kind::F16,
             _ => Kind::Bf16,
         }
+    }
+
+    /// Whether this is an FP8 format (an operand the packing widens, never C).
+    pub(super) const fn is_fp8(self) -> bool {
+        matches!(self, Kind::E4M3 | Kind::E5M2)
     }
 }
 

@@ -63,7 +63,7 @@ pub(super) unsafe fn serial(
     // Where the k block starting at `pc` begins in the packed panels, in k steps: every block
     // before it is a full `kc_max` one.
     let block = |pc: usize| pc / kc_max * (kc_max / kstep);
-    let (esz, csz) = (p.kind.size(), p.out.size());
+    let (asz, bsz, csz) = (p.a_kind.size(), p.b_kind.size(), p.out.size());
     let a_rows = arch.a_rows(p);
     let mut tile = Tile([0.0; TILE_MR * TILE_NR]);
     let tile_p = tile.0.as_mut_ptr();
@@ -83,9 +83,9 @@ pub(super) unsafe fn serial(
             while jj < p.n {
                 let nrr = nr.min(p.n - jj);
                 let src =
-                    p.b.offset((pc as isize * p.b_rs + jj as isize * p.b_cs) * esz);
+                    p.b.offset((pc as isize * p.b_rs + jj as isize * p.b_cs) * bsz);
                 let dst = bbuf.add(block(pc) * n_pad + jj * kc_units);
-                super::pack::panel(arch, p.kind, src, p.b_cs, p.b_rs, nrr, kc, dst, nr, true);
+                super::pack::panel(arch, p.b_kind, src, p.b_cs, p.b_rs, nrr, kc, dst, nr, true);
                 jj += nr;
             }
             pc += kc;
@@ -101,9 +101,9 @@ pub(super) unsafe fn serial(
                 while ir < mc {
                     let mrr = mr.min(mc - ir);
                     let src =
-                        p.a.offset(((ic + ir) as isize * p.a_rs + pc as isize * p.a_cs) * esz);
+                        p.a.offset(((ic + ir) as isize * p.a_rs + pc as isize * p.a_cs) * asz);
                     let dst = abuf.add(block(pc) * mc_max + ir * kc_units);
-                    super::pack::panel(arch, p.kind, src, p.a_rs, p.a_cs, mrr, kc, dst, mr, false);
+                    super::pack::panel(arch, p.a_kind, src, p.a_rs, p.a_cs, mrr, kc, dst, mr, false);
                     ir += mr;
                 }
                 pc += kc;

@@ -1,5 +1,5 @@
 //! The linear layer with FP8 products, the op of an `#[amp(fp8 = "...")]` model's linear
-//! layers ([`Fp8Recipe`]): `y = Q(x) · Q(W)ᵀ (+ b)` with both operands quantised to the
+//! layers ([`Fp8Recipe`]): `y = act(Q(x) · Q(W)ᵀ (+ b))` with both operands quantised to the
 //! recipe's forward format (E4M3), and a backward pass that quantises the output gradient to
 //! the recipe's backward format (E5M2 in the hybrid recipe) and multiplies it by the forward
 //! operands, transposed:
@@ -9,10 +9,22 @@
 //!   linear op does ([`crate::ops::linear`]);
 //! - the bias gradient (a layer with a bias) from the unquantised `dy`, in FP32.
 //!
-//! Every product accumulates in FP32 ([`crate::fp8::forward_product`] and
-//! [`crate::fp8::gradient_product`], through the kernels' `gemm_fp8` at the bf16 GEMM's rate)
-//! and is rounded once to the working precision. The input is kept for the backward pass as
-//! its FP8 codes with their scale, not in 16 bits.
+//! Every product runs on the kernels' FP8 GEMM ([`typed_amp_kernels::gemm_fp8_epilogue`]),
+//! which reads the codes where they lie, transposed operands by their strides, and widens them
+//! (exactly) while it packs them, at the bf16 GEMM's rate; it accumulates in FP32, and its
+//! store multiplies by the two operands' `1 / scale`, adds the bias (forward) or the gradient
+//! already there (input gradient), and rounds once, straight into the output's buffer in the
+//! working precision (the weight gradient's in FP32). The input is kept for the backward pass
+//! as its FP8 codes with their scale, not in 16 bits.
+//!
+//! Quantising is one vectorised pass over a tensor where the scale is known before it is read
+//! (delayed scaling with a history: the cast finds the amax the history records on the way,
+//! [`typed_amp_kernels::convert::quantize_fp8`]); otherwise (current scaling, a fresh history)
+//! an amax pass comes first.
+//!
+//! A ReLU or exact GELU after the layer fuses into it as into the 16-bit op
+//! ([`crate::ops::gelu`], [`crate::ops::relu`]): the backward applies its derivative to the
+//! output gradient in place before quantising it.
 //!
 //! Scales are per tensor, from the layer's state in the model's recipe
 //! ([`crate::fp8::LayerScaling`]: delayed scaling from the amax histories) or, with current
@@ -26,17 +38,22 @@
 //! weight and input gradients NaN. A saturating cast would otherwise turn inf into ±448 and
 //! hide it. Nothing non-finite is recorded in a history.
 
+use std::any::TypeId;
+
 use dfdx::nn::modules::Module;
 use dfdx::prelude::{
     Cpu, CpuError, HasErr, HasShape, PutTape, SplitTape, Tape, Tensor, ZerosTensor,
 };
+use half::bf16;
 
 use crate::device::{AmpDevice, Kernels};
 use crate::fp8::{
-    amax, forward_product, gradient_product, Fp8Error, Fp8Recipe, Fp8Source, Fp8Tensor,
-    LayerScaling, PerTensor, Role, ScalingMode,
+    amax, forward_product_into, gradient_product_into, Fp8Element, Fp8Error, Fp8Recipe,
+    Fp8Source, Fp8Tensor, LayerScaling, PerTensor, Role, ScalingMode,
 };
-use crate::ops::linear::{LinearInput, LinearOp, LinearParts};
+use crate::ops::fused_activation::{ActivationSlot, FusedActivation};
+use crate::ops::gelu::GeluKernel;
+use crate::ops::linear::{LinearDims, LinearInput, LinearKernel, LinearOp, LinearParts};
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
@@ -99,22 +116,30 @@ fn cpu_err(_: Fp8Error) -> CpuError {
     CpuError::WrongNumElements
 }
 
-/// The scale of `role` for a tensor of amax `amax` in format `F`: the history's under delayed
-/// scaling, else (current scaling, a fresh history, no recipe state) from `amax` itself; 1 for
-/// an all-zero tensor with nothing earlier to go by.
-fn scale_of<F: crate::fp8::Fp8Element, M: ScalingMode>(
+/// `data` (`rows × cols`) quantised to format `F` for `role`, with its amax (NaN if it holds a
+/// NaN, inf if an inf and no NaN). Under delayed scaling whose history holds an amax the scale
+/// is the history's, known before the data is read, and one pass casts and finds the amax;
+/// otherwise (current scaling, a fresh history, no recipe state) the amax is found first and
+/// the scale comes from it, 1 for an all-zero or non-finite tensor (which the caller then does
+/// not use).
+fn quantize<F: Fp8Element, M: ScalingMode, E: Fp8Source>(
     state: Option<&LayerScaling>,
     role: Role,
-    amax: f32,
-) -> f32 {
+    data: &[E],
+    rows: usize,
+    cols: usize,
+) -> Result<(Fp8Tensor<F, PerTensor, M>, f32), CpuError> {
     if let Some(scale) = state.and_then(|s| s.scale::<F>(role, M::MARGIN)) {
-        return scale;
+        return Fp8Tensor::quantize_with_scale_amax(data, rows, cols, scale).map_err(cpu_err);
     }
-    if amax > 0.0 {
-        crate::fp8::scale_from_amax(F::MAX, amax, M::MARGIN).unwrap_or(1.0)
+    let a = amax(data);
+    let scale = if a > 0.0 {
+        crate::fp8::scale_from_amax(F::MAX, a, M::MARGIN).unwrap_or(1.0)
     } else {
         1.0
-    }
+    };
+    let q = Fp8Tensor::quantize_with_scale(data, rows, cols, scale).map_err(cpu_err)?;
+    Ok((q, a))
 }
 
 /// A CPU buffer as a slice (here, where no bound hides what the CPU's buffers are).
@@ -125,6 +150,40 @@ fn host<E: dfdx::prelude::Unit>(v: &<Cpu as dfdx::prelude::Storage<E>>::Vec) -> 
 /// A CPU buffer as a mutable slice.
 fn host_mut<E: dfdx::prelude::Unit>(v: &mut <Cpu as dfdx::prelude::Storage<E>>::Vec) -> &mut [E] {
     v
+}
+
+/// Where an FP8 product stores: the kernels' FP8 GEMM writes bf16 or FP32.
+enum Out<'a> {
+    Bf16(&'a mut [bf16]),
+    F32(&'a mut [f32]),
+}
+
+/// Runs `product` (which stores into an [`Out`], adding to what is there with `accumulate`)
+/// into `out`: the buffer itself where the working precision is bf16 or FP32; otherwise (f16)
+/// an FP32 copy, stored back with one rounding, the arithmetic of a 16-bit C.
+fn into_working<E: AmpElem>(
+    out: &mut [E],
+    accumulate: bool,
+    product: impl FnOnce(Out<'_>) -> Result<bool, Fp8Error>,
+) -> Result<(), CpuError> {
+    let (ptr, len) = (out.as_mut_ptr(), out.len());
+    if TypeId::of::<E>() == TypeId::of::<bf16>() {
+        // SAFETY: `E` is `bf16`: the same slice, borrowed uniquely for as long as `out`.
+        let c = unsafe { std::slice::from_raw_parts_mut(ptr.cast::<bf16>(), len) };
+        return product(Out::Bf16(c)).map(drop).map_err(cpu_err);
+    }
+    if TypeId::of::<E>() == TypeId::of::<f32>() {
+        // SAFETY: `E` is `f32`, as above.
+        let c = unsafe { std::slice::from_raw_parts_mut(ptr.cast::<f32>(), len) };
+        return product(Out::F32(c)).map(drop).map_err(cpu_err);
+    }
+    let mut acc = vec![0f32; len];
+    if accumulate {
+        E::slice_to_f32(out, &mut acc);
+    }
+    product(Out::F32(&mut acc)).map_err(cpu_err)?;
+    E::slice_from_f32(&acc, out);
+    Ok(())
 }
 
 /// The CPU's FP8 linear op (see the [module](self) documentation).
@@ -158,39 +217,31 @@ where
         return crate::ops::linear::try_linear(layer, x);
     }
     let rows = shape.num_elements() / I.max(1);
-    let (ax, aw) = (
-        amax(host::<E>(x.storage())),
-        amax(host::<E>(layer.weight().storage())),
-    );
-    if !(ax.is_finite() && aw.is_finite()) {
-        return crate::ops::linear::try_linear(layer, x);
-    }
-    let _timing = typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::Products);
-    let sx = scale_of::<Fwd<R>, Mode<R>>(state.as_ref(), Role::Input, ax);
-    let sw = scale_of::<Fwd<R>, Mode<R>>(state.as_ref(), Role::Weight, aw);
-    let qx = Fp8Tensor::<Fwd<R>, PerTensor, Mode<R>>::quantize_with_scale(
+    let timing = typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::Products);
+    let (qx, ax) = quantize::<Fwd<R>, Mode<R>, E>(
+        state.as_ref(),
+        Role::Input,
         host::<E>(x.storage()),
         rows,
         I,
-        sx,
-    )
-    .map_err(cpu_err)?;
-    let qw = Fp8Tensor::<Fwd<R>, PerTensor, Mode<R>>::quantize_with_scale(
+    )?;
+    let (qw, aw) = quantize::<Fwd<R>, Mode<R>, E>(
+        state.as_ref(),
+        Role::Weight,
         host::<E>(layer.weight().storage()),
         O,
         I,
-        sw,
-    )
-    .map_err(cpu_err)?;
-    let mut y32 = forward_product(&qx, &qw).map_err(cpu_err)?;
+    )?;
+    if !(ax.is_finite() && aw.is_finite()) {
+        drop(timing);
+        return crate::ops::linear::try_linear(layer, x);
+    }
     let bias = layer.bias().cloned();
-    if let Some(b) = &bias {
+    let bias32 = bias.as_ref().map(|b| {
         let mut b32 = vec![0f32; O];
         E::slice_to_f32(host::<E>(b.storage()), &mut b32);
-        for row in y32.chunks_mut(O.max(1)) {
-            row.iter_mut().zip(&b32).for_each(|(y, b)| *y += b);
-        }
-    }
+        b32
+    });
     if let (true, Some(s)) = (records, &state) {
         s.observe(Role::Input, ax);
         s.observe(Role::Weight, aw);
@@ -198,22 +249,44 @@ where
     let (x, mut tape) = x.split_tape();
     let dev = x.device().clone();
     let mut y: Tensor<S::Output, E, Cpu> = dev.try_zeros_like(&shape.output())?;
-    E::slice_from_f32(&y32, host_mut::<E>(y.storage_mut()));
-    drop(y32);
+    into_working(host_mut::<E>(y.storage_mut()), false, |out| match out {
+        Out::Bf16(c) => forward_product_into(&qx, &qw, c, bias32.as_deref()),
+        Out::F32(c) => forward_product_into(&qx, &qw, c, bias32.as_deref()),
+    })?;
+    drop(bias32);
     let x_ghost = x.ghost();
     // The input is kept for the backward pass as FP8 codes with their scale.
     drop(x);
     let weight_id = layer.weight().id();
     let y_id = y.id();
+    let dims = LinearDims {
+        rows,
+        inputs: I,
+        outputs: O,
+    };
+    // This op's backward applies ReLU's or GELU's derivative to its output gradient.
+    let fused = ActivationSlot::<S::Output, E, Cpu>::new(true);
+    let activation = fused.clone();
     tape.record_mixed(move |grads| {
         let _timing = typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::Products);
-        // This op is the only reader of its output's gradient.
-        let Some(dy) = grads.store_mut::<E>().remove(y_id) else {
+        // This op is the only reader of its output's gradient: it takes it and works in place.
+        let Some(mut dy) = grads.store_mut::<E>().remove(y_id) else {
             return Ok(());
         };
+        match activation.take() {
+            Some(FusedActivation::Gelu(input)) => {
+                GeluKernel::<E>::try_gelu_backward(&dev, input.storage(), &mut dy)?
+            }
+            Some(FusedActivation::Relu(out)) => LinearKernel::<E>::try_linear_backward_bias(
+                &dev,
+                dims,
+                Some(out.storage()),
+                &mut dy,
+                None,
+            )?,
+            None => {}
+        }
         let dy = host::<E>(&dy);
-        let ady = amax(dy);
-        let finite = ady.is_finite();
         if let Some(b) = &bias {
             if let Some((db, fresh)) = grads.param_grad_mut(b.id(), O, &dev)? {
                 let mut sums = vec![0f64; O];
@@ -227,39 +300,38 @@ where
                 }
             }
         }
-        let (dw32, dx32) = if finite {
-            let sdy = scale_of::<Bwd<R>, Mode<R>>(state.as_ref(), Role::OutputGrad, ady);
-            if let Some(s) = &state {
-                s.observe(Role::OutputGrad, ady);
-            }
-            let qdy =
-                Fp8Tensor::<Bwd<R>, PerTensor, Mode<R>>::quantize_with_scale(dy, rows, O, sdy)
-                    .map_err(cpu_err)?;
-            // dW = Q(dy)ᵀ · Q(x): (O × rows) · (I × rows)ᵀ.
-            let dw = gradient_product(&qdy.transpose(), &qx.transpose()).map_err(cpu_err)?;
-            // dx = Q(dy) · Q(W): (rows × O) · (I × O)ᵀ.
-            let dx = gradient_product(&qdy, &qw.transpose()).map_err(cpu_err)?;
-            (dw, dx)
-        } else {
-            // The step's check finds the NaN and skips the step.
-            (vec![f32::NAN; O * I], vec![f32::NAN; rows * I])
-        };
+        let (qdy, ady) = quantize::<Bwd<R>, Mode<R>, E>(state.as_ref(), Role::OutputGrad, dy, rows, O)?;
+        let finite = ady.is_finite();
+        if let (true, Some(s)) = (finite, &state) {
+            s.observe(Role::OutputGrad, ady);
+        }
         if let Some((dw, fresh)) = grads.param_grad_mut(weight_id, O * I, &dev)? {
-            if fresh {
-                dw.copy_from_slice(&dw32);
+            let dw = host_mut::<f32>(dw);
+            if finite {
+                // dW = Q(dy)ᵀ · Q(x): (O × rows) · (rows × I), x's codes read transposed.
+                gradient_product_into((&qdy, true), (&qx, true), dw, !fresh).map_err(cpu_err)?;
             } else {
-                dw.iter_mut().zip(&dw32).for_each(|(d, v)| *d += v);
+                // The step's check finds the NaN and skips the step.
+                dw.fill(f32::NAN);
             }
         }
         let store = grads.store_mut::<E>();
         if store.wants_grad(&x_ghost) {
             let dx = host_mut::<E>(store.get_or_alloc_mut(&x_ghost)?);
-            let mut acc = vec![0f32; dx.len()];
-            E::slice_to_f32(dx, &mut acc);
-            acc.iter_mut().zip(&dx32).for_each(|(a, v)| *a += v);
-            E::slice_from_f32(&acc, dx);
+            if finite {
+                // dx += Q(dy) · Q(W): (rows × O) · (O × I), W's codes read transposed.
+                into_working(dx, true, |out| match out {
+                    Out::Bf16(c) => gradient_product_into((&qdy, false), (&qw, true), c, true),
+                    Out::F32(c) => gradient_product_into((&qdy, false), (&qw, true), c, true),
+                })?;
+            } else {
+                let nan = vec![f32::NAN; dx.len()];
+                E::slice_from_f32(&nan, dx);
+            }
         }
         Ok(())
     });
+    tape.offer_activation(y.id(), fused);
+    drop(timing);
     Ok(y.put_tape(tape))
 }

@@ -3,6 +3,7 @@
 
 use std::arch::x86_64::*;
 
+use crate::convert::{fp8_decode_avx512, E4M3, E5M2};
 use crate::gemm::Kind;
 
 /// 16 consecutive elements widened to f32.
@@ -18,8 +19,24 @@ pub(super) unsafe fn load16(kind: Kind, s: *const u8) -> __m512 {
             Kind::F32 => _mm512_loadu_ps(s as *const f32),
             Kind::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(s as *const __m256i)),
             Kind::Bf16 => widen_bf16_512(_mm256_loadu_si256(s as *const __m256i)),
+            Kind::E4M3 | Kind::E5M2 => {
+                widen_fp8_512(kind, _mm_loadu_si128(s as *const __m128i))
+            }
         }
     }
+}
+
+/// Sixteen FP8 codes of `kind` (the bytes of `c`) to f32, exactly: `convert`'s decoding, whose
+/// results are those of widening the codes to bf16 and the bf16 to f32.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) fn widen_fp8_512(kind: Kind, c: __m128i) -> __m512 {
+    let c = _mm512_cvtepu8_epi32(c);
+    _mm512_castsi512_ps(if kind == Kind::E5M2 {
+        fp8_decode_avx512::<E5M2>(c)
+    } else {
+        fp8_decode_avx512::<E4M3>(c)
+    })
 }
 
 /// Sixteen bf16 to f32 by the crate's one rule (`convert`'s module docs): a shift, and the
@@ -65,6 +82,9 @@ pub(super) unsafe fn load16_masked(kind: Kind, s: *const u8, mask: __mmask16) ->
             Kind::F32 => _mm512_maskz_loadu_ps(mask, s as *const f32),
             Kind::F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, s as *const i16)),
             Kind::Bf16 => widen_bf16_512(_mm256_maskz_loadu_epi16(mask, s as *const i16)),
+            Kind::E4M3 | Kind::E5M2 => {
+                widen_fp8_512(kind, _mm_maskz_loadu_epi8(mask, s as *const i8))
+            }
         }
     }
 }

@@ -10,7 +10,8 @@ pub(super) use kernels::{
     KERNELS_AVX2, KERNELS_AVX512, KERNELS_AVX512_BF16, ROWS_KERNELS_AVX512_BF16,
 };
 pub(super) use pack::{
-    pack_pairs_rows_avx512, pack_pairs_transpose_avx512, pack_rows_avx512, pack_transpose_avx512,
+    pack_pairs_rows_avx512, pack_pairs_rows_fp8_avx512, pack_pairs_transpose_avx512,
+    pack_pairs_transpose_fp8_avx512, pack_rows_avx512, pack_transpose_avx512,
 };
 pub(super) use store::{store_cols_avx512, store_rows_avx512, tile_non_finite_avx512};
 

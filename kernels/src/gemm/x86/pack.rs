@@ -6,7 +6,7 @@ use std::arch::x86_64::*;
 use crate::gemm::elem::load1;
 use crate::gemm::Kind;
 
-use super::lanes::{lane_mask, load16, load16_masked};
+use super::lanes::{lane_mask, load16, load16_masked, widen_fp8_512};
 
 /// In-register 16 × 16 transpose: unpack pairs, then 4 × 4 blocks within 128-bit lanes, then
 /// two rounds of 128-bit lane shuffles. 64 shuffles for 256 elements.
@@ -227,5 +227,132 @@ pub(in crate::gemm) unsafe fn pack_pairs_transpose_avx512(
             }
             l0 += 16;
         }
+    }
+}
+
+/// [`pack_pairs_rows_avx512`] for FP8 codes of `kind` (`pack::pairs_fp8`'s contiguous-lanes
+/// case): each row of codes widened exactly to f32 in registers, whose top half is the bf16,
+/// then paired as the bf16 rows are. Masked-off lanes load code 0, which widens to +0.
+///
+/// # Safety
+/// As `pack::panel` (a valid `lanes × kc` view of one-byte codes at `src`; `dst` writable for
+/// `ceil(kc / 2) * dst_stride` u32), with `lane_stride == 1`; the CPU has AVX-512F/BW/VL.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(in crate::gemm) unsafe fn pack_pairs_rows_fp8_avx512(
+    kind: Kind,
+    src: *const u8,
+    k_stride: isize,
+    lanes: usize,
+    kc: usize,
+    dst: *mut u32,
+    dst_stride: usize,
+    fill: bool,
+) {
+    // SAFETY: as in `pack_pairs_rows_avx512`, one byte per element.
+    unsafe {
+        let width = if fill { dst_stride } else { lanes };
+        for q in 0..kc.div_ceil(2) {
+            let r0 = src.offset(2 * q as isize * k_stride);
+            let r1 = (2 * q + 1 < kc).then(|| src.offset((2 * q + 1) as isize * k_stride));
+            let d = dst.add(q * dst_stride);
+            let mut l = 0;
+            while l < width {
+                let v = if l < lanes {
+                    let mask = lane_mask(lanes - l);
+                    let lo = _mm512_castps_si512(widen_fp8_512(
+                        kind,
+                        _mm_maskz_loadu_epi8(mask, r0.add(l) as *const i8),
+                    ));
+                    let lo = _mm512_srli_epi32::<16>(lo);
+                    match r1 {
+                        // The f32 of an FP8 value has a zero low half: it is the bf16 already
+                        // in the high half of the pair.
+                        Some(r1) => _mm512_or_si512(
+                            lo,
+                            _mm512_castps_si512(widen_fp8_512(
+                                kind,
+                                _mm_maskz_loadu_epi8(mask, r1.add(l) as *const i8),
+                            )),
+                        ),
+                        None => lo,
+                    }
+                } else {
+                    _mm512_setzero_si512()
+                };
+                _mm512_mask_storeu_epi32(d.add(l) as *mut i32, lane_mask(width - l), v);
+                l += 16;
+            }
+        }
+    }
+}
+
+/// [`pack_pairs_transpose_avx512`] for FP8 codes of `kind` (each lane contiguous along k): 32
+/// codes of a lane are loaded as 16 words of two, whose low and high bytes (k even, k odd)
+/// are widened exactly and paired, then the 16 × 16 words are transposed. The loads are
+/// masked at byte granularity, so nothing past the view is read and an odd kc leaves the last
+/// pair's high half zero (code 0 widens to +0).
+///
+/// # Safety
+/// As `pack::panel` (FP8 codes), with `k_stride == 1`; the CPU has AVX-512F/BW/VL.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(in crate::gemm) unsafe fn pack_pairs_transpose_fp8_avx512(
+    kind: Kind,
+    src: *const u8,
+    lane_stride: isize,
+    lanes: usize,
+    kc: usize,
+    dst: *mut u32,
+    dst_stride: usize,
+    fill: bool,
+) {
+    // SAFETY: as in `pack_pairs_transpose_avx512`, one byte per element.
+    unsafe {
+        let kp = kc.div_ceil(2);
+        let width = if fill { dst_stride } else { lanes };
+        let bytes = _mm512_set1_epi32(0xFF);
+        let mut l0 = 0;
+        while l0 < width {
+            let lb = lanes.saturating_sub(l0).min(16);
+            let store_mask = lane_mask(width - l0);
+            let mut q0 = 0;
+            while q0 < kp {
+                let qb = (kp - q0).min(16);
+                let mut r = [_mm512_setzero_ps(); 16];
+                if lb > 0 {
+                    let ne = (kc - 2 * q0).min(32);
+                    let emask: __mmask32 = if ne == 32 { !0 } else { (1u32 << ne) - 1 };
+                    for (l, x) in r.iter_mut().enumerate().take(lb) {
+                        let p = src.offset((l0 + l) as isize * lane_stride).add(2 * q0);
+                        // Word q holds codes 2q (low byte) and 2q + 1 (high byte).
+                        let w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi8(emask, p as _));
+                        let lo = _mm512_and_si512(w, bytes);
+                        let hi = _mm512_srli_epi32::<8>(w);
+                        let lo = _mm512_srli_epi32::<16>(widen_fp8_codes(kind, lo));
+                        *x = _mm512_castsi512_ps(_mm512_or_si512(lo, widen_fp8_codes(kind, hi)));
+                    }
+                    transpose16(&mut r);
+                }
+                for (q, &x) in r.iter().enumerate().take(qb) {
+                    let d = dst.add((q0 + q) * dst_stride + l0) as *mut f32;
+                    _mm512_mask_storeu_ps(d, store_mask, x);
+                }
+                q0 += 16;
+            }
+            l0 += 16;
+        }
+    }
+}
+
+/// Sixteen FP8 codes of `kind`, one per 32-bit lane, to f32 bits (exact).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn widen_fp8_codes(kind: Kind, c: __m512i) -> __m512i {
+    use crate::convert::{fp8_decode_avx512, E4M3, E5M2};
+    if kind == Kind::E5M2 {
+        fp8_decode_avx512::<E5M2>(c)
+    } else {
+        fp8_decode_avx512::<E4M3>(c)
     }
 }

@@ -152,6 +152,7 @@ pub(in crate::gemm) unsafe fn store_rows_avx512(
             (Kind::Bf16, true, false) => rows_k::<OUT_BF16, true, false>(args),
             (Kind::Bf16, true, true) => rows_k::<OUT_BF16, true, true>(args),
             (Kind::Bf16, false, _) => rows_k::<OUT_BF16, false, true>(args),
+            (Kind::E4M3 | Kind::E5M2, _, _) => unreachable!("C is never FP8"),
         }
     }
 }
@@ -228,6 +229,7 @@ pub(in crate::gemm) unsafe fn store_cols_avx512(
             (Kind::F16, true) => cols_k::<OUT_F16, true>(args),
             (Kind::Bf16, false) => cols_k::<OUT_BF16, false>(args),
             (Kind::Bf16, true) => cols_k::<OUT_BF16, true>(args),
+            (Kind::E4M3 | Kind::E5M2, _) => unreachable!("C is never FP8"),
         }
     }
 }
