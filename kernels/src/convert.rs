@@ -44,10 +44,10 @@ pub use fp8::{
 };
 pub use fp8_quantize::{amax, quantize_fp8, QuantizeSource};
 
-pub(crate) use scalar::{bf16_bits_to_f32_bits, f32_bits_to_bf16_bits};
 /// Sixteen FP8 codes (one per 32-bit lane) to f32 bits, for the GEMM's AVX-512 packing.
 #[cfg(target_arch = "x86_64")]
 pub(crate) use fp8_x86::decode_512 as fp8_decode_avx512;
+pub(crate) use scalar::{bf16_bits_to_f32_bits, f32_bits_to_bf16_bits};
 pub use scalar::{narrow_bf16, narrow_f16, widen_bf16, widen_f16};
 
 use crate::level::{level, Level};

@@ -420,7 +420,12 @@ fn check_quantize<F: Fp8Format, S: convert::QuantizeSource + std::fmt::Debug>(
         assert!(same(convert::amax(s), want), "{}: amax alone", F::NAME);
         for (i, (&x, &d)) in s.iter().zip(&out).enumerate() {
             let code = F::from_f32(wide(x) * scale);
-            assert_eq!(d.to_bits(), code.to_bits(), "{} element {i} ({x:?})", F::NAME);
+            assert_eq!(
+                d.to_bits(),
+                code.to_bits(),
+                "{} element {i} ({x:?})",
+                F::NAME
+            );
         }
     };
     check(src);
@@ -453,8 +458,11 @@ fn quantize_matches_scalar<F: Fp8Format>() {
             // Every bf16 and f16 pattern (NaNs included), and their finite ones alone.
             check_quantize::<F, bf16>(&bf16_inputs, |x| x.to_f32(), scale);
             check_quantize::<F, f16>(&f16_inputs, |x| x.to_f32(), scale);
-            let finite_bf16: Vec<bf16> =
-                bf16_inputs.iter().copied().filter(|x| x.is_finite()).collect();
+            let finite_bf16: Vec<bf16> = bf16_inputs
+                .iter()
+                .copied()
+                .filter(|x| x.is_finite())
+                .collect();
             check_quantize::<F, bf16>(&finite_bf16, |x| x.to_f32(), scale);
         }
     });

@@ -10,8 +10,8 @@
 
 use std::sync::Mutex;
 
-use rand::{rngs::StdRng, Rng, SeedableRng};
 use half::bf16;
+use rand::{rngs::StdRng, Rng, SeedableRng};
 use typed_amp_kernels::convert::{fp8_to_bf16, Fp8Format, E4M3, E5M2};
 use typed_amp_kernels::{
     detected_level, force_level, gemm_epilogue_slices, gemm_fp8, gemm_fp8_epilogue,
@@ -162,7 +162,9 @@ fn same_bits<FA: Fp8Format, FB: Fp8Format, C: GemmOut<bf16> + PartialEq + std::f
     fp8_to_bf16(&b, &mut bw);
     let (a_rs, a_cs) = if a_t { (1, m) } else { (k, 1) };
     let (b_rs, b_cs) = if b_t { (1, k) } else { (n, 1) };
-    let start: Vec<C> = (0..m * n).map(|_| c0(rng.gen_range(-4.0f32..4.0))).collect();
+    let start: Vec<C> = (0..m * n)
+        .map(|_| c0(rng.gen_range(-4.0f32..4.0)))
+        .collect();
     let (mut c8, mut c16) = (start.clone(), start);
     let r8 = gemm_fp8_epilogue(
         MatRef {

@@ -90,7 +90,11 @@ impl<F: Fp8Element, G: Granularity, M: ScalingMode> Fp8Tensor<F, G, M> {
             for i in 0..rows {
                 let s = scales[G::scale_index(i)];
                 let span = i * cols..(i + 1) * cols;
-                add(convert::quantize_fp8(&data[span.clone()], s, &mut codes[span]));
+                add(convert::quantize_fp8(
+                    &data[span.clone()],
+                    s,
+                    &mut codes[span],
+                ));
             }
         }
         let scale_invs = scales.iter().map(|s| 1.0 / s).collect();

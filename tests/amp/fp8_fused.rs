@@ -56,11 +56,22 @@ fn run<const I: usize, const O: usize>(
     };
     // A fused activation overwrites the op's output and keeps its id.
     assert_eq!(y.id() == id, fused && act.is_some() || act.is_none());
-    let values: Vec<f32> = y.retaped::<NoneTape>().as_vec().into_iter().map(AmpElem::to_f32).collect();
+    let values: Vec<f32> = y
+        .retaped::<NoneTape>()
+        .as_vec()
+        .into_iter()
+        .map(AmpElem::to_f32)
+        .collect();
     let loss = (y * r.clone()).to_f32().sum();
     let grads = Loss::new(loss).backward().unwrap().grads().clone();
     let dw = grads.param_grad(layer.weight.id()).unwrap().to_vec();
-    let dx = grads.get(x).unwrap().as_vec().into_iter().map(AmpElem::to_f32).collect();
+    let dx = grads
+        .get(x)
+        .unwrap()
+        .as_vec()
+        .into_iter()
+        .map(AmpElem::to_f32)
+        .collect();
     (values, dx, dw)
 }
 
@@ -101,8 +112,16 @@ fn case<const I: usize, const O: usize>(rows: usize, seed: u64) {
             run(&layer, &x, &r, Some(act), false),
         );
         assert_eq!(bits(&fused.0), bits(&composed.0), "{act} output, {what}");
-        assert_eq!(bits(&fused.1), bits(&composed.1), "{act} input gradient, {what}");
-        assert_eq!(bits(&fused.2), bits(&composed.2), "{act} weight gradient, {what}");
+        assert_eq!(
+            bits(&fused.1),
+            bits(&composed.1),
+            "{act} input gradient, {what}"
+        );
+        assert_eq!(
+            bits(&fused.2),
+            bits(&composed.2),
+            "{act} weight gradient, {what}"
+        );
         // The activation ran: some outputs changed.
         assert_ne!(bits(&fused.0), bits(&y), "{act} did nothing, {what}");
     }

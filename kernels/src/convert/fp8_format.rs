@@ -235,3 +235,30 @@ pub(super) unsafe fn source_bits<const SRC: u8>(src: *const u8, i: usize) -> u32
         }
     }
 }
+
+/// Elements `from..n` one at a time (the portable level, and the vector loops' tails), the
+/// largest `|x|` bits starting from `m`.
+///
+/// # Safety
+/// `src` readable as `SRC` values and (with `CAST`) `dst` writable for `n` elements.
+#[inline(always)]
+pub(super) unsafe fn tail<F: Fp8Format, const SRC: u8, const CAST: bool>(
+    src: *const u8,
+    scale: f32,
+    dst: *mut u8,
+    from: usize,
+    n: usize,
+    mut m: u32,
+) -> u32 {
+    // SAFETY: indices below `n`, inside the contract's buffers.
+    unsafe {
+        for i in from..n {
+            let x = source_bits::<SRC>(src, i);
+            m = m.max(x & 0x7FFF_FFFF);
+            if CAST {
+                *dst.add(i) = encode::<F>((f32::from_bits(x) * scale).to_bits());
+            }
+        }
+    }
+    m
+}

@@ -14,7 +14,7 @@ use rayon::prelude::*;
 
 use crate::level::{level, Level};
 
-use super::fp8_format::{encode, source_bits, Fp8Format};
+use super::fp8_format::{encode, source_bits, tail, Fp8Format};
 
 mod sealed {
     pub trait Sealed {}
@@ -153,31 +153,4 @@ unsafe fn pass_src<F: Fp8Format, const SRC: u8, const CAST: bool>(
         let _ = lvl;
         tail::<F, SRC, CAST>(src, scale, dst, 0, n, 0)
     }
-}
-
-/// Elements `from..n` one at a time (the portable level, and the vector loops' tails), the
-/// largest `|x|` bits starting from `m`.
-///
-/// # Safety
-/// As [`pass_raw`].
-#[inline(always)]
-pub(super) unsafe fn tail<F: Fp8Format, const SRC: u8, const CAST: bool>(
-    src: *const u8,
-    scale: f32,
-    dst: *mut u8,
-    from: usize,
-    n: usize,
-    mut m: u32,
-) -> u32 {
-    // SAFETY: indices below `n`, inside the contract's buffers.
-    unsafe {
-        for i in from..n {
-            let x = source_bits::<SRC>(src, i);
-            m = m.max(x & 0x7FFF_FFFF);
-            if CAST {
-                *dst.add(i) = encode::<F>((f32::from_bits(x) * scale).to_bits());
-            }
-        }
-    }
-    m
 }

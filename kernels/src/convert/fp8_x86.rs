@@ -4,8 +4,8 @@
 
 use std::arch::x86_64::*;
 
+use super::fp8_format::tail;
 use super::fp8_format::{decode, encode, source_bits, Fp8Format, Spec};
-use super::fp8_quantize::tail;
 
 /// Sixteen f32 bit patterns to FP8 codes (in the low byte of each lane), as `encode` does one.
 #[target_feature(enable = "avx512f")]

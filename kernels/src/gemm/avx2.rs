@@ -462,8 +462,15 @@ mod tests {
                     // FMA and F16C are present (the detected level).
                     unsafe {
                         let p = codes.as_ptr().add(start);
-                        let v = if n == 8 { load8(kind, p) } else { load_n(kind, p, n) };
-                        _mm256_storeu_si256(got.as_mut_ptr() as *mut __m256i, _mm256_castps_si256(v));
+                        let v = if n == 8 {
+                            load8(kind, p)
+                        } else {
+                            load_n(kind, p, n)
+                        };
+                        _mm256_storeu_si256(
+                            got.as_mut_ptr() as *mut __m256i,
+                            _mm256_castps_si256(v),
+                        );
                         assert_eq!(load1(kind, p).to_bits(), want(codes[start]));
                     }
                     for (l, &g) in got.iter().enumerate() {

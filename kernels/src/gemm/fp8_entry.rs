@@ -47,7 +47,11 @@ pub fn gemm_fp8_epilogue<FA: Fp8Format, FB: Fp8Format, C: GemmOut<bf16>>(
         c.cols
     );
     if let Some(bias) = epi.bias {
-        assert_eq!(bias.len(), n, "gemm: the bias needs one element per column of C");
+        assert_eq!(
+            bias.len(),
+            n,
+            "gemm: the bias needs one element per column of C"
+        );
     }
     let sa = checked_view("A", a.data.len(), m, k, a.rs, a.cs);
     let sb = checked_view("B", b.data.len(), k, n, b.rs, b.cs);

@@ -409,7 +409,9 @@ mod tests {
             println!("vector_fp8_pair_packing_matches_scalar: no AVX-512, skipped");
             return;
         }
-        let buf: Vec<u8> = (0..40_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let buf: Vec<u8> = (0..40_000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
         let mut cases = 0usize;
         for kind in [Kind::E4M3, Kind::E5M2] {
             for lanes in 1..=32usize {
@@ -455,7 +457,10 @@ mod tests {
                                 }),
                             )
                         };
-                        assert_eq!(a, b, "{kind:?} transpose: lanes {lanes} kc {kc} fill {fill}");
+                        assert_eq!(
+                            a, b,
+                            "{kind:?} transpose: lanes {lanes} kc {kc} fill {fill}"
+                        );
                         cases += 2;
                     }
                 }

@@ -103,7 +103,9 @@ pub(super) unsafe fn serial(
                     let src =
                         p.a.offset(((ic + ir) as isize * p.a_rs + pc as isize * p.a_cs) * asz);
                     let dst = abuf.add(block(pc) * mc_max + ir * kc_units);
-                    super::pack::panel(arch, p.a_kind, src, p.a_rs, p.a_cs, mrr, kc, dst, mr, false);
+                    super::pack::panel(
+                        arch, p.a_kind, src, p.a_rs, p.a_cs, mrr, kc, dst, mr, false,
+                    );
                     ir += mr;
                 }
                 pc += kc;

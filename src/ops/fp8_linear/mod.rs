@@ -48,8 +48,8 @@ use half::bf16;
 
 use crate::device::{AmpDevice, Kernels};
 use crate::fp8::{
-    amax, forward_product_into, gradient_product_into, Fp8Element, Fp8Error, Fp8Recipe,
-    Fp8Source, Fp8Tensor, LayerScaling, PerTensor, Role, ScalingMode,
+    amax, forward_product_into, gradient_product_into, Fp8Element, Fp8Error, Fp8Recipe, Fp8Source,
+    Fp8Tensor, LayerScaling, PerTensor, Role, ScalingMode,
 };
 use crate::ops::fused_activation::{ActivationSlot, FusedActivation};
 use crate::ops::gelu::GeluKernel;
@@ -300,7 +300,8 @@ where
                 }
             }
         }
-        let (qdy, ady) = quantize::<Bwd<R>, Mode<R>, E>(state.as_ref(), Role::OutputGrad, dy, rows, O)?;
+        let (qdy, ady) =
+            quantize::<Bwd<R>, Mode<R>, E>(state.as_ref(), Role::OutputGrad, dy, rows, O)?;
         let finite = ady.is_finite();
         if let (true, Some(s)) = (finite, &state) {
             s.observe(Role::OutputGrad, ady);

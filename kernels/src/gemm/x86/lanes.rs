@@ -19,9 +19,7 @@ pub(super) unsafe fn load16(kind: Kind, s: *const u8) -> __m512 {
             Kind::F32 => _mm512_loadu_ps(s as *const f32),
             Kind::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(s as *const __m256i)),
             Kind::Bf16 => widen_bf16_512(_mm256_loadu_si256(s as *const __m256i)),
-            Kind::E4M3 | Kind::E5M2 => {
-                widen_fp8_512(kind, _mm_loadu_si128(s as *const __m128i))
-            }
+            Kind::E4M3 | Kind::E5M2 => widen_fp8_512(kind, _mm_loadu_si128(s as *const __m128i)),
         }
     }
 }
