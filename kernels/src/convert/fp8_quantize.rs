@@ -14,7 +14,7 @@ use rayon::prelude::*;
 
 use crate::level::{level, Level};
 
-use super::fp8_format::{encode, source_bits, tail, Fp8Format};
+use super::fp8_format::{tail, Fp8Format};
 
 mod sealed {
     pub trait Sealed {}

@@ -7,8 +7,8 @@ use dfdx::prelude::Storage;
 
 use crate::device::utilities::StatsDevice;
 
-/// Queued unscales ([`UnscaleKernel::try_queue_unscale_in_place`],
-/// [`UnscaleKernel::try_queue_unscale_to_f32`]: each the unqueued op's arithmetic and check, one
+/// Queued unscales ([`UnscaleKernel::try_queue_unscale_in_place`](super::UnscaleKernel::try_queue_unscale_in_place),
+/// [`UnscaleKernel::try_queue_unscale_to_f32`](super::UnscaleKernel::try_queue_unscale_to_f32): each the unqueued op's arithmetic and check, one
 /// flag per tensor), run together by [`UnscaleBatchKernel::try_flush_unscale`].
 #[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
 pub trait UnscaleBatchKernel: StatsDevice + Storage<f32> {
