@@ -112,14 +112,14 @@ pub trait Access: sealed::Sealed {
 
     /// The part of `*r` that `shared` (this mode [`Shared`]) or `exclusive` ([`Mutable`])
     /// selects: a field of a module, by the accessor of its mode.
-    fn project<'a, T: ?Sized, U: ?Sized>(
+    fn project<'a, T, U>(
         r: Self::Ref<'a, T>,
         shared: impl FnOnce(&T) -> &U,
         exclusive: impl FnOnce(&mut T) -> &mut U,
     ) -> Self::Ref<'a, U>
     where
-        T: 'a,
-        U: 'a;
+        T: ?Sized + 'a,
+        U: ?Sized + 'a;
 }
 
 mod sealed {
@@ -135,14 +135,14 @@ impl Access for Shared {
         r
     }
 
-    fn project<'a, T: ?Sized, U: ?Sized>(
+    fn project<'a, T, U>(
         r: &'a T,
         shared: impl FnOnce(&T) -> &U,
         _exclusive: impl FnOnce(&mut T) -> &mut U,
     ) -> &'a U
     where
-        T: 'a,
-        U: 'a,
+        T: ?Sized + 'a,
+        U: ?Sized + 'a,
     {
         shared(r)
     }
@@ -155,14 +155,14 @@ impl Access for Mutable {
         r
     }
 
-    fn project<'a, T: ?Sized, U: ?Sized>(
+    fn project<'a, T, U>(
         r: &'a mut T,
         _shared: impl FnOnce(&T) -> &U,
         exclusive: impl FnOnce(&mut T) -> &mut U,
     ) -> &'a mut U
     where
-        T: 'a,
-        U: 'a,
+        T: ?Sized + 'a,
+        U: ?Sized + 'a,
     {
         exclusive(r)
     }
