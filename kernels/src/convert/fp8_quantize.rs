@@ -23,7 +23,7 @@ mod sealed {
     impl Sealed for half::f16 {}
 }
 
-/// What FP8 codes are quantised from: `f32`, [`bf16`] or [`f16`] (widened to f32 exactly).
+/// What FP8 codes are quantised from: `f32`, [`bf16`] or [`f16`](struct@f16) (widened to f32 exactly).
 pub trait QuantizeSource: sealed::Sealed + Copy + Send + Sync + 'static {
     #[doc(hidden)]
     /// The source tag of the conversion loops: 0 f32, 1 bf16, 2 f16.
