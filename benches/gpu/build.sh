@@ -57,7 +57,7 @@ export CUDA_WITH_NCCL=$nccl
 # shellcheck source=benches/gpu/cuda_env.sh
 source benches/gpu/cuda_env.sh
 
-if [ $nccl = 1 ]; then
+if [ "$nccl" = 1 ]; then
     lib_features=nccl
     cli_features=nccl
 else
@@ -76,7 +76,6 @@ executable_of() {
 
 json_dir=$(mktemp -d)
 trap 'rm -rf "$json_dir"' EXIT
-target_dir=${CARGO_TARGET_DIR:-$repo/target}
 
 build() {
     local name=$1
@@ -143,7 +142,7 @@ for group in "${groups[@]}"; do
     for f in $files; do
         size=$((size + $(stat -L -c %s "$CUDA_ROOT/lib64/$f")))
     done
-    if [ $(($(used) + size)) -le $budget ]; then
+    if [ $(($(used) + size)) -le "$budget" ]; then
         for f in $files; do cp -L "$CUDA_ROOT/lib64/$f" "$out/lib/"; done
         shipped+=("$gname ($files, $((size / 1048576)) MiB)")
     else

@@ -112,6 +112,7 @@ done
 
 # The driver's libcuda.so.1, or else the stub (never both: the stub would hide the driver).
 have_driver() {
+    command -v nvidia-smi >/dev/null 2>&1 && return 0
     ldconfig -p 2>/dev/null | grep 'libcuda\.so\.1 ' >/dev/null && return 0
     local d
     for d in ${LD_LIBRARY_PATH//:/ } /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu /usr/lib64; do
