@@ -16,6 +16,42 @@ use super::Kind;
 
 use super::types::{TAG_BF16 as OUT_BF16, TAG_F16 as OUT_F16, TAG_F32 as OUT_F32};
 
+/// `store::tile_non_finite` on AVX2: any ±inf or NaN in an f32 tile, rows `c_rs` apart, eight
+/// lanes at a time and the ragged edge element by element. The kernels write full-width tiles
+/// straight into a row-major f32 C; the scalar check with its early exit (which kept it from
+/// being vectorised) was 4% of the small GPT's O0 step on Zen 3 (`perf`).
+///
+/// # Safety
+/// The tile readable; the CPU has AVX2.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn tile_non_finite_avx2(
+    c: *const f32,
+    c_rs: isize,
+    rows: usize,
+    cols: usize,
+) -> bool {
+    let full = cols / 8 * 8;
+    // SAFETY: rows below `rows`, columns below `cols`, inside the tile.
+    unsafe {
+        let exp = _mm256_set1_epi32(0x7F80_0000);
+        let mut bad = _mm256_setzero_si256();
+        let mut edge = false;
+        for r in 0..rows {
+            let cr = c.offset(r as isize * c_rs);
+            let mut j = 0;
+            while j < full {
+                let bits = _mm256_and_si256(_mm256_loadu_si256(cr.add(j) as *const __m256i), exp);
+                bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(bits, exp));
+                j += 8;
+            }
+            for j in full..cols {
+                edge |= (*cr.add(j)).to_bits() & 0x7F80_0000 == 0x7F80_0000;
+            }
+        }
+        edge || _mm256_testz_si256(bad, bad) == 0
+    }
+}
+
 /// `store::store_tile` for C with contiguous rows (`c_cs == 1`) on AVX2; returns whether any
 /// stored element is non-finite (only looked for with `e.check`).
 ///

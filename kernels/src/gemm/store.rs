@@ -162,6 +162,11 @@ pub(super) unsafe fn tile_non_finite(
         // SAFETY: the caller's contract, and the CPU has AVX-512F/BW/VL.
         return unsafe { super::x86::tile_non_finite_avx512(c, c_rs, rows, cols) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if lvl >= Level::Avx2 {
+        // SAFETY: the caller's contract, and the CPU has AVX2.
+        return unsafe { super::avx2::tile_non_finite_avx2(c, c_rs, rows, cols) };
+    }
     let _ = lvl;
     (0..rows).any(|r| {
         (0..cols).any(|j| {
