@@ -17,9 +17,9 @@
 //! | FP32 data into a 16-bit layer (or FP16 into BF16) without a cast | dfdx's `Module`/`TryMatMul` bounds, with typed-amp's message; [`precision::SamePrecisionAs`] for `SelfAttention` |
 //! | a model with no FP32 master weights given to the step | [`TrainTarget`] |
 //! | a model declaring a compute precision wider than its weights' | [`precision::NoWiderThan`] |
-//! | dfdx's own optimizer updating the 16-bit working copy | [`master::WorkingCopy`] (no `TensorCollection`) |
-//! | a step's outcome cloned | [`step::OutcomesAreNeverCloned`] |
-//! | gradients all-reduced twice | [`distributed::AllReducedOnce`] |
+//! | dfdx's own optimizer updating the 16-bit working copy | rule `UpdatableByAnOptimizer`: [`master::WorkingCopy`] is no `TensorCollection` |
+//! | a step's outcome cloned | rule `OutcomesAreNeverCloned`: [`step::StepOutcome`] is never `Clone` |
+//! | gradients all-reduced twice | rule `AllReducedOnce`: [`DataParallel::all_reduce`](distributed::DataParallel::all_reduce) takes [`Unreduced`](step::Unreduced) gradients only |
 //!
 //! What cannot be a type is checked at run time, before anything changes, with a typed error:
 //! FP16 gradients (of an FP16 model, or computed in FP16 inside one that declares FP32 or BF16)

@@ -103,6 +103,10 @@ impl<C: Collective> DataParallel<C> {
     /// ranks. When any rank overflowed, the gradients are not exchanged at all: every rank will
     /// skip the step.
     ///
+    /// Takes a rank's own gradients only, of kind [`Unreduced`] (what [`DataParallel::unscale`]
+    /// returns; rule `AllReducedOnce`): all-reducing its result again would divide the average by
+    /// the number of ranks again, and a single-process scaler's gradients are not this run's.
+    ///
     /// Collective: every rank calls it once per optimizer step.
     pub fn all_reduce<'t, D, T, K>(
         &self,
@@ -138,6 +142,9 @@ impl<C: Collective> DataParallel<C> {
     /// same update on every rank), unless some rank's gradients held inf or NaN, in which case
     /// every rank skips it, as [`GradScaler::step`] does. Pass the outcome to
     /// [`DataParallel::update`].
+    ///
+    /// Takes gradients of kind [`AllReduced`] only (what [`DataParallel::all_reduce`] returns;
+    /// rule `ReducedAcrossRanks`).
     pub fn step<'t, D, O, G>(
         &self,
         optimizer: &mut O,

@@ -13,10 +13,10 @@
 //! | stage | takes | gives |
 //! | --- | --- | --- |
 //! | [`DataParallel::scale`] / [`DataParallel::accumulate`] | the rank's loss(es) | [`ScaledLoss`](crate::step::ScaledLoss) / an [`Accumulation`](crate::step::Accumulation) window, as with a [`GradScaler`](crate::scaler::GradScaler) |
-//! | [`DataParallel::unscale`] | the model, [`ScaledGrads`](crate::step::ScaledGrads) | [`UnscaledGrads`](crate::step::UnscaledGrads) of kind [`Unreduced`]: this rank's FP32 master gradients and its own overflow flag. Neither clipping (rule [`ReadyForStep`]) nor a step (rule [`ReducedAcrossRanks`]) takes them |
+//! | [`DataParallel::unscale`] | the model, [`ScaledGrads`](crate::step::ScaledGrads) | [`UnscaledGrads`](crate::step::UnscaledGrads) of kind [`Unreduced`]: this rank's FP32 master gradients and its own overflow flag. Neither clipping (rule `ReadyForStep`) nor a step (rule `ReducedAcrossRanks`) takes them |
 //! | [`DataParallel::all_reduce`] | those | [`UnscaledGrads`](crate::step::UnscaledGrads) of kind [`AllReduced`]: master gradients averaged across ranks (summed in FP32), the overflow flag ORed across ranks |
 //! | [`clip_grad_norm`](crate::step::clip_grad_norm), [`clip_grad_value`](crate::step::clip_grad_value) | [`AllReduced`] gradients | (every rank clips the same average by the same norm) |
-//! | [`DataParallel::step`] | an optimizer, [`AllReduced`] gradients only (rule [`ReducedAcrossRanks`]) | [`StepOutcome`](crate::step::StepOutcome) of kind [`AllReduced`] |
+//! | [`DataParallel::step`] | an optimizer, [`AllReduced`] gradients only (rule `ReducedAcrossRanks`) | [`StepOutcome`](crate::step::StepOutcome) of kind [`AllReduced`] |
 //! | [`DataParallel::update`] | outcomes of [`AllReduced`] steps only (rule [`ReducedOutcomes`]) | the next gradients; the scale backs off on every rank when any rank overflowed |
 //!
 //! A plain [`GradScaler`](crate::scaler::GradScaler)'s `step` takes [`FromScaler`](crate::step::FromScaler) gradients only

@@ -6,6 +6,7 @@ use crate::device::AmpDevice;
 use crate::step::{AllReduced, OutcomeSet, ReadyForStep, StepKind, Unreduced};
 
 /// Gradient kinds a data-parallel step takes: [`AllReduced`] alone.
+#[doc(hidden)] // a rule on the sealed step kinds: users meet `AllReduced`, `Unreduced` and this message.
 #[diagnostic::on_unimplemented(
     message = "a data-parallel step takes gradients averaged across ranks, not gradients of kind `{Self}`",
     label = "not all-reduced across ranks",
@@ -17,6 +18,7 @@ impl ReducedAcrossRanks for AllReduced {}
 /// Gradient kinds [`DataParallel::all_reduce`](super::DataParallel::all_reduce) takes:
 /// [`Unreduced`] alone, a rank's own gradients, so that each is all-reduced exactly once (a
 /// second all-reduce would divide the average by the number of ranks again).
+#[doc(hidden)] // a rule on the sealed step kinds: users meet `AllReduced`, `Unreduced` and this message.
 #[diagnostic::on_unimplemented(
     message = "gradients are all-reduced across ranks exactly once, from a rank's own gradients (`Unreduced`), but these are of kind `{Self}`",
     label = "not a rank's own, unreduced gradients",

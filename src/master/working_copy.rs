@@ -18,8 +18,8 @@ use crate::params::{Mutable, ParamPath, ParamVisitor, Parameters};
 /// update. So this type runs `forward` ([`Module`]) and `forward_mut` ([`ModuleMut`]) as the
 /// model does and reads through to the model's fields and parameters (`Deref`), but is a dfdx
 /// `TensorCollection` (which every dfdx optimizer's `update` requires) only under the rule
-/// [`UpdatableByAnOptimizer`], which no working copy meets: updating a working copy does not
-/// compile. Optimizers update `model.master()`.
+/// `UpdatableByAnOptimizer`, which no working copy meets: updating a working copy does not
+/// compile, with that rule's message. Optimizers update `model.master()`.
 ///
 /// ```rust
 /// # use typed_amp::prelude::*;
@@ -139,6 +139,7 @@ mod sealed {
 /// Rule: an optimizer updates the FP32 master weights, never a working copy. No type meets it;
 /// it is the bound under which a [`WorkingCopy`] would be a dfdx `TensorCollection`, so that an
 /// optimizer over a working copy fails on it, with this message.
+#[doc(hidden)] // no type meets it, so no user names it: `WorkingCopy`'s documentation states the rule.
 #[diagnostic::on_unimplemented(
     message = "optimizers update FP32 master weights only, never the working copy `{Self}`",
     label = "an optimizer over the working copy",

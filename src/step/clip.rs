@@ -123,7 +123,9 @@ fn master_sums_of_squares<D: AmpDevice, T: TrainTarget<D>>(
 /// Returns the norm before clipping (inf or NaN after an overflow, in which case the step will
 /// be skipped anyway).
 ///
-/// Takes only unscaled gradients: clipping scaled ones would clip at `max_norm × scale`.
+/// Takes only unscaled gradients: clipping scaled ones would clip at `max_norm × scale`; in a
+/// data-parallel run, only gradients averaged across ranks (not [`Unreduced`](super::Unreduced)
+/// ones; rule `ReadyForStep`), so that every rank clips the same average by the same norm.
 pub fn clip_grad_norm<'t, D: AmpDevice, G: Unscaled<'t, D>>(
     grads: &mut G,
     max_norm: f32,
@@ -135,7 +137,8 @@ where
 }
 
 /// Clamps every master gradient element to `[-clip_value, clip_value]`, as PyTorch's
-/// `clip_grad_value_`. Takes only unscaled gradients.
+/// `clip_grad_value_`. Takes only unscaled gradients, and in a data-parallel run only gradients
+/// averaged across ranks (rule `ReadyForStep`), as [`clip_grad_norm`].
 pub fn clip_grad_value<'t, D: AmpDevice, G: Unscaled<'t, D>>(
     grads: &mut G,
     clip_value: f32,

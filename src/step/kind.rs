@@ -17,8 +17,7 @@ pub struct ScaleFree;
 
 /// Gradients of a data-parallel run unscaled by one rank, from its shard of the batch alone
 /// ([`DataParallel::unscale`](crate::distributed::DataParallel::unscale)): unscaled, but neither
-/// clipping (rule [`ReadyForStep`]) nor a step (rule
-/// [`ReducedAcrossRanks`](crate::distributed::ReducedAcrossRanks)) takes them until
+/// clipping (rule `ReadyForStep`) nor a step (rule `ReducedAcrossRanks`) takes them until
 /// [`DataParallel::all_reduce`](crate::distributed::DataParallel::all_reduce) has averaged them
 /// across ranks.
 #[derive(Debug)]
@@ -45,6 +44,7 @@ impl StepKind for AllReduced {}
 
 /// Gradients of these kinds may be clipped and stepped: all but [`Unreduced`], a data-parallel
 /// rank's gradients before they are averaged across ranks.
+#[doc(hidden)] // a rule on the sealed kinds (as `StepKind` is): users meet `Unreduced` and its message.
 #[diagnostic::on_unimplemented(
     message = "gradients of kind `{Self}` are one rank's alone: in a data-parallel run, gradients are all-reduced across ranks before they are clipped or stepped",
     label = "not all-reduced across ranks",

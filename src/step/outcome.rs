@@ -13,6 +13,10 @@ use super::kind::{FromScaler, ScaleFree, StepKind};
 /// With a scaler ([`FromScaler`]), the only way to the next gradients is
 /// [`GradScaler::update`](crate::scaler::GradScaler::update), which consumes every outcome of the iteration; without one
 /// ([`ScaleFree`]), [`StepOutcome::into_grads`].
+///
+/// Never `Clone` (rule `OutcomesAreNeverCloned`, which `outcome.clone()` fails on): an outcome
+/// carries its step's overflow verdict and the next gradients to the update exactly once, and a
+/// copy would count the step twice or hand out its gradients twice.
 #[must_use = "pass the outcome to `scaler.update(..)`: it returns the gradients for the next iteration"]
 pub struct StepOutcome<D: AmpDevice, K: StepKind = FromScaler> {
     /// The step's kind. Named for the rule: a struct literal of an outcome, refused for its
@@ -30,6 +34,7 @@ pub struct StepOutcome<D: AmpDevice, K: StepKind = FromScaler> {
 /// The rule that a step's outcome is never cloned: it carries the step's verdict to the
 /// scaler's update exactly once, and a copy would count the step twice or hand out its
 /// gradients twice. No type implements it, so `outcome.clone()` is a compile error that says so.
+#[doc(hidden)] // no type meets it, so no user names it: `StepOutcome`'s documentation states the rule.
 #[diagnostic::on_unimplemented(
     message = "a step's outcome is never cloned: `{Self}` carries its step's overflow verdict and the next gradients to the scaler's update exactly once",
     label = "outcomes are not `Clone`",
