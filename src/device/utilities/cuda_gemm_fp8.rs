@@ -212,8 +212,11 @@ pub(crate) fn gemm_fp8(
         pref: None,
     };
     ds.desc = Some(
-        lt::create_matmul_desc(cublasComputeType_t::CUBLAS_COMPUTE_32F, cudaDataType::CUDA_R_32F)
-            .map_err(blas)?,
+        lt::create_matmul_desc(
+            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            cudaDataType::CUDA_R_32F,
+        )
+        .map_err(blas)?,
     );
     let desc = ds.desc.unwrap_or(std::ptr::null_mut());
     let transposed: i32 = 1; // CUBLAS_OP_T
@@ -244,9 +247,8 @@ pub(crate) fn gemm_fp8(
     let layout_b = lt::create_matrix_layout(a.format.data_type(), k as u64, m as u64, int(k)?)
         .map_err(blas)?;
     ds.layouts.push(layout_b);
-    let layout_c =
-        lt::create_matrix_layout(cudaDataType::CUDA_R_32F, n as u64, m as u64, int(n)?)
-            .map_err(blas)?;
+    let layout_c = lt::create_matrix_layout(cudaDataType::CUDA_R_32F, n as u64, m as u64, int(n)?)
+        .map_err(blas)?;
     ds.layouts.push(layout_c);
     ds.pref = Some(lt::create_matmul_pref().map_err(blas)?);
     let pref = ds.pref.unwrap_or(std::ptr::null_mut());

@@ -21,7 +21,9 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceSlice, LaunchConf
 use dfdx::prelude::{Cuda, Storage};
 use dfdx::tensor::{CpuError, CudaError};
 
-use crate::device::utilities::cuda::{launch, launch_with, no_pair, raw, raw_mut, CudaElem, OpSource};
+use crate::device::utilities::cuda::{
+    launch, launch_with, no_pair, raw, raw_mut, CudaElem, OpSource,
+};
 use crate::fp8::{Fp8Element, Fp8Kind};
 
 pub(super) const SOURCE: OpSource = OpSource {
@@ -138,9 +140,14 @@ extern "C" __global__ void tamp_fp8_amax_{tag}(u64 n, const {ty} *src, u32 *amax
 extern "C" __global__ void tamp_fp8_store_{tag}(u64 n, u64 cols, const float *acc, const {ty} *bias, {ty} *y) {{ amp_fp8_store(n, cols, acc, bias, y); }}
 "#
         );
-        let mut names: Vec<String> = ["fp8_quantize_e4m3", "fp8_quantize_e5m2", "fp8_amax", "fp8_store"]
-            .map(|k| format!("tamp_{k}_{tag}"))
-            .to_vec();
+        let mut names: Vec<String> = [
+            "fp8_quantize_e4m3",
+            "fp8_quantize_e5m2",
+            "fp8_amax",
+            "fp8_store",
+        ]
+        .map(|k| format!("tamp_{k}_{tag}"))
+        .to_vec();
         // The transpose moves bytes whatever the precision: listed once, with the FP32 kernels.
         if tag == "f32" {
             names.push("tamp_fp8_transpose".to_string());
@@ -177,7 +184,10 @@ fn read_amax(dev: &Cuda, slot: &CudaSlice<u32>) -> Result<f32, CudaError> {
 }
 
 /// The amax of `src` (current scaling: the scale comes from it). Waits for the stream.
-pub(super) fn amax<E: CudaElem>(dev: &Cuda, src: &<Cuda as Storage<E>>::Vec) -> Result<f32, CudaError> {
+pub(super) fn amax<E: CudaElem>(
+    dev: &Cuda,
+    src: &<Cuda as Storage<E>>::Vec,
+) -> Result<f32, CudaError> {
     let s = raw(dev, &**src)?;
     let slot = amax_slot(dev)?;
     launch(
@@ -269,7 +279,13 @@ pub(super) fn store<E: CudaElem>(
         &SOURCE,
         &format!("tamp_fp8_store_{}", E::TAG),
         yr.len,
-        (yr.len as u64, cols as u64, a.ptr, b.map_or(0, |b| b.ptr), yr.ptr),
+        (
+            yr.len as u64,
+            cols as u64,
+            a.ptr,
+            b.map_or(0, |b| b.ptr),
+            yr.ptr,
+        ),
     )
 }
 
@@ -287,14 +303,172 @@ mod tests {
     fn the_entry_points_carry_the_formats_constants() {
         let (source, _) = crate::device::utilities::cuda::program(&super::SOURCE);
         for (name, m, bias, inf, max) in [
-            ("e4m3", E4M3::MANTISSA_BITS, E4M3::BIAS, E4M3::HAS_INFINITY, E4M3::MAX),
-            ("e5m2", E5M2::MANTISSA_BITS, E5M2::BIAS, E5M2::HAS_INFINITY, E5M2::MAX),
+            (
+                "e4m3",
+                E4M3::MANTISSA_BITS,
+                E4M3::BIAS,
+                E4M3::HAS_INFINITY,
+                E4M3::MAX,
+            ),
+            (
+                "e5m2",
+                E5M2::MANTISSA_BITS,
+                E5M2::BIAS,
+                E5M2::HAS_INFINITY,
+                E5M2::MAX,
+            ),
         ] {
-            let args = format!("<{m}u, {bias}u, {}u, {:#010x}u>", u32::from(inf), max.to_bits());
+            let args = format!(
+                "<{m}u, {bias}u, {}u, {:#010x}u>",
+                u32::from(inf),
+                max.to_bits()
+            );
             assert!(
                 source.lines().any(|l| l.contains(&format!("tamp_fp8_quantize_{name}_")) && l.contains(&args)),
                 "{name}: {args}"
             );
+        }
+    }
+
+    /// Every f32 pattern the encoding distinguishes: zeros, subnormals of f32 and of each
+    /// format, ties between codes, values either side of the largest finite code, infinities,
+    /// NaNs with payloads, both signs; then a sweep of exponents and mantissas.
+    fn specials() -> Vec<f32> {
+        let mut v = vec![
+            0.0,
+            1e-45,
+            1e-40,
+            1.0,
+            1.5,
+            0.0625,
+            1.0 / 512.0,
+            3.0 / 1024.0,
+            1.0 / 131072.0,
+            448.0,
+            464.0,
+            480.0,
+            57344.0,
+            61440.0,
+            1e30,
+            f32::INFINITY,
+            f32::from_bits(0x7fc0_0000),
+            f32::from_bits(0x7fa0_0001),
+            f32::from_bits(0x7ff0_0000),
+        ];
+        // Ties: halfway between consecutive E4M3 and E5M2 codes.
+        v.extend([
+            1.0625,
+            1.1875,
+            1.125,
+            1.375,
+            2.0f32.powi(-10) * 1.5,
+            2.0f32.powi(-17) * 1.5,
+        ]);
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..4000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            // Exponents around both formats' ranges, any mantissa.
+            let e = 100 + (s >> 32) as u32 % 60;
+            v.push(f32::from_bits((e << 23) | (s as u32 & 0x007f_ffff)));
+        }
+        let neg: Vec<f32> = v.iter().map(|x| -x).collect();
+        v.extend(neg);
+        v
+    }
+
+    fn gpu() -> Option<dfdx::prelude::Cuda> {
+        match std::panic::catch_unwind(|| dfdx::prelude::Cuda::try_build(0, 0)) {
+            Ok(Ok(dev)) => Some(dev),
+            _ => {
+                println!("skipping: no CUDA device");
+                None
+            }
+        }
+    }
+
+    /// The kernels' codes and amax against `quantize_fp8`'s, per source precision and format,
+    /// at several scales (one that saturates, one that makes subnormals).
+    fn codes_case<E, F>(dev: &dfdx::prelude::Cuda)
+    where
+        E: super::CudaElem + crate::fp8::Fp8Source + cudarc::driver::DeviceRepr,
+        F: crate::fp8::Fp8Element,
+    {
+        let src: Vec<E> = specials()
+            .into_iter()
+            .map(<E as crate::precision::AmpElem>::from_f32)
+            .collect();
+        let n = src.len();
+        let on_gpu: dfdx::prelude::Tensor<(usize,), E, _> =
+            dfdx::prelude::TensorFromVec::tensor_from_vec(dev, src.clone(), (n,));
+        let on_gpu = on_gpu.storage();
+        for scale in [1.0f32, 0.75, 1.0 / 448.0, 300.0] {
+            let mut cpu = vec![F::default(); src.len()];
+            let amax = typed_amp_kernels::convert::quantize_fp8(&src, scale, &mut cpu);
+            let (codes, gpu_amax) = super::quantize::<F, E>(dev, on_gpu, scale).unwrap();
+            let gpu_codes = dev.cuda_device().dtoh_sync_copy(&codes).unwrap();
+            for (i, (c, g)) in cpu.iter().zip(&gpu_codes).enumerate() {
+                let (c, g) = (c.to_bits(), *g);
+                // f16's NaN payloads follow the GPU's conversion (see the module documentation).
+                let both_nan = F::from_bits(c).is_nan() && F::from_bits(g).is_nan();
+                assert!(
+                    c == g || (<E as super::CudaElem>::TAG == "f16" && both_nan),
+                    "{} from {} at scale {scale}: element {i} ({:?}): CPU {c:#04x}, CUDA {g:#04x}",
+                    F::NAME,
+                    <E as super::CudaElem>::TAG,
+                    crate::precision::AmpElem::to_f32(src[i]),
+                );
+            }
+            assert_eq!(
+                amax.to_bits(),
+                gpu_amax.to_bits(),
+                "amax, {} from {}",
+                F::NAME,
+                <E as super::CudaElem>::TAG
+            );
+            let only = super::amax::<E>(dev, on_gpu).unwrap();
+            assert_eq!(
+                amax.to_bits(),
+                only.to_bits(),
+                "amax alone, {}",
+                <E as super::CudaElem>::TAG
+            );
+        }
+    }
+
+    #[test]
+    fn the_codes_are_the_cpus() {
+        let Some(dev) = gpu() else {
+            return;
+        };
+        codes_case::<f32, E4M3>(&dev);
+        codes_case::<f32, E5M2>(&dev);
+        codes_case::<half::bf16, E4M3>(&dev);
+        codes_case::<half::bf16, E5M2>(&dev);
+        codes_case::<half::f16, E4M3>(&dev);
+        codes_case::<half::f16, E5M2>(&dev);
+    }
+
+    #[test]
+    fn the_transpose_moves_every_code() {
+        let Some(dev) = gpu() else {
+            return;
+        };
+        for (rows, cols) in [(1, 1), (5, 3), (33, 70), (64, 32)] {
+            let src: Vec<u8> = (0..rows * cols).map(|i| (i * 7 % 251) as u8).collect();
+            let on_gpu = dev.cuda_device().htod_sync_copy(&src).unwrap();
+            let t = super::transpose(&dev, &on_gpu, rows, cols).unwrap();
+            let t = dev.cuda_device().dtoh_sync_copy(&t).unwrap();
+            for r in 0..rows {
+                for c in 0..cols {
+                    assert_eq!(
+                        t[c * rows + r],
+                        src[r * cols + c],
+                        "{rows} × {cols} at ({r}, {c})"
+                    );
+                }
+            }
         }
     }
 }

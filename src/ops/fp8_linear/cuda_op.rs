@@ -103,7 +103,10 @@ fn quantize<F: Fp8Element, M: ScalingMode, E: CudaElem>(
 }
 
 /// Why this call cannot run FP8 products on cuBLASLt, if it cannot.
-fn unqualified<R: Fp8Recipe>(dev: &Cuda, dims: LinearDims) -> Result<Option<Fp8GemmError>, CudaError> {
+fn unqualified<R: Fp8Recipe>(
+    dev: &Cuda,
+    dims: LinearDims,
+) -> Result<Option<Fp8GemmError>, CudaError> {
     if let Err(e) = fp8_capable(dev)? {
         static NOTE: Once = Once::new();
         NOTE.call_once(|| {
@@ -161,8 +164,7 @@ where
         return crate::ops::linear::try_linear(layer, x);
     }
     let timing = typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::Products);
-    let (qx, ax) =
-        quantize::<Fwd<R>, Mode<R>, E>(&dev, state.as_ref(), Role::Input, x.storage())?;
+    let (qx, ax) = quantize::<Fwd<R>, Mode<R>, E>(&dev, state.as_ref(), Role::Input, x.storage())?;
     let (qw, aw) = quantize::<Fwd<R>, Mode<R>, E>(
         &dev,
         state.as_ref(),
@@ -183,25 +185,29 @@ where
     {
         // y = Q(x) · Q(W)ᵀ: rows × I by (O × I)ᵀ, both read as they lie.
         let mut acc = Storage::<f32>::try_alloc_len(&dev, rows * O)?;
-        gemm_fp8(&dev, (rows, O, I), qx.operand(), qw.operand(), &mut acc, 0.0)?
-            .map_err(refused)?;
-        cuda_kernel::store::<E>(&dev, O, &acc, bias.as_ref().map(|b| b.storage()), y.storage_mut())?;
+        gemm_fp8(
+            &dev,
+            (rows, O, I),
+            qx.operand(),
+            qw.operand(),
+            &mut acc,
+            0.0,
+        )?
+        .map_err(refused)?;
+        cuda_kernel::store::<E>(
+            &dev,
+            O,
+            &acc,
+            bias.as_ref().map(|b| b.storage()),
+            y.storage_mut(),
+        )?;
     }
     // What the backward products read, transposed for cuBLASLt: xᵀ (I × rows) for the weight
     // gradient, Wᵀ (I × O) for the input gradient; nothing without a tape.
     let kept = if records {
         let xt = cuda_kernel::transpose(&dev, &qx.codes, rows, I)?;
         let wt = cuda_kernel::transpose(&dev, &qw.codes, O, I)?;
-        Some((
-            Codes {
-                codes: xt,
-                ..qx
-            },
-            Codes {
-                codes: wt,
-                ..qw
-            },
-        ))
+        Some((Codes { codes: xt, ..qx }, Codes { codes: wt, ..qw }))
     } else {
         None
     };
@@ -239,7 +245,8 @@ where
             let relu_out = relu_out.as_ref().map(|t| t.storage());
             LinearKernel::<E>::try_linear_backward_bias(&dev, dims, relu_out, &mut dy, db)?;
         }
-        let (qdy, ady) = quantize::<Bwd<R>, Mode<R>, E>(&dev, state.as_ref(), Role::OutputGrad, &dy)?;
+        let (qdy, ady) =
+            quantize::<Bwd<R>, Mode<R>, E>(&dev, state.as_ref(), Role::OutputGrad, &dy)?;
         drop(dy);
         let finite = ady.is_finite();
         if let (true, Some(s)) = (finite, &state) {
@@ -267,8 +274,15 @@ where
             if finite {
                 // dx += Q(dy) · Q(W): (rows × O) by (I × O)ᵀ, rounded once into dx.
                 let mut acc = Storage::<f32>::try_alloc_len(&dev, rows * I)?;
-                gemm_fp8(&dev, (rows, I, O), qdy.operand(), wt.operand(), &mut acc, 0.0)?
-                    .map_err(refused)?;
+                gemm_fp8(
+                    &dev,
+                    (rows, I, O),
+                    qdy.operand(),
+                    wt.operand(),
+                    &mut acc,
+                    0.0,
+                )?
+                .map_err(refused)?;
                 CastKernel::<f32, E>::try_add_cast(&dev, &acc, dx)?;
             } else {
                 FillKernel::<E>::try_fill(&dev, dx, f32::NAN)?;

@@ -100,7 +100,9 @@ impl<E: AmpElem + Fp8Source> Fp8LinearOp<E> for Cpu {
 }
 
 #[cfg(feature = "cuda")]
-impl<E: crate::device::utilities::cuda::CudaElem + Fp8Source> Fp8LinearOp<E> for dfdx::prelude::Cuda {
+impl<E: crate::device::utilities::cuda::CudaElem + Fp8Source> Fp8LinearOp<E>
+    for dfdx::prelude::Cuda
+{
     fn try_fp8_linear<R, S, const I: usize, const O: usize, T, L>(
         layer: &L,
         x: Tensor<S, E, Self, T>,
