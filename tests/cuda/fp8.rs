@@ -164,7 +164,7 @@ fn case<const I: usize, const O: usize>(gpu: &Cuda, rows: usize, seed: u64) {
     let b = values(O, seed + 2, 0.5);
     let r = values(rows * O, seed + 3, 1e-2);
     let what = format!("rows {rows}, {I}→{O}");
-    let qualifies = rows % 16 == 0 && I % 16 == 0 && O % 16 == 0;
+    let qualifies = rows.is_multiple_of(16) && I.is_multiple_of(16) && O.is_multiple_of(16);
     let cpu_dev = Cpu::default();
     // Where cuBLASLt cannot multiply, CUDA runs the 16-bit op: the CPU's 16-bit op is the
     // reference then.
