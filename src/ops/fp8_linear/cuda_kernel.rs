@@ -11,7 +11,11 @@
 //! value, nearest-even, subnormals by an exact power-of-two scaling and a nearest-even
 //! conversion to an integer). A NaN is encoded from the source's own bits, quieted, as the
 //! CPU's multiplication leaves them (the GPU's would replace them with its canonical NaN); so
-//! NaN payloads match wherever the working precision's load keeps them (f32, bf16).
+//! NaN codes match wherever the working precision's load keeps the NaN's bits (f32, bf16); an
+//! f16 NaN is widened by the hardware conversion, which may give the canonical NaN, sign
+//! included, so its code is a NaN of either sign. The integer arithmetic was checked on the
+//! host (compiled with g++ and shims for the four intrinsics) against `quantize_fp8` on every
+//! 13th f32 bit pattern at four scales: identical codes.
 //!
 //! The amax is the largest `|x|` of the source's FP32 bits: a block's tree in shared memory,
 //! then one `atomicMax` per block on the unsigned bits, which order as the magnitudes do for
