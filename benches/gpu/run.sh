@@ -14,7 +14,7 @@
 #                 gpu_step_cnn torch_peer compare_gpt]
 #   STEP_TIMEOUT_S  the most one step may take, so that a step that hangs leaves time for the
 #                 next ones [default: 240]
-#   GPT_ITERS     iterations of the baby GPT in compare_gpt and train_gpt [default: 300]
+#   GPT_ITERS     iterations of the baby GPT in compare_gpt, train_gpt and train_gpt_fp8 [default: 300]
 #
 # Steps:
 #   cuda_tests     tests/cuda: every kernel against the CPU, the fused ops (not nccl::)
@@ -30,6 +30,7 @@
 #   torch_peer_gpt, torch_peer_mlp, torch_peer_vit, torch_peer_cnn: one model
 #   compare_gpt    typed-amp compare --model gpt --gpt-size baby --device cuda:0, GPT_ITERS iterations
 #   train_gpt      typed-amp train --model gpt --gpt-size baby --policy O2 --dtype bf16 --device cuda:0
+#   train_gpt_fp8  the same with --fp8 (FP8 linear layers on cuBLASLt; sm_89+, else 16-bit)
 #   compare_vit, compare_cnn, compare_mlp
 #                  typed-amp compare --model <model> --device cuda:0 --epochs 1
 #
@@ -185,6 +186,10 @@ step_command() {
             ;;
         train_gpt)
             cmd=("$bin/typed-amp" train --model gpt --gpt-size baby --policy O2 --dtype bf16
+                --device cuda:0 --iters "$gpt_iters" --eval-every "$gpt_iters" --quiet)
+            ;;
+        train_gpt_fp8)
+            cmd=("$bin/typed-amp" train --model gpt --gpt-size baby --policy O2 --dtype bf16 --fp8
                 --device cuda:0 --iters "$gpt_iters" --eval-every "$gpt_iters" --quiet)
             ;;
         compare_vit | compare_cnn | compare_mlp)

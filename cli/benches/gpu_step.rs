@@ -2,7 +2,7 @@
 //! (FP16), and O2-BF16, for an MLP 4096-4096-4096-10 at batch 1024, the main job's CNN at batch
 //! 256 and ViT at batch 128, and the baby GPT (nanoGPT's `train_shakespeare_char`: 6 layers,
 //! width 384, context 256) at batch 64 with its recipe (AdamW, decay on matrices, clipping at
-//! 1.0), with typed-amp's bookkeeping (unscale and check, clipping, the optimizer and the
+//! 1.0; also O2-BF16 with FP8 linear layers, `#[amp(fp8 = "hybrid")]`), with typed-amp's bookkeeping (unscale and check, clipping, the optimizer and the
 //! working copy's refresh) timed apart; plus the FP16 and BF16 matrix-multiply throughput the MLP
 //! reaches. Prints a Markdown section for `BENCHMARKS.md`; `--only mlp|cnn|vit|gpt` runs one.
 //!
@@ -21,7 +21,7 @@ use typed_amp::optim::MasterOptimizer;
 use typed_amp::prelude::*;
 use typed_amp::tape::MixedTape;
 use typed_amp_cli::models::gpt::{
-    init_gpt, GptBabyO0, GptBabyO2, GptBabyO2Bf16, GptModel, GptSize, VOCAB,
+    init_gpt, GptBabyO0, GptBabyO2, GptBabyO2Bf16, GptBabyO2Bf16Fp8, GptModel, GptSize, VOCAB,
 };
 use typed_amp_cli::models::{CnnO0, CnnO1, CnnO2, CnnO2Bf16, VitO0, VitO2, VitO2Bf16};
 
@@ -220,6 +220,8 @@ fn main() {
             ("O0", bench_gpt::<GptBabyO0>(&dev)),
             ("O2", bench_gpt::<GptBabyO2>(&dev)),
             ("O2-BF16", bench_gpt::<GptBabyO2Bf16>(&dev)),
+            // FP8 linear layers (cuBLASLt; on a GPU below compute capability 8.9, 16-bit).
+            ("O2-BF16-FP8", bench_gpt::<GptBabyO2Bf16Fp8>(&dev)),
         ] {
             let base = *o0.get_or_insert(f.ms_per_step);
             println!(

@@ -588,7 +588,7 @@ fn a_batched_unscale_gives_the_cpus_bits_and_flags() {
 fn a_batched_unscale_reuses_its_table_across_steps() {
     let dev = cuda_or_skip!(0);
     let mut a = Buf::<Cuda, f32>::new(&dev, &vec![1.0; LONG]);
-    let mut b = Buf::<Cuda, f16>::new(&dev, &vec![1.0; 3]);
+    let mut b = Buf::<Cuda, f16>::new(&dev, &[1.0; 3]);
     let mut stats = dev.try_alloc_stats(2).unwrap();
     for step in 0..3 {
         if step == 2 {

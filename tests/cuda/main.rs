@@ -6,6 +6,7 @@
 
 // `pub`, as each file was a crate root before: what `#[amp]` and the tests declare `pub` (the
 // weights' type aliases of every model, say) is not dead code where a test does not use it.
+pub mod fp8;
 pub mod fused;
 pub mod kernels;
 pub mod nccl;

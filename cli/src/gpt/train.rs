@@ -98,19 +98,31 @@ fn train_on<D: AmpOps>(
 }
 
 /// The GPT with FP8 linear layers (`--fp8`, which `GptConfig::validate` allows under O2-BF16
-/// only): the CPU runs FP8 products; CUDA's FP8 products (cuBLASLt) are not written yet.
+/// only): FP8 products on the CPU (the kernels' FP8 GEMM) and on CUDA (cuBLASLt, on a GPU of
+/// compute capability 8.9 or above; below it, or for a layer whose sizes are not multiples of
+/// 16, the 16-bit linear op, see `typed_amp::ops::fp8_linear`).
 fn train_fp8(cfg: &GptConfig, corpus: &CharCorpus) -> Result<GptReport, RunError> {
     use typed_amp_models::gpt::{GptBabyO2Bf16Fp8, GptSize, GptSmallO2Bf16Fp8};
-    if cfg.device != DeviceChoice::Cpu {
-        return Err(RunError::Usage(format!(
-            "--fp8 runs on the CPU only: FP8 products on `{}` are not written yet",
-            cfg.device
-        )));
+    macro_rules! on {
+        ($dev:expr, $device:ty) => {
+            match cfg.size {
+                GptSize::Small => train_model::<GptSmallO2Bf16Fp8, $device>(cfg, corpus, $dev),
+                GptSize::Baby => train_model::<GptBabyO2Bf16Fp8, $device>(cfg, corpus, $dev),
+            }
+        };
     }
-    let dev = Cpu::seed_from_u64(cfg.seed);
-    match cfg.size {
-        GptSize::Small => train_model::<GptSmallO2Bf16Fp8, Cpu>(cfg, corpus, dev),
-        GptSize::Baby => train_model::<GptBabyO2Bf16Fp8, Cpu>(cfg, corpus, dev),
+    match cfg.device {
+        DeviceChoice::Cpu => on!(Cpu::seed_from_u64(cfg.seed), Cpu),
+        #[cfg(feature = "cuda")]
+        DeviceChoice::Cuda(ordinal) => on!(
+            crate::config::open_cuda(ordinal, cfg.seed)?,
+            typed_amp::prelude::Cuda
+        ),
+        #[cfg(not(feature = "cuda"))]
+        DeviceChoice::Cuda(_) => Err(RunError::Usage(format!(
+            "device `{}` needs a build with CUDA: `cargo run --release -p typed-amp-cli --features cuda -- ...`",
+            cfg.device
+        ))),
     }
 }
 

@@ -10,6 +10,8 @@ pub(crate) mod cuda;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_gemm;
 #[cfg(feature = "cuda")]
+pub(crate) mod cuda_gemm_fp8;
+#[cfg(feature = "cuda")]
 pub(crate) mod cuda_multi;
 
 /// A device that keeps small per-tensor results (non-finite flags, sums of squares) in a buffer

@@ -38,6 +38,11 @@
 //! weight and input gradients NaN. A saturating cast would otherwise turn inf into ±448 and
 //! hide it. Nothing non-finite is recorded in a history.
 
+#[cfg(feature = "cuda")]
+mod cuda_kernel;
+#[cfg(feature = "cuda")]
+mod cuda_op;
+
 use std::any::TypeId;
 
 use dfdx::nn::modules::Module;
@@ -58,8 +63,9 @@ use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
 /// How a device runs a linear layer with FP8 products under recipe `R`, on activations of
-/// element type `E`. The CPU runs [`try_fp8_linear_cpu`]; a device without FP8 products has no
-/// impl, and an FP8 model does not compile for it.
+/// element type `E`. The CPU runs [`try_fp8_linear_cpu`], CUDA the same recipe on cuBLASLt
+/// (`cuda_op.rs`); a device without FP8 products has no impl, and an FP8 model does not
+/// compile for it.
 #[doc(hidden)] // a device's machinery, behind `#[amp(fp8 = ...)]`.
 pub trait Fp8LinearOp<E: AmpElem>: HasErr + Sized {
     /// `layer` on `x` with FP8 products.
@@ -90,6 +96,26 @@ impl<E: AmpElem + Fp8Source> Fp8LinearOp<E> for Cpu {
             + Module<Tensor<S, E, Self, T>, Output = Tensor<S::Output, E, Self, T>, Error = CpuError>,
     {
         try_fp8_linear_cpu::<R, S, I, O, E, T, L>(layer, x)
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl<E: crate::device::utilities::cuda::CudaElem + Fp8Source> Fp8LinearOp<E>
+    for dfdx::prelude::Cuda
+{
+    fn try_fp8_linear<R, S, const I: usize, const O: usize, T, L>(
+        layer: &L,
+        x: Tensor<S, E, Self, T>,
+    ) -> Result<Tensor<S::Output, E, Self, T>, Self::Err>
+    where
+        R: Fp8Recipe,
+        Self: AmpDevice + Kernels<E> + LinearOp<E>,
+        S: LinearInput<I, O>,
+        T: AmpTape<Self> + Tape<E, Self>,
+        L: LinearParts<I, O, E, Self>
+            + Module<Tensor<S, E, Self, T>, Output = Tensor<S::Output, E, Self, T>, Error = Self::Err>,
+    {
+        cuda_op::try_fp8_linear_cuda::<R, S, I, O, E, T, L>(layer, x)
     }
 }
 
