@@ -14,8 +14,17 @@
 //! (exactly) while it packs them, at the bf16 GEMM's rate; it accumulates in FP32, and its
 //! store multiplies by the two operands' `1 / scale`, adds the bias (forward) or the gradient
 //! already there (input gradient), and rounds once, straight into the output's buffer in the
-//! working precision (the weight gradient's in FP32). The input is kept for the backward pass
-//! as its FP8 codes with their scale, not in 16 bits.
+//! working precision (the weight gradient's in FP32).
+//!
+//! What the backward pass keeps of the input, for `dW`: its FP8 codes with their scale (one
+//! byte an element), the operand the forward product multiplied, not the 16-bit input, which
+//! is freed when the op returns, so the weight gradient is the product of the quantised input
+//! that torchao's and Transformer Engine's recipes use. Where another holder of the 16-bit
+//! input keeps it anyway (the attention op keeps its output, the input of attention's
+//! `c_proj`, for its own backward), the op keeps that shared buffer and the scale instead and
+//! quantises it again in the backward pass: the same one-pass cast under the same scale gives
+//! the same codes, so `dW` is the same bit for bit, and the codes' byte an element is not held
+//! beside two bytes that are held anyway ([`KeptInput`]).
 //!
 //! Quantising is one vectorised pass over a tensor where the scale is known before it is read
 //! (delayed scaling with a history: the cast finds the amax the history records on the way,
@@ -152,6 +161,32 @@ fn host_mut<E: dfdx::prelude::Unit>(v: &mut <Cpu as dfdx::prelude::Storage<E>>::
     v
 }
 
+/// What the backward pass keeps of the input for the weight gradient (see the
+/// [module](self) documentation).
+enum KeptInput<F: Fp8Element, M: ScalingMode, S: dfdx::prelude::Shape, E: AmpElem> {
+    /// The codes the forward product multiplied, with their scale; the 16-bit input is freed.
+    Codes(Fp8Tensor<F, PerTensor, M>),
+    /// The 16-bit input, which something else (the op that made it) also holds, and the scale
+    /// the forward pass quantised it with.
+    Shared(Tensor<S, E, Cpu>, f32),
+}
+
+impl<F: Fp8Element, M: ScalingMode, S: dfdx::prelude::Shape, E: AmpElem + Fp8Source>
+    KeptInput<F, M, S, E>
+{
+    /// The input's codes: those kept, or the shared input quantised again under the forward
+    /// pass's scale (the same one-pass cast, so the same codes).
+    fn into_codes(self, rows: usize, cols: usize) -> Result<Fp8Tensor<F, PerTensor, M>, CpuError> {
+        match self {
+            KeptInput::Codes(q) => Ok(q),
+            KeptInput::Shared(x, scale) => {
+                Fp8Tensor::quantize_with_scale(host::<E>(x.storage()), rows, cols, scale)
+                    .map_err(cpu_err)
+            }
+        }
+    }
+}
+
 /// Where an FP8 product stores: the kernels' FP8 GEMM writes bf16 or FP32.
 enum Out<'a> {
     Bf16(&'a mut [bf16]),
@@ -246,7 +281,7 @@ where
         s.observe(Role::Input, ax);
         s.observe(Role::Weight, aw);
     }
-    let (x, mut tape) = x.split_tape();
+    let (mut x, mut tape) = x.split_tape();
     let dev = x.device().clone();
     let mut y: Tensor<S::Output, E, Cpu> = dev.try_zeros_like(&shape.output())?;
     into_working(host_mut::<E>(y.storage_mut()), false, |out| match out {
@@ -255,8 +290,15 @@ where
     })?;
     drop(bias32);
     let x_ghost = x.ghost();
-    // The input is kept for the backward pass as FP8 codes with their scale.
-    drop(x);
+    // Only a recording tape has a backward pass to keep anything for. Where nothing else holds
+    // the 16-bit input, the codes are kept and the input is freed when this op returns; where
+    // something does, keeping the input costs nothing and the codes are freed instead.
+    let shared = x.storage_mut_if_unique().is_none();
+    let kept = match (records, shared) {
+        (false, _) => None,
+        (true, false) => Some(KeptInput::Codes(qx)),
+        (true, true) => Some(KeptInput::Shared(x, qx.scales()[0])),
+    };
     let weight_id = layer.weight().id();
     let y_id = y.id();
     let dims = LinearDims {
@@ -308,7 +350,12 @@ where
         }
         if let Some((dw, fresh)) = grads.param_grad_mut(weight_id, O * I, &dev)? {
             let dw = host_mut::<f32>(dw);
-            if finite {
+            // `kept` is `None` only on a tape that does not record, whose backward never runs.
+            let qx = match kept {
+                Some(kept) if finite => Some(kept.into_codes(rows, I)?),
+                _ => None,
+            };
+            if let Some(qx) = qx {
                 // dW = Q(dy)ᵀ · Q(x): (O × rows) · (rows × I), x's codes read transposed.
                 gradient_product_into((&qdy, true), (&qx, true), dw, !fresh).map_err(cpu_err)?;
             } else {
