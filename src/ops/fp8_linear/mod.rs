@@ -24,7 +24,12 @@
 //! `c_proj`, for its own backward), the op keeps that shared buffer and the scale instead and
 //! quantises it again in the backward pass: the same one-pass cast under the same scale gives
 //! the same codes, so `dW` is the same bit for bit, and the codes' byte an element is not held
-//! beside two bytes that are held anyway ([`KeptInput`]).
+//! beside two bytes that are held anyway. Where the input is the output of an exact GELU
+//! fused into the op before it (the GPT's MLP: `c_fc`, GELU, `c_proj`), which keeps its own
+//! input for its derivative, the op keeps neither: its backward computes the GELU again from
+//! that kept input, a block at a time, and quantises it under the forward pass's scale (the
+//! same formulas, so the same codes), and the GELU's output, four times the model's width, is
+//! held by no one after the forward pass (`KeptInput`).
 //!
 //! Quantising is one vectorised pass over a tensor where the scale is known before it is read
 //! (delayed scaling with a history: the cast finds the amax the history records on the way,
@@ -48,6 +53,7 @@
 //! hide it. Nothing non-finite is recorded in a history.
 
 use std::any::TypeId;
+use std::rc::Rc;
 
 use dfdx::nn::modules::Module;
 use dfdx::prelude::{
@@ -60,8 +66,8 @@ use crate::fp8::{
     amax, forward_product_into, gradient_product_into, Fp8Element, Fp8Error, Fp8Recipe, Fp8Source,
     Fp8Tensor, LayerScaling, PerTensor, Role, ScalingMode,
 };
-use crate::ops::fused_activation::{ActivationSlot, FusedActivation};
-use crate::ops::gelu::GeluKernel;
+use crate::ops::fused_activation::{ActivationSlot, FusedActivation, GeluOutput};
+use crate::ops::gelu::{gelu_into, GeluKernel};
 use crate::ops::linear::{LinearDims, LinearInput, LinearKernel, LinearOp, LinearParts};
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
@@ -169,6 +175,9 @@ enum KeptInput<F: Fp8Element, M: ScalingMode, S: dfdx::prelude::Shape, E: AmpEle
     /// The 16-bit input, which something else (the op that made it) also holds, and the scale
     /// the forward pass quantised it with.
     Shared(Tensor<S, E, Cpu>, f32),
+    /// The input is `gelu(h)` of the `h` this slot keeps for the op the GELU fused into (whose
+    /// backward runs after this op's), and the scale the forward pass quantised it with.
+    Gelu(Rc<ActivationSlot<S, E, Cpu>>, f32),
 }
 
 impl<F: Fp8Element, M: ScalingMode, S: dfdx::prelude::Shape, E: AmpElem + Fp8Source>
@@ -183,6 +192,16 @@ impl<F: Fp8Element, M: ScalingMode, S: dfdx::prelude::Shape, E: AmpElem + Fp8Sou
                 Fp8Tensor::quantize_with_scale(host::<E>(x.storage()), rows, cols, scale)
                     .map_err(cpu_err)
             }
+            KeptInput::Gelu(slot, scale) => slot
+                .with_gelu_input(|h| {
+                    let h = host::<E>(h.storage());
+                    Fp8Tensor::quantize_with_scale_by(rows, cols, scale, |first, block| {
+                        gelu_into(&h[first..first + block.len()], block)
+                    })
+                    .map_err(cpu_err)
+                })
+                // The slot's op runs its backward after this one, so the input is still there.
+                .unwrap_or(Err(CpuError::WrongNumElements)),
         }
     }
 }
@@ -294,10 +313,14 @@ where
     // the 16-bit input, the codes are kept and the input is freed when this op returns; where
     // something does, keeping the input costs nothing and the codes are freed instead.
     let shared = x.storage_mut_if_unique().is_none();
-    let kept = match (records, shared) {
-        (false, _) => None,
-        (true, false) => Some(KeptInput::Codes(qx)),
-        (true, true) => Some(KeptInput::Shared(x, qx.scales()[0])),
+    let gelu = tape
+        .take_activation(x.id())
+        .and_then(|offer| offer.downcast::<GeluOutput<S, E, Cpu>>().ok());
+    let kept = match (records, shared, gelu) {
+        (false, _, _) => None,
+        (true, true, _) => Some(KeptInput::Shared(x, qx.scales()[0])),
+        (true, false, Some(gelu)) => Some(KeptInput::Gelu(gelu.0.clone(), qx.scales()[0])),
+        (true, false, None) => Some(KeptInput::Codes(qx)),
     };
     let weight_id = layer.weight().id();
     let y_id = y.id();
