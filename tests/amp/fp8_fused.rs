@@ -211,13 +211,21 @@ fn kept_inputs_case<const I: usize, const H: usize>(rows: usize, seed: u64) {
     let proj = LinearModule::<H, I, bf16, Cpu> {
         weight: dev.tensor_from_vec(sample(&dev, I * H, 0.05), (Const::<I>, Const::<H>)),
     };
-    let xv: Vec<f32> = sample(&dev, rows * I, 1.0).into_iter().map(f32::from).collect();
+    let xv: Vec<f32> = sample(&dev, rows * I, 1.0)
+        .into_iter()
+        .map(f32::from)
+        .collect();
     let x = dev.tensor_from_vec(xv, (rows, Const::<I>));
     let r = dev.tensor_from_vec(sample(&dev, rows * I, 1e-3), (rows, Const::<I>));
     let what = format!("rows {rows}, {I}→{H}→{I}");
     // The reference: both layers keep their input's codes.
     let want = mlp(&fc, &proj, &x, &r, true, Gelu::Composed);
-    let names = ["output", "input gradient", "c_fc's weight gradient", "c_proj's weight gradient"];
+    let names = [
+        "output",
+        "input gradient",
+        "c_fc's weight gradient",
+        "c_proj's weight gradient",
+    ];
     for (cast_input, gelu) in [
         (true, Gelu::Fused),
         (false, Gelu::Composed),
