@@ -290,6 +290,47 @@ impl<F: Fp8Element, M: ScalingMode> Fp8Tensor<F, PerTensor, M> {
         check_shape("the data", data.len(), rows, cols)?;
         Self::with_scales_amax(data, rows, cols, vec![scale])
     }
+
+    /// [`Self::quantize_with_scale`] of `rows × cols` data that `fill(first, block)` makes a
+    /// block at a time (`block` gets the elements from `first` on), for data recomputed in the
+    /// backward pass: no more than a block of it is held in 16 bits at once. Each code depends
+    /// only on its element and the scale, so the codes are those of quantising the whole data
+    /// at once.
+    ///
+    /// # Errors
+    /// [`Fp8Error::BadScale`] if `scale` is not finite and positive.
+    pub(crate) fn quantize_with_scale_by<T: Fp8Source + Copy + Default + Send>(
+        rows: usize,
+        cols: usize,
+        scale: f32,
+        fill: impl Fn(usize, &mut [T]) + Sync,
+    ) -> Result<Self, Fp8Error>
+    where
+        F: Send,
+    {
+        use rayon::prelude::*;
+        /// Elements a task makes and casts at a time (8 KiB of bf16).
+        const BLOCK: usize = 4096;
+        check_scale(scale)?;
+        let mut codes = vec![F::default(); rows * cols];
+        codes
+            .par_chunks_mut(BLOCK)
+            .enumerate()
+            .for_each(|(i, codes)| {
+                let mut block = [T::default(); BLOCK];
+                let block = &mut block[..codes.len()];
+                fill(i * BLOCK, block);
+                convert::quantize_fp8(block, scale, codes);
+            });
+        Ok(Fp8Tensor {
+            codes,
+            scales: vec![scale],
+            scale_invs: vec![1.0 / scale],
+            rows,
+            cols,
+            _kind: PhantomData,
+        })
+    }
 }
 
 impl<F: Fp8Element, G: Granularity> Fp8Tensor<F, G, Current> {

@@ -1,6 +1,6 @@
 //! What an op that offers to fuse the activation after it keeps for its backward: the
 //! activation's output (ReLU) or input (GELU), once the activation has run on the op's output
-//! in place.
+//! in place; and what a fused GELU offers the op after it ([`GeluOutput`]).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -45,4 +45,21 @@ impl<S: Shape, E, D: Storage<E>> ActivationSlot<S, E, D> {
     pub(crate) fn take(&self) -> Option<FusedActivation<S, E, D>> {
         self.fused.borrow_mut().take()
     }
+
+    /// `f` of the input of the GELU that fused here, while it is still kept (until this op's
+    /// backward takes it); `None` if no GELU fused or it was taken.
+    pub(crate) fn with_gelu_input<R>(&self, f: impl FnOnce(&Tensor<S, E, D>) -> R) -> Option<R> {
+        match &*self.fused.borrow() {
+            Some(FusedActivation::Gelu(input)) => Some(f(input)),
+            _ => None,
+        }
+    }
 }
+
+/// What a fused GELU offers the op after it: its output is `gelu(input)` of the input the slot
+/// keeps for the op that GELU fused into. An FP8 linear op that would keep its input's codes
+/// for its weight gradient keeps this instead and computes the codes again in its backward
+/// pass (which runs before the slot's op takes the input), so the GELU's output, four times
+/// a GPT's width, is held by no one ([`crate::ops::fp8_linear`]). A type of its own, so that
+/// another activation does not fuse into the slot through it.
+pub(crate) struct GeluOutput<S: Shape, E, D: Storage<E>>(pub(crate) Rc<ActivationSlot<S, E, D>>);

@@ -8,7 +8,12 @@
 //!   output gradient and input (the op reads the codes transposed in place), and its input
 //!   gradient against `gradient_product(Q(dy), Q(W)ᵀ)` added to zero and rounded to BF16;
 //! - exact GELU and ReLU fused into the op (the backward applies their derivative to the
-//!   output gradient in place, before quantising it) against dfdx's GELU and ReLU after it.
+//!   output gradient in place, before quantising it) against dfdx's GELU and ReLU after it;
+//! - what the op keeps of its input for the weight gradient, each way against the others, bit
+//!   for bit (`c_fc`, GELU, `c_proj`, as in the GPT's MLP): the input's FP8 codes (an input
+//!   nothing else holds: a cast's output, dfdx's GELU's output), the 16-bit input shared with
+//!   another holder (quantised again in the backward pass), and, after a fused GELU, the GELU
+//!   computed again from the input it keeps.
 
 use typed_amp::dfdx::nn::modules::UnbiasedLinear as LinearModule;
 use typed_amp::fp8::{forward_product, gradient_product, Fp8Tensor, Hybrid, E4M3, E5M2};
@@ -133,4 +138,112 @@ fn the_fp8_linear_gives_the_bits_of_its_unfused_products_and_activations() {
     case::<17, 5>(3, 2);
     // Several k blocks of the weight gradient's product (k = rows), a multi-threaded one.
     case::<96, 200>(1100, 3);
+}
+
+/// How the MLP's GELU runs, and so what `c_proj` keeps of its input.
+#[derive(Clone, Copy, Debug)]
+enum Gelu {
+    /// Fused into `c_fc`: `c_proj` recomputes it from the input the GELU keeps.
+    Fused,
+    /// dfdx's op: its output is `c_proj`'s alone, which keeps its codes.
+    Composed,
+    /// Fused, its output also held here: `c_proj` keeps that shared output.
+    FusedHeld,
+}
+
+/// `Σ c_proj(gelu(c_fc(x)))·r` with FP8 linear layers: the output's bits and the FP32 bits of
+/// the input gradient and both weight gradients. With `cast_input` the input of `c_fc` is a
+/// cast's output that nothing else holds (its codes are kept), else a BF16 tensor held here
+/// (kept shared).
+fn mlp<const I: usize, const H: usize>(
+    fc: &LinearModule<I, H, bf16, Cpu>,
+    proj: &LinearModule<H, I, bf16, Cpu>,
+    x: &Tensor<(usize, Const<I>), f32, Cpu>,
+    r: &Tensor<(usize, Const<I>), bf16, Cpu>,
+    cast_input: bool,
+    gelu: Gelu,
+) -> [Vec<u32>; 4] {
+    let xb = x.clone().to_dtype::<bf16>();
+    let xt = if cast_input {
+        x.clone().traced_mixed(MixedGradients::leaky()).to_bf16()
+    } else {
+        xb.clone().traced_mixed(MixedGradients::leaky())
+    };
+    let h = try_fp8_linear::<Hybrid, _, I, H, _, _, _, _>(fc, xt).unwrap();
+    let (h, held) = match gelu {
+        Gelu::Fused => (try_gelu(h).unwrap(), None),
+        Gelu::Composed => (h.accurate_gelu(), None),
+        Gelu::FusedHeld => {
+            let h = try_gelu(h).unwrap();
+            let held = h.retaped::<NoneTape>();
+            (h, Some(held))
+        }
+    };
+    let y = try_fp8_linear::<Hybrid, _, H, I, _, _, _, _>(proj, h).unwrap();
+    let values: Vec<u32> = y
+        .retaped::<NoneTape>()
+        .as_vec()
+        .into_iter()
+        .map(|v| AmpElem::to_f32(v).to_bits())
+        .collect();
+    let loss = (y * r.clone()).to_f32().sum();
+    let grads = Loss::new(loss).backward().unwrap().grads().clone();
+    drop(held);
+    let dx: Vec<f32> = if cast_input {
+        grads.get(x).unwrap().as_vec()
+    } else {
+        let g = grads.get(&xb).unwrap().as_vec();
+        g.into_iter().map(AmpElem::to_f32).collect()
+    };
+    [
+        values,
+        bits(&dx),
+        bits(&grads.param_grad(fc.weight.id()).unwrap().to_vec()),
+        bits(&grads.param_grad(proj.weight.id()).unwrap().to_vec()),
+    ]
+}
+
+fn kept_inputs_case<const I: usize, const H: usize>(rows: usize, seed: u64) {
+    let dev = Cpu::seed_from_u64(seed);
+    let fc = LinearModule::<I, H, bf16, Cpu> {
+        weight: dev.tensor_from_vec(sample(&dev, H * I, 0.1), (Const::<H>, Const::<I>)),
+    };
+    let proj = LinearModule::<H, I, bf16, Cpu> {
+        weight: dev.tensor_from_vec(sample(&dev, I * H, 0.05), (Const::<I>, Const::<H>)),
+    };
+    let xv: Vec<f32> = sample(&dev, rows * I, 1.0)
+        .into_iter()
+        .map(f32::from)
+        .collect();
+    let x = dev.tensor_from_vec(xv, (rows, Const::<I>));
+    let r = dev.tensor_from_vec(sample(&dev, rows * I, 1e-3), (rows, Const::<I>));
+    let what = format!("rows {rows}, {I}→{H}→{I}");
+    // The reference: both layers keep their input's codes.
+    let want = mlp(&fc, &proj, &x, &r, true, Gelu::Composed);
+    let names = [
+        "output",
+        "input gradient",
+        "c_fc's weight gradient",
+        "c_proj's weight gradient",
+    ];
+    for (cast_input, gelu) in [
+        (true, Gelu::Fused),
+        (false, Gelu::Composed),
+        (false, Gelu::Fused),
+        (true, Gelu::FusedHeld),
+    ] {
+        let got = mlp(&fc, &proj, &x, &r, cast_input, gelu);
+        for ((g, w), name) in got.iter().zip(&want).zip(names) {
+            assert_eq!(g, w, "{name}, {what}, cast input {cast_input}, {gelu:?}");
+        }
+    }
+    // The MLP did something: a gradient reached the input.
+    assert!(want[1].iter().any(|&b| f32::from_bits(b) != 0.0), "{what}");
+}
+
+#[test]
+fn keeping_the_inputs_codes_a_shared_input_or_a_recomputed_gelu_gives_the_same_bits() {
+    kept_inputs_case::<32, 128>(20, 4);
+    // Several blocks of the recomputed GELU, one shorter than the others; a threaded product.
+    kept_inputs_case::<48, 192>(700, 5);
 }

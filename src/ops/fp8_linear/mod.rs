@@ -14,8 +14,22 @@
 //! (exactly) while it packs them, at the bf16 GEMM's rate; it accumulates in FP32, and its
 //! store multiplies by the two operands' `1 / scale`, adds the bias (forward) or the gradient
 //! already there (input gradient), and rounds once, straight into the output's buffer in the
-//! working precision (the weight gradient's in FP32). The input is kept for the backward pass
-//! as its FP8 codes with their scale, not in 16 bits.
+//! working precision (the weight gradient's in FP32).
+//!
+//! What the backward pass keeps of the input, for `dW`: its FP8 codes with their scale (one
+//! byte an element), the operand the forward product multiplied, not the 16-bit input, which
+//! is freed when the op returns, so the weight gradient is the product of the quantised input
+//! that torchao's and Transformer Engine's recipes use. Where another holder of the 16-bit
+//! input keeps it anyway (the attention op keeps its output, the input of attention's
+//! `c_proj`, for its own backward), the op keeps that shared buffer and the scale instead and
+//! quantises it again in the backward pass: the same one-pass cast under the same scale gives
+//! the same codes, so `dW` is the same bit for bit, and the codes' byte an element is not held
+//! beside two bytes that are held anyway. Where the input is the output of an exact GELU
+//! fused into the op before it (the GPT's MLP: `c_fc`, GELU, `c_proj`), which keeps its own
+//! input for its derivative, the op keeps neither: its backward computes the GELU again from
+//! that kept input, a block at a time, and quantises it under the forward pass's scale (the
+//! same formulas, so the same codes), and the GELU's output, four times the model's width, is
+//! held by no one after the forward pass (`KeptInput`).
 //!
 //! Quantising is one vectorised pass over a tensor where the scale is known before it is read
 //! (delayed scaling with a history: the cast finds the amax the history records on the way,
@@ -44,6 +58,7 @@ mod cuda_kernel;
 mod cuda_op;
 
 use std::any::TypeId;
+use std::rc::Rc;
 
 use dfdx::nn::modules::Module;
 use dfdx::prelude::{
@@ -56,8 +71,8 @@ use crate::fp8::{
     amax, forward_product_into, gradient_product_into, Fp8Element, Fp8Error, Fp8Recipe, Fp8Source,
     Fp8Tensor, LayerScaling, PerTensor, Role, ScalingMode,
 };
-use crate::ops::fused_activation::{ActivationSlot, FusedActivation};
-use crate::ops::gelu::GeluKernel;
+use crate::ops::fused_activation::{ActivationSlot, FusedActivation, GeluOutput};
+use crate::ops::gelu::{gelu_into, GeluKernel};
 use crate::ops::linear::{LinearDims, LinearInput, LinearKernel, LinearOp, LinearParts};
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
@@ -178,6 +193,45 @@ fn host_mut<E: dfdx::prelude::Unit>(v: &mut <Cpu as dfdx::prelude::Storage<E>>::
     v
 }
 
+/// What the backward pass keeps of the input for the weight gradient (see the
+/// [module](self) documentation).
+enum KeptInput<F: Fp8Element, M: ScalingMode, S: dfdx::prelude::Shape, E: AmpElem> {
+    /// The codes the forward product multiplied, with their scale; the 16-bit input is freed.
+    Codes(Fp8Tensor<F, PerTensor, M>),
+    /// The 16-bit input, which something else (the op that made it) also holds, and the scale
+    /// the forward pass quantised it with.
+    Shared(Tensor<S, E, Cpu>, f32),
+    /// The input is `gelu(h)` of the `h` this slot keeps for the op the GELU fused into (whose
+    /// backward runs after this op's), and the scale the forward pass quantised it with.
+    Gelu(Rc<ActivationSlot<S, E, Cpu>>, f32),
+}
+
+impl<F: Fp8Element, M: ScalingMode, S: dfdx::prelude::Shape, E: AmpElem + Fp8Source>
+    KeptInput<F, M, S, E>
+{
+    /// The input's codes: those kept, or the shared input quantised again under the forward
+    /// pass's scale (the same one-pass cast, so the same codes).
+    fn into_codes(self, rows: usize, cols: usize) -> Result<Fp8Tensor<F, PerTensor, M>, CpuError> {
+        match self {
+            KeptInput::Codes(q) => Ok(q),
+            KeptInput::Shared(x, scale) => {
+                Fp8Tensor::quantize_with_scale(host::<E>(x.storage()), rows, cols, scale)
+                    .map_err(cpu_err)
+            }
+            KeptInput::Gelu(slot, scale) => slot
+                .with_gelu_input(|h| {
+                    let h = host::<E>(h.storage());
+                    Fp8Tensor::quantize_with_scale_by(rows, cols, scale, |first, block| {
+                        gelu_into(&h[first..first + block.len()], block)
+                    })
+                    .map_err(cpu_err)
+                })
+                // The slot's op runs its backward after this one, so the input is still there.
+                .unwrap_or(Err(CpuError::WrongNumElements)),
+        }
+    }
+}
+
 /// Where an FP8 product stores: the kernels' FP8 GEMM writes bf16 or FP32.
 enum Out<'a> {
     Bf16(&'a mut [bf16]),
@@ -272,7 +326,7 @@ where
         s.observe(Role::Input, ax);
         s.observe(Role::Weight, aw);
     }
-    let (x, mut tape) = x.split_tape();
+    let (mut x, mut tape) = x.split_tape();
     let dev = x.device().clone();
     let mut y: Tensor<S::Output, E, Cpu> = dev.try_zeros_like(&shape.output())?;
     into_working(host_mut::<E>(y.storage_mut()), false, |out| match out {
@@ -281,8 +335,19 @@ where
     })?;
     drop(bias32);
     let x_ghost = x.ghost();
-    // The input is kept for the backward pass as FP8 codes with their scale.
-    drop(x);
+    // Only a recording tape has a backward pass to keep anything for. Where nothing else holds
+    // the 16-bit input, the codes are kept and the input is freed when this op returns; where
+    // something does, keeping the input costs nothing and the codes are freed instead.
+    let shared = x.storage_mut_if_unique().is_none();
+    let gelu = tape
+        .take_activation(x.id())
+        .and_then(|offer| offer.downcast::<GeluOutput<S, E, Cpu>>().ok());
+    let kept = match (records, shared, gelu) {
+        (false, _, _) => None,
+        (true, true, _) => Some(KeptInput::Shared(x, qx.scales()[0])),
+        (true, false, Some(gelu)) => Some(KeptInput::Gelu(gelu.0.clone(), qx.scales()[0])),
+        (true, false, None) => Some(KeptInput::Codes(qx)),
+    };
     let weight_id = layer.weight().id();
     let y_id = y.id();
     let dims = LinearDims {
@@ -334,7 +399,12 @@ where
         }
         if let Some((dw, fresh)) = grads.param_grad_mut(weight_id, O * I, &dev)? {
             let dw = host_mut::<f32>(dw);
-            if finite {
+            // `kept` is `None` only on a tape that does not record, whose backward never runs.
+            let qx = match kept {
+                Some(kept) if finite => Some(kept.into_codes(rows, I)?),
+                _ => None,
+            };
+            if let Some(qx) = qx {
                 // dW = Q(dy)ᵀ · Q(x): (O × rows) · (rows × I), x's codes read transposed.
                 gradient_product_into((&qdy, true), (&qx, true), dw, !fresh).map_err(cpu_err)?;
             } else {

@@ -51,3 +51,12 @@ impl<E: AmpElem> GeluKernel<E> for Cpu {
         Ok(())
     }
 }
+
+/// `out = gelu(input)`, rounded to `E`: the values [`GeluKernel::try_gelu_keeping_input`]
+/// writes over its input (the same pass: [`gelu_slice`] is elementwise and gives the same bits
+/// in every lane and in the tail), for an op that recomputes a fused GELU's output from the
+/// input the GELU kept ([`crate::ops::fused_activation::GeluOutput`]).
+pub(crate) fn gelu_into<E: AmpElem>(input: &[E], out: &mut [E]) {
+    out.copy_from_slice(input);
+    map_f32_chunks(out, gelu_slice);
+}

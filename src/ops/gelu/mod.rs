@@ -11,7 +11,10 @@
 //! widens, computes in FP32 and rounds once too, [`typed_amp_kernels::math::gelu`] and
 //! [`gelu_derivative`](typed_amp_kernels::math::gelu_derivative) on the CPU), so they agree
 //! value for value; the fused one keeps the same two tensors (GELU's input and output) and
-//! allocates one gradient fewer.
+//! allocates one gradient fewer. It also offers its output to the op after it as the GELU of
+//! the input it keeps (`fused_activation::GeluOutput`): an FP8 linear op there recomputes it in its backward
+//! pass instead of keeping its codes ([`crate::ops::fp8_linear`]), and then the output is kept
+//! by no one.
 
 mod cpu_kernel;
 #[cfg(feature = "cuda")]
@@ -19,13 +22,16 @@ mod cuda_kernel;
 mod kernel;
 mod op;
 
+use std::rc::Rc;
+
 use dfdx::prelude::{HasShape, PutTape, Shape, SplitTape, Tape, Tensor};
 
 use crate::device::{AmpDevice, Kernels};
-use crate::ops::fused_activation::{ActivationSlot, FusedActivation};
+use crate::ops::fused_activation::{ActivationSlot, FusedActivation, GeluOutput};
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
 
+pub(crate) use cpu_kernel::gelu_into;
 pub use kernel::GeluKernel;
 pub use op::GeluOp;
 
@@ -61,6 +67,8 @@ where
             let mut input: Tensor<S, E, D> = dev.try_zeros_like(&shape)?;
             GeluKernel::<E>::try_gelu_keeping_input(&dev, buf, input.storage_mut())?;
             slot.put(FusedActivation::Gelu(input));
+            // An FP8 linear op next may recompute this output from the input kept here.
+            tape.offer_activation(x.id(), Rc::new(GeluOutput(slot)));
             return Ok(x.put_tape(tape));
         }
     }
