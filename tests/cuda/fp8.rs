@@ -19,32 +19,21 @@
 //! on the CPU): `3·n·u₃₂·mass`.
 #![cfg(feature = "cuda")]
 
-use std::panic::catch_unwind;
-
 use typed_amp::dfdx::nn::modules::Linear;
 use typed_amp::fp8::{widen, Fp8Tensor, Hybrid, E4M3, E5M2};
 use typed_amp::loss::Loss;
 use typed_amp::ops::fp8_linear::{try_fp8_linear, Fp8LinearOp};
 use typed_amp::prelude::*;
 
-const U32: f64 = 1.0 / 16_777_216.0;
+use super::fused::{f64s, open_cuda, U32};
+
 /// What Hopper's FP8 accumulation can lose per unit of mass (see the module documentation).
 const TENSOR_CORE: f64 = 32.0 / 16_384.0;
 /// bf16's unit roundoff.
 const U_BF16: f64 = 1.0 / 256.0;
 
 fn open_fp8_cuda() -> Option<Cuda> {
-    let dev = match catch_unwind(|| Cuda::try_build(0, 0)) {
-        Ok(Ok(dev)) => dev,
-        Ok(Err(err)) => {
-            println!("skipping: no CUDA device ({err})");
-            return None;
-        }
-        Err(_) => {
-            println!("skipping: no CUDA device (opening it panicked)");
-            return None;
-        }
-    };
+    let dev = open_cuda()?;
     use cudarc::driver::sys::CUdevice_attribute::{
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR as MAJOR,
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR as MINOR,
@@ -63,20 +52,7 @@ fn open_fp8_cuda() -> Option<Cuda> {
 
 /// Deterministic values in [-scale, scale), rounded to bf16.
 fn values(n: usize, seed: u64, scale: f32) -> Vec<bf16> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let u = (s >> 40) as f32 / (1u64 << 24) as f32;
-            bf16::from_f32(scale * (2.0 * u - 1.0))
-        })
-        .collect()
-}
-
-fn f64s(v: &[bf16]) -> Vec<f64> {
-    v.iter().map(|x| f64::from(x.to_f32())).collect()
+    super::fused::values(n, seed, scale, 0.0)
 }
 
 /// Output, input gradient, FP32 weight and bias gradients of `Σ y·r`, `y` the layer's output by

@@ -23,9 +23,11 @@ use typed_amp::ops::cast::Cast;
 use typed_amp::precision::{dtype_of, AmpElem};
 use typed_amp::prelude::*;
 
-const U32: f64 = 1.0 / 16_777_216.0;
+/// f32's unit roundoff.
+pub(crate) const U32: f64 = 1.0 / 16_777_216.0;
 
-fn open_cuda() -> Option<Cuda> {
+/// GPU 0, or `None` (with the reason printed) where there is none.
+pub(crate) fn open_cuda() -> Option<Cuda> {
     match catch_unwind(|| Cuda::try_build(0, 0)) {
         Ok(Ok(dev)) => Some(dev),
         Ok(Err(err)) => {
@@ -40,7 +42,7 @@ fn open_cuda() -> Option<Cuda> {
 }
 
 /// Deterministic values in [-scale, scale) around `offset`, rounded to `E`.
-fn values<E: AmpElem>(n: usize, seed: u64, scale: f32, offset: f32) -> Vec<E> {
+pub(crate) fn values<E: AmpElem>(n: usize, seed: u64, scale: f32, offset: f32) -> Vec<E> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)
         .map(|_| {
@@ -53,7 +55,7 @@ fn values<E: AmpElem>(n: usize, seed: u64, scale: f32, offset: f32) -> Vec<E> {
         .collect()
 }
 
-fn f64s<E: AmpElem>(v: &[E]) -> Vec<f64> {
+pub(crate) fn f64s<E: AmpElem>(v: &[E]) -> Vec<f64> {
     v.iter().map(|x| f64::from(AmpElem::to_f32(*x))).collect()
 }
 

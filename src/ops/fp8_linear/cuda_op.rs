@@ -28,6 +28,7 @@ use dfdx::nn::modules::Module;
 use dfdx::prelude::{HasShape, PutTape, SplitTape, Storage, Tape, Tensor, ZerosTensor};
 use dfdx::tensor::{CpuError, Cuda, CudaError};
 
+use super::call_start::{contiguous_rows, layer_state};
 use super::cuda_kernel;
 use crate::device::utilities::cuda::CudaElem;
 use crate::device::utilities::cuda_gemm_fp8::{
@@ -141,19 +142,12 @@ where
     type Fwd<R> = <R as Fp8Recipe>::Forward;
     type Bwd<R> = <R as Fp8Recipe>::Backward;
     type Mode<R> = <R as Fp8Recipe>::Scaling;
-    // Taken first, whatever path this call runs, so that each layer keeps its index in the
-    // forward order.
-    let state = if <Mode<R> as ScalingMode>::HISTORY > 0 {
-        LayerScaling::next_in_forward(<Mode<R> as ScalingMode>::HISTORY)
-    } else {
-        None
-    };
+    let state = layer_state::<R>();
     let records = <T as Tape<E, Cuda>>::OWNS_TAPE;
     let shape = *x.shape();
-    if shape.row_stride(x.strides()) != Some(I) {
+    let Some(rows) = contiguous_rows(&shape, x.strides()) else {
         return crate::ops::linear::try_linear(layer, x);
-    }
-    let rows = shape.num_elements() / I.max(1);
+    };
     let dims = LinearDims {
         rows,
         inputs: I,

@@ -52,6 +52,7 @@
 //! weight and input gradients NaN. A saturating cast would otherwise turn inf into ±448 and
 //! hide it. Nothing non-finite is recorded in a history.
 
+mod call_start;
 #[cfg(feature = "cuda")]
 mod cuda_kernel;
 #[cfg(feature = "cuda")]
@@ -76,6 +77,7 @@ use crate::ops::gelu::{gelu_into, GeluKernel};
 use crate::ops::linear::{LinearDims, LinearInput, LinearKernel, LinearOp, LinearParts};
 use crate::precision::AmpElem;
 use crate::tape::AmpTape;
+use call_start::{contiguous_rows, layer_state};
 
 /// How a device runs a linear layer with FP8 products under recipe `R`, on activations of
 /// element type `E`. The CPU runs [`try_fp8_linear_cpu`], CUDA the same recipe on cuBLASLt
@@ -283,20 +285,12 @@ where
     type Fwd<R> = <R as Fp8Recipe>::Forward;
     type Bwd<R> = <R as Fp8Recipe>::Backward;
     type Mode<R> = <R as Fp8Recipe>::Scaling;
-    // Taken first, whatever path this call runs, so that each layer keeps its index in the
-    // forward order.
-    let state = if <Mode<R> as ScalingMode>::HISTORY > 0 {
-        LayerScaling::next_in_forward(<Mode<R> as ScalingMode>::HISTORY)
-    } else {
-        None
-    };
+    let state = layer_state::<R>();
     let records = <T as Tape<E, Cpu>>::OWNS_TAPE;
     let shape = *x.shape();
-    // Rows that are not contiguous: the 16-bit op (which has its own fallback for them).
-    if shape.row_stride(x.strides()) != Some(I) {
+    let Some(rows) = contiguous_rows(&shape, x.strides()) else {
         return crate::ops::linear::try_linear(layer, x);
-    }
-    let rows = shape.num_elements() / I.max(1);
+    };
     let timing = typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::Products);
     let (qx, ax) = quantize::<Fwd<R>, Mode<R>, E>(
         state.as_ref(),
