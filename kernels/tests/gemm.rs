@@ -25,7 +25,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use typed_amp_kernels::{
     detected_level, force_level, gemm, gemm_epilogue_slices, gemm_slices, set_a_rows_in_place,
-    set_bf16_pair_emulation, set_small_products, Activation, Epilogue, GemmElem, Level, MatMut,
+    set_bf16_pair_emulation, set_small_products, Activation, Epilogue, GemmElem, GemmOut, Level,
+    MatMut,
     MatRef,
 };
 
@@ -512,20 +513,22 @@ fn small_products_match_the_driver_bit_for_bit() {
     });
 }
 
-/// One bf16 product with A's rows read in place by the pair kernels and with A packed: the
-/// same pairs go through the same instructions, so the bits must be equal, into a bf16 C (its
-/// f32 running sums in a buffer) and an f32 C (its own running sum), with and without the old C
-/// and an epilogue, on one thread and two.
-fn same_bits_a_in_place_or_packed(
+/// One product with A's rows read in place (by the bf16-pair kernels, or AVX2's f32 ones) and
+/// with A packed: the same values go through the same instructions, so the bits must be equal,
+/// into a C of the operands' type (a bf16 C keeps its f32 running sums in a buffer) and an f32
+/// C (its own running sum), with and without the old C and an epilogue, on one thread and two.
+fn same_bits_a_in_place_or_packed<T: Elem + GemmOut<T>>(
     rng: &mut StdRng,
     (m, n, k): (usize, usize, usize),
     la: Layout,
     threads: usize,
-) {
-    let a = Mat::<bf16>::random(rng, m, k, la);
-    let b = Mat::<bf16>::random(rng, k, n, Layout::RowMajor);
+) where
+    f32: GemmOut<T>,
+{
+    let a = Mat::<T>::random(rng, m, k, la);
+    let b = Mat::<T>::random(rng, k, n, Layout::RowMajor);
     let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.25 - 1.0).collect();
-    let c16 = Mat::<bf16>::random(rng, m, n, Layout::RowMajor);
+    let c16 = Mat::<T>::random(rng, m, n, Layout::RowMajor);
     let c32 = Mat::<f32>::random(rng, m, n, Layout::RowMajor);
     for accumulate in [false, true] {
         for fused in [false, true] {
@@ -559,25 +562,28 @@ fn same_bits_a_in_place_or_packed(
                 };
                 let r32 = gemm_epilogue_slices(a.view(), b.view(), c32, &epi, threads);
                 set_a_rows_in_place(true);
-                let bits16: Vec<u16> = out16.iter().map(|x| x.to_bits()).collect();
+                // Exact and one-to-one on the finite values both C hold.
+                let bits16: Vec<u64> = out16.iter().map(|x| x.to_f64().to_bits()).collect();
                 let bits32: Vec<u32> = out32.iter().map(|x| x.to_bits()).collect();
                 (bits16, bits32, r16.non_finite, r32.non_finite)
             };
             assert!(
                 run(true) == run(false),
-                "{:?} m={m} n={n} k={k} A {la:?} threads {threads} acc={accumulate} \
+                "{:?} {} m={m} n={n} k={k} A {la:?} threads {threads} acc={accumulate} \
                  epilogue={fused}: A read in place and A packed differ",
-                typed_amp_kernels::level()
+                typed_amp_kernels::level(),
+                T::NAME
             );
         }
     }
 }
 
-/// The pair path reads a row-major A where it lies (k even) instead of packing it: the same
-/// bits as packed A for one pair, one block of k, several blocks (1,100 = 3 × 368 and a
-/// rest), C wider than one B block (whole-panel packing), rows not a multiple of the 12-row
-/// tile, padded rows (an odd row stride, so pairs start at odd addresses), and the layouts
-/// and odd k that still pack.
+/// The pair path (k even) and AVX2's f32 path read a row-major A where it lies instead of
+/// packing it: the same bits as packed A for one pair, one block of k, several blocks (1,100 =
+/// 3 × 368 and a rest), C wider than one B block (whole-panel packing), rows not a multiple of
+/// the tile's, padded rows (an odd row stride, so pairs start at odd addresses), and the
+/// layouts and odd k that still pack. (`in_place` off on AVX2 disables the f32 rows kernels
+/// too, so breaking either kernel fails here.)
 #[test]
 fn a_rows_in_place_match_packed_a_bit_for_bit() {
     use Layout::*;
@@ -595,7 +601,8 @@ fn a_rows_in_place_match_packed_a_bit_for_bit() {
         for shape in shapes {
             for la in [RowMajor, PaddedRows, ColMajor] {
                 for threads in [1, 2] {
-                    same_bits_a_in_place_or_packed(rng, shape, la, threads);
+                    same_bits_a_in_place_or_packed::<bf16>(rng, shape, la, threads);
+                    same_bits_a_in_place_or_packed::<f32>(rng, shape, la, threads);
                 }
             }
         }
@@ -608,7 +615,7 @@ fn a_rows_in_place_match_packed_a_bit_for_bit() {
         force_level(Some(Level::Avx512));
         let mut rng = StdRng::seed_from_u64(0xbf16);
         for la in [RowMajor, PaddedRows] {
-            same_bits_a_in_place_or_packed(&mut rng, (37, 70, 128), la, 2);
+            same_bits_a_in_place_or_packed::<bf16>(&mut rng, (37, 70, 128), la, 2);
         }
         force_level(None);
         set_bf16_pair_emulation(false);

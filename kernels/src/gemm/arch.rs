@@ -42,18 +42,19 @@ impl Arch {
         self.nvmax * self.vw
     }
 
-    /// Where A's rows can be read in place (the pair path, A stored as bf16 rather than FP8,
-    /// A's k stride 1, k even so that no pair reaches past a row's end), the distance between
-    /// them in bytes; else `None` (pack A).
+    /// Where A's rows can be read in place (a path with rows kernels: the bf16-pair path and
+    /// AVX2's f32 path; A stored in the product's own type, not FP8 or a 16-bit A to widen;
+    /// A's k stride 1; on the pair path k even so that no pair reaches past a row's end), the
+    /// distance between them in bytes; else `None` (pack A).
     ///
     /// Packing A cost as much as the products themselves on a transformer's products (k of 64
     /// or 128, one pass of each packed A micro-panel over a few B panels): 7.5% of the ViT's
-    /// O2-BF16 step, in `pack_pairs_transpose`.
+    /// O2-BF16 step, in `pack_pairs_transpose`; on AVX2, 4-6% of the GPTs' FP32 steps.
     pub(super) fn a_rows(&self, p: &Problem) -> Option<isize> {
         (self.rows_kernels.is_some()
             && p.a_kind == p.kind
             && p.a_cs == 1
-            && p.k.is_multiple_of(2)
+            && (!self.pairs || p.k.is_multiple_of(2))
             && !rows_off())
         .then(|| p.a_rs * p.kind.size())
     }
@@ -128,7 +129,8 @@ impl Arch {
                     nc,
                     pairs: false,
                     kernels: &super::x86::KERNELS_AVX2,
-                    rows_kernels: None,
+                    // Only f32 A can be read where it lies; 16-bit A widens while packing.
+                    rows_kernels: (kind == Kind::F32).then_some(&super::x86::ROWS_KERNELS_AVX2),
                 };
             }
         }

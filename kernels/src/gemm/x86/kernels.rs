@@ -110,6 +110,67 @@ unsafe fn kernel_avx2<const M: usize, const NV: usize>(
 pub(in crate::gemm) static KERNELS_AVX2: [[KernFn; 2]; MR256] =
     kernel_table!(kernel_avx2; 1, 2, 3, 4, 5, 6);
 
+/// [`kernel_avx2`] reading an f32 A's rows in place: row `i`'s element `p` is the f32 at byte
+/// `a + i·a_rs + 4p`, broadcast as its packed copy would be. Same instructions on the same
+/// values in the same order, so the same bits; what it saves is the copy (on a transformer's
+/// products, k of 128 to 1536 and a few B panels per A panel, packing A took a tenth of the
+/// step on AVX2: `pack_transpose` in `perf`).
+///
+/// # Safety
+/// As [`RowsKernFn`] (`a + i·a_rs` readable for `kc` f32 for `i < M`); the CPU has AVX2 and
+/// FMA.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rows_kernel_avx2<const M: usize, const NV: usize>(
+    kc: usize,
+    a: *const f32,
+    a_rs: isize,
+    b: *const f32,
+    dst: *mut f32,
+    dst_rs: isize,
+    load: bool,
+) {
+    // SAFETY: the loads read `kc` f32 of each of the `M` rows and `kc` steps of the packed B
+    // panel, and the stores write `M` rows of `NV` vectors at `dst`, all inside what the
+    // contract provides. Unaligned f32 loads are allowed on x86.
+    unsafe {
+        let a = a as *const u8;
+        let mut rows = [a as *const f32; M];
+        for (i, r) in rows.iter_mut().enumerate() {
+            *r = a.offset(i as isize * a_rs) as *const f32;
+        }
+        let mut b = b;
+        let mut acc = [[_mm256_setzero_ps(); NV]; M];
+        for p in 0..kc {
+            let mut bv = [_mm256_setzero_ps(); NV];
+            for (v, x) in bv.iter_mut().enumerate() {
+                *x = _mm256_loadu_ps(b.add(v * 8));
+            }
+            for (row, r) in acc.iter_mut().zip(rows.iter()) {
+                let av = _mm256_set1_ps(r.add(p).read_unaligned());
+                for (x, &bx) in row.iter_mut().zip(bv.iter()) {
+                    *x = _mm256_fmadd_ps(av, bx, *x);
+                }
+            }
+            b = b.add(NR256);
+        }
+        for (i, row) in acc.iter().enumerate() {
+            let d = dst.offset(i as isize * dst_rs);
+            for (v, &x) in row.iter().enumerate() {
+                let d = d.add(v * 8);
+                let x = if load {
+                    _mm256_add_ps(_mm256_loadu_ps(d), x)
+                } else {
+                    x
+                };
+                _mm256_storeu_ps(d, x);
+            }
+        }
+    }
+}
+
+pub(in crate::gemm) static ROWS_KERNELS_AVX2: [[RowsKernFn; 2]; MR256] =
+    rows_kernel_table!(rows_kernel_avx2; 1, 2, 3, 4, 5, 6);
+
 // AVX512-BF16: the same 12 × 32 tile, but each packed slot is a (k, k+1) bf16 pair and one
 // `vdpbf16ps` does two k steps per lane. Products of two bf16 are exact in f32; the instruction
 // adds them with round-to-nearest-even but flushes subnormal inputs and outputs to zero, unlike
