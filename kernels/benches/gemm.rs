@@ -233,6 +233,11 @@ const SHAPES: &[Shape] = &[
         false,
     ),
     s("vit head q·kᵀ", 17, 17, 16, L::Row, L::Col, L::Row, false),
+    // The baby GPT's attention, one (sample, head) and one 64-key block: `QKᵀ`, `PV`, and a
+    // backward product with a transposed A (`dK = dSᵀ·Q`), 15,360 of each a step.
+    s("gpt head q·kᵀ", 64, 64, 64, L::Row, L::Col, L::Row, false),
+    s("gpt head p·v", 64, 64, 64, L::Row, L::Row, L::Row, false),
+    s("gpt head dsᵀ·q", 64, 64, 64, L::Col, L::Row, L::Row, true),
     s("vit head p·v", 17, 16, 17, L::Row, L::Row, L::Row, false),
     s(
         "cnn conv1 im2col",
