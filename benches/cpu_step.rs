@@ -49,7 +49,8 @@
 //! splits each step's wall time by phase with `typed_amp_kernels::timing`: forward products,
 //! backward products (matrix products and convolutions), attention (the fused op's forward and
 //! backward), casts, unscale + check, optimizer + refresh, and norms/elementwise (everything else: activations, norms, pooling, the loss,
-//! allocation). `--config NAME` runs only the configurations of that name (several names,
+//! allocation); then the products that took longest, by shape, with the rate each ran at.
+//! `--config NAME` runs only the configurations of that name (several names,
 //! comma-separated, run alternately as usual: `--config O2-BF16,O2-BF16+FP8`).
 //!
 //! Like the main job, the bench first makes glibc keep freed memory for reuse
@@ -579,6 +580,8 @@ struct Row {
     skipped: Option<u64>,
     /// Milliseconds per step by phase (`--breakdown`).
     phases: Vec<(Phase, f64)>,
+    /// The recording thread's products by shape, over all the steps (`--breakdown`).
+    shapes: Vec<(timing::ProductShape, timing::ShapeTotal)>,
 }
 
 impl Row {
@@ -644,6 +647,7 @@ fn run_models(model: &'static str, mut configs: Vec<Config>, opts: &Options, out
             loss: Some(config.last_loss),
             skipped: Some((config.skipped)()),
             phases: Vec::new(),
+            shapes: Vec::new(),
         });
     }
 }
@@ -666,6 +670,7 @@ fn breakdown(model: &'static str, mut configs: Vec<Config>, opts: &Options, out:
             }
             times.push(t.elapsed());
         }
+        let shapes = timing::products_by_shape();
         let phases = timing::stop();
         let s: bench_timing::Samples = times.into_iter().collect();
         let per_step = |d: Duration| d.as_secs_f64() * 1e3 / opts.steps as f64;
@@ -681,6 +686,7 @@ fn breakdown(model: &'static str, mut configs: Vec<Config>, opts: &Options, out:
             loss: Some(config.last_loss),
             skipped: Some((config.skipped)()),
             phases: phases.iter().map(|&(p, d)| (p, per_step(d))).collect(),
+            shapes,
         });
     }
 }
@@ -752,6 +758,7 @@ fn run_matmul(dev: &Cpu, opts: &Options, out: &mut Vec<Row>) {
             loss: None,
             skipped: None,
             phases: Vec::new(),
+            shapes: Vec::new(),
         });
     }
 }
@@ -856,6 +863,45 @@ fn print_breakdown(row: &Row) {
             phase.name(),
             ms,
             100.0 * ms / row.ms
+        );
+    }
+    print_shapes(row);
+}
+
+/// The products that took longest, by shape: what each costs a step and the rate it runs at.
+/// Only the recording thread's products are timed: those split across the pool count once at
+/// the whole pool's rate; attention's per-head products, one per pool task, only where that task
+/// ran on the recording thread, at one thread's rate.
+fn print_shapes(row: &Row) {
+    const SHOWN: usize = 12;
+    if row.shapes.is_empty() {
+        return;
+    }
+    let steps = row.steps.max(1) as f64;
+    println!(
+        "      products by shape (the recording thread's, the {} longest): calls/step, ms/step, \
+         GFLOP/s, m x n x k, strides of A, B, C, accumulate",
+        SHOWN.min(row.shapes.len())
+    );
+    for (shape, total) in row.shapes.iter().take(SHOWN) {
+        let secs = total.time.as_secs_f64();
+        let rate = if secs > 0.0 {
+            shape.flops() * total.calls as f64 / secs / 1e9
+        } else {
+            0.0
+        };
+        println!(
+            "      {:>8.1} {:>8.3} {:>7.1}  {}x{}x{}  A {:?} B {:?} C {:?}{}",
+            total.calls as f64 / steps,
+            secs * 1e3 / steps,
+            rate,
+            shape.m,
+            shape.n,
+            shape.k,
+            shape.a,
+            shape.b,
+            shape.c,
+            if shape.accumulate { "  +=" } else { "" }
         );
     }
 }

@@ -85,17 +85,60 @@ pub enum Kind {
     Other,
 }
 
+/// One matrix product's shape as [`product_scope`] records it: `C (m × n) = A (m × k) · B (k ×
+/// n)`, the strides of A, B and C as the caller gave them (elements), and whether the product
+/// adds into C.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProductShape {
+    /// Rows of C.
+    pub m: usize,
+    /// Columns of C.
+    pub n: usize,
+    /// The inner dimension.
+    pub k: usize,
+    /// A's row and column strides.
+    pub a: (isize, isize),
+    /// B's row and column strides.
+    pub b: (isize, isize),
+    /// C's row and column strides.
+    pub c: (isize, isize),
+    /// `C += A·B` rather than `C = A·B`.
+    pub accumulate: bool,
+}
+
+impl ProductShape {
+    /// The product's floating-point operations, `2·m·n·k`.
+    pub fn flops(&self) -> f64 {
+        2.0 * self.m as f64 * self.n as f64 * self.k as f64
+    }
+}
+
+/// What the recording thread's products of one shape took: calls and exclusive time.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ShapeTotal {
+    /// Products of this shape.
+    pub calls: u64,
+    /// Their time on the recording thread (with the pool's help where they split).
+    pub time: Duration,
+}
+
 struct Recorder {
     totals: [Duration; 7],
-    /// Per open scope: its phase and the time its children took.
-    stack: Vec<(Phase, Duration)>,
+    /// Per open scope: its phase, the time its children took, and a product's shape.
+    stack: Vec<(Phase, Duration, Option<ProductShape>)>,
+    /// Products by shape (a sorted vector: a few dozen shapes a step).
+    shapes: Vec<(ProductShape, ShapeTotal)>,
 }
 
 thread_local! {
     static RECORDING: Cell<bool> = const { Cell::new(false) };
     static BACKWARD: Cell<bool> = const { Cell::new(false) };
     static RECORDER: RefCell<Recorder> = const {
-        RefCell::new(Recorder { totals: [Duration::ZERO; 7], stack: Vec::new() })
+        RefCell::new(Recorder {
+            totals: [Duration::ZERO; 7],
+            stack: Vec::new(),
+            shapes: Vec::new(),
+        })
     };
 }
 
@@ -105,6 +148,7 @@ pub fn start() {
         let mut r = r.borrow_mut();
         r.totals = [Duration::ZERO; 7];
         r.stack.clear();
+        r.shapes.clear();
     });
     RECORDING.with(|c| c.set(true));
 }
@@ -115,6 +159,15 @@ pub fn stop() -> [(Phase, Duration); 7] {
     RECORDING.with(|c| c.set(false));
     let totals = RECORDER.with(|r| r.borrow().totals);
     Phase::ALL.map(|p| (p, totals[p.index()]))
+}
+
+/// The products the calling thread recorded since [`start`], by shape, the longest total
+/// first. Products that run on other threads (attention's per-head products on the pool's
+/// other workers) are not among them.
+pub fn products_by_shape() -> Vec<(ProductShape, ShapeTotal)> {
+    let mut v = RECORDER.with(|r| r.borrow().shapes.clone());
+    v.sort_by_key(|x| std::cmp::Reverse(x.1.time));
+    v
 }
 
 /// Whether the calling thread records.
@@ -137,6 +190,20 @@ pub struct Scope {
 /// Opens a scope of kind `kind` on the calling thread (a no-op unless it records).
 #[inline]
 pub fn scope(kind: Kind) -> Scope {
+    open(kind, None)
+}
+
+/// [`scope`] for one matrix product, whose time is also recorded by its shape
+/// ([`products_by_shape`]).
+#[inline]
+pub fn product_scope(shape: impl FnOnce() -> ProductShape) -> Scope {
+    if !recording() {
+        return Scope { start: None };
+    }
+    open(Kind::Products, Some(shape()))
+}
+
+fn open(kind: Kind, shape: Option<ProductShape>) -> Scope {
     if !recording() {
         return Scope { start: None };
     }
@@ -149,7 +216,7 @@ pub fn scope(kind: Kind) -> Scope {
         Kind::OptimizerRefresh => Phase::OptimizerRefresh,
         Kind::Other => Phase::Other,
     };
-    RECORDER.with(|r| r.borrow_mut().stack.push((phase, Duration::ZERO)));
+    RECORDER.with(|r| r.borrow_mut().stack.push((phase, Duration::ZERO, shape)));
     Scope {
         start: Some(Instant::now()),
     }
@@ -161,10 +228,23 @@ impl Drop for Scope {
         let elapsed = start.elapsed();
         RECORDER.with(|r| {
             let mut r = r.borrow_mut();
-            let Some((phase, children)) = r.stack.pop() else {
+            let Some((phase, children, shape)) = r.stack.pop() else {
                 return;
             };
-            r.totals[phase.index()] += elapsed.saturating_sub(children);
+            let own = elapsed.saturating_sub(children);
+            r.totals[phase.index()] += own;
+            if let Some(shape) = shape {
+                let at = match r.shapes.binary_search_by(|(s, _)| s.cmp(&shape)) {
+                    Ok(at) => at,
+                    Err(at) => {
+                        r.shapes.insert(at, (shape, ShapeTotal::default()));
+                        at
+                    }
+                };
+                let total = &mut r.shapes[at].1;
+                total.calls += 1;
+                total.time += own;
+            }
             if let Some(parent) = r.stack.last_mut() {
                 parent.1 += elapsed;
             }
@@ -221,5 +301,55 @@ mod tests {
         let _after = scope(Kind::Casts);
         drop(_after);
         assert_eq!(stop()[Phase::Casts.index()].1, Duration::ZERO);
+    }
+
+    /// Products are also recorded by shape: calls counted, each its exclusive time (a product
+    /// inside a product's scope leaves the outer one only its own), other threads' nothing.
+    #[test]
+    fn products_are_recorded_by_shape() {
+        let shape = |m| ProductShape {
+            m,
+            n: 3,
+            k: 5,
+            a: (5, 1),
+            b: (1, 5),
+            c: (3, 1),
+            accumulate: false,
+        };
+        start();
+        let wall = Instant::now();
+        for _ in 0..2 {
+            let _p = product_scope(|| shape(2));
+            spin(Duration::from_millis(2));
+            let _inner = product_scope(|| shape(7));
+            spin(Duration::from_millis(3));
+        }
+        std::thread::spawn(move || {
+            let _p = product_scope(|| shape(9));
+        })
+        .join()
+        .unwrap();
+        let wall = wall.elapsed();
+        let by_shape = products_by_shape();
+        stop();
+        assert_eq!(by_shape.len(), 2, "{by_shape:?}");
+        assert!(by_shape[0].1.time >= by_shape[1].1.time, "longest first");
+        let of = |m| by_shape.iter().find(|(s, _)| s.m == m).unwrap().1;
+        let (inner, outer) = (of(7), of(2));
+        assert_eq!((inner.calls, outer.calls), (2, 2));
+        assert!(inner.time >= Duration::from_millis(6));
+        assert!(outer.time >= Duration::from_millis(4));
+        // Exclusive: had the outer scope kept its inner product's time, the two would sum to
+        // more than the wall time.
+        assert!(
+            inner.time + outer.time <= wall,
+            "{inner:?} {outer:?} in {wall:?}"
+        );
+        assert_eq!(shape(2).flops(), 60.0);
+        // Nothing is recorded once stopped.
+        drop(product_scope(|| shape(2)));
+        start();
+        assert!(products_by_shape().is_empty());
+        stop();
     }
 }

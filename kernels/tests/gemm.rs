@@ -26,8 +26,7 @@ use rand::{Rng, SeedableRng};
 use typed_amp_kernels::{
     detected_level, force_level, gemm, gemm_epilogue_slices, gemm_slices, set_a_rows_in_place,
     set_bf16_pair_emulation, set_small_products, Activation, Epilogue, GemmElem, GemmOut, Level,
-    MatMut,
-    MatRef,
+    MatMut, MatRef,
 };
 
 /// The level is process-wide: tests that force it take turns.

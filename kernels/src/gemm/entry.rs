@@ -216,7 +216,15 @@ pub unsafe fn gemm<T: GemmElem>(
     if m == 0 || n == 0 {
         return;
     }
-    let _timing = crate::timing::scope(crate::timing::Kind::Products);
+    let _timing = crate::timing::product_scope(|| crate::timing::ProductShape {
+        m,
+        n,
+        k,
+        a: (a_rs, a_cs),
+        b: (b_rs, b_cs),
+        c: (c_rs, c_cs),
+        accumulate,
+    });
     if k == 0 {
         if !accumulate {
             for i in 0..m {
@@ -296,7 +304,15 @@ pub unsafe fn gemm_epilogue<T: GemmElem, C: GemmOut<T>>(
     if m == 0 || n == 0 {
         return GemmReport::default();
     }
-    let _timing = crate::timing::scope(crate::timing::Kind::Products);
+    let _timing = crate::timing::product_scope(|| crate::timing::ProductShape {
+        m,
+        n,
+        k,
+        a: (a_rs, a_cs),
+        b: (b_rs, b_cs),
+        c: (c_rs, c_cs),
+        accumulate: epi.accumulate,
+    });
     let p = Problem {
         m,
         n,

@@ -7,8 +7,7 @@ mod pack;
 mod store;
 
 pub(super) use kernels::{
-    KERNELS_AVX2, KERNELS_AVX512, KERNELS_AVX512_BF16, ROWS_KERNELS_AVX2,
-    ROWS_KERNELS_AVX512_BF16,
+    KERNELS_AVX2, KERNELS_AVX512, KERNELS_AVX512_BF16, ROWS_KERNELS_AVX2, ROWS_KERNELS_AVX512_BF16,
 };
 pub(super) use pack::{
     pack_pairs_rows_avx512, pack_pairs_rows_fp8_avx512, pack_pairs_transpose_avx512,
