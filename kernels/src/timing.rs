@@ -190,6 +190,9 @@ pub struct Scope {
 /// Opens a scope of kind `kind` on the calling thread (a no-op unless it records).
 #[inline]
 pub fn scope(kind: Kind) -> Scope {
+    if !recording() {
+        return Scope { start: None };
+    }
     open(kind, None)
 }
 
@@ -203,10 +206,8 @@ pub fn product_scope(shape: impl FnOnce() -> ProductShape) -> Scope {
     open(Kind::Products, Some(shape()))
 }
 
+/// Opens a recording scope (the caller has checked that this thread records).
 fn open(kind: Kind, shape: Option<ProductShape>) -> Scope {
-    if !recording() {
-        return Scope { start: None };
-    }
     let phase = match kind {
         Kind::Products if BACKWARD.with(Cell::get) => Phase::BackwardProducts,
         Kind::Products => Phase::ForwardProducts,
@@ -346,8 +347,17 @@ mod tests {
             "{inner:?} {outer:?} in {wall:?}"
         );
         assert_eq!(shape(2).flops(), 60.0);
-        // Nothing is recorded once stopped.
+        // Nothing is recorded once stopped (what was recorded stays readable until `start`).
         drop(product_scope(|| shape(2)));
+        assert_eq!(
+            products_by_shape()
+                .iter()
+                .find(|(s, _)| s.m == 2)
+                .unwrap()
+                .1
+                .calls,
+            2
+        );
         start();
         assert!(products_by_shape().is_empty());
         stop();

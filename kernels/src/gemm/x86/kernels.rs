@@ -4,6 +4,72 @@ use std::arch::x86_64::*;
 
 use crate::gemm::{kernel_table, rows_kernel_table, KernFn, RowsKernFn};
 
+/// Writes (or, with `load`, adds into what is there) a kernel's `M × NV` accumulators to `M`
+/// rows of `NV` vectors at `dst`, rows `dst_rs` f32 apart: the last step of every AVX-512 kernel.
+///
+/// # Safety
+/// `dst` writable (and readable with `load`) for `M` rows of `NV · 16` f32, `dst_rs` apart; the
+/// CPU has AVX-512F.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn write_tile_avx512<const M: usize, const NV: usize>(
+    acc: &[[__m512; NV]; M],
+    dst: *mut f32,
+    dst_rs: isize,
+    load: bool,
+) {
+    // SAFETY: the stores (and loads) stay inside the `M × NV·16` block the contract provides.
+    unsafe {
+        for (i, row) in acc.iter().enumerate() {
+            let d = dst.offset(i as isize * dst_rs);
+            for (v, &x) in row.iter().enumerate() {
+                let d = d.add(v * 16);
+                let x = if load {
+                    _mm512_add_ps(_mm512_loadu_ps(d), x)
+                } else {
+                    x
+                };
+                _mm512_storeu_ps(d, x);
+            }
+        }
+    }
+}
+
+/// [`write_tile_avx512`] for the AVX2 kernels' eight-lane vectors.
+///
+/// # Safety
+/// As [`write_tile_avx512`], with `NV · 8` f32 a row; the CPU has AVX2.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn write_tile_avx2<const M: usize, const NV: usize>(
+    acc: &[[__m256; NV]; M],
+    dst: *mut f32,
+    dst_rs: isize,
+    load: bool,
+) {
+    // SAFETY: the stores (and loads) stay inside the `M × NV·8` block the contract provides.
+    unsafe {
+        for (i, row) in acc.iter().enumerate() {
+            let d = dst.offset(i as isize * dst_rs);
+            for (v, &x) in row.iter().enumerate() {
+                let d = d.add(v * 8);
+                let x = if load {
+                    _mm256_add_ps(_mm256_loadu_ps(d), x)
+                } else {
+                    x
+                };
+                _mm256_storeu_ps(d, x);
+            }
+        }
+    }
+}
+
+/// Where each of a rows kernel's `M` rows of A starts: `a + i·a_rs` bytes, as `T` pointers.
+/// Forming the pointers reads nothing; the kernel's contract says what may be read from them.
+fn row_starts<T, const M: usize>(a: *const f32, a_rs: isize) -> [*const T; M] {
+    std::array::from_fn(|i| (a as *const u8).wrapping_offset(i as isize * a_rs) as *const T)
+}
+
 // AVX-512 f32: a 12 × 32 tile is 24 zmm accumulators, plus 2 for the B row and the broadcast
 // A element folded into the FMA's memory operand: 26 of the 32 registers, no spills. Per k step
 // it issues 24 FMAs against 14 loads, so the two FMA ports, not the load ports, set the pace.
@@ -40,18 +106,7 @@ unsafe fn kernel_avx512<const M: usize, const NV: usize>(
             a = a.add(MR512);
             b = b.add(NR512);
         }
-        for (i, row) in acc.iter().enumerate() {
-            let d = dst.offset(i as isize * dst_rs);
-            for (v, &x) in row.iter().enumerate() {
-                let d = d.add(v * 16);
-                let x = if load {
-                    _mm512_add_ps(_mm512_loadu_ps(d), x)
-                } else {
-                    x
-                };
-                _mm512_storeu_ps(d, x);
-            }
-        }
+        write_tile_avx512(&acc, dst, dst_rs, load);
     }
 }
 
@@ -92,18 +147,7 @@ unsafe fn kernel_avx2<const M: usize, const NV: usize>(
             a = a.add(MR256);
             b = b.add(NR256);
         }
-        for (i, row) in acc.iter().enumerate() {
-            let d = dst.offset(i as isize * dst_rs);
-            for (v, &x) in row.iter().enumerate() {
-                let d = d.add(v * 8);
-                let x = if load {
-                    _mm256_add_ps(_mm256_loadu_ps(d), x)
-                } else {
-                    x
-                };
-                _mm256_storeu_ps(d, x);
-            }
-        }
+        write_tile_avx2(&acc, dst, dst_rs, load);
     }
 }
 
@@ -133,11 +177,7 @@ unsafe fn rows_kernel_avx2<const M: usize, const NV: usize>(
     // panel, and the stores write `M` rows of `NV` vectors at `dst`, all inside what the
     // contract provides. Unaligned f32 loads are allowed on x86.
     unsafe {
-        let a = a as *const u8;
-        let mut rows = [a as *const f32; M];
-        for (i, r) in rows.iter_mut().enumerate() {
-            *r = a.offset(i as isize * a_rs) as *const f32;
-        }
+        let rows: [*const f32; M] = row_starts(a, a_rs);
         let mut b = b;
         let mut acc = [[_mm256_setzero_ps(); NV]; M];
         for p in 0..kc {
@@ -153,18 +193,7 @@ unsafe fn rows_kernel_avx2<const M: usize, const NV: usize>(
             }
             b = b.add(NR256);
         }
-        for (i, row) in acc.iter().enumerate() {
-            let d = dst.offset(i as isize * dst_rs);
-            for (v, &x) in row.iter().enumerate() {
-                let d = d.add(v * 8);
-                let x = if load {
-                    _mm256_add_ps(_mm256_loadu_ps(d), x)
-                } else {
-                    x
-                };
-                _mm256_storeu_ps(d, x);
-            }
-        }
+        write_tile_avx2(&acc, dst, dst_rs, load);
     }
 }
 
@@ -207,18 +236,7 @@ unsafe fn kernel_avx512_bf16<const M: usize, const NV: usize>(
             a = a.add(MR512);
             b = b.add(NR512);
         }
-        for (i, row) in acc.iter().enumerate() {
-            let d = dst.offset(i as isize * dst_rs);
-            for (v, &x) in row.iter().enumerate() {
-                let d = d.add(v * 16);
-                let x = if load {
-                    _mm512_add_ps(_mm512_loadu_ps(d), x)
-                } else {
-                    x
-                };
-                _mm512_storeu_ps(d, x);
-            }
-        }
+        write_tile_avx512(&acc, dst, dst_rs, load);
     }
 }
 
@@ -246,11 +264,7 @@ unsafe fn rows_kernel_avx512_bf16<const M: usize, const NV: usize>(
     // contract provides. Unaligned 32-bit loads are allowed on x86. The transmutes reinterpret
     // 512-bit integer vectors as `__m512bh`, the same size and any bit pattern valid.
     unsafe {
-        let a = a as *const u8;
-        let mut rows = [a as *const i32; M];
-        for (i, r) in rows.iter_mut().enumerate() {
-            *r = a.offset(i as isize * a_rs) as *const i32;
-        }
+        let rows: [*const i32; M] = row_starts(a, a_rs);
         let mut b = b as *const i32;
         let mut acc = [[_mm512_setzero_ps(); NV]; M];
         for p in 0..kp {
@@ -267,18 +281,7 @@ unsafe fn rows_kernel_avx512_bf16<const M: usize, const NV: usize>(
             }
             b = b.add(NR512);
         }
-        for (i, row) in acc.iter().enumerate() {
-            let d = dst.offset(i as isize * dst_rs);
-            for (v, &x) in row.iter().enumerate() {
-                let d = d.add(v * 16);
-                let x = if load {
-                    _mm512_add_ps(_mm512_loadu_ps(d), x)
-                } else {
-                    x
-                };
-                _mm512_storeu_ps(d, x);
-            }
-        }
+        write_tile_avx512(&acc, dst, dst_rs, load);
     }
 }
 
