@@ -3,7 +3,7 @@
 //! precision, with the multiply-adds they do and the rate that makes.
 //!
 //! Run with `cargo bench --bench attention` (add `-- --reps N` for more timed repetitions,
-//! `--only vit|gpt-small|gpt-baby` for one shape). Prints milliseconds per pass (median over
+//! `--only vit|gpt-small|gpt-baby` for one shape, `--dtype f32|f16|bf16` for one precision). Prints milliseconds per pass (median over
 //! the repetitions) for FP32, FP16 and BF16 `q`, `k`, `v` (the scores are FP32 in every case).
 
 use std::time::Instant;
@@ -124,6 +124,7 @@ fn main() {
     };
     let reps = value("--reps").and_then(|v| v.parse().ok()).unwrap_or(20);
     let only = value("--only");
+    let dtype = value("--dtype");
     println!(
         "typed-amp fused attention on the CPU ({} threads; median of {reps} repetitions)",
         rayon::current_num_threads()
@@ -142,8 +143,15 @@ fn main() {
             d.head_dim,
             if d.causal { ", causal" } else { "" }
         );
-        run::<f32>(&shape, reps);
-        run::<f16>(&shape, reps);
-        run::<bf16>(&shape, reps);
+        let wanted = |name: &str| dtype.as_deref().is_none_or(|d| d == name);
+        if wanted("f32") {
+            run::<f32>(&shape, reps);
+        }
+        if wanted("f16") {
+            run::<f16>(&shape, reps);
+        }
+        if wanted("bf16") {
+            run::<bf16>(&shape, reps);
+        }
     }
 }

@@ -3,7 +3,8 @@
 //! the thread count.
 
 use typed_amp_kernels::{
-    gemm_epilogue_slices, gemm_slices, Epilogue, GemmElem, GemmOut, MatMut, MatRef,
+    gemm_epilogue_slices, gemm_packed_b, gemm_slices, Epilogue, GemmElem, GemmOut, MatMut, MatRef,
+    PackedB,
 };
 
 use crate::precision::{AmpElem, Indexed};
@@ -136,5 +137,64 @@ pub(crate) fn gemm_into_on<E: AmpElem, F: AmpElem>(
             run::<E, F, half::bf16, f32>(threads, (m, k, n), a, b, c, epilogue)
         }
         _ => run::<E, F, f32, f32>(threads, (m, k, n), a, b, c, epilogue),
+    }
+}
+
+/// Packs the `rows × cols` view `b` of a buffer of `E` into `packed`, for
+/// [`gemm_packed_into`]'s products with an A of `E`.
+pub(crate) fn pack_b<E: AmpElem>(
+    packed: &mut PackedB,
+    b: (&[E], usize, usize),
+    (rows, cols): (usize, usize),
+) {
+    match E::INDEX {
+        i if i == <half::f16 as Indexed>::INDEX => {
+            packed.pack(mat_ref::<E, half::f16>(b, rows, cols))
+        }
+        i if i == <half::bf16 as Indexed>::INDEX => {
+            packed.pack(mat_ref::<E, half::bf16>(b, rows, cols))
+        }
+        _ => packed.pack(mat_ref::<E, f32>(b, rows, cols)),
+    }
+}
+
+/// `C = epilogue(A · B)` on the calling thread for an `m × k` A of `E`, B the `k × n` block at
+/// `(k0, j0)` of `packed` (packed by [`pack_b`] from `E`), into an FP32 C, on
+/// `typed_amp_kernels::gemm_packed_b`.
+pub(crate) fn gemm_packed_into<E: AmpElem>(
+    (m, k, n): (usize, usize, usize),
+    a: (&[E], usize, usize),
+    packed: &PackedB,
+    at: (usize, usize),
+    (cdata, c_rs, c_cs): (&mut [f32], usize, usize),
+    epilogue: &Epilogue<'_>,
+) {
+    fn run<E: AmpElem, K: GemmElem>(
+        (m, k): (usize, usize),
+        a: (&[E], usize, usize),
+        packed: &PackedB,
+        at: (usize, usize),
+        c: MatMut<'_, f32>,
+        epilogue: &Epilogue<'_>,
+    ) where
+        f32: GemmOut<K>,
+    {
+        gemm_packed_b::<K, f32>(mat_ref::<E, K>(a, m, k), packed, at, c, epilogue);
+    }
+    let c = MatMut {
+        data: cdata,
+        rows: m,
+        cols: n,
+        rs: c_rs,
+        cs: c_cs,
+    };
+    match E::INDEX {
+        i if i == <half::f16 as Indexed>::INDEX => {
+            run::<E, half::f16>((m, k), a, packed, at, c, epilogue)
+        }
+        i if i == <half::bf16 as Indexed>::INDEX => {
+            run::<E, half::bf16>((m, k), a, packed, at, c, epilogue)
+        }
+        _ => run::<E, f32>((m, k), a, packed, at, c, epilogue),
     }
 }

@@ -1,17 +1,21 @@
 //! The fused attention on the CPU: per sequence (a parallel task) and head, query rows in
 //! blocks of [`BLOCK`], keys in blocks of [`BLOCK`] up to the diagonal, the scores of one block
 //! pair in an FP32 scratch tile that the online softmax consumes. The products run on
-//! `typed_amp_kernels`' GEMM, one thread each, straight from the packed 16-bit rows (the
-//! probabilities rounded to the working precision before `P·V`, as FlashAttention does), so
-//! 16-bit attention multiplies at the 16-bit rate.
+//! `typed_amp_kernels`' micro-kernels, one thread each, straight from the packed 16-bit rows
+//! (the probabilities rounded to the working precision before `P·V`, as FlashAttention does),
+//! so 16-bit attention multiplies at the 16-bit rate. Each head's right-hand operands (`Kᵀ` and
+//! `V`; in the backward also `K`, `Vᵀ`, `Q` and `dy`) are packed once for all of its block
+//! pairs ([`PackedB`]), and every product writes its FP32 result in place.
+
+use std::any::Any;
 
 use dfdx::prelude::{Cpu, CpuError, Storage};
 use rayon::prelude::*;
 use typed_amp_kernels::math::exp_slice;
-use typed_amp_kernels::Epilogue;
+use typed_amp_kernels::{Epilogue, PackedB};
 
 use super::{AttentionDims, AttentionKernel};
-use crate::device::utilities::cpu_gemm::gemm_into_on;
+use crate::device::utilities::cpu_gemm::{gemm_packed_into, pack_b};
 use crate::precision::AmpElem;
 
 /// Query rows and keys per block: a 64 × 64 FP32 score tile is 16 KiB, in L1 beside its
@@ -155,6 +159,14 @@ struct Scratch<E> {
     row: Vec<f32>,
     /// A second row of a head's width (in the backward, `dy`'s row).
     row2: Vec<f32>,
+    /// The head's operands packed for the products' B side: `Kᵀ` and `V` (forward and
+    /// backward), `K`, `Vᵀ`, `Q` and `dy` (backward).
+    kt: PackedB,
+    v: PackedB,
+    k: PackedB,
+    vt: PackedB,
+    q: PackedB,
+    dy: PackedB,
 }
 
 impl<E: AmpElem> Scratch<E> {
@@ -169,29 +181,55 @@ impl<E: AmpElem> Scratch<E> {
             next_max: vec![0.0; BLOCK],
             row: vec![0.0; head_dim],
             row2: vec![0.0; head_dim],
+            kt: PackedB::new(),
+            v: PackedB::new(),
+            k: PackedB::new(),
+            vt: PackedB::new(),
+            q: PackedB::new(),
+            dy: PackedB::new(),
         }
     }
 }
 
-/// `s = scale · Q[i0..i0+qb] · K[j0..j0+kb]ᵀ` (FP32, `qb × kb`, rows `kb` apart).
+/// The first `n` elements of `x` in the working precision: the FP32 tile itself under O0,
+/// else rounded into `buf`. (A `Vec`, not a slice: `Any` needs a sized type to look through.)
+#[allow(clippy::ptr_arg)]
+fn working<'a, E: AmpElem>(x: &'a Vec<f32>, buf: &'a mut [E], n: usize) -> &'a [E] {
+    match (x as &dyn Any).downcast_ref::<Vec<E>>() {
+        Some(same) => &same[..n],
+        None => {
+            E::slice_from_f32(&x[..n], &mut buf[..n]);
+            &buf[..n]
+        }
+    }
+}
+
+/// Packs the head's `Kᵀ` (`head_dim × tokens`) and `V` (`tokens × head_dim`).
+fn pack_keys_values<E: AmpElem>(d: &AttentionDims, lay: &Layout, qkv: &[E], sc: &mut Scratch<E>) {
+    let (t, hd) = (d.tokens, d.head_dim);
+    pack_b(&mut sc.kt, (&qkv[lay.k..], 1, lay.row), (hd, t));
+    pack_b(&mut sc.v, (&qkv[lay.v..], lay.row, 1), (t, hd));
+}
+
+/// `s = Q[i0..i0+qb] · K[j0..j0+kb]ᵀ` (FP32, `qb × kb`, rows `kb` apart), unscaled: the
+/// softmax passes multiply by the scale (the same single multiplication of the same sum that
+/// an epilogue's `alpha` would be, without a store through a tile).
 fn scores<E: AmpElem>(
     d: &AttentionDims,
     lay: &Layout,
     qkv: &[E],
+    kt: &PackedB,
     (i0, qb): (usize, usize),
     (j0, kb): (usize, usize),
     s: &mut [f32],
 ) {
-    gemm_into_on::<E, f32>(
-        1,
+    gemm_packed_into::<E>(
         (qb, d.head_dim, kb),
         (&qkv[i0 * lay.row + lay.q..], lay.row, 1),
-        (&qkv[j0 * lay.row + lay.k..], 1, lay.row),
+        kt,
+        (0, j0),
         (&mut s[..qb * kb], kb, 1),
-        &Epilogue {
-            alpha: d.scale(),
-            ..Epilogue::STORE
-        },
+        &Epilogue::STORE,
     );
 }
 
@@ -204,6 +242,8 @@ fn forward_head<E: AmpElem>(
     sc: &mut Scratch<E>,
 ) {
     let (t, hd) = (d.tokens, d.head_dim);
+    let scale = d.scale();
+    pack_keys_values(d, lay, qkv, sc);
     for i0 in (0..t).step_by(BLOCK) {
         let qb = BLOCK.min(t - i0);
         let o = &mut sc.o[..qb * hd];
@@ -213,7 +253,7 @@ fn forward_head<E: AmpElem>(
         let keys = if d.causal { i0 + qb } else { t };
         for j0 in (0..keys).step_by(BLOCK) {
             let kb = BLOCK.min(keys - j0);
-            scores(d, lay, qkv, (i0, qb), (j0, kb), &mut sc.s);
+            scores(d, lay, qkv, &sc.kt, (i0, qb), (j0, kb), &mut sc.s);
             // The online softmax: each row's new maximum rescales what the earlier key blocks
             // summed; the probabilities of this block replace the scores in place. The
             // exponentials run over the whole tile in one call (a row of the ViT's is 17
@@ -222,7 +262,11 @@ fn forward_head<E: AmpElem>(
             for r in 0..qb {
                 let row = &mut sc.s[r * kb..(r + 1) * kb];
                 let live = &mut row[..visible(d, i0 + r, j0, kb)];
-                let block_max = live.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+                let mut block_max = f32::NEG_INFINITY;
+                for x in live.iter_mut() {
+                    *x *= scale;
+                    block_max = block_max.max(*x);
+                }
                 let new_max = sc.max[r].max(block_max);
                 sc.next_max[r] = new_max;
                 // NaN scores stay NaN through the subtraction and the exponential, and reach
@@ -252,13 +296,12 @@ fn forward_head<E: AmpElem>(
                     .iter_mut()
                     .for_each(|x| *x *= rescale);
             }
-            E::slice_from_f32(&sc.s[..qb * kb], &mut sc.pe[..qb * kb]);
             // o += P · V[j0..j0+kb]
-            gemm_into_on::<E, f32>(
-                1,
+            gemm_packed_into::<E>(
                 (qb, kb, hd),
-                (&sc.pe[..qb * kb], kb, 1),
-                (&qkv[j0 * lay.row + lay.v..], lay.row, 1),
+                (working(&sc.s, &mut sc.pe, qb * kb), kb, 1),
+                &sc.v,
+                (j0, 0),
                 (o, hd, 1),
                 &Epilogue::ACCUMULATE,
             );
@@ -352,12 +395,18 @@ fn backward_head<E: AmpElem>(
         g.delta[i] = yr.iter().zip(dyr.iter()).map(|(a, b)| a * b).sum();
     }
     let scale = d.scale();
+    pack_keys_values(d, lay, qkv, sc);
+    pack_b(&mut sc.vt, (&qkv[lay.v..], 1, lay.row), (hd, t));
+    pack_b(&mut sc.k, (&qkv[lay.k..], lay.row, 1), (t, hd));
+    pack_b(&mut sc.q, (&qkv[lay.q..], lay.row, 1), (t, hd));
+    pack_b(&mut sc.dy, (&dy[lay.q..], lay.width, 1), (t, hd));
     for i0 in (0..t).step_by(BLOCK) {
         let qb = BLOCK.min(t - i0);
         let keys = if d.causal { i0 + qb } else { t };
         for j0 in (0..keys).step_by(BLOCK) {
             let kb = BLOCK.min(keys - j0);
-            scores(d, lay, qkv, (i0, qb), (j0, kb), &mut sc.s);
+            let n = qb * kb;
+            scores(d, lay, qkv, &sc.kt, (i0, qb), (j0, kb), &mut sc.s);
             // The probabilities again, from the forward's log-sum-exp (the exponentials over
             // the whole tile, as in the forward; what a row does not see zeroed after).
             for r in 0..qb {
@@ -365,29 +414,28 @@ fn backward_head<E: AmpElem>(
                 let l = lse[i0 + r];
                 row[..visible(d, i0 + r, j0, kb)]
                     .iter_mut()
-                    .for_each(|x| *x -= l);
+                    .for_each(|x| *x = *x * scale - l);
             }
             exp_slice(&mut sc.s[..qb * kb]);
             for r in 0..qb {
                 sc.s[r * kb + visible(d, i0 + r, j0, kb)..(r + 1) * kb].fill(0.0);
             }
-            E::slice_from_f32(&sc.s[..qb * kb], &mut sc.pe[..qb * kb]);
             // dv[j] += Pᵀ · dy[i]
-            gemm_into_on::<E, f32>(
-                1,
+            gemm_packed_into::<E>(
                 (kb, qb, hd),
-                (&sc.pe[..qb * kb], 1, kb),
-                (&dy[i0 * lay.width + lay.q..], lay.width, 1),
+                (working(&sc.s, &mut sc.pe, n), 1, kb),
+                &sc.dy,
+                (i0, 0),
                 (&mut g.dv[j0 * hd..], hd, 1),
                 &Epilogue::ACCUMULATE,
             );
             // dP = dy[i] · V[j]ᵀ
-            gemm_into_on::<E, f32>(
-                1,
+            gemm_packed_into::<E>(
                 (qb, hd, kb),
                 (&dy[i0 * lay.width + lay.q..], lay.width, 1),
-                (&qkv[j0 * lay.row + lay.v..], 1, lay.row),
-                (&mut sc.dp[..qb * kb], kb, 1),
+                &sc.vt,
+                (0, j0),
+                (&mut sc.dp[..n], kb, 1),
                 &Epilogue::STORE,
             );
             // dS = P ⊙ (dP − Σ dy·y), rounded to the working precision for the products.
@@ -399,29 +447,29 @@ fn backward_head<E: AmpElem>(
                     .zip(&sc.s[row])
                     .for_each(|(dp, p)| *dp = p * (*dp - delta));
             }
-            E::slice_from_f32(&sc.dp[..qb * kb], &mut sc.pe[..qb * kb]);
-            let scaled = Epilogue {
-                alpha: scale,
-                ..Epilogue::ACCUMULATE
-            };
-            // dq[i] += scale · dS · K[j]
-            gemm_into_on::<E, f32>(
-                1,
+            let ds = working(&sc.dp, &mut sc.pe, n);
+            // dq[i] += dS · K[j], dk[j] += dSᵀ · Q[i] (the scale once, below)
+            gemm_packed_into::<E>(
                 (qb, kb, hd),
-                (&sc.pe[..qb * kb], kb, 1),
-                (&qkv[j0 * lay.row + lay.k..], lay.row, 1),
+                (ds, kb, 1),
+                &sc.k,
+                (j0, 0),
                 (&mut g.dq[i0 * hd..], hd, 1),
-                &scaled,
+                &Epilogue::ACCUMULATE,
             );
-            // dk[j] += scale · dSᵀ · Q[i]
-            gemm_into_on::<E, f32>(
-                1,
+            gemm_packed_into::<E>(
                 (kb, qb, hd),
-                (&sc.pe[..qb * kb], 1, kb),
-                (&qkv[i0 * lay.row + lay.q..], lay.row, 1),
+                (ds, 1, kb),
+                &sc.q,
+                (i0, 0),
                 (&mut g.dk[j0 * hd..], hd, 1),
-                &scaled,
+                &Epilogue::ACCUMULATE,
             );
         }
     }
+    // The scores' scale, applied once to the sums over all key (query) blocks rather than to
+    // each block's product: a plain sum is written in place, an epilogue goes through a tile.
+    g.dq.iter_mut()
+        .chain(g.dk.iter_mut())
+        .for_each(|x| *x *= scale);
 }
