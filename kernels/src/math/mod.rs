@@ -65,6 +65,10 @@ pub const EXP_TAYLOR: [f32; 8] = [
     1.0 / 5040.0,
 ];
 
+mod lanes;
+
+use lanes::{Lanes, Real};
+
 /// `c[0] + x·(c[1] + x·(…))`, each step one fused multiply-add (one rounding).
 ///
 /// `mul_add` is the correctly rounded `a·b + c` on every target, so the bits do not depend on
@@ -73,45 +77,66 @@ pub const EXP_TAYLOR: [f32; 8] = [
 /// separate multiply and add: the polynomials are most of GELU's cost, and GELU and its
 /// derivative were 9% of the small GPT's FP32 step on AVX2.
 #[inline(always)]
-fn horner<const N: usize>(c: &[f32; N], x: f32) -> f32 {
-    let mut p = c[N - 1];
+fn horner<R: Real, const N: usize>(c: &[f32; N], x: R) -> R {
+    let mut p = R::splat(c[N - 1]);
     for &ci in c[..N - 1].iter().rev() {
-        p = p.mul_add(x, ci);
+        p = p.mul_add(x, R::splat(ci));
     }
     p
+}
+
+/// [`exp_f32`] over [`Real`].
+#[inline(always)]
+fn exp_r<R: Real>(x: R) -> R {
+    // `clamp` keeps NaN (`max`/`min` would replace it by a bound).
+    let xc = x.clamp(-87.0, 88.0);
+    // Round x/ln2 to the nearest integer n with the 1.5·2²³ trick (no rounding call): the sum's
+    // low mantissa bits are n.
+    const MAGIC: f32 = 12_582_912.0;
+    let shifted = xc * R::splat(std::f32::consts::LOG2_E) + R::splat(MAGIC);
+    let n = shifted - R::splat(MAGIC);
+    let r = (xc - n * R::splat(LN2_HI)) - n * R::splat(LN2_LO);
+    horner(&EXP_TAYLOR, r) * shifted.pow2_of_shifted()
+}
+
+/// [`erf_f32`] over [`Real`].
+#[inline(always)]
+fn erf_r<R: Real>(x: R) -> R {
+    let a = x.abs();
+    let small = x + x * horner(&ERF_SMALL, x * x);
+    let t = a.below_or(4.0);
+    let g = horner(&ERF_LARGE, t - R::splat(ERF_CENTRE)) - t * t;
+    let large = (R::splat(1.0) - exp_r(g)).copysign(x);
+    // NaN fails `a >= ERF_SPLIT` and takes the small form, which keeps it.
+    a.select_at_least(ERF_SPLIT, large, small)
+}
+
+/// [`gelu`] over [`Real`].
+#[inline(always)]
+fn gelu_r<R: Real>(x: R) -> R {
+    R::splat(0.5) * x * (R::splat(1.0) + erf_r(x * R::splat(FRAC_1_SQRT_2)))
+}
+
+/// [`gelu_derivative`] over [`Real`].
+#[inline(always)]
+fn gelu_derivative_r<R: Real>(x: R) -> R {
+    let normal = R::splat(std::f32::consts::FRAC_2_SQRT_PI) * exp_r(R::splat(0.5) * -(x * x));
+    let left = R::splat(0.5) * x;
+    let right = R::splat(1.0) + erf_r(R::splat(FRAC_1_SQRT_2) * x);
+    R::splat(0.5) * right + left * normal * R::splat(FRAC_1_SQRT_2)
 }
 
 /// `eˣ` in f32 (see the module's accuracy note). Arguments are clamped to [−87, 88], so the
 /// result stays normal and finite (`e⁻⁸⁷ ≈ 1.6·10⁻³⁸`); NaN gives NaN.
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
-    // `clamp` keeps NaN (`max`/`min` would replace it by a bound).
-    let xc = x.clamp(-87.0, 88.0);
-    // Round x/ln2 to the nearest integer n with the 1.5·2²³ trick (no rounding call): the sum's
-    // low mantissa bits are n.
-    const MAGIC: f32 = 12_582_912.0;
-    let shifted = xc * std::f32::consts::LOG2_E + MAGIC;
-    let n = shifted - MAGIC;
-    let n_bits = (shifted.to_bits() as i32).wrapping_sub(0x4B40_0000);
-    let r = (xc - n * LN2_HI) - n * LN2_LO;
-    let scale = f32::from_bits((n_bits.wrapping_add(127) << 23) as u32);
-    horner(&EXP_TAYLOR, r) * scale
+    exp_r(x)
 }
 
 /// `erf(x)` in f32 (see the module's accuracy note); odd, ±1 beyond ±4, NaN gives NaN.
 #[inline(always)]
 pub fn erf_f32(x: f32) -> f32 {
-    let a = x.abs();
-    let small = x + x * horner(&ERF_SMALL, x * x);
-    let t = if a < 4.0 { a } else { 4.0 };
-    let g = horner(&ERF_LARGE, t - ERF_CENTRE) - t * t;
-    let large = (1.0 - exp_f32(g)).copysign(x);
-    // NaN fails `a >= ERF_SPLIT` and takes the small form, which keeps it.
-    if a >= ERF_SPLIT {
-        large
-    } else {
-        small
-    }
+    erf_r(x)
 }
 
 /// `1/√2`.
@@ -121,24 +146,41 @@ const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
 /// `accurate_gelu`, with [`erf_f32`].
 #[inline(always)]
 pub fn gelu(x: f32) -> f32 {
-    0.5 * x * (1.0 + erf_f32(x * FRAC_1_SQRT_2))
+    gelu_r(x)
 }
 
 /// GELU's derivative, `Φ(x) + x·φ(x) = 0.5·(1 + erf(x/√2)) + 0.5·x·(2/√π)·e^(−x²/2)/√2`: the
 /// formula, in the order, of dfdx's `accurate_gelu` backward, with [`erf_f32`] and [`exp_f32`].
 #[inline(always)]
 pub fn gelu_derivative(x: f32) -> f32 {
-    let normal = std::f32::consts::FRAC_2_SQRT_PI * exp_f32(0.5 * -(x * x));
-    let left = 0.5 * x;
-    let right = 1.0 + erf_f32(FRAC_1_SQRT_2 * x);
-    0.5 * right + left * normal * FRAC_1_SQRT_2
+    gelu_derivative_r(x)
+}
+
+/// `f` of every element of `xs`, in place: blocks of `W` lanes ([`Lanes`]), then the rest one
+/// by one, all with the same operations.
+#[inline(always)]
+fn blocks<const W: usize>(
+    xs: &mut [f32],
+    f: impl Fn(Lanes<W>) -> Lanes<W>,
+    g: impl Fn(f32) -> f32,
+) {
+    let (whole, rest) = xs.as_chunks_mut::<W>();
+    for b in whole {
+        *b = f(Lanes(*b)).0;
+    }
+    for x in rest {
+        *x = g(*x);
+    }
 }
 
 /// `pub fn $name(xs: &mut [f32])`: `$f` of every element, in place, in code compiled for AVX-512
-/// (sixteen lanes) or AVX2 and FMA (eight) where the CPU has them, else SSE2's four. Rust never
-/// contracts `a·b + c` into a fused multiply-add, and the fused ones it is asked for
-/// (`mul_add`) are exact everywhere, so every build gives the same bits. (`$f` is called by
-/// name: through a closure, the call was not inlined into the AVX2 loop and ran unvectorised.)
+/// or AVX2 and FMA where the CPU has them, else SSE2's, on blocks of 32 lanes: four AVX2
+/// vectors. Measured on Zen 3 (min of 200 passes over 64 Ki values in L2): GELU 1.99 ns per
+/// element one vector at a time, 1.90 on blocks of two, 1.72 on four, 5.4 on eight (whose
+/// temporaries no longer fit the 16 registers); its derivative 2.64, 2.40, 2.25, 7.1. Rust never contracts `a·b + c` into a fused multiply-add, and the
+/// fused ones it is asked for (`mul_add`) are exact everywhere, so every build gives the same
+/// bits. (`$f` is called by name: through a closure not marked for inlining, the call was not
+/// inlined into the AVX2 loop and ran unvectorised.)
 macro_rules! slice_form {
     ($(#[$doc:meta])* $name:ident, $f:ident) => {
         $(#[$doc])*
@@ -147,9 +189,7 @@ macro_rules! slice_form {
             if crate::level::level() >= crate::level::Level::Avx512 {
                 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
                 fn widest(xs: &mut [f32]) {
-                    for x in xs {
-                        *x = $f(*x);
-                    }
+                    blocks::<32>(xs, #[inline(always)] |b| $f(b), #[inline(always)] |x| $f(x));
                 }
                 // SAFETY: the level is at least AVX-512, which is only detected (or forced) on
                 // a CPU with AVX-512F, BW and VL (and AVX2 and FMA).
@@ -159,17 +199,13 @@ macro_rules! slice_form {
             if crate::level::level() >= crate::level::Level::Avx2 {
                 #[target_feature(enable = "avx2,fma")]
                 fn wide(xs: &mut [f32]) {
-                    for x in xs {
-                        *x = $f(*x);
-                    }
+                    blocks::<32>(xs, #[inline(always)] |b| $f(b), #[inline(always)] |x| $f(x));
                 }
                 // SAFETY: the level is at least AVX2, which is only detected (or forced) on a
                 // CPU with AVX2 and FMA.
                 return unsafe { wide(xs) };
             }
-            for x in xs {
-                *x = $f(*x);
-            }
+            blocks::<16>(xs, |b| $f(b), |x| $f(x));
         }
     };
 }
@@ -177,15 +213,15 @@ macro_rules! slice_form {
 slice_form!(
     /// [`gelu`] of every element, in place.
     gelu_slice,
-    gelu
+    gelu_r
 );
 slice_form!(
     /// [`gelu_derivative`] of every element, in place.
     gelu_derivative_slice,
-    gelu_derivative
+    gelu_derivative_r
 );
 slice_form!(
     /// [`exp_f32`] of every element, in place (attention's probabilities).
     exp_slice,
-    exp_f32
+    exp_r
 );
