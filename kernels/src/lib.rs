@@ -7,6 +7,9 @@
 //!   `+ C_old`, a per-column bias, ReLU, then the one rounding), into a C of the operands' type
 //!   or, for 16-bit operands, into an `f32` C; it reports whether anything stored is inf or NaN.
 //!   [`gemm_slices`] and [`gemm_epilogue_slices`] are the safe, bounds-checked forms.
+//! * [`PackedB`] and [`gemm_packed_b`]: a right-hand operand packed once for many products of
+//!   any block of it, on the calling thread, with [`gemm_epilogue_slices`]' bits (attention's
+//!   per-head keys and values).
 //! * [`convert`]: the one conversion layer between `f32` and the two 16-bit formats (slices and
 //!   scalars), bit-exact with `half`'s scalar conversions, with one NaN rule for every path;
 //!   and the two FP8 formats, [`convert::E4M3`] and [`convert::E5M2`] (saturating narrowing

@@ -395,7 +395,7 @@ fn backward_head<E: AmpElem>(
         g.delta[i] = yr.iter().zip(dyr.iter()).map(|(a, b)| a * b).sum();
     }
     let scale = d.scale();
-    pack_keys_values(d, lay, qkv, sc);
+    pack_b(&mut sc.kt, (&qkv[lay.k..], 1, lay.row), (hd, t));
     pack_b(&mut sc.vt, (&qkv[lay.v..], 1, lay.row), (hd, t));
     pack_b(&mut sc.k, (&qkv[lay.k..], lay.row, 1), (t, hd));
     pack_b(&mut sc.q, (&qkv[lay.q..], lay.row, 1), (t, hd));
