@@ -4,7 +4,7 @@
 //! `typed_amp_kernels`' micro-kernels, one thread each, straight from the packed 16-bit rows
 //! (the probabilities rounded to the working precision before `P·V`, as FlashAttention does),
 //! so 16-bit attention multiplies at the 16-bit rate. Each head's right-hand operands (`Kᵀ` and
-//! `V`; in the backward also `K`, `Vᵀ`, `Q` and `dy`) are packed once for all of its block
+//! `V`; in the backward `Kᵀ`, `Vᵀ`, `K`, `Q` and `dy`) are packed once for all of its block
 //! pairs ([`PackedB`]), and every product writes its FP32 result in place.
 
 use std::any::Any;
@@ -159,8 +159,8 @@ struct Scratch<E> {
     row: Vec<f32>,
     /// A second row of a head's width (in the backward, `dy`'s row).
     row2: Vec<f32>,
-    /// The head's operands packed for the products' B side: `Kᵀ` and `V` (forward and
-    /// backward), `K`, `Vᵀ`, `Q` and `dy` (backward).
+    /// The head's operands packed for the products' B side: `Kᵀ` (forward and backward), `V`
+    /// (forward), `K`, `Vᵀ`, `Q` and `dy` (backward).
     kt: PackedB,
     v: PackedB,
     k: PackedB,
