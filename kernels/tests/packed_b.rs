@@ -339,4 +339,16 @@ fn packed_b_rejects_bad_blocks() {
         &Epilogue::STORE,
     );
     assert_eq!(c, [7.0; 2]);
+    // Zero strides describe a huge B over one element: its panels' size is refused, not wrapped.
+    let one = [1.0f32];
+    let msg = panics(move || {
+        PackedB::new().pack(MatRef {
+            data: &one,
+            rows: 1 << 33,
+            cols: 1 << 33,
+            rs: 0,
+            cs: 0,
+        });
+    });
+    assert!(msg.contains("does not fit"), "{msg}");
 }

@@ -96,7 +96,8 @@ impl PackedB {
     /// this held.
     ///
     /// # Panics
-    /// If an index of the view falls outside its slice (as [`gemm_slices`](super::gemm_slices)).
+    /// If an index of the view falls outside its slice (as [`gemm_slices`](super::gemm_slices)),
+    /// or if the packed panels' size overflows (a view with zero strides can describe any size).
     pub fn pack<T: GemmElem>(&mut self, b: MatRef<'_, T>) {
         let s = checked_view("B", b.data.len(), b.rows, b.cols, b.rs, b.cs);
         let arch = Arch::select(T::KIND, level());
@@ -114,7 +115,17 @@ impl PackedB {
             cols: b.cols,
             units,
         };
-        let dst = aligned(&mut self.buf, n_pad * units);
+        // Zero strides let a one-element slice describe any size: the panels' size is checked.
+        let len = n_pad
+            .checked_mul(units)
+            .filter(|&l| l.checked_mul(4).is_some_and(|b| b <= isize::MAX as usize))
+            .unwrap_or_else(|| {
+                panic!(
+                    "gemm: a packed {} × {} B does not fit in memory",
+                    b.rows, b.cols
+                )
+            });
+        let dst = aligned(&mut self.buf, len);
         // SAFETY: `aligned` returned a pointer into `buf`.
         self.start = unsafe { dst.offset_from(self.buf.as_ptr()) } as usize;
         let bsz = T::KIND.size();
