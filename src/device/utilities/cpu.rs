@@ -69,6 +69,18 @@ pub(crate) fn as_f32_mut<E: AmpElem>(buf: &mut [E]) -> Option<&mut [f32]> {
     }
 }
 
+/// An FP32 buffer as one of `E` when `E` is `f32` (the reverse of [`as_f32`]), so that an FP32
+/// tile serves as the working precision's copy of itself.
+#[inline]
+pub(crate) fn f32_as<E: AmpElem>(buf: &[f32]) -> Option<&[E]> {
+    if std::any::TypeId::of::<E>() == std::any::TypeId::of::<f32>() {
+        // SAFETY: `E` is `f32`, so the slice already is an `[E]` of the same length.
+        Some(unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<E>(), buf.len()) })
+    } else {
+        None
+    }
+}
+
 /// The stats slot `slot`, or an error if the buffer has no such slot.
 pub(crate) fn slot_of(stats: &mut [f32], slot: usize) -> Result<&mut f32, CpuError> {
     stats.get_mut(slot).ok_or(CpuError::WrongNumElements)

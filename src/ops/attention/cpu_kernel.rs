@@ -7,14 +7,13 @@
 //! `V`; in the backward `Kᵀ`, `Vᵀ`, `K`, `Q` and `dy`) are packed once for all of its block
 //! pairs ([`PackedB`]), and every product writes its FP32 result in place.
 
-use std::any::Any;
-
 use dfdx::prelude::{Cpu, CpuError, Storage};
 use rayon::prelude::*;
 use typed_amp_kernels::math::exp_slice;
 use typed_amp_kernels::{Epilogue, PackedB};
 
 use super::{AttentionDims, AttentionKernel};
+use crate::device::utilities::cpu::f32_as;
 use crate::device::utilities::cpu_gemm::{gemm_packed_into, pack_b};
 use crate::precision::AmpElem;
 
@@ -192,11 +191,10 @@ impl<E: AmpElem> Scratch<E> {
 }
 
 /// The first `n` elements of `x` in the working precision: the FP32 tile itself under O0,
-/// else rounded into `buf`. (A `Vec`, not a slice: `Any` needs a sized type to look through.)
-#[allow(clippy::ptr_arg)]
-fn working<'a, E: AmpElem>(x: &'a Vec<f32>, buf: &'a mut [E], n: usize) -> &'a [E] {
-    match (x as &dyn Any).downcast_ref::<Vec<E>>() {
-        Some(same) => &same[..n],
+/// else rounded into `buf`.
+fn working<'a, E: AmpElem>(x: &'a [f32], buf: &'a mut [E], n: usize) -> &'a [E] {
+    match f32_as::<E>(&x[..n]) {
+        Some(same) => same,
         None => {
             E::slice_from_f32(&x[..n], &mut buf[..n]);
             &buf[..n]
