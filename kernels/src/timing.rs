@@ -98,7 +98,8 @@ pub struct ProductShape {
     pub k: usize,
     /// A's row and column strides.
     pub a: (isize, isize),
-    /// B's row and column strides.
+    /// B's row and column strides; (0, 0) for a B packed beforehand
+    /// ([`gemm_packed_b`](crate::gemm_packed_b)).
     pub b: (isize, isize),
     /// C's row and column strides.
     pub c: (isize, isize),

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{at_each_level, Elem, Layout, Mat, LAYOUTS};
+use common::{at_each_level, panic_message, Elem, Layout, Mat, LAYOUTS};
 use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -229,12 +229,8 @@ fn packed_b_reports_non_finite() {
     assert!(!r.non_finite && c.iter().all(|&x| x == 32.0), "{c:?}");
 }
 
-fn panics(f: impl FnOnce() + std::panic::UnwindSafe) -> String {
-    let err = std::panic::catch_unwind(f).expect_err("should have panicked");
-    err.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default()
+fn panics(f: impl FnOnce()) -> String {
+    panic_message(f).expect("should have panicked")
 }
 
 /// Blocks outside B, columns off the panels, another element type: a clear panic, no read.

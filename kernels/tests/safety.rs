@@ -10,9 +10,8 @@
 mod common;
 
 use std::collections::HashSet;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use common::Elem;
+use common::{panic_message, Elem};
 use half::bf16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -111,19 +110,6 @@ fn mr<T>(d: &[T], v: View) -> MatRef<'_, T> {
     }
 }
 
-/// `f` panicked with a message from the crate's checks (not some other failure).
-fn panics_cleanly(f: impl FnOnce()) -> Option<String> {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(()) => None,
-        Err(e) => Some(
-            e.downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default(),
-        ),
-    }
-}
-
 fn fill<T: Elem>(rng: &mut StdRng, len: usize) -> Vec<T> {
     (0..len)
         .map(|_| T::from_f32(rng.gen_range(-1.0f32..1.0)))
@@ -146,7 +132,7 @@ fn one_case<T: Elem + GemmElem, C: Elem + GemmOut<T>>(rng: &mut StdRng, epilogue
     let mut c = c0.clone();
     let accumulate = rng.gen_bool(0.5);
     let threads = rng.gen_range(1..=3);
-    let outcome = panics_cleanly(|| {
+    let outcome = panic_message(|| {
         if epilogue {
             let e = Epilogue {
                 accumulate,
@@ -288,7 +274,7 @@ fn wrapping_strides_and_zero_stride_c_are_rejected() {
         cs,
     };
     // (2 − 1)·usize::MAX + (2 − 1)·1 wraps to 0 in release: must not pass as "index 0".
-    let msg = panics_cleanly(|| {
+    let msg = panic_message(|| {
         let mut c = [0.0f32; 4];
         gemm_slices(v(usize::MAX, 1), v(2, 1), &mut c, 2, 1, false, 1)
     });
@@ -296,7 +282,7 @@ fn wrapping_strides_and_zero_stride_c_are_rejected() {
     // C with a zero stride on its length-5 dimension (and the other of length 1): five
     // elements in one slot.
     let b5 = [1.0f32; 10];
-    let msg = panics_cleanly(|| {
+    let msg = panic_message(|| {
         let mut c = [0.0f32; 5];
         let b = MatRef {
             data: &b5,

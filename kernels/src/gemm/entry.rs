@@ -77,6 +77,17 @@ pub(super) fn check_distinct(rows: usize, cols: usize, rs: usize, cs: usize) {
     );
 }
 
+/// Panics unless the epilogue's bias, if any, has one element per column of an `n`-column C.
+pub(super) fn check_bias(epi: &Epilogue<'_>, n: usize) {
+    if let Some(bias) = epi.bias {
+        assert_eq!(
+            bias.len(),
+            n,
+            "gemm: the bias needs one element per column of C"
+        );
+    }
+}
+
 /// Safe [`gemm()`]: `C = A·B`, or `C += A·B` with `accumulate`, where `C` (`a.rows ×
 /// b.cols`) is `c[i * c_rs + j * c_cs]`.
 ///
@@ -294,13 +305,7 @@ pub unsafe fn gemm_epilogue<T: GemmElem, C: GemmOut<T>>(
     epi: &Epilogue<'_>,
     threads: usize,
 ) -> GemmReport {
-    if let Some(bias) = epi.bias {
-        assert_eq!(
-            bias.len(),
-            n,
-            "gemm: the bias needs one element per column of C"
-        );
-    }
+    check_bias(epi, n);
     if m == 0 || n == 0 {
         return GemmReport::default();
     }

@@ -3,7 +3,7 @@
 
 use half::bf16;
 
-use super::entry::{check_distinct, checked_view, drive};
+use super::entry::{check_bias, check_distinct, checked_view, drive};
 use super::problem::{Epi, Problem};
 use super::types::{Epilogue, GemmOut, GemmReport, Kind, MatMut, MatRef};
 use crate::convert::Fp8Format;
@@ -46,13 +46,7 @@ pub fn gemm_fp8_epilogue<FA: Fp8Format, FB: Fp8Format, C: GemmOut<bf16>>(
         c.rows,
         c.cols
     );
-    if let Some(bias) = epi.bias {
-        assert_eq!(
-            bias.len(),
-            n,
-            "gemm: the bias needs one element per column of C"
-        );
-    }
+    check_bias(epi, n);
     let sa = checked_view("A", a.data.len(), m, k, a.rs, a.cs);
     let sb = checked_view("B", b.data.len(), k, n, b.rs, b.cs);
     let sc = checked_view("C", c.data.len(), m, n, c.rs, c.cs);

@@ -16,11 +16,11 @@ use std::cell::RefCell;
 
 use super::arch::Arch;
 use super::driver::balanced;
-use super::entry::{check_distinct, checked_view};
+use super::entry::{check_bias, check_distinct, checked_view};
 use super::problem::{Epi, Problem};
-use super::store::{k_empty, store_tile};
+use super::store::k_empty;
 use super::tile::{Tile, TILE_MR, TILE_NR};
-use super::tile_run::{a_at, aligned, tile_in_place};
+use super::tile_run::{a_at, aligned, tile_in_place, tile_running_sum};
 use super::types::{Epilogue, GemmElem, GemmOut, GemmReport, Kind, MatMut, MatRef};
 use crate::level::{level, Level};
 
@@ -212,13 +212,7 @@ pub fn gemm_packed_b<T: GemmElem, C: GemmOut<T>>(
         !b.pairs || (k0.is_multiple_of(2) && (k.is_multiple_of(2) || k0 + k == b.rows)),
         "gemm: on the bf16-pair path the block's rows must start and end on a k pair"
     );
-    if let Some(bias) = epilogue.bias {
-        assert_eq!(
-            bias.len(),
-            n,
-            "gemm: the bias needs one element per column of C"
-        );
-    }
+    check_bias(epilogue, n);
     let sa = checked_view("A", a.data.len(), m, k, a.rs, a.cs);
     let sc = checked_view("C", c.data.len(), m, n, c.rs, c.cs);
     check_distinct(m, n, c.rs, c.cs);
@@ -348,21 +342,16 @@ unsafe fn run(
                         );
                     } else {
                         // The running sum stays in the tile between k blocks.
-                        kern.run(kc_units, ap, bpk, tile_p, TILE_NR as isize, !first);
-                        if last {
-                            non_finite |= store_tile(
-                                arch.level,
-                                p.out,
-                                tile_p,
-                                TILE_NR,
-                                mrr,
-                                nrr,
-                                cp,
-                                p.c_rs,
-                                p.c_cs,
-                                &e.tile(ir, jr),
-                            );
-                        }
+                        non_finite |= tile_running_sum(
+                            arch,
+                            p,
+                            kern,
+                            (kc_units, ap, bpk),
+                            (tile_p, TILE_NR),
+                            (cp, ir, jr),
+                            (mrr, nrr),
+                            (first, last),
+                        );
                     }
                     pc += kc;
                 }

@@ -175,9 +175,10 @@ fn blocks<const W: usize>(
 
 /// `pub fn $name(xs: &mut [f32])`: `$f` of every element, in place, in code compiled for AVX-512
 /// or AVX2 and FMA where the CPU has them, else SSE2's, on blocks of 32 lanes: four AVX2
-/// vectors. Measured on Zen 3 (min of 200 passes over 64 Ki values in L2): GELU 1.99 ns per
-/// element one vector at a time, 1.90 on blocks of two, 1.72 on four, 5.4 on eight (whose
-/// temporaries no longer fit the 16 registers); its derivative 2.64, 2.40, 2.25, 7.1. Rust never contracts `a·b + c` into a fused multiply-add, and the
+/// vectors (on blocks of eight, the temporaries no longer fit the 16 registers and spill).
+/// `cargo bench -p typed-amp-kernels --bench math`, Zen 3, medians of three runs alternated
+/// with one vector at a time: the derivative 2.48 → 2.31 ns per element, `exp` 0.41 → 0.38,
+/// GELU 1.81 → 1.83 (within the runs' spread). Rust never contracts `a·b + c` into a fused multiply-add, and the
 /// fused ones it is asked for (`mul_add`) are exact everywhere, so every build gives the same
 /// bits. (`$f` is called by name: through a closure not marked for inlining, the call was not
 /// inlined into the AVX2 loop and ran unvectorised.)

@@ -252,3 +252,17 @@ pub fn at_every_level(name: &str, mut f: impl FnMut()) {
     force_level(None);
     println!("{name}: ran levels {ran:?}");
 }
+
+/// The message `f` panicked with (a `String` or `&str` payload, else empty), or `None` if it
+/// returned.
+pub fn panic_message(f: impl FnOnce()) -> Option<String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(()) => None,
+        Err(e) => Some(
+            e.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default(),
+        ),
+    }
+}

@@ -202,13 +202,6 @@ fn working<'a, E: AmpElem>(x: &'a [f32], buf: &'a mut [E], n: usize) -> &'a [E] 
     }
 }
 
-/// Packs the head's `Kᵀ` (`head_dim × tokens`) and `V` (`tokens × head_dim`).
-fn pack_keys_values<E: AmpElem>(d: &AttentionDims, lay: &Layout, qkv: &[E], sc: &mut Scratch<E>) {
-    let (t, hd) = (d.tokens, d.head_dim);
-    pack_b(&mut sc.kt, (&qkv[lay.k..], 1, lay.row), (hd, t));
-    pack_b(&mut sc.v, (&qkv[lay.v..], lay.row, 1), (t, hd));
-}
-
 /// `s = Q[i0..i0+qb] · K[j0..j0+kb]ᵀ` (FP32, `qb × kb`, rows `kb` apart), unscaled: the
 /// softmax passes multiply by the scale (the same single multiplication of the same sum that
 /// an epilogue's `alpha` would be, without a store through a tile).
@@ -241,7 +234,9 @@ fn forward_head<E: AmpElem>(
 ) {
     let (t, hd) = (d.tokens, d.head_dim);
     let scale = d.scale();
-    pack_keys_values(d, lay, qkv, sc);
+    // Kᵀ (`head_dim × tokens`) and V (`tokens × head_dim`), once for all query blocks.
+    pack_b(&mut sc.kt, (&qkv[lay.k..], 1, lay.row), (hd, t));
+    pack_b(&mut sc.v, (&qkv[lay.v..], lay.row, 1), (t, hd));
     for i0 in (0..t).step_by(BLOCK) {
         let qb = BLOCK.min(t - i0);
         let o = &mut sc.o[..qb * hd];
