@@ -177,28 +177,18 @@ pub(super) unsafe fn serial_with(arch: &Arch, p: &Problem, bufs: &mut Buffers) -
                 let kc = kc_max.min(p.k - pc);
                 let kc_units = kc.div_ceil(kstep);
                 let (first, last) = (pc == 0, pc + kc == p.k);
-                let mut jr = 0;
-                while jr < nc {
-                    let nrr = nr.min(nc - jr);
-                    let src =
-                        p.b.offset((pc as isize * p.b_rs + (jc + jr) as isize * p.b_cs) * bsz);
-                    let dst = bbuf.add(jr / nr * nr * kc_units);
-                    super::pack::panel(arch, p.b_kind, src, p.b_cs, p.b_rs, nrr, kc, dst, nr, true);
-                    jr += nr;
-                }
+                let src =
+                    p.b.offset((pc as isize * p.b_rs + jc as isize * p.b_cs) * bsz);
+                super::pack::panels(arch, p.b_kind, src, p.b_cs, p.b_rs, nc, kc, bbuf, nr, true);
                 let mut ic = 0;
                 while ic < p.m {
                     let mc = mc_max.min(p.m - ic);
-                    let mut ir = 0;
-                    while a_rows.is_none() && ir < mc {
-                        let mrr = mr.min(mc - ir);
+                    if a_rows.is_none() {
                         let src =
-                            p.a.offset(((ic + ir) as isize * p.a_rs + pc as isize * p.a_cs) * asz);
-                        let dst = abuf.add(ir / mr * mr * kc_units);
-                        super::pack::panel(
-                            arch, p.a_kind, src, p.a_rs, p.a_cs, mrr, kc, dst, mr, false,
+                            p.a.offset((ic as isize * p.a_rs + pc as isize * p.a_cs) * asz);
+                        super::pack::panels(
+                            arch, p.a_kind, src, p.a_rs, p.a_cs, mc, kc, abuf, mr, false,
                         );
-                        ir += mr;
                     }
                     // The A micro-panel (MR × kc) stays in L1 while the B micro-panels stream
                     // from the L2-resident B block: the broadcast operand is the small one.
@@ -298,27 +288,17 @@ pub(super) unsafe fn serial_running_sum(
                     let kc = kc_max.min(p.k - pc);
                     let kc_units = kc.div_ceil(kstep);
                     let (first, last) = (pc == 0, pc + kc == p.k);
-                    let mut jr = 0;
-                    while jr < nc {
-                        let nrr = nr.min(nc - jr);
+                    let src =
+                        p.b.offset((pc as isize * p.b_rs + jc as isize * p.b_cs) * bsz);
+                    super::pack::panels(
+                        arch, p.b_kind, src, p.b_cs, p.b_rs, nc, kc, bbuf, nr, true,
+                    );
+                    if a_rows.is_none() {
                         let src =
-                            p.b.offset((pc as isize * p.b_rs + (jc + jr) as isize * p.b_cs) * bsz);
-                        let dst = bbuf.add(jr / nr * nr * kc_units);
-                        super::pack::panel(
-                            arch, p.b_kind, src, p.b_cs, p.b_rs, nrr, kc, dst, nr, true,
+                            p.a.offset((ic as isize * p.a_rs + pc as isize * p.a_cs) * asz);
+                        super::pack::panels(
+                            arch, p.a_kind, src, p.a_rs, p.a_cs, mc, kc, abuf, mr, false,
                         );
-                        jr += nr;
-                    }
-                    let mut ir = 0;
-                    while a_rows.is_none() && ir < mc {
-                        let mrr = mr.min(mc - ir);
-                        let src =
-                            p.a.offset(((ic + ir) as isize * p.a_rs + pc as isize * p.a_cs) * asz);
-                        let dst = abuf.add(ir / mr * mr * kc_units);
-                        super::pack::panel(
-                            arch, p.a_kind, src, p.a_rs, p.a_cs, mrr, kc, dst, mr, false,
-                        );
-                        ir += mr;
                     }
                     let mut ir = 0;
                     while ir < mc {

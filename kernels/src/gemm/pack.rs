@@ -11,6 +11,54 @@ use crate::level::Level;
 /// Longest k block any path packs in one go.
 const KC_LIMIT: usize = 512;
 
+/// Packs `lanes` lanes as consecutive micro-panels of `width` lanes each, panel `q` (lanes
+/// `q·width..`) at `dst + q·width·ceil(kc / step)`, each by [`panel`]: a block of A's rows or
+/// B's columns as the blocked loops lay it out.
+///
+/// (Copying each k step across every panel in one pass along the source row instead was
+/// tried on AVX2: the small GPT's weight-gradient products and `perf`'s share of packing did
+/// not change; the packing waits on reading operands that come from L3 either way.)
+///
+/// # Safety
+/// `src` addresses a valid `lanes × kc` view of `kind` elements; `dst` is writable for
+/// `ceil(lanes / width) · width · ceil(kc / step)` f32 slots.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn panels(
+    arch: &Arch,
+    kind: Kind,
+    src: *const u8,
+    lane_stride: isize,
+    k_stride: isize,
+    lanes: usize,
+    kc: usize,
+    dst: *mut f32,
+    width: usize,
+    fill: bool,
+) {
+    let units = kc.div_ceil(if arch.pairs { 2 } else { 1 });
+    let esz = kind.size();
+    let mut l0 = 0;
+    while l0 < lanes {
+        // SAFETY: panel `l0 / width` covers lanes `l0..` of the view and its `width · units`
+        // slots from `dst + l0 · units`, inside what the contract makes writable.
+        unsafe {
+            panel(
+                arch,
+                kind,
+                src.offset(l0 as isize * lane_stride * esz),
+                lane_stride,
+                k_stride,
+                width.min(lanes - l0),
+                kc,
+                dst.add(l0 * units),
+                width,
+                fill,
+            );
+        }
+        l0 += width;
+    }
+}
+
 /// Packs one micro-panel: `dst[p * dst_stride + l] = src[l * lane_stride + p * k_stride]` for
 /// `l < lanes`, `p < kc`, with lanes `lanes..dst_stride` zeroed if `fill` (B panels, whose
 /// padding columns the kernels compute with). For the pair path, `p` runs over k pairs and each

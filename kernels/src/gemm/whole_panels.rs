@@ -78,16 +78,9 @@ pub(super) unsafe fn serial(
         let mut pc = 0;
         while pc < p.k {
             let kc = kc_max.min(p.k - pc);
-            let kc_units = kc.div_ceil(kstep);
-            let mut jj = 0;
-            while jj < p.n {
-                let nrr = nr.min(p.n - jj);
-                let src =
-                    p.b.offset((pc as isize * p.b_rs + jj as isize * p.b_cs) * bsz);
-                let dst = bbuf.add(block(pc) * n_pad + jj * kc_units);
-                super::pack::panel(arch, p.b_kind, src, p.b_cs, p.b_rs, nrr, kc, dst, nr, true);
-                jj += nr;
-            }
+            let src = p.b.offset(pc as isize * p.b_rs * bsz);
+            let dst = bbuf.add(block(pc) * n_pad);
+            super::pack::panels(arch, p.b_kind, src, p.b_cs, p.b_rs, p.n, kc, dst, nr, true);
             pc += kc;
         }
         let mut ic = 0;
@@ -96,18 +89,10 @@ pub(super) unsafe fn serial(
             let mut pc = 0;
             while a_rows.is_none() && pc < p.k {
                 let kc = kc_max.min(p.k - pc);
-                let kc_units = kc.div_ceil(kstep);
-                let mut ir = 0;
-                while ir < mc {
-                    let mrr = mr.min(mc - ir);
-                    let src =
-                        p.a.offset(((ic + ir) as isize * p.a_rs + pc as isize * p.a_cs) * asz);
-                    let dst = abuf.add(block(pc) * mc_max + ir * kc_units);
-                    super::pack::panel(
-                        arch, p.a_kind, src, p.a_rs, p.a_cs, mrr, kc, dst, mr, false,
-                    );
-                    ir += mr;
-                }
+                let src =
+                    p.a.offset((ic as isize * p.a_rs + pc as isize * p.a_cs) * asz);
+                let dst = abuf.add(block(pc) * mc_max);
+                super::pack::panels(arch, p.a_kind, src, p.a_rs, p.a_cs, mc, kc, dst, mr, false);
                 pc += kc;
             }
             let mut jc = 0;
