@@ -47,22 +47,29 @@ pub(crate) fn map_f32_chunks<E: AmpElem>(buf: &mut [E], mut f: impl FnMut(&mut [
     }
 }
 
-/// The buffer itself when `E` is `f32`, so FP32 buffers skip the conversion copy.
+/// `buf` as a slice of `B` when `A` and `B` are the same type, else `None`: how a generic
+/// kernel takes its FP32 fast path without a copy.
 #[inline]
-pub(crate) fn as_f32<E: AmpElem>(buf: &[E]) -> Option<&[f32]> {
-    if std::any::TypeId::of::<E>() == std::any::TypeId::of::<f32>() {
-        // SAFETY: `E` is `f32`, so the slice already is an `[f32]` of the same length.
-        Some(unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<f32>(), buf.len()) })
+fn same_type<A: 'static, B: 'static>(buf: &[A]) -> Option<&[B]> {
+    if std::any::TypeId::of::<A>() == std::any::TypeId::of::<B>() {
+        // SAFETY: `A` is `B`, so the slice already is a `[B]` of the same length.
+        Some(unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<B>(), buf.len()) })
     } else {
         None
     }
+}
+
+/// The buffer itself when `E` is `f32`, so FP32 buffers skip the conversion copy.
+#[inline]
+pub(crate) fn as_f32<E: AmpElem>(buf: &[E]) -> Option<&[f32]> {
+    same_type(buf)
 }
 
 /// The buffer itself when `E` is `f32`, mutably.
 #[inline]
 pub(crate) fn as_f32_mut<E: AmpElem>(buf: &mut [E]) -> Option<&mut [f32]> {
     if std::any::TypeId::of::<E>() == std::any::TypeId::of::<f32>() {
-        // SAFETY: as in `as_f32`; the unique borrow is carried over.
+        // SAFETY: as in `same_type`; the unique borrow is carried over.
         Some(unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<f32>(), buf.len()) })
     } else {
         None
@@ -73,12 +80,7 @@ pub(crate) fn as_f32_mut<E: AmpElem>(buf: &mut [E]) -> Option<&mut [f32]> {
 /// tile serves as the working precision's copy of itself.
 #[inline]
 pub(crate) fn f32_as<E: AmpElem>(buf: &[f32]) -> Option<&[E]> {
-    if std::any::TypeId::of::<E>() == std::any::TypeId::of::<f32>() {
-        // SAFETY: `E` is `f32`, so the slice already is an `[E]` of the same length.
-        Some(unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<E>(), buf.len()) })
-    } else {
-        None
-    }
+    same_type(buf)
 }
 
 /// The stats slot `slot`, or an error if the buffer has no such slot.
