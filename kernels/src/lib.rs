@@ -21,6 +21,8 @@
 //! * [`math`]: `erf` and `exp` for f32 without branches or calls, so that GELU's loops
 //!   vectorize.
 //! * [`norm`]: layer norm's row arithmetic (statistics and sums in f64, in fixed lanes).
+//! * [`attention`]: one short head's attention (at most [`attention::MAX_KEYS`] keys) in FP32,
+//!   forward and backward, row by row in vectors, without the GEMM's packing.
 //!
 //! Every vectorised routine is chosen at run time from the CPU's features (see [`Level`]);
 //! nothing depends on `-C target-cpu` (the default, [`default_level`], leaves AVX512-BF16's
@@ -33,6 +35,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod attention;
 pub mod convert;
 mod fp8_gemm;
 mod gemm;

@@ -6,12 +6,16 @@
 //! so 16-bit attention multiplies at the 16-bit rate. Each head's right-hand operands (`Kᵀ` and
 //! `V`; in the backward `Kᵀ`, `Vᵀ`, `K`, `Q` and `dy`) are packed once for all of its block
 //! pairs ([`PackedB`]), and every product writes its FP32 result in place.
+//!
+//! Heads of at most 64 tokens (the ViT's, the small GPT's) go to `cpu_short` instead: their
+//! block pairs are single products too small for the GEMM's packing to pay.
 
 use dfdx::prelude::{Cpu, CpuError, Storage};
 use rayon::prelude::*;
 use typed_amp_kernels::math::exp_slice;
 use typed_amp_kernels::{Epilogue, PackedB};
 
+use super::cpu_short::{self, short_head};
 use super::{AttentionDims, AttentionKernel};
 use crate::device::utilities::cpu::f32_as;
 use crate::device::utilities::cpu_gemm::{gemm_packed_into, pack_b};
@@ -86,12 +90,18 @@ impl<E: AmpElem> AttentionKernel<E> for Cpu {
             return Ok(lse);
         }
         let t = d.tokens;
-        qkv.par_chunks(t * 3 * d.width())
+        let sequences = qkv
+            .par_chunks(t * 3 * d.width())
             .zip(y.par_chunks_mut(t * d.width()))
-            .zip(lse.par_chunks_mut(d.heads * t))
+            .zip(lse.par_chunks_mut(d.heads * t));
+        if let Some(short) = short_head(&d) {
+            sequences.for_each(|((qkv, y), lse)| {
+                cpu_short::forward_sequence(&d, &short, qkv, y, lse);
+            });
+        } else {
             // One set of tiles per rayon job, not per sequence: the ViT's sequences are small
             // enough for the allocation to cost as much as their attention.
-            .for_each_init(
+            sequences.for_each_init(
                 || Scratch::<E>::new(d.head_dim),
                 |scratch, ((qkv, y), lse)| {
                     for (h, lse) in lse.chunks_mut(t).enumerate() {
@@ -99,6 +109,7 @@ impl<E: AmpElem> AttentionKernel<E> for Cpu {
                     }
                 },
             );
+        }
         Ok(lse)
     }
 
@@ -121,11 +132,18 @@ impl<E: AmpElem> AttentionKernel<E> for Cpu {
             return Ok(());
         }
         let (t, width) = (d.tokens, d.width());
-        qkv.par_chunks(t * 3 * width)
+        let sequences = qkv
+            .par_chunks(t * 3 * width)
             .zip(dqkv.par_chunks_mut(t * 3 * width))
             .zip(y.par_chunks(t * width).zip(dy.par_chunks(t * width)))
-            .zip(lse.par_chunks(d.heads * t))
-            .for_each_init(
+            .zip(lse.par_chunks(d.heads * t));
+        if let Some(short) = short_head(&d) {
+            sequences.for_each(|(((qkv, dqkv), (y, dy)), lse)| {
+                let dqkv = (dqkv, accumulate);
+                cpu_short::backward_sequence(&d, &short, (qkv, y, dy), lse, dqkv);
+            });
+        } else {
+            sequences.for_each_init(
                 || (Scratch::<E>::new(d.head_dim), HeadGrads::new(t, d.head_dim)),
                 |(scratch, grads), (((qkv, dqkv), (y, dy)), lse)| {
                     for (h, lse) in lse.chunks(t).enumerate() {
@@ -135,6 +153,7 @@ impl<E: AmpElem> AttentionKernel<E> for Cpu {
                     }
                 },
             );
+        }
         Ok(())
     }
 }

@@ -15,6 +15,7 @@
 
 mod composed;
 mod cpu_kernel;
+mod cpu_short;
 #[cfg(feature = "cuda")]
 mod cuda_kernel;
 #[cfg(feature = "cuda")]

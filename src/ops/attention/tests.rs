@@ -249,6 +249,8 @@ fn cases() -> Vec<AttentionDims> {
         head_dim,
         causal,
     };
+    // Up to 64 tokens (heads up to 64 wide) the short-head kernels run, beyond it the blocked
+    // ones: each of the cases below is on one side, and both sides have every kind of case.
     vec![
         // More tokens than one block, not a multiple of it.
         dims(2, 67, 3, 5, true),
@@ -261,6 +263,14 @@ fn cases() -> Vec<AttentionDims> {
         dims(2, 17, 4, 16, false),
         // Two full blocks.
         dims(1, 128, 2, 8, true),
+        // The short heads' bounds: 64 tokens, heads of 64 and 65 (the blocked kernels), widths
+        // that are not a multiple of a vector, tokens one past a vector.
+        dims(2, 64, 2, 32, true),
+        dims(1, 64, 1, 64, false),
+        dims(1, 33, 1, 65, true),
+        dims(2, 41, 3, 12, true),
+        dims(1, 8, 2, 8, false),
+        dims(1, 1, 1, 1, false),
     ]
 }
 
@@ -320,17 +330,24 @@ fn fused_kernels_match_the_f64_reference_in_every_precision() {
 
 #[test]
 fn a_future_token_leaves_earlier_outputs_bit_identical() {
+    // 80 tokens on the blocked kernels, 50 on the short-head ones.
+    for (tokens, changed) in [(80, [79, 64, 40]), (50, [49, 33, 8])] {
+        future_token_case(tokens, changed);
+    }
+}
+
+fn future_token_case(tokens: usize, changed: [usize; 3]) {
     let mut rng = Lcg(11);
     let d = AttentionDims {
         batch: 1,
-        tokens: 80,
+        tokens,
         heads: 2,
         head_dim: 8,
         causal: true,
     };
     let qkv = to_e::<half::bf16>(&rng.values::<half::bf16>(d.rows() * 3 * d.width(), 1.0));
     let (y0, _) = forward(d, &qkv).unwrap();
-    for changed in [79, 64, 40] {
+    for changed in changed {
         let mut other = qkv.clone();
         for v in &mut other[changed * 3 * d.width()..(changed + 1) * 3 * d.width()] {
             *v = half::bf16::from_f32(v.to_f32() * -3.0 + 0.5);
@@ -352,10 +369,17 @@ fn a_future_token_leaves_earlier_outputs_bit_identical() {
 
 #[test]
 fn nan_in_a_query_key_or_value_reaches_the_gradients() {
+    // 5 tokens on the short-head kernels, 70 on the blocked ones.
+    for tokens in [5, 70] {
+        nan_case(tokens);
+    }
+}
+
+fn nan_case(tokens: usize) {
     let mut rng = Lcg(3);
     let d = AttentionDims {
         batch: 2,
-        tokens: 5,
+        tokens,
         heads: 2,
         head_dim: 4,
         causal: true,
@@ -399,7 +423,7 @@ fn buffers_of_the_wrong_size_are_errors() {
 
 /// The op on tensors: the fused path against the composed one (values and the gradient of the
 /// packed input), both on a mixed tape.
-fn fused_against_composed<E: AmpElem>()
+fn fused_against_composed<E: AmpElem>(t: usize)
 where
     Cpu: crate::device::Kernels<E>,
 {
@@ -407,7 +431,7 @@ where
     const H: usize = 3;
     let dev = Cpu::default();
     let mut rng = Lcg(5);
-    let (b, t) = (2, 70);
+    let b = 2;
     let qkv = rng.values::<E>(b * t * 3 * M, 1.0);
     let w = rng.values::<E>(b * t * M, 1.0);
     let make = |v: &[f64]| -> Tensor<(usize, usize, Const<{ 3 * M }>), E, Cpu> {
@@ -449,6 +473,9 @@ where
 
 #[test]
 fn the_fused_op_and_the_composed_one_compute_the_same_function() {
-    fused_against_composed::<f32>();
-    fused_against_composed::<half::bf16>();
+    // 70 tokens on the blocked kernels, 33 on the short-head ones.
+    for tokens in [70, 33] {
+        fused_against_composed::<f32>(tokens);
+        fused_against_composed::<half::bf16>(tokens);
+    }
 }

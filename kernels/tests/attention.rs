@@ -1,0 +1,142 @@
+//! The short-head attention kernels (`typed_amp_kernels::attention`): the same bits at every
+//! instruction-set level, and a clear panic on buffers of the wrong size. Their values against
+//! an f64 reference (with bounds from the unit roundoff, the head width and the tokens) are
+//! tested through the op that uses them, in `typed_amp`'s `ops::attention` tests.
+
+use std::sync::Mutex;
+
+use typed_amp_kernels::attention::{
+    short_head_backward, short_head_forward, Rounding, ShortHead, ShortHeadScratch,
+};
+use typed_amp_kernels::{detected_level, force_level, Level};
+
+/// `force_level` is process-wide: one test at a time changes it.
+static LOCK: Mutex<()> = Mutex::new(());
+
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i as u32 ^ seed).wrapping_mul(2_654_435_761) >> 8) as f32 / 8.4e6 - 1.0)
+        .collect()
+}
+
+/// Every output of one head's forward and backward, as bits (the lanes past the head's width
+/// are unspecified and left out).
+fn run(h: &ShortHead, rounding: Rounding) -> Vec<u32> {
+    let len = h.matrix_len();
+    let [q, k, v, dy] = [1, 2, 3, 4].map(|s| values(len, s));
+    let mut scratch = ShortHeadScratch::new();
+    let mut y = vec![0.0; len];
+    let mut lse = vec![0.0; h.tokens];
+    short_head_forward(h, rounding, [&q, &k, &v], &mut y, &mut lse, &mut scratch);
+    let [mut dq, mut dk, mut dv] = [0; 3].map(|_| vec![f32::NAN; len]);
+    short_head_backward(
+        h,
+        rounding,
+        [&q, &k, &v],
+        [&y, &dy],
+        &lse,
+        [&mut dq, &mut dk, &mut dv],
+        &mut scratch,
+    );
+    let st = h.stride();
+    let columns = |m: &[f32]| -> Vec<u32> {
+        m.chunks_exact(st)
+            .flat_map(|r| r[..h.head_dim].iter().map(|x| x.to_bits()))
+            .collect()
+    };
+    let mut bits = columns(&y);
+    bits.extend(lse.iter().map(|x| x.to_bits()));
+    for g in [&dq, &dk, &dv] {
+        bits.extend(columns(g));
+    }
+    assert!(
+        bits.iter().all(|&b| f32::from_bits(b).is_finite()),
+        "{h:?}: a non-finite result from finite inputs"
+    );
+    bits
+}
+
+#[test]
+fn short_heads_give_the_same_bits_at_every_level() {
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let heads = [
+        (1, 1),
+        (7, 16),
+        (8, 8),
+        (9, 13),
+        (17, 16),
+        (33, 32),
+        (64, 64),
+    ];
+    let mut ran = Vec::new();
+    for (tokens, head_dim) in heads {
+        for causal in [false, true] {
+            for rounding in [Rounding::F32, Rounding::F16, Rounding::Bf16] {
+                let h = ShortHead {
+                    tokens,
+                    head_dim,
+                    causal,
+                    scale: 1.0 / (head_dim as f32).sqrt(),
+                };
+                force_level(Some(Level::Portable));
+                let want = run(&h, rounding);
+                for lvl in Level::ALL.into_iter().filter(|&l| l <= detected_level()) {
+                    force_level(Some(lvl));
+                    assert!(
+                        run(&h, rounding) == want,
+                        "{h:?} {rounding:?}: other bits at {}",
+                        lvl.name()
+                    );
+                    ran.push(lvl.name());
+                }
+            }
+        }
+    }
+    force_level(None);
+    ran.sort_unstable();
+    ran.dedup();
+    println!("ran levels {ran:?}");
+}
+
+#[test]
+fn a_head_that_does_not_fit_or_a_short_buffer_panics_with_its_reason() {
+    let h = ShortHead {
+        tokens: 65,
+        head_dim: 8,
+        causal: true,
+        scale: 1.0,
+    };
+    assert!(!h.fits());
+    let message = |f: &mut dyn FnMut()| -> String {
+        let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_err();
+        err.downcast_ref::<String>().cloned().unwrap_or_default()
+    };
+    let m = vec![0.0; h.matrix_len()];
+    let (mut o, mut lse) = (m.clone(), vec![0.0; h.tokens]);
+    let mut scratch = ShortHeadScratch::new();
+    let text = message(&mut || {
+        short_head_forward(
+            &h,
+            Rounding::F32,
+            [&m, &m, &m],
+            &mut o,
+            &mut lse,
+            &mut scratch,
+        )
+    });
+    assert!(text.contains("does not fit"), "{text}");
+    let h = ShortHead { tokens: 5, ..h };
+    let m = vec![0.0; h.matrix_len()];
+    let (mut o, mut lse) = (m.clone(), vec![0.0; h.tokens - 1]);
+    let text = message(&mut || {
+        short_head_forward(
+            &h,
+            Rounding::F32,
+            [&m, &m, &m],
+            &mut o,
+            &mut lse,
+            &mut scratch,
+        )
+    });
+    assert!(text.contains("expected"), "{text}");
+}

@@ -1,0 +1,234 @@
+//! The fused attention's short heads on the CPU (at most [`MAX_KEYS`] tokens, heads at most
+//! [`MAX_HEAD_DIM`] wide: the ViT's and the small GPT's): `typed_amp_kernels::attention`'s row
+//! loops instead of the blocked kernel's products on the GEMM, whose packing and calls cost
+//! several times the arithmetic of products this small.
+//!
+//! A sequence's operands are widened to FP32 in one conversion (not per head and row: a ViT head's
+//! rows are 16 elements, and a call per row cost more than its attention), each head's columns
+//! copied out for the kernels, and the results gathered back into a sequence-wide FP32 buffer
+//! that is rounded once.
+//!
+//! [`MAX_KEYS`]: typed_amp_kernels::attention::MAX_KEYS
+//! [`MAX_HEAD_DIM`]: typed_amp_kernels::attention::MAX_HEAD_DIM
+
+use typed_amp_kernels::attention::{
+    short_head_backward, short_head_forward, Rounding, ShortHead, ShortHeadScratch,
+};
+
+use std::cell::RefCell;
+
+use super::AttentionDims;
+use crate::device::utilities::cpu::as_f32;
+use crate::precision::{AmpElem, Indexed};
+
+/// The short-head kernels' sizes for `d`, if its heads fit them.
+pub(super) fn short_head(d: &AttentionDims) -> Option<ShortHead> {
+    let h = ShortHead {
+        tokens: d.tokens,
+        head_dim: d.head_dim,
+        causal: d.causal,
+        scale: d.scale(),
+    };
+    h.fits().then_some(h)
+}
+
+/// What the probabilities are rounded to for operands of `E`.
+fn rounding<E: AmpElem>() -> Rounding {
+    // The element type by its place in the list of precisions (`with_precisions!`).
+    match E::INDEX {
+        i if i == <half::f16 as Indexed>::INDEX => Rounding::F16,
+        i if i == <half::bf16 as Indexed>::INDEX => Rounding::Bf16,
+        _ => Rounding::F32,
+    }
+}
+
+/// A thread's buffers: a sequence's operands in FP32 (`wide`), its results in FP32 (`out`),
+/// and one head's matrices as the kernels take them (`tokens × stride` each). Kept per thread
+/// between calls: allocated per rayon job, the small GPT's (about 100 KiB a sequence) were
+/// given back to the system and faulted in again, 35,000 page faults a pass.
+#[derive(Default)]
+struct ShortScratch {
+    /// `[qkv, y, dy]` of one sequence, widened (unused when the operands are FP32 already).
+    wide: [Vec<f32>; 3],
+    /// The sequence's output (forward) or its `[q | k | v]` gradient rows (backward).
+    out: Vec<f32>,
+    /// One head's `[q, k, v, y, dy]`.
+    head: [Vec<f32>; 5],
+    /// One head's `[o]` (forward) or `[dq, dk, dv]` (backward).
+    results: [Vec<f32>; 3],
+    kernels: ShortHeadScratch,
+}
+
+impl ShortScratch {
+    /// The head buffers sized for `h` (their contents are overwritten before use).
+    fn sized(&mut self, h: &ShortHead) -> &mut Self {
+        let len = h.matrix_len();
+        for buf in self.head.iter_mut().chain(self.results.iter_mut()) {
+            buf.resize(len, 0.0);
+        }
+        self
+    }
+}
+
+thread_local! {
+    static SCRATCH: RefCell<ShortScratch> = RefCell::new(ShortScratch::default());
+}
+
+/// Runs `f` on this thread's buffers, sized for `h`.
+fn with_scratch<R>(h: &ShortHead, f: impl FnOnce(&mut ShortScratch) -> R) -> R {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut sc) => f(sc.sized(h)),
+        // Only if a kernel were re-entered on this thread; stay correct regardless.
+        Err(_) => f(ShortScratch::default().sized(h)),
+    })
+}
+
+/// `src` as FP32: itself, or widened into `buf`.
+fn wide<'a, E: AmpElem>(src: &'a [E], buf: &'a mut Vec<f32>) -> &'a [f32] {
+    match as_f32(src) {
+        Some(same) => same,
+        None => {
+            buf.resize(src.len(), 0.0);
+            E::slice_to_f32(src, buf);
+            buf
+        }
+    }
+}
+
+/// `dst = src` in copies of eight: `copy_from_slice` of a row's 16 to 64 elements is a call to
+/// `memcpy`, and those calls cost a fifth of the ViT's attention.
+#[inline(always)]
+fn copy_row(src: &[f32], dst: &mut [f32]) {
+    let (d8, dst_tail) = dst.as_chunks_mut::<8>();
+    let (s8, src_tail) = src.as_chunks::<8>();
+    for (d, s) in d8.iter_mut().zip(s8) {
+        *d = *s;
+    }
+    for (d, s) in dst_tail.iter_mut().zip(src_tail) {
+        *d = *s;
+    }
+}
+
+/// Copies the head's columns (`at..at + head_dim` of rows `row` apart) into `dst`'s rows.
+fn gather(h: &ShortHead, src: &[f32], (row, at): (usize, usize), dst: &mut [f32]) {
+    for (i, out) in dst.chunks_exact_mut(h.stride()).enumerate() {
+        copy_row(
+            &src[i * row + at..i * row + at + h.head_dim],
+            &mut out[..h.head_dim],
+        );
+    }
+}
+
+/// Copies `src`'s rows into the head's columns of `dst` (rows `row` apart, from `at`).
+fn scatter(h: &ShortHead, src: &[f32], (row, at): (usize, usize), dst: &mut [f32]) {
+    for (i, s) in src.chunks_exact(h.stride()).enumerate() {
+        copy_row(
+            &s[..h.head_dim],
+            &mut dst[i * row + at..i * row + at + h.head_dim],
+        );
+    }
+}
+
+/// One sequence's forward: `qkv` (`tokens × 3·width`) in, `y` (`tokens × width`) out, rounded
+/// once, and the log-sum-exps `lse` (`heads × tokens`).
+pub(super) fn forward_sequence<E: AmpElem>(
+    d: &AttentionDims,
+    h: &ShortHead,
+    qkv: &[E],
+    y: &mut [E],
+    lse: &mut [f32],
+) {
+    with_scratch(h, |sc| forward_with(d, h, qkv, y, lse, sc));
+}
+
+fn forward_with<E: AmpElem>(
+    d: &AttentionDims,
+    h: &ShortHead,
+    qkv: &[E],
+    y: &mut [E],
+    lse: &mut [f32],
+    sc: &mut ShortScratch,
+) {
+    let width = d.width();
+    let [wide_qkv, ..] = &mut sc.wide;
+    let src = wide(qkv, wide_qkv);
+    sc.out.resize(y.len(), 0.0);
+    let [q, k, v, ..] = &mut sc.head;
+    let [o, ..] = &mut sc.results;
+    for (head, lse) in lse.chunks_mut(d.tokens).enumerate() {
+        let at = head * d.head_dim;
+        gather(h, src, (3 * width, at), q);
+        gather(h, src, (3 * width, width + at), k);
+        gather(h, src, (3 * width, 2 * width + at), v);
+        short_head_forward(h, rounding::<E>(), [q, k, v], o, lse, &mut sc.kernels);
+        scatter(h, o, (width, at), &mut sc.out);
+    }
+    E::slice_from_f32(&sc.out, y);
+}
+
+/// One sequence's backward: the gradient of `qkv` from the output `y`, its gradient `dy` and
+/// the forward's `lse`, written into `dqkv` or added to it (`accumulate`), rounded once.
+pub(super) fn backward_sequence<E: AmpElem>(
+    d: &AttentionDims,
+    h: &ShortHead,
+    operands: (&[E], &[E], &[E]),
+    lse: &[f32],
+    dqkv: (&mut [E], bool),
+) {
+    with_scratch(h, |sc| backward_with(d, h, operands, lse, dqkv, sc));
+}
+
+fn backward_with<E: AmpElem>(
+    d: &AttentionDims,
+    h: &ShortHead,
+    (qkv, y, dy): (&[E], &[E], &[E]),
+    lse: &[f32],
+    (dqkv, accumulate): (&mut [E], bool),
+    sc: &mut ShortScratch,
+) {
+    let width = d.width();
+    let [wide_qkv, wide_y, wide_dy] = &mut sc.wide;
+    let (qkv, y, dy) = (wide(qkv, wide_qkv), wide(y, wide_y), wide(dy, wide_dy));
+    // The gradient rows start as the old values (when adding to them): each element is then
+    // rounded once, after its one addition.
+    sc.out.resize(dqkv.len(), 0.0);
+    if accumulate {
+        E::slice_to_f32(dqkv, &mut sc.out);
+    }
+    let [q, k, v, yh, dyh] = &mut sc.head;
+    let [dq, dk, dv] = &mut sc.results;
+    for (head, lse) in lse.chunks(d.tokens).enumerate() {
+        let at = head * d.head_dim;
+        let parts = [at, width + at, 2 * width + at];
+        for (buf, at) in [&mut *q, &mut *k, &mut *v].into_iter().zip(parts) {
+            gather(h, qkv, (3 * width, at), buf);
+        }
+        gather(h, y, (width, at), yh);
+        gather(h, dy, (width, at), dyh);
+        short_head_backward(
+            h,
+            rounding::<E>(),
+            [q, k, v],
+            [yh, dyh],
+            lse,
+            [dq, dk, dv],
+            &mut sc.kernels,
+        );
+        for (grad, at) in [&*dq, &*dk, &*dv].into_iter().zip(parts) {
+            if accumulate {
+                add_into(h, grad, (3 * width, at), &mut sc.out);
+            } else {
+                scatter(h, grad, (3 * width, at), &mut sc.out);
+            }
+        }
+    }
+    E::slice_from_f32(&sc.out, dqkv);
+}
+
+/// Adds `src`'s rows to the head's columns of `dst` (rows `row` apart, from `at`).
+fn add_into(h: &ShortHead, src: &[f32], (row, at): (usize, usize), dst: &mut [f32]) {
+    for (i, s) in src.chunks_exact(h.stride()).enumerate() {
+        let out = &mut dst[i * row + at..i * row + at + h.head_dim];
+        out.iter_mut().zip(s).for_each(|(o, s)| *o += s);
+    }
+}
