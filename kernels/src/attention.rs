@@ -133,7 +133,7 @@ pub fn short_head_forward(
 ) {
     h.check(&[q.len(), k.len(), v.len(), o.len()], &[lse.len()]);
     transpose(h, k, &mut scratch.kt);
-    forward_rows(Forward {
+    run_rows(Forward {
         h: *h,
         rounding,
         q,
@@ -174,7 +174,7 @@ pub fn short_head_backward(
     );
     transpose(h, k, &mut scratch.kt);
     transpose(h, v, &mut scratch.vt);
-    backward_rows(Backward {
+    run_rows(Backward {
         h: *h,
         rounding,
         q,
@@ -252,9 +252,9 @@ impl Lanes8 for Portable {
     }
 }
 
-/// [`Lanes8`] in one AVX register. Values of this type are only made inside
-/// [`forward_rows`]' and [`backward_rows`]' AVX2 bodies, which run after the CPU's AVX2 and FMA
-/// were checked ([`crate::level`]): that is what makes its intrinsics sound to call.
+/// [`Lanes8`] in one AVX register. Values of this type are only made inside [`run_rows`]' AVX2
+/// body, which runs after the CPU's AVX2 and FMA were checked ([`crate::level`]): that is what
+/// makes its intrinsics sound to call.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 struct Avx2(std::arch::x86_64::__m256);
@@ -438,6 +438,41 @@ fn round(rounding: Rounding, x: &mut [f32]) {
     }
 }
 
+/// One of the passes over a head's rows, generic over the lanes it computes in.
+trait RowPass {
+    fn run<V: Lanes8>(self);
+}
+
+/// Runs `pass` on AVX2 and FMA where the CPU has them (AVX-512 CPUs included), else on
+/// [`Portable`] lanes; the same bits either way.
+fn run_rows<P: RowPass>(pass: P) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::level::level() >= crate::level::Level::Avx2 {
+        #[target_feature(enable = "avx2,fma")]
+        fn wide<P: RowPass>(pass: P) {
+            pass.run::<Avx2>()
+        }
+        // SAFETY: the level is at least AVX2, which is only detected (or forced) on a CPU with
+        // AVX2 and FMA.
+        return unsafe { wide(pass) };
+    }
+    pass.run::<Portable>()
+}
+
+impl RowPass for Forward<'_> {
+    #[inline(always)]
+    fn run<V: Lanes8>(self) {
+        forward_body::<V>(self)
+    }
+}
+
+impl RowPass for Backward<'_> {
+    #[inline(always)]
+    fn run<V: Lanes8>(self) {
+        backward_body::<V>(self)
+    }
+}
+
 /// The forward's operands: `kt` is `head_dim × padded_keys`.
 struct Forward<'a> {
     h: ShortHead,
@@ -447,22 +482,6 @@ struct Forward<'a> {
     v: &'a [f32],
     o: &'a mut [f32],
     lse: &'a mut [f32],
-}
-
-/// [`forward_body`] on AVX2 and FMA where the CPU has them (AVX-512 CPUs included), else on
-/// [`Portable`] lanes; the same bits either way.
-fn forward_rows(a: Forward<'_>) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::level::level() >= crate::level::Level::Avx2 {
-        #[target_feature(enable = "avx2,fma")]
-        fn wide(a: Forward<'_>) {
-            forward_body::<Avx2>(a)
-        }
-        // SAFETY: the level is at least AVX2, which is only detected (or forced) on a CPU with
-        // AVX2 and FMA.
-        return unsafe { wide(a) };
-    }
-    forward_body::<Portable>(a)
 }
 
 #[inline(always)]
@@ -524,20 +543,6 @@ struct Backward<'a> {
     dq: &'a mut [f32],
     dk: &'a mut [f32],
     dv: &'a mut [f32],
-}
-
-/// [`backward_body`], chosen as [`forward_rows`] chooses.
-fn backward_rows(a: Backward<'_>) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::level::level() >= crate::level::Level::Avx2 {
-        #[target_feature(enable = "avx2,fma")]
-        fn wide(a: Backward<'_>) {
-            backward_body::<Avx2>(a)
-        }
-        // SAFETY: as in `forward_rows`.
-        return unsafe { wide(a) };
-    }
-    backward_body::<Portable>(a)
 }
 
 #[inline(always)]

@@ -111,32 +111,18 @@ fn a_head_that_does_not_fit_or_a_short_buffer_panics_with_its_reason() {
         let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_err();
         err.downcast_ref::<String>().cloned().unwrap_or_default()
     };
-    let m = vec![0.0; h.matrix_len()];
-    let (mut o, mut lse) = (m.clone(), vec![0.0; h.tokens]);
     let mut scratch = ShortHeadScratch::new();
-    let text = message(&mut || {
-        short_head_forward(
-            &h,
-            Rounding::F32,
-            [&m, &m, &m],
-            &mut o,
-            &mut lse,
-            &mut scratch,
-        )
-    });
-    assert!(text.contains("does not fit"), "{text}");
-    let h = ShortHead { tokens: 5, ..h };
-    let m = vec![0.0; h.matrix_len()];
-    let (mut o, mut lse) = (m.clone(), vec![0.0; h.tokens - 1]);
-    let text = message(&mut || {
-        short_head_forward(
-            &h,
-            Rounding::F32,
-            [&m, &m, &m],
-            &mut o,
-            &mut lse,
-            &mut scratch,
-        )
-    });
-    assert!(text.contains("expected"), "{text}");
+    // The head of 65 tokens, then one of 5 with a log-sum-exp buffer a row short.
+    for (h, lse_len, reason) in [
+        (h, h.tokens, "does not fit"),
+        (ShortHead { tokens: 5, ..h }, 4, "expected"),
+    ] {
+        let m = vec![0.0; h.matrix_len()];
+        let (mut o, mut lse) = (m.clone(), vec![0.0; lse_len]);
+        let text = message(&mut || {
+            let mats = [&m[..], &m, &m];
+            short_head_forward(&h, Rounding::F32, mats, &mut o, &mut lse, &mut scratch)
+        });
+        assert!(text.contains(reason), "{h:?}: {text}");
+    }
 }
