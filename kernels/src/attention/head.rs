@@ -1,0 +1,79 @@
+//! One short head's sizes and options, the limits the kernels take, and the precision the
+//! probabilities are rounded to.
+
+/// The width of the vectors the loops run in (f32 lanes of an AVX2 register).
+pub const LANES: usize = 8;
+
+/// The most tokens (keys per query row) a short head may have.
+pub const MAX_KEYS: usize = 64;
+
+/// The widest head a short head may have.
+pub const MAX_HEAD_DIM: usize = 64;
+
+/// One head's sizes and options.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ShortHead {
+    /// Tokens of the sequence: query rows, and keys per row.
+    pub tokens: usize,
+    /// Columns of one head's queries, keys and values.
+    pub head_dim: usize,
+    /// Whether token `i` attends only to tokens `j ≤ i`.
+    pub causal: bool,
+    /// The scores' scale (`1/√head_dim` for scaled dot-product attention).
+    pub scale: f32,
+}
+
+impl ShortHead {
+    /// Whether these kernels take the head: 1 to [`MAX_KEYS`] tokens, heads 1 to
+    /// [`MAX_HEAD_DIM`] wide.
+    pub fn fits(&self) -> bool {
+        (1..=MAX_KEYS).contains(&self.tokens) && (1..=MAX_HEAD_DIM).contains(&self.head_dim)
+    }
+
+    /// Elements between the starts of two rows of a matrix: `head_dim` rounded up to [`LANES`].
+    pub fn stride(&self) -> usize {
+        self.head_dim.div_ceil(LANES) * LANES
+    }
+
+    /// Elements of one `tokens × head_dim` matrix (`tokens × stride`).
+    pub fn matrix_len(&self) -> usize {
+        self.tokens * self.stride()
+    }
+
+    /// Keys rounded up to [`LANES`]: the row length of the transposed keys and values.
+    pub(super) fn padded_keys(&self) -> usize {
+        self.tokens.div_ceil(LANES) * LANES
+    }
+
+    /// Keys query row `i` sees.
+    pub(super) fn visible(&self, i: usize) -> usize {
+        if self.causal {
+            i + 1
+        } else {
+            self.tokens
+        }
+    }
+
+    /// Panics unless the head fits and every matrix and row vector has its length.
+    pub(super) fn check(&self, matrices: &[usize], rows: &[usize]) {
+        assert!(self.fits(), "short-head attention: {self:?} does not fit");
+        let len = self.matrix_len();
+        assert!(
+            matrices.iter().all(|&l| l == len) && rows.iter().all(|&l| l == self.tokens),
+            "short-head attention: matrices of {len} elements and rows of {} expected",
+            self.tokens
+        );
+    }
+}
+
+/// The precision the probabilities and the scores' gradient are rounded to before their
+/// products: the working precision of the head's operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rounding {
+    /// FP32 operands: nothing is rounded.
+    F32,
+    /// FP16 operands.
+    F16,
+    /// BF16 operands.
+    Bf16,
+}
