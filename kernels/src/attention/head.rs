@@ -54,13 +54,14 @@ impl ShortHead {
         }
     }
 
-    /// Panics unless the head fits and every matrix and row vector has its length.
-    pub(super) fn check(&self, matrices: &[usize], rows: &[usize]) {
+    /// Panics unless the head fits, every matrix has its length and the log-sum-exps one per
+    /// token.
+    pub(super) fn check(&self, matrices: &[usize], lse: usize) {
         assert!(self.fits(), "short-head attention: {self:?} does not fit");
         let len = self.matrix_len();
         assert!(
-            matrices.iter().all(|&l| l == len) && rows.iter().all(|&l| l == self.tokens),
-            "short-head attention: matrices of {len} elements and rows of {} expected",
+            matrices.iter().all(|&l| l == len) && lse == self.tokens,
+            "short-head attention: matrices of {len} elements and {} log-sum-exps expected",
             self.tokens
         );
     }

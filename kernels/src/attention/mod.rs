@@ -5,16 +5,17 @@
 //! Why a kernel apart from the blocked one (`typed_amp`'s CPU attention, FlashAttention's
 //! blocks on the GEMM): its products on such heads are tiny (the ViT's 17 tokens × 16 columns,
 //! the small GPT's 64 × 32), and packing each operand plus the GEMM's calls cost several times
-//! their arithmetic: 13–25 GFLOP/s in `cargo bench --bench attention` on Zen 3, where the GEMM
-//! itself runs at 160. Here every product is a loop over vectors of [`LANES`] keys (or head
-//! columns) with its sums in registers, on AVX2 and FMA where the CPU has them, else on plain
-//! arrays; every multiply-add is fused, so the bits do not depend on the CPU.
+//! their arithmetic: 13–25 GFLOP/s in `cargo bench --bench attention` on Zen 3 before these
+//! kernels (BENCHMARKS.md, session 45), where the GEMM itself runs at 160. Here every product
+//! is a loop over vectors of [`LANES`] keys (or head columns) with its sums in registers, on
+//! AVX2 and FMA where the CPU has them, else on plain arrays; every multiply-add is fused, so
+//! the bits do not depend on the CPU.
 //!
-//! The arithmetic is the blocked kernel's: scores `q·k` as `head_dim`-term sums in order, scaled,
-//! the row's maximum subtracted, [`exp_f32`](crate::math::exp_f32); the probabilities (forward and `dv`) and the
-//! scores' gradient (`dq`, `dk`) rounded once to the working precision ([`Rounding`]) before
-//! their products, as FlashAttention rounds them; only the order of a row's sum of
-//! probabilities and of the products' sums over keys differ.
+//! The arithmetic is the blocked kernel's: scores `q·k` as `head_dim`-term sums in order,
+//! scaled, the row's maximum subtracted, [`exp_f32`](crate::math::exp_f32); the probabilities
+//! (forward and `dv`) and the scores' gradient (`dq`, `dk`) rounded once to the working
+//! precision ([`Rounding`]) before their products, as FlashAttention rounds them; only the order
+//! of a row's sum of probabilities and of the products' sums over keys differ.
 //!
 //! Layout: every `tokens × head_dim` matrix is row-major, its rows [`ShortHead::stride`] apart
 //! (the head width rounded up to [`LANES`]). The lanes past `head_dim` of an input never reach
@@ -59,7 +60,7 @@ pub fn short_head_forward(
     lse: &mut [f32],
     scratch: &mut ShortHeadScratch,
 ) {
-    h.check(&[q.len(), k.len(), v.len(), o.len()], &[lse.len()]);
+    h.check(&[q.len(), k.len(), v.len(), o.len()], lse.len());
     transpose(h, k, &mut scratch.kt);
     run_rows(Forward {
         h: *h,
@@ -98,7 +99,7 @@ pub fn short_head_backward(
             dk.len(),
             dv.len(),
         ],
-        &[lse.len()],
+        lse.len(),
     );
     transpose(h, k, &mut scratch.kt);
     transpose(h, v, &mut scratch.vt);

@@ -180,8 +180,8 @@ fn blocks<const W: usize>(
 /// with one vector at a time: the derivative 2.48 → 2.31 ns per element, `exp` 0.41 → 0.38,
 /// GELU 1.81 → 1.83 (within the runs' spread). Rust never contracts `a·b + c` into a fused
 /// multiply-add, and the fused ones it is asked for (`mul_add`) are exact everywhere, so every
-/// build gives the same bits. (`$f` is called by name: through a closure not marked for inlining, the call was not
-/// inlined into the AVX2 loop and ran unvectorised.)
+/// build gives the same bits. (`$f` is called by name: through a closure not marked for
+/// inlining, the call was not inlined into the AVX2 loop and ran unvectorised.)
 macro_rules! slice_form {
     ($(#[$doc:meta])* $name:ident, $f:ident) => {
         $(#[$doc])*

@@ -18,8 +18,8 @@ use typed_amp_kernels::attention::{
 use std::cell::RefCell;
 
 use super::AttentionDims;
-use crate::device::utilities::cpu::as_f32;
-use crate::precision::{AmpElem, Indexed};
+use crate::device::utilities::cpu::{as_f32, as_f32_mut};
+use crate::precision::{dtype_of, AmpElem, DType};
 
 /// The short-head kernels' sizes for `d`, if its heads fit them.
 pub(super) fn short_head(d: &AttentionDims) -> Option<ShortHead> {
@@ -34,23 +34,25 @@ pub(super) fn short_head(d: &AttentionDims) -> Option<ShortHead> {
 
 /// What the probabilities are rounded to for operands of `E`.
 fn rounding<E: AmpElem>() -> Rounding {
-    // The element type by its place in the list of precisions (`with_precisions!`).
-    match E::INDEX {
-        i if i == <half::f16 as Indexed>::INDEX => Rounding::F16,
-        i if i == <half::bf16 as Indexed>::INDEX => Rounding::Bf16,
-        _ => Rounding::F32,
+    match dtype_of::<E>() {
+        DType::F16 => Rounding::F16,
+        DType::BF16 => Rounding::Bf16,
+        DType::F32 => Rounding::F32,
     }
 }
 
-/// A thread's buffers: a sequence's operands in FP32 (`wide`), its results in FP32 (`out`),
-/// and one head's matrices as the kernels take them (`tokens × stride` each). Kept per thread
-/// between calls: allocated per rayon job, the small GPT's (about 100 KiB a sequence) were
-/// given back to the system and faulted in again, 35,000 page faults a pass.
+/// A thread's buffers: a sequence's 16-bit operands and results in FP32 (`wide`, `out`), and
+/// one head's matrices as the kernels take them (`tokens × stride` each). Kept per thread
+/// between calls, as the GEMM keeps its packing buffers: allocated per rayon job, the small
+/// GPT's (about 100 KiB a sequence, above glibc's first mmap threshold) were given back to the
+/// system and faulted in again on every pass where the application had not called
+/// [`keep_freed_memory`](crate::device::keep_freed_memory).
 #[derive(Default)]
 struct ShortScratch {
     /// `[qkv, y, dy]` of one sequence, widened (unused when the operands are FP32 already).
     wide: [Vec<f32>; 3],
-    /// The sequence's output (forward) or its `[q | k | v]` gradient rows (backward).
+    /// The sequence's output (forward) or its `[q | k | v]` gradient rows (backward) in FP32,
+    /// rounded once at the end (unused when they are FP32 already).
     out: Vec<f32>,
     /// One head's `[q, k, v, y, dy]`.
     head: [Vec<f32>; 5],
@@ -96,7 +98,7 @@ fn wide<'a, E: AmpElem>(src: &'a [E], buf: &'a mut Vec<f32>) -> &'a [f32] {
 }
 
 /// `dst = src` in copies of eight: `copy_from_slice` of a row's 16 to 64 elements is a call to
-/// `memcpy`, and those calls cost a fifth of the ViT's attention.
+/// `memcpy`, which costs more than the copy.
 #[inline(always)]
 fn copy_row(src: &[f32], dst: &mut [f32]) {
     let (d8, dst_tail) = dst.as_chunks_mut::<8>();
@@ -152,18 +154,28 @@ fn forward_with<E: AmpElem>(
     let width = d.width();
     let [wide_qkv, ..] = &mut sc.wide;
     let src = wide(qkv, wide_qkv);
-    sc.out.resize(y.len(), 0.0);
     let [q, k, v, ..] = &mut sc.head;
     let [o, ..] = &mut sc.results;
+    // FP32 rows are written in place; 16-bit ones gathered in `out` and rounded once.
+    let narrow = as_f32_mut(y).is_none();
+    let out: &mut [f32] = match as_f32_mut(y) {
+        Some(y) => y,
+        None => {
+            sc.out.resize(y.len(), 0.0);
+            &mut sc.out
+        }
+    };
     for (head, lse) in lse.chunks_mut(d.tokens).enumerate() {
         let at = head * d.head_dim;
         gather(h, src, (3 * width, at), q);
         gather(h, src, (3 * width, width + at), k);
         gather(h, src, (3 * width, 2 * width + at), v);
         short_head_forward(h, rounding::<E>(), [q, k, v], o, lse, &mut sc.kernels);
-        scatter(h, o, (width, at), &mut sc.out);
+        scatter(h, o, (width, at), out);
     }
-    E::slice_from_f32(&sc.out, y);
+    if narrow {
+        E::slice_from_f32(&sc.out, y);
+    }
 }
 
 /// One sequence's backward: the gradient of `qkv` from the output `y`, its gradient `dy` and
@@ -189,12 +201,20 @@ fn backward_with<E: AmpElem>(
     let width = d.width();
     let [wide_qkv, wide_y, wide_dy] = &mut sc.wide;
     let (qkv, y, dy) = (wide(qkv, wide_qkv), wide(y, wide_y), wide(dy, wide_dy));
-    // The gradient rows start as the old values (when adding to them): each element is then
-    // rounded once, after its one addition.
-    sc.out.resize(dqkv.len(), 0.0);
-    if accumulate {
-        E::slice_to_f32(dqkv, &mut sc.out);
-    }
+    // FP32 gradient rows are written (or added to) in place; 16-bit ones start in `out` as the
+    // old values (when adding to them), so that each element is rounded once, after its one
+    // addition.
+    let narrow = as_f32_mut(dqkv).is_none();
+    let out: &mut [f32] = match as_f32_mut(dqkv) {
+        Some(dqkv) => dqkv,
+        None => {
+            sc.out.resize(dqkv.len(), 0.0);
+            if accumulate {
+                E::slice_to_f32(dqkv, &mut sc.out);
+            }
+            &mut sc.out
+        }
+    };
     let [q, k, v, yh, dyh] = &mut sc.head;
     let [dq, dk, dv] = &mut sc.results;
     for (head, lse) in lse.chunks(d.tokens).enumerate() {
@@ -216,13 +236,15 @@ fn backward_with<E: AmpElem>(
         );
         for (grad, at) in [&*dq, &*dk, &*dv].into_iter().zip(parts) {
             if accumulate {
-                add_into(h, grad, (3 * width, at), &mut sc.out);
+                add_into(h, grad, (3 * width, at), out);
             } else {
-                scatter(h, grad, (3 * width, at), &mut sc.out);
+                scatter(h, grad, (3 * width, at), out);
             }
         }
     }
-    E::slice_from_f32(&sc.out, dqkv);
+    if narrow {
+        E::slice_from_f32(&sc.out, dqkv);
+    }
 }
 
 /// Adds `src`'s rows to the head's columns of `dst` (rows `row` apart, from `at`).

@@ -263,8 +263,8 @@ fn cases() -> Vec<AttentionDims> {
         dims(2, 17, 4, 16, false),
         // Two full blocks.
         dims(1, 128, 2, 8, true),
-        // The short heads' bounds: 64 tokens, heads of 64 and 65 (the blocked kernels), widths
-        // that are not a multiple of a vector, tokens one past a vector.
+        // The short heads' bounds: 64 tokens, heads of 64 (short) and 65 (blocked), widths that
+        // are not a multiple of a vector, tokens one past a vector.
         dims(2, 64, 2, 32, true),
         dims(1, 64, 1, 64, false),
         dims(1, 33, 1, 65, true),
