@@ -18,15 +18,21 @@ pub enum Level {
     /// [`default_level`]); [`force_level`] or `TYPED_AMP_KERNELS=avx512bf16` select it anywhere
     /// the CPU has it.
     Avx512Bf16,
+    /// [`Level::Avx512Bf16`] plus Intel's AMX-TILE and AMX-BF16, with the operating system's
+    /// leave to use the tile registers (on Linux, `arch_prctl(ARCH_REQ_XCOMP_PERM)`, asked
+    /// once by [`detected_level`]): bf16 products run on `tdpbf16ps`, 16 × 16 × 32
+    /// multiply-adds an instruction. Every other kernel runs as at [`Level::Avx512`].
+    AmxBf16,
 }
 
 impl Level {
     /// All levels, lowest first.
-    pub const ALL: [Level; 4] = [
+    pub const ALL: [Level; 5] = [
         Level::Portable,
         Level::Avx2,
         Level::Avx512,
         Level::Avx512Bf16,
+        Level::AmxBf16,
     ];
 
     /// The name accepted by `TYPED_AMP_KERNELS`.
@@ -36,6 +42,7 @@ impl Level {
             Level::Avx2 => "avx2",
             Level::Avx512 => "avx512",
             Level::Avx512Bf16 => "avx512bf16",
+            Level::AmxBf16 => "amx",
         }
     }
 
@@ -72,11 +79,45 @@ fn detect() -> Level {
     {
         return Level::Avx2;
     }
-    if is_x86_feature_detected!("avx512bf16") {
-        Level::Avx512Bf16
-    } else {
-        Level::Avx512
+    if !is_x86_feature_detected!("avx512bf16") {
+        return Level::Avx512;
     }
+    if amx_bf16_usable() {
+        Level::AmxBf16
+    } else {
+        Level::Avx512Bf16
+    }
+}
+
+/// Whether the CPU has AMX-TILE and AMX-BF16 (CPUID leaf 7, EDX bits 24 and 22) and the
+/// kernel lets this process use the tile data (Linux 5.16 and later grant it on request; a
+/// tile instruction without that leave faults). Asked once: the leave is process-wide.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn amx_bf16_usable() -> bool {
+    const AMX_BF16: u32 = 1 << 22;
+    const AMX_TILE: u32 = 1 << 24;
+    // CPUID leaf 7 exists on every CPU with AVX-512 (checked by the caller).
+    let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
+    if leaf7.edx & (AMX_BF16 | AMX_TILE) != AMX_BF16 | AMX_TILE {
+        return false;
+    }
+    const ARCH_REQ_XCOMP_PERM: libc::c_ulong = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_ulong = 18;
+    // SAFETY: arch_prctl with these arguments only asks for a permission; it touches no memory
+    // of ours and fails cleanly (EINVAL) on kernels that do not know it.
+    unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) == 0
+    }
+}
+
+/// Other systems: AMX is left unused (each has its own way of granting the tile state).
+#[cfg(all(target_arch = "x86_64", not(target_os = "linux")))]
+fn amx_bf16_usable() -> bool {
+    false
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -84,8 +125,8 @@ fn detect() -> Level {
     Level::Portable
 }
 
-/// The level used when nothing is forced: [`detected_level`], except that AVX512-BF16 is
-/// left out where its `vdpbf16ps` is slower than widening bf16 to f32 for FMA.
+/// The level used when nothing is forced: [`detected_level`], except that AVX512-BF16 (without
+/// AMX) is left out where its `vdpbf16ps` is slower than widening bf16 to f32 for FMA.
 ///
 /// The pair kernel pays only where `vdpbf16ps` (32 multiply-adds) retires at least half as
 /// often as `vfmadd231ps` (16). On AMD's Zen 4 and Zen 5 it does (on a Zen 5 the bf16 product
@@ -94,7 +135,9 @@ fn detect() -> Level {
 /// `vfmadd231ps` zmm at 0.16 ns (96 against 200 GFLOP/s per core), and the pair kernel's bf16
 /// product ran at 0.57× the widening kernel's (162 against 282 GFLOP/s at 1024³, 2 cores). The
 /// choice is by vendor, not by timing, so that one machine always rounds the same way (the
-/// two kernels sum a pair's products in different orders).
+/// two kernels sum a pair's products in different orders). Where the CPU has AMX (Intel's
+/// Sapphire Rapids and later), bf16 products run on the tiles instead, at several times the
+/// widening kernel's rate, and that level is the default.
 pub fn default_level() -> Level {
     static DEFAULT: OnceLock<Level> = OnceLock::new();
     *DEFAULT.get_or_init(|| {
@@ -182,6 +225,7 @@ mod tests {
             Level::Avx512Bf16 if !bf16_pairs_outpace_widening() => {
                 assert_eq!(default, Level::Avx512)
             }
+            // AMX is used wherever it is detected (its permission granted), on any vendor.
             detected => assert_eq!(default, detected),
         }
     }

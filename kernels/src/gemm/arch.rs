@@ -29,8 +29,11 @@ pub(super) struct Arch {
     /// Columns of B packed at once (a multiple of `nr`); `kc × nc` f32 is sized to stay in L2
     /// while each A micro-panel sweeps across it.
     pub(super) nc: usize,
-    /// bf16 packed as (k, k+1) pairs for `vdpbf16ps`.
+    /// bf16 packed as (k, k+1) pairs for `vdpbf16ps` (and AMX's `tdpbf16ps`).
     pub(super) pairs: bool,
+    /// A's micro-panels packed row by row, each row's k pairs contiguous (AMX's tile loads),
+    /// instead of k step by k step.
+    pub(super) a_tile_rows: bool,
     /// `kernels[M - 1][NV - 1]`.
     pub(super) kernels: &'static [[KernFn; 2]],
     /// The same, reading A's rows in place ([`RowsKernFn`]): the pair path only.
@@ -72,6 +75,22 @@ impl Arch {
         let pair_emulation = BF16_PAIR_EMULATION.load(Ordering::Relaxed);
         #[cfg(target_arch = "x86_64")]
         {
+            if kind == Kind::Bf16 && lvl >= Level::AmxBf16 {
+                return Arch {
+                    level: lvl,
+                    // 16 × 32: one A tile, two B and two C tiles of AMX's eight.
+                    mr: 16,
+                    vw: 16,
+                    nvmax: 2,
+                    kc: 512,
+                    mc: 480,
+                    nc: 768,
+                    pairs: true,
+                    a_tile_rows: true,
+                    kernels: &super::x86::KERNELS_AMX,
+                    rows_kernels: Some(&super::x86::ROWS_KERNELS_AMX),
+                };
+            }
             if kind == Kind::Bf16 && lvl >= Level::Avx512Bf16 {
                 return Arch {
                     level: lvl,
@@ -86,6 +105,7 @@ impl Arch {
                     // (16384 token rows): 580-700 GFLOP/s there against 775-835 at 768.
                     nc: 768,
                     pairs: true,
+                    a_tile_rows: false,
                     kernels: &super::x86::KERNELS_AVX512_BF16,
                     rows_kernels: Some(&super::x86::ROWS_KERNELS_AVX512_BF16),
                 };
@@ -114,6 +134,7 @@ impl Arch {
                     mc,
                     nc,
                     pairs: false,
+                    a_tile_rows: false,
                     kernels: &super::x86::KERNELS_AVX512,
                     rows_kernels: None,
                 };
@@ -128,6 +149,7 @@ impl Arch {
                     mc,
                     nc,
                     pairs: false,
+                    a_tile_rows: false,
                     kernels: &super::x86::KERNELS_AVX2,
                     // Only f32 A can be read where it lies; 16-bit A widens while packing.
                     rows_kernels: (kind == Kind::F32).then_some(&super::x86::ROWS_KERNELS_AVX2),
@@ -146,6 +168,7 @@ impl Arch {
             mc: 480,
             nc: 512,
             pairs: false,
+            a_tile_rows: false,
             kernels: &PORTABLE_KERNELS,
             rows_kernels: None,
         }
@@ -161,6 +184,7 @@ impl Arch {
             mc: 480,
             nc: 256,
             pairs: true,
+            a_tile_rows: false,
             kernels: &PAIR_EMULATION_KERNELS,
             rows_kernels: Some(&PAIR_EMULATION_ROWS_KERNELS),
         }

@@ -63,12 +63,88 @@ pub(super) unsafe fn panels(
 /// `l < lanes`, `p < kc`, with lanes `lanes..dst_stride` zeroed if `fill` (B panels, whose
 /// padding columns the kernels compute with). For the pair path, `p` runs over k pairs and each
 /// `dst` slot holds two bf16, the even k in the low half; an odd tail is padded with zero.
+/// On AMX's path ([`Arch::a_tile_rows`]) an A panel (`fill` false: A's panels are never
+/// padded, B's always are) is laid out row by row instead, `dst[l * ceil(kc / 2) + p]`, its
+/// lanes past `lanes` holding whatever the scratch did (they only reach rows of C past the
+/// tile's, never stored).
 ///
 /// # Safety
 /// `src` addresses a valid `lanes × kc` view of `kind` elements; `dst` is writable for
 /// `ceil(kc / step) * dst_stride` f32 slots.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn panel(
+    arch: &Arch,
+    kind: Kind,
+    src: *const u8,
+    lane_stride: isize,
+    k_stride: isize,
+    lanes: usize,
+    kc: usize,
+    dst: *mut f32,
+    dst_stride: usize,
+    fill: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if arch.a_tile_rows && !fill {
+        // An A micro-panel for AMX's tiles: packed k pair by k pair as for `vdpbf16ps`, then
+        // turned row by row (each lane's pairs contiguous), the layout a tile load reads.
+        debug_assert!(arch.pairs && dst_stride == 16 && arch.level >= Level::Avx512);
+        let kp = kc.div_ceil(2);
+        return STEPS.with(|cell| {
+            let mut steps = cell.borrow_mut();
+            if steps.len() < kp * dst_stride {
+                steps.resize(kp * dst_stride, 0);
+            }
+            // SAFETY: the scratch holds `kp · 16` pairs and the panel as many; the caller's
+            // contract for the rest; the level says the CPU has AVX-512F.
+            unsafe {
+                let tmp = steps.as_mut_ptr();
+                panel_by_steps(
+                    arch,
+                    kind,
+                    src,
+                    lane_stride,
+                    k_stride,
+                    lanes,
+                    kc,
+                    tmp as *mut f32,
+                    dst_stride,
+                    fill,
+                );
+                super::x86::pairs_to_rows(tmp, kp, dst as *mut u32);
+            }
+        });
+    }
+    // SAFETY: the caller's contract.
+    unsafe {
+        panel_by_steps(
+            arch,
+            kind,
+            src,
+            lane_stride,
+            k_stride,
+            lanes,
+            kc,
+            dst,
+            dst_stride,
+            fill,
+        )
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// [`panel`]'s k-step-major copy of an A micro-panel on its way to AMX's row-major one
+    /// (at most 256 pairs of 16 lanes: 16 KiB), kept between calls.
+    static STEPS: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`panel`] in the k-step-major layout every kernel but AMX's reads.
+///
+/// # Safety
+/// As [`panel`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn panel_by_steps(
     arch: &Arch,
     kind: Kind,
     src: *const u8,

@@ -69,7 +69,8 @@ impl Micro {
 
 #[repr(C, align(64))]
 pub(super) struct Tile(pub(super) [f32; TILE_MR * TILE_NR]);
-pub(super) const TILE_MR: usize = 12;
+/// The tallest micro-tile of any path (AMX's).
+pub(super) const TILE_MR: usize = 16;
 pub(super) const TILE_NR: usize = 32;
 
 /// The epilogue for one tile (or run) of C.

@@ -5,6 +5,7 @@ mod kernels;
 mod lanes;
 mod pack;
 mod store;
+mod tiles;
 
 pub(super) use kernels::{
     KERNELS_AVX2, KERNELS_AVX512, KERNELS_AVX512_BF16, ROWS_KERNELS_AVX2, ROWS_KERNELS_AVX512_BF16,
@@ -14,6 +15,7 @@ pub(super) use pack::{
     pack_pairs_transpose_fp8_avx512, pack_rows_avx512, pack_transpose_avx512,
 };
 pub(super) use store::{store_cols_avx512, store_rows_avx512, tile_non_finite_avx512};
+pub(super) use tiles::{pairs_to_rows, KERNELS_AMX, ROWS_KERNELS_AMX};
 
 #[cfg(test)]
 mod tests {

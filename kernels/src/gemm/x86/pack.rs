@@ -12,7 +12,7 @@ use super::lanes::{lane_mask, load16, load16_masked, widen_fp8_512};
 /// two rounds of 128-bit lane shuffles. 64 shuffles for 256 elements.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn transpose16(r: &mut [__m512; 16]) {
+pub(super) fn transpose16(r: &mut [__m512; 16]) {
     let mut t = [_mm512_setzero_ps(); 16];
     for i in 0..8 {
         t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
