@@ -26,8 +26,9 @@
 //!
 //! Every vectorised routine is chosen at run time from the CPU's features (see [`Level`]);
 //! nothing depends on `-C target-cpu` (the default, [`default_level`], leaves AVX512-BF16's
-//! `vdpbf16ps` out on CPUs where it is slower than widening to f32). The environment variable
-//! `TYPED_AMP_KERNELS` (`portable`, `avx2`, `avx512`, `avx512bf16`; read once, and an
+//! `vdpbf16ps` out on CPUs where it is slower than widening to f32, and runs bf16 products on
+//! AMX's tiles where the CPU and the system allow them). The environment variable
+//! `TYPED_AMP_KERNELS` (`portable`, `avx2`, `avx512`, `avx512bf16`, `amx`; read once, and an
 //! unrecognised value means `portable`) names the instruction set (never above what the CPU
 //! has), and [`force_level`] does the same from code.
 

@@ -3,8 +3,10 @@
 //! register-blocked micro-kernel over them; products too small for packing to pay (attention's
 //! per-head products) skip it (`small.rs`). On the bf16-pair path a row-major A is not packed
 //! at all: its (k, k+1) pairs already lie side by side, and the micro-kernel reads its rows in
-//! place (`arch::RowsKernFn`). Every finished f32 tile goes through one store routine
-//! (`store.rs`), which applies the [`Epilogue`] and rounds once into C.
+//! place (`arch::RowsKernFn`). Where the CPU has AMX, bf16 products run on its tiles
+//! (`x86/tiles.rs`) over the same B panels, A's panels laid out row by row. Every finished f32
+//! tile goes through one store routine (`store.rs`), which applies the [`Epilogue`] and rounds
+//! once into C.
 
 mod arch;
 #[cfg(target_arch = "x86_64")]
