@@ -45,17 +45,15 @@ impl Arch {
         self.nvmax * self.vw
     }
 
-    /// The depth of `k`'s blocks: as many as `kc` needs, made equal, each a whole number of
-    /// the path's k steps (pairs on the pair paths) and on AMX's of its 32-deep tile steps,
-    /// so that only the last block of a `k` that is not a multiple of 32 has a tail to pad.
-    /// The driver and `gemm_packed_b` both block k by it, and so sum alike.
-    pub(super) fn k_block(&self, k: usize) -> usize {
-        let unit = match (self.a_tile_rows, self.pairs) {
+    /// The unit k blocks are made of: a k step (a pair on the pair paths), or on AMX's path
+    /// one of its 32-deep tile steps, so that only the last block of a `k` that is not a
+    /// multiple of 32 has a tail to pad.
+    pub(super) fn k_unit(&self) -> usize {
+        match (self.a_tile_rows, self.pairs) {
             (true, _) => 32,
             (false, true) => 2,
             (false, false) => 1,
-        };
-        super::driver::balanced(k, self.kc, unit)
+        }
     }
 
     /// Where A's rows can be read in place (a path with rows kernels: the bf16-pair path and

@@ -125,7 +125,7 @@ pub(super) unsafe fn serial_with(arch: &Arch, p: &Problem, bufs: &mut Buffers) -
     let (mr, nr, vw) = (arch.mr, arch.nr(), arch.vw);
     debug_assert!(mr <= TILE_MR && nr <= TILE_NR);
     let kstep = if arch.pairs { 2 } else { 1 };
-    let kc_max = arch.k_block(p.k);
+    let kc_max = balanced(p.k, arch.kc, arch.k_unit());
     // Packed panels hold k *steps* (pairs count once, two bf16 in one f32-sized slot).
     let kc_units_max = kc_max / kstep;
     let mc_max = balanced(p.m, arch.mc, mr);

@@ -15,6 +15,7 @@
 use std::cell::RefCell;
 
 use super::arch::Arch;
+use super::driver::balanced;
 use super::entry::{check_bias, check_distinct, checked_view};
 use super::problem::{Epi, Problem};
 use super::store::k_empty;
@@ -278,7 +279,7 @@ unsafe fn run(
     let kstep = if arch.pairs { 2 } else { 1 };
     // The k blocks the driver would use for this k, so that each element's sum is grouped
     // (and so rounded) as there.
-    let kc_max = arch.k_block(p.k);
+    let kc_max = balanced(p.k, arch.kc, arch.k_unit());
     let multi_block = p.k > kc_max;
     let e = &p.epi;
     let in_place = p.out == Kind::F32 && e.plain() && (!e.accumulate || !multi_block);
