@@ -86,24 +86,8 @@ impl Arch {
         let pair_emulation = BF16_PAIR_EMULATION.load(Ordering::Relaxed);
         #[cfg(target_arch = "x86_64")]
         {
-            if kind == Kind::Bf16 && lvl >= Level::AmxBf16 {
-                return Arch {
-                    level: lvl,
-                    // 16 × 32: one A tile, two B and two C tiles of AMX's eight.
-                    mr: 16,
-                    vw: 16,
-                    nvmax: 2,
-                    kc: 512,
-                    mc: 480,
-                    nc: 768,
-                    pairs: true,
-                    a_tile_rows: true,
-                    kernels: &super::x86::KERNELS_AMX,
-                    rows_kernels: Some(&super::x86::ROWS_KERNELS_AMX),
-                };
-            }
             if kind == Kind::Bf16 && lvl >= Level::Avx512Bf16 {
-                return Arch {
+                let pairs = Arch {
                     level: lvl,
                     mr: 12,
                     vw: 16,
@@ -119,6 +103,18 @@ impl Arch {
                     a_tile_rows: false,
                     kernels: &super::x86::KERNELS_AVX512_BF16,
                     rows_kernels: Some(&super::x86::ROWS_KERNELS_AVX512_BF16),
+                };
+                if lvl < Level::AmxBf16 {
+                    return pairs;
+                }
+                // AMX: the same B panels and blocks, a 16 × 32 tile (one A tile, two B and two
+                // C tiles of the eight), A's panels row by row.
+                return Arch {
+                    mr: 16,
+                    a_tile_rows: true,
+                    kernels: &super::x86::KERNELS_AMX,
+                    rows_kernels: Some(&super::x86::ROWS_KERNELS_AMX),
+                    ..pairs
                 };
             }
             if kind == Kind::Bf16 && pair_emulation {

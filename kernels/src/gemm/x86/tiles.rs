@@ -80,39 +80,36 @@ const C_STAGE_RS: isize = 2 * ROW_BYTES as isize;
 struct Stage<const N: usize>([u8; N]);
 
 /// One step of 32 k: `C0 += A·B0` (and `C1 += A·B1` for a second vector of columns), A's tile
-/// at `a` with rows `a_rs` bytes apart, B's at `b` with pair rows [`B_PAIR_BYTES`] apart (B1
-/// 64 bytes after B0).
+/// at `a` with rows `a_rs` bytes apart, B0's and B1's at `b0` and `b1` with pair rows `b_rs`
+/// apart.
 ///
 /// # Safety
-/// 16 rows of 64 bytes readable at `a` (stride `a_rs`) and at `b` (stride 128, and at `b + 64`
-/// for `NV == 2`); the tiles configured ([`configure`]).
+/// 16 rows of 64 bytes readable at `a` (stride `a_rs`), at `b0` and, for `NV == 2`, at `b1`
+/// (stride `b_rs`); the tiles configured ([`configure`]).
 #[inline(always)]
-unsafe fn step<const NV: usize>(a: *const u8, a_rs: isize, b: *const u8) {
+unsafe fn step<const NV: usize>(
+    a: *const u8,
+    a_rs: isize,
+    (b0, b1, b_rs): (*const u8, *const u8, isize),
+) {
     // SAFETY: the caller's contract; the tile registers are not the compiler's.
     unsafe {
+        asm!(
+            "tileloadd tmm0, [{a} + {a_rs}*1]",
+            "tileloadd tmm1, [{b} + {b_rs}*1]",
+            "tdpbf16ps tmm4, tmm0, tmm1",
+            a = in(reg) a,
+            a_rs = in(reg) a_rs,
+            b = in(reg) b0,
+            b_rs = in(reg) b_rs,
+            options(nostack),
+        );
         if NV == 2 {
             asm!(
-                "tileloadd tmm0, [{a} + {a_rs}*1]",
-                "tileloadd tmm1, [{b} + {b_rs}*1]",
-                "tileloadd tmm2, [{b1} + {b_rs}*1]",
-                "tdpbf16ps tmm4, tmm0, tmm1",
+                "tileloadd tmm2, [{b} + {b_rs}*1]",
                 "tdpbf16ps tmm5, tmm0, tmm2",
-                a = in(reg) a,
-                a_rs = in(reg) a_rs,
-                b = in(reg) b,
-                b1 = in(reg) b.add(ROW_BYTES),
-                b_rs = in(reg) B_PAIR_BYTES,
-                options(nostack),
-            );
-        } else {
-            asm!(
-                "tileloadd tmm0, [{a} + {a_rs}*1]",
-                "tileloadd tmm1, [{b} + {b_rs}*1]",
-                "tdpbf16ps tmm4, tmm0, tmm1",
-                a = in(reg) a,
-                a_rs = in(reg) a_rs,
-                b = in(reg) b,
-                b_rs = in(reg) B_PAIR_BYTES,
+                b = in(reg) b1,
+                b_rs = in(reg) b_rs,
                 options(nostack),
             );
         }
@@ -184,15 +181,13 @@ unsafe fn tile_kernel<const M: usize, const NV: usize>(
         let a_stage_p = a_stage.0.as_mut_ptr();
         for s in 0..steps {
             let a_s = a.add(s * ROW_BYTES);
+            let b_s = b.add(s * TILE_ROWS * B_PAIR_BYTES);
+            let b_s = (b_s, b_s.add(ROW_BYTES), B_PAIR_BYTES as isize);
             if direct_a {
-                step::<NV>(a_s, a_rs, b.add(s * TILE_ROWS * B_PAIR_BYTES));
+                step::<NV>(a_s, a_rs, b_s);
             } else {
                 copy_rows((a_s, a_rs), M, ROW_BYTES, (a_stage_p, ROW_BYTES as isize));
-                step::<NV>(
-                    a_stage_p,
-                    ROW_BYTES as isize,
-                    b.add(s * TILE_ROWS * B_PAIR_BYTES),
-                );
+                step::<NV>(a_stage_p, ROW_BYTES as isize, b_s);
             }
         }
         let tail = kp % TILE_ROWS;
@@ -212,7 +207,8 @@ unsafe fn tile_kernel<const M: usize, const NV: usize>(
                 let dst = (b_tp.add(v * TILE_ROWS * ROW_BYTES), ROW_BYTES as isize);
                 copy_rows(src, tail, ROW_BYTES, dst);
             }
-            step_split::<NV>(a_tp, b_tp);
+            let b1 = b_tp.add(TILE_ROWS * ROW_BYTES);
+            step::<NV>(a_tp, ROW_BYTES as isize, (b_tp, b1, ROW_BYTES as isize));
         }
         let (c, c_rs) = if direct_c {
             (dst as *mut u8, dst_rs * 4)
@@ -238,36 +234,6 @@ unsafe fn tile_kernel<const M: usize, const NV: usize>(
                     _mm512_storeu_ps(d.add(v * 16), x);
                 }
             }
-        }
-    }
-}
-
-/// [`step`] from the tail's scratch: A's tile at `a` (rows 64 bytes apart), B0's at `b` and
-/// B1's 1,024 bytes after it (each 16 rows of 64 bytes).
-///
-/// # Safety
-/// The scratch tiles as [`tile_kernel`] fills them; the tiles configured.
-#[inline(always)]
-unsafe fn step_split<const NV: usize>(a: *const u8, b: *const u8) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        asm!(
-            "tileloadd tmm0, [{a} + {rs}*1]",
-            "tileloadd tmm1, [{b} + {rs}*1]",
-            "tdpbf16ps tmm4, tmm0, tmm1",
-            a = in(reg) a,
-            b = in(reg) b,
-            rs = in(reg) ROW_BYTES,
-            options(nostack),
-        );
-        if NV == 2 {
-            asm!(
-                "tileloadd tmm2, [{b} + {rs}*1]",
-                "tdpbf16ps tmm5, tmm0, tmm2",
-                b = in(reg) b.add(TILE_ROWS * ROW_BYTES),
-                rs = in(reg) ROW_BYTES,
-                options(nostack),
-            );
         }
     }
 }
