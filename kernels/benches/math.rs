@@ -1,7 +1,8 @@
 //! Nanoseconds per element of the slice forms in `typed_amp_kernels::math` (GELU, its
-//! derivative, `exp`) at the CPU's detected level, one thread, over a million values spread
-//! across [−5, 5] (both branches of `erf`'s approximation): the elementwise costs a
-//! transformer's step pays on every MLP activation and every attention probability.
+//! derivative, `exp`) and of dropout's mask (`dropout::mask_scale`, p = 0.2) at the CPU's
+//! detected level, one thread, over a million values spread across [−5, 5] (both branches of
+//! `erf`'s approximation): the elementwise costs a transformer's step pays on every MLP
+//! activation, every attention probability and every dropout.
 //!
 //! ```text
 //! cargo bench -p typed-amp-kernels --bench math
@@ -10,6 +11,7 @@
 
 use std::time::Instant;
 
+use typed_amp_kernels::dropout::mask_scale;
 use typed_amp_kernels::math::{exp_slice, gelu_derivative_slice, gelu_slice};
 
 const LEN: usize = 1 << 20;
@@ -25,10 +27,11 @@ fn main() {
         typed_amp_kernels::detected_level()
     );
     let xs: Vec<f32> = (0..LEN).map(|i| (i % 2000) as f32 * 0.005 - 5.0).collect();
-    let forms: [(&str, SliceForm); 3] = [
+    let forms: [(&str, SliceForm); 4] = [
         ("gelu_slice", gelu_slice),
         ("gelu_derivative_slice", gelu_derivative_slice),
         ("exp_slice", exp_slice),
+        ("dropout mask_scale", dropout_mask),
     ];
     let mut v = xs.clone();
     for (name, f) in forms {
@@ -42,4 +45,9 @@ fn main() {
         }
         println!("{name:<24} {:>7.3}", bench_timing::median(&ns));
     }
+}
+
+/// Dropout at p = 0.2 (threshold 0.2 · 2⁶⁴), kept elements scaled by 1.25, from element 0.
+fn dropout_mask(xs: &mut [f32]) {
+    mask_scale(0x5eed, 0x3333_3333_3333_3400, 1.25, 0, xs);
 }

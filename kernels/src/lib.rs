@@ -20,6 +20,8 @@
 //!   per-tensor or per-row scales into an f32 C.
 //! * [`math`]: `erf` and `exp` for f32 without branches or calls, so that GELU's loops
 //!   vectorize.
+//! * [`dropout`]: dropout's counter-based mask (SplitMix64 per element, the CUDA kernel's
+//!   formula), applied eight elements at a time on AVX-512.
 //! * [`norm`]: layer norm's row arithmetic (statistics and sums in f64, in fixed lanes).
 //! * [`attention`]: one short head's attention (at most [`attention::MAX_KEYS`] keys) in FP32,
 //!   forward and backward, row by row in vectors, without the GEMM's packing.
@@ -38,6 +40,7 @@
 
 pub mod attention;
 pub mod convert;
+pub mod dropout;
 mod fp8_gemm;
 mod gemm;
 mod level;

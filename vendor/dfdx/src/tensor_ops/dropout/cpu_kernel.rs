@@ -21,16 +21,10 @@ fn keep_scale(prob: f64) -> f32 {
 }
 
 /// typed-amp patch: `v[j] = 0` where element `first + j` is dropped, else `v[j] · scale`, in
-/// f32.
+/// f32 (eight draws at a time on AVX-512).
 #[inline]
 fn mask_f32(seed: u64, threshold: u64, scale: f32, first: usize, v: &mut [f32]) {
-    for (j, x) in v.iter_mut().enumerate() {
-        *x = if drops(seed, threshold, (first + j) as u64) {
-            0.0
-        } else {
-            *x * scale
-        };
-    }
+    typed_amp_kernels::dropout::mask_scale(seed, threshold, scale, first as u64, v);
 }
 
 // typed-amp patch: the mask is drawn per element by a counter-based generator (`super::drops`,

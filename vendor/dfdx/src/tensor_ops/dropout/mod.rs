@@ -54,15 +54,10 @@ pub(crate) fn drop_threshold(prob: f64) -> u64 {
 /// typed-amp patch: whether element `i` is dropped: the `(i + 1)`-th output of SplitMix64
 /// seeded with `seed` is below `threshold`. A counter-based draw, so any element's draw is
 /// computed on its own (in parallel, in the backward again, on the GPU by `dropout.cu`'s
-/// `dropout_drops`, which is the same formula: the CPU and CUDA masks agree for a seed).
-#[inline(always)]
-pub(crate) fn drops(seed: u64, threshold: u64, i: u64) -> bool {
-    let mut z = seed.wrapping_add(i.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    threshold == u64::MAX || z < threshold
-}
+/// `dropout_drops`, which is the same formula: the CPU and CUDA masks agree for a seed). Defined
+/// in typed-amp-kernels beside `mask_scale`, the vector loop that applies it.
+#[cfg(feature = "cpu")]
+pub(crate) use typed_amp_kernels::dropout::drops;
 
 /// Zeros elements with probability `p` and scales all elements by `1 / (1 - p)`.
 ///
