@@ -1,7 +1,8 @@
 //! AMX micro-kernels: bf16 products on Intel's tile unit. One `tdpbf16ps` adds to a 16 × 16
 //! f32 tile of C the product of a 16 × 32 bf16 tile of A and a 16-row tile of B's (k, k+1)
 //! pairs, 8,192 multiply-adds an instruction: on a Sapphire Rapids-class core about 3 TFLOP/s
-//! from registers, against about 140 GFLOP/s for the AVX-512 kernel that widens bf16 to f32.
+//! from registers (a throwaway probe, not in the repository), against about 140 GFLOP/s a core
+//! for the AVX-512 kernel that widens bf16 to f32 (the gemm bench's f32 column, 2 threads).
 //!
 //! The micro-tile is 16 rows × 32 columns: one A tile (`tmm0`), two B tiles (`tmm1`, `tmm2`)
 //! and two C tiles (`tmm4`, `tmm5`). B's packed panels are the bf16-pair path's (`NR = 32`
@@ -22,6 +23,7 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::Cell;
+use std::mem::MaybeUninit;
 
 use crate::gemm::{kernel_table, rows_kernel_table, KernFn, RowsKernFn};
 
@@ -171,8 +173,18 @@ unsafe fn tile_kernel<const M: usize, const NV: usize>(
     // as every other kernel adds them: a product's bits do not depend on which kernel
     // variant or store path it took.
     let direct_c = M == TILE_ROWS && !load;
-    let mut c_stage = Stage([0u8; TILE_ROWS * C_STAGE_RS as usize]);
-    let mut a_stage = Stage([0u8; TILE_ROWS * ROW_BYTES]);
+    // The scratch tiles are zeroed only where used: a full tile's call (the common one) would
+    // otherwise clear 3 KiB for nothing. C's is written whole by `tilestored` before any read.
+    let mut c_stage = MaybeUninit::<Stage<{ TILE_ROWS * C_STAGE_RS as usize }>>::uninit();
+    let mut a_stage = MaybeUninit::<Stage<{ TILE_ROWS * ROW_BYTES }>>::uninit();
+    let a_stage_p = if direct_a {
+        std::ptr::null_mut()
+    } else {
+        a_stage
+            .write(Stage([0u8; TILE_ROWS * ROW_BYTES]))
+            .0
+            .as_mut_ptr()
+    };
     // SAFETY: every load and store below stays inside what the contract provides (A's rows
     // for whole 32-k steps, or `M` of them through the scratch; B's rows below `kp`; C's `M`
     // rows of `NV` vectors) or inside the scratch tiles.
@@ -180,7 +192,6 @@ unsafe fn tile_kernel<const M: usize, const NV: usize>(
         configure();
         asm!("tilezero tmm4", "tilezero tmm5", options(nostack, nomem));
         let steps = kp / TILE_ROWS;
-        let a_stage_p = a_stage.0.as_mut_ptr();
         for s in 0..steps {
             let a_s = a.add(s * ROW_BYTES);
             let b_s = b.add(s * TILE_ROWS * B_PAIR_BYTES);
@@ -215,7 +226,7 @@ unsafe fn tile_kernel<const M: usize, const NV: usize>(
         let (c, c_rs) = if direct_c {
             (dst as *mut u8, dst_rs * 4)
         } else {
-            (c_stage.0.as_mut_ptr(), C_STAGE_RS)
+            (c_stage.as_mut_ptr() as *mut u8, C_STAGE_RS)
         };
         asm!("tilestored [{c} + {rs}*1], tmm4", c = in(reg) c, rs = in(reg) c_rs, options(nostack));
         if NV == 2 {

@@ -7,6 +7,7 @@ use crate::{
 };
 
 use num_traits::Float;
+use typed_amp_kernels::dropout::mask_scale;
 
 use super::{drop_threshold, drops};
 
@@ -18,13 +19,6 @@ fn keep_scale(prob: f64) -> f32 {
     } else {
         0.0
     }
-}
-
-/// typed-amp patch: `v[j] = 0` where element `first + j` is dropped, else `v[j] · scale`, in
-/// f32 (eight draws at a time on AVX-512).
-#[inline]
-fn mask_f32(seed: u64, threshold: u64, scale: f32, first: usize, v: &mut [f32]) {
-    typed_amp_kernels::dropout::mask_scale(seed, threshold, scale, first as u64, v);
 }
 
 // typed-amp patch: the mask is drawn per element by a counter-based generator (`super::drops`,
@@ -45,13 +39,13 @@ impl<E: Float + Dtype> super::DropoutKernel<E> for Cpu {
         let mut data = (*inp.data).clone();
         par_elementwise(&mut data, BLOCK, |off, piece| {
             if let Some(piece) = as_f32_mut(piece) {
-                mask_f32(op.seed, threshold, scale, off, piece);
+                mask_scale(op.seed, threshold, scale, off as u64, piece);
             } else if is_half::<E>() {
                 let mut buf = [0.0f32; BLOCK];
                 for (b, block) in piece.chunks_mut(BLOCK).enumerate() {
                     let v = &mut buf[..block.len()];
                     to_f32(block, v);
-                    mask_f32(op.seed, threshold, scale, off + b * BLOCK, v);
+                    mask_scale(op.seed, threshold, scale, (off + b * BLOCK) as u64, v);
                     from_f32(v, block);
                 }
             } else {
@@ -93,7 +87,7 @@ impl<E: Float + Dtype> super::DropoutKernel<E> for Cpu {
                     let start = off + b * BLOCK;
                     let v = &mut buf[..block.len()];
                     to_f32(&grad_out[start..start + block.len()], v);
-                    mask_f32(op.seed, threshold, scale, start, v);
+                    mask_scale(op.seed, threshold, scale, start as u64, v);
                     add_from_f32(v, block);
                 }
             } else {
