@@ -21,11 +21,13 @@
 //! (the head width rounded up to [`LANES`]). The lanes past `head_dim` of an input never reach
 //! an output's first `head_dim` columns; those of an output are unspecified.
 
+mod block_softmax;
 mod head;
 mod lanes;
 mod passes;
 mod row_ops;
 
+pub use block_softmax::{finish_block, shift_block};
 pub use head::{Rounding, ShortHead, LANES, MAX_HEAD_DIM, MAX_KEYS};
 
 use lanes::run_rows;

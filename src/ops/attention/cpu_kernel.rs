@@ -12,6 +12,7 @@
 
 use dfdx::prelude::{Cpu, CpuError, Storage};
 use rayon::prelude::*;
+use typed_amp_kernels::attention::{finish_block, shift_block};
 use typed_amp_kernels::math::exp_slice;
 use typed_amp_kernels::{Epilogue, PackedB};
 
@@ -173,6 +174,8 @@ struct Scratch<E> {
     sum: Vec<f32>,
     /// Per query row: the maximum with this key block's scores.
     next_max: Vec<f32>,
+    /// Per query row: how many of this key block's keys it sees.
+    visible: Vec<usize>,
     /// One row of a head's width (an output row; in the backward, `y`'s row).
     row: Vec<f32>,
     /// A second row of a head's width (in the backward, `dy`'s row).
@@ -197,6 +200,7 @@ impl<E: AmpElem> Scratch<E> {
             max: vec![0.0; BLOCK],
             sum: vec![0.0; BLOCK],
             next_max: vec![0.0; BLOCK],
+            visible: vec![0; BLOCK],
             row: vec![0.0; head_dim],
             row2: vec![0.0; head_dim],
             kt: PackedB::new(),
@@ -267,47 +271,31 @@ fn forward_head<E: AmpElem>(
             let kb = BLOCK.min(keys - j0);
             scores(d, lay, qkv, &sc.kt, (i0, qb), (j0, kb), &mut sc.s);
             // The online softmax: each row's new maximum rescales what the earlier key blocks
-            // summed; the probabilities of this block replace the scores in place. The
-            // exponentials run over the whole tile in one call (a row of the ViT's is 17
-            // keys: one call per row cost as much again in calls and part-filled vectors);
-            // what a row does not see is zeroed after.
-            for r in 0..qb {
-                let row = &mut sc.s[r * kb..(r + 1) * kb];
-                let live = &mut row[..visible(d, i0 + r, j0, kb)];
-                let mut block_max = f32::NEG_INFINITY;
-                for x in live.iter_mut() {
-                    *x *= scale;
-                    block_max = block_max.max(*x);
-                }
-                let new_max = sc.max[r].max(block_max);
-                sc.next_max[r] = new_max;
-                // NaN scores stay NaN through the subtraction and the exponential, and reach
-                // the output (and so the loss and the gradients, which skips the step).
-                if new_max != f32::NEG_INFINITY {
-                    live.iter_mut().for_each(|x| *x -= new_max);
-                }
+            // summed; the probabilities of this block replace the scores in place, their
+            // exponentials over the whole tile in one call (a row of the ViT's is 17 keys: one
+            // call per row cost as much again in calls and part-filled vectors). NaN scores
+            // stay NaN through both passes and reach the output (and so the loss and the
+            // gradients, which skips the step).
+            for (r, v) in sc.visible[..qb].iter_mut().enumerate() {
+                *v = visible(d, i0 + r, j0, kb);
             }
-            exp_slice(&mut sc.s[..qb * kb]);
-            for r in 0..qb {
-                let row = &mut sc.s[r * kb..(r + 1) * kb];
-                let new_max = sc.next_max[r];
-                if new_max == f32::NEG_INFINITY {
-                    row.fill(0.0);
-                    continue;
-                }
-                let (live, masked) = row.split_at_mut(visible(d, i0 + r, j0, kb));
-                masked.fill(0.0);
-                let rescale = if sc.max[r] == f32::NEG_INFINITY {
-                    0.0
-                } else {
-                    typed_amp_kernels::math::exp_f32(sc.max[r] - new_max)
-                };
-                sc.sum[r] = sc.sum[r] * rescale + live.iter().sum::<f32>();
-                sc.max[r] = new_max;
-                o[r * hd..(r + 1) * hd]
-                    .iter_mut()
-                    .for_each(|x| *x *= rescale);
-            }
+            shift_block(
+                &mut sc.s,
+                kb,
+                &sc.visible,
+                scale,
+                &sc.max[..qb],
+                &mut sc.next_max,
+            );
+            finish_block(
+                &mut sc.s,
+                kb,
+                &sc.visible,
+                &sc.next_max,
+                &mut sc.max[..qb],
+                &mut sc.sum,
+                (o, hd),
+            );
             // o += P · V[j0..j0+kb]
             gemm_packed_into::<E>(
                 (qb, kb, hd),
