@@ -55,10 +55,13 @@ macro_rules! run_widest {
     (fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {{
         #[cfg(target_arch = "x86_64")]
         {
+            #[allow(clippy::too_many_arguments)]
             #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
             fn widest($($arg: $ty),*) $body
+            #[allow(clippy::too_many_arguments)]
             #[target_feature(enable = "avx2,fma")]
             fn wide($($arg: $ty),*) $body
+            #[allow(clippy::too_many_arguments)]
             fn $name($($arg: $ty),*) $body
             let level = crate::level::level();
             if level >= crate::level::Level::Avx512 {
@@ -75,6 +78,7 @@ macro_rules! run_widest {
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
+            #[allow(clippy::too_many_arguments)]
             fn $name($($arg: $ty),*) $body
             $name($($arg),*);
         }
@@ -102,6 +106,7 @@ pub fn shift_block(
 ) {
     let rows = running_max.len();
     assert!(s.len() >= rows * cols && next_max.len() >= rows && visible.len() >= rows);
+    assert!(visible[..rows].iter().all(|&v| v <= cols));
     run_widest! {
         fn shift(
             s: &mut [f32],
@@ -137,7 +142,8 @@ pub fn shift_block(
 /// zero and changes nothing.
 ///
 /// # Panics
-/// If a slice is shorter than the rows (`running_max.len()`) need.
+/// If a slice is shorter than the rows (`running_max.len()`) need, or a `visible[r]` exceeds
+/// `cols`.
 pub fn finish_block(
     s: &mut [f32],
     cols: usize,
@@ -155,6 +161,7 @@ pub fn finish_block(
             && sum.len() >= rows
             && o.len() >= rows * hd
     );
+    assert!(visible[..rows].iter().all(|&v| v <= cols));
     run_widest! {
         fn finish(
             s: &mut [f32],
@@ -184,6 +191,53 @@ pub fn finish_block(
                 *max = new_max;
                 for x in &mut o[r * hd..(r + 1) * hd] {
                     *x *= rescale;
+                }
+            }
+        }
+    }
+}
+
+/// The backward's probabilities of a block, recomputed from the forward's log-sum-exp: in each
+/// row `r` of the `rows × cols` tile `s` (`rows = lse.len()`), the first `visible[r]` scores
+/// become `exp(score·scale − lse[r])` and the rest zero.
+///
+/// # Panics
+/// If `s` is shorter than `rows · cols`, `visible` shorter than `rows`, or a `visible[r]`
+/// exceeds `cols`.
+pub fn probabilities_block(s: &mut [f32], cols: usize, visible: &[usize], scale: f32, lse: &[f32]) {
+    let rows = lse.len();
+    assert!(s.len() >= rows * cols && visible.len() >= rows);
+    assert!(visible[..rows].iter().all(|&v| v <= cols));
+    run_widest! {
+        fn shift(s: &mut [f32], cols: usize, visible: &[usize], scale: f32, lse: &[f32]) {
+            for (r, &l) in lse.iter().enumerate() {
+                for x in &mut s[r * cols..r * cols + visible[r]] {
+                    *x = *x * scale - l;
+                }
+            }
+        }
+    }
+    exp_slice(&mut s[..rows * cols]);
+    for (r, &v) in visible[..rows].iter().enumerate() {
+        s[r * cols + v..(r + 1) * cols].fill(0.0);
+    }
+}
+
+/// The scores' gradient of a block, in place of the probabilities' gradient `dp`: `dS = P ⊙
+/// (dP − delta[r])` over the `rows × cols` tile (`rows = delta.len()`), `delta[r]` being row
+/// `r`'s `Σ dy·y`.
+///
+/// # Panics
+/// If `dp` or `p` is shorter than `rows · cols`.
+pub fn score_grads_block(dp: &mut [f32], p: &[f32], cols: usize, delta: &[f32]) {
+    let rows = delta.len();
+    assert!(dp.len() >= rows * cols && p.len() >= rows * cols);
+    run_widest! {
+        fn grads(dp: &mut [f32], p: &[f32], cols: usize, delta: &[f32]) {
+            for (r, &dl) in delta.iter().enumerate() {
+                let row = r * cols..(r + 1) * cols;
+                for (g, &pr) in dp[row.clone()].iter_mut().zip(&p[row]) {
+                    *g = pr * (*g - dl);
                 }
             }
         }

@@ -27,7 +27,7 @@ mod lanes;
 mod passes;
 mod row_ops;
 
-pub use block_softmax::{finish_block, shift_block};
+pub use block_softmax::{finish_block, probabilities_block, score_grads_block, shift_block};
 pub use head::{Rounding, ShortHead, LANES, MAX_HEAD_DIM, MAX_KEYS};
 
 use lanes::run_rows;

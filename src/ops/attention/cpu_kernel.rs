@@ -12,8 +12,9 @@
 
 use dfdx::prelude::{Cpu, CpuError, Storage};
 use rayon::prelude::*;
-use typed_amp_kernels::attention::{finish_block, shift_block};
-use typed_amp_kernels::math::exp_slice;
+use typed_amp_kernels::attention::{
+    finish_block, probabilities_block, score_grads_block, shift_block,
+};
 use typed_amp_kernels::{Epilogue, PackedB};
 
 use super::cpu_short::{self, short_head};
@@ -407,19 +408,11 @@ fn backward_head<E: AmpElem>(
             let kb = BLOCK.min(keys - j0);
             let n = qb * kb;
             scores(d, lay, qkv, &sc.kt, (i0, qb), (j0, kb), &mut sc.s);
-            // The probabilities again, from the forward's log-sum-exp (the exponentials over
-            // the whole tile, as in the forward; what a row does not see zeroed after).
-            for r in 0..qb {
-                let row = &mut sc.s[r * kb..(r + 1) * kb];
-                let l = lse[i0 + r];
-                row[..visible(d, i0 + r, j0, kb)]
-                    .iter_mut()
-                    .for_each(|x| *x = *x * scale - l);
+            // The probabilities again, from the forward's log-sum-exp.
+            for (r, v) in sc.visible[..qb].iter_mut().enumerate() {
+                *v = visible(d, i0 + r, j0, kb);
             }
-            exp_slice(&mut sc.s[..qb * kb]);
-            for r in 0..qb {
-                sc.s[r * kb + visible(d, i0 + r, j0, kb)..(r + 1) * kb].fill(0.0);
-            }
+            probabilities_block(&mut sc.s, kb, &sc.visible, scale, &lse[i0..i0 + qb]);
             // dv[j] += Pᵀ · dy[i]
             gemm_packed_into::<E>(
                 (kb, qb, hd),
@@ -439,14 +432,7 @@ fn backward_head<E: AmpElem>(
                 &Epilogue::STORE,
             );
             // dS = P ⊙ (dP − Σ dy·y), rounded to the working precision for the products.
-            for r in 0..qb {
-                let delta = g.delta[i0 + r];
-                let row = r * kb..(r + 1) * kb;
-                sc.dp[row.clone()]
-                    .iter_mut()
-                    .zip(&sc.s[row])
-                    .for_each(|(dp, p)| *dp = p * (*dp - delta));
-            }
+            score_grads_block(&mut sc.dp, &sc.s, kb, &g.delta[i0..i0 + qb]);
             let ds = working(&sc.dp, &mut sc.pe, n);
             // dq[i] += dS · K[j], dk[j] += dSᵀ · Q[i] (the scale once, below)
             gemm_packed_into::<E>(
