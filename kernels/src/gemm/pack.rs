@@ -15,9 +15,10 @@ const KC_LIMIT: usize = 512;
 /// `q·width..`) at `dst + q·width·ceil(kc / step)`, each by [`panel`]: a block of A's rows or
 /// B's columns as the blocked loops lay it out.
 ///
-/// (Copying each k step across every panel in one pass along the source row instead was
-/// tried on AVX2: the small GPT's weight-gradient products and `perf`'s share of packing did
-/// not change; the packing waits on reading operands that come from L3 either way.)
+/// A source whose lanes are contiguous, with rows of at least [`ROW_SWEEP_MIN_BYTES`], is
+/// swept a chunk of k rows at a time across every panel ([`panels_by_row_chunks`]). (Tried
+/// first on AVX2 with the small GPT, whose rows are 256–1536 bytes apart: no change. On the
+/// baby GPT's weight gradients, rows 3 KiB apart, it cut their packing on an Intel AMX core.)
 ///
 /// # Safety
 /// `src` addresses a valid `lanes × kc` view of `kind` elements; `dst` is writable for
