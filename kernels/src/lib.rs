@@ -18,13 +18,16 @@
 //!   packing widens exactly to bf16, at the bf16 product's rate, with the [`Epilogue`] (the
 //!   dequantising scales in its `alpha`) into a bf16 or f32 C; [`gemm_fp8`] is its form with
 //!   per-tensor or per-row scales into an f32 C.
-//! * [`math`]: `erf` and `exp` for f32 without branches or calls, so that GELU's loops
-//!   vectorize.
+//! * [`math`]: `erf` and `exp` for f32 without branches or calls, and GELU, its derivative and
+//!   `exp` over slices on whole AVX-512 or AVX2 registers.
 //! * [`dropout`]: dropout's counter-based mask (SplitMix64 per element, the CUDA kernel's
 //!   formula), applied eight elements at a time on AVX-512.
 //! * [`norm`]: layer norm's row arithmetic (statistics and sums in f64, in fixed lanes).
 //! * [`attention`]: one short head's attention (at most [`attention::MAX_KEYS`] keys) in FP32,
-//!   forward and backward, row by row in vectors, without the GEMM's packing.
+//!   forward and backward, row by row in vectors, without the GEMM's packing; and the blocked
+//!   attention's online-softmax passes over a block of scores ([`attention::shift_block`],
+//!   [`attention::finish_block`], [`attention::probabilities_block`],
+//!   [`attention::score_grads_block`]).
 //!
 //! Every vectorised routine is chosen at run time from the CPU's features (see [`Level`]);
 //! nothing depends on `-C target-cpu` (the default, [`default_level`], leaves AVX512-BF16's

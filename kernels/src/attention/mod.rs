@@ -1,4 +1,6 @@
-//! One short head's attention in FP32, forward and backward: at most [`MAX_KEYS`] tokens, so a
+//! The blocked attention's online-softmax passes (`block_softmax`: [`shift_block`],
+//! [`finish_block`], [`probabilities_block`], [`score_grads_block`]), and the rest of this
+//! module: one short head's attention in FP32, forward and backward: at most [`MAX_KEYS`] tokens, so a
 //! query row's scores fit in a few vectors and its softmax is exact in one pass (no key blocks,
 //! no online rescaling), and the head's operands sit in L1 for all of its rows.
 //!
