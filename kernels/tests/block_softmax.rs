@@ -22,6 +22,18 @@ const EXP_ERR: f64 = 9.1e-8;
 /// than 0), absolute.
 const TINY: f64 = 1.7e-38;
 
+/// `exp(arg)` and the bound on `exp_f32` of `arg` computed with one more rounding (at most
+/// u·|arg| absolute in the argument, so relative in the exponential), for an `arg` the kernel
+/// forms by one f32 subtraction; a −∞ argument gives 0 within [`TINY`].
+fn probability(arg: f64) -> (f64, f64) {
+    let want = arg.exp();
+    if arg.is_finite() {
+        (want, want * (EXP_ERR + U * arg.abs() * 1.01) + TINY)
+    } else {
+        (want, TINY)
+    }
+}
+
 fn values(n: usize, seed: u32) -> Vec<f32> {
     (0..n)
         .map(|i| ((i as u32 ^ seed).wrapping_mul(2_654_435_761) >> 8) as f32 / 1.1e6 - 7.6)
@@ -153,17 +165,10 @@ fn forward_passes_match_the_f64_online_softmax() {
             continue;
         }
         assert_eq!(max[r] as f64, new_max, "row {r}: maximum");
-        // Each probability: exp_f32 of one rounded subtraction, whose error (at most u·|arg|,
-        // absolute) becomes a relative one through the exponential.
+        // Each probability: exp_f32 of one rounded subtraction.
         let (mut mass, mut terms_err) = (0.0, 0.0);
         for (j, &x) in scaled.iter().enumerate() {
-            let arg = x - new_max;
-            let want = arg.exp();
-            let bound = if arg.is_finite() {
-                want * (EXP_ERR + U * arg.abs() * 1.01) + TINY
-            } else {
-                TINY
-            };
+            let (want, bound) = probability(x - new_max);
             assert!(
                 (got[j] as f64 - want).abs() <= bound,
                 "row {r} key {j}: {} vs {want} ± {bound}",
@@ -221,15 +226,8 @@ fn backward_passes_match_their_formulas() {
             } else if c.scores[at].is_nan() {
                 assert!(p[at].is_nan(), "row {r} key {j}: NaN lost");
             } else {
-                // `x·scale` rounded (as the reference forms it), then `− lse` rounded: at most
-                // u·|arg| absolute in the argument, relative in the exponential.
-                let arg = (c.scores[at] * scale) as f64 - lse[r] as f64;
-                let want = arg.exp();
-                let bound = if arg.is_finite() {
-                    want * (EXP_ERR + U * arg.abs() * 1.01) + TINY
-                } else {
-                    TINY
-                };
+                // `x·scale` rounded (as the reference forms it), then `− lse` rounded.
+                let (want, bound) = probability((c.scores[at] * scale) as f64 - lse[r] as f64);
                 assert!(
                     (p[at] as f64 - want).abs() <= bound,
                     "row {r} key {j}: {} vs {want} ± {bound}",
