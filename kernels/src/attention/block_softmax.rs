@@ -1,7 +1,9 @@
-//! The online softmax's two passes over one block of scores, for the blocked attention of heads
-//! longer than [`MAX_KEYS`](super::MAX_KEYS) (`typed_amp`'s CPU attention): between the block's
-//! `Q·Kᵀ` product and its `P·V`, a `rows × cols` FP32 tile, row `r` seeing its first
-//! `visible(r)` keys (all, or up to the diagonal under a causal mask).
+//! The blocked attention's passes over one block of scores, for heads longer than
+//! [`MAX_KEYS`](super::MAX_KEYS) (`typed_amp`'s CPU attention): a `rows × cols` FP32 tile
+//! between the block's products, row `r` seeing its first `visible[r]` keys (all, or up to the
+//! diagonal under a causal mask). The forward's online softmax in two passes
+//! ([`shift_block`], [`finish_block`]); the backward's probabilities again
+//! ([`probabilities_block`]) and the scores' gradient ([`score_grads_block`]).
 //!
 //! Why here: written in the op, each row's maximum and sum were scalar loops (`f32::max` and a
 //! sum in order do not vectorise, and the op's crate is built for baseline x86-64), and `perf`
@@ -16,10 +18,10 @@ use crate::math::{exp_f32, exp_slice};
 /// Running lanes of a row's maximum and sum.
 const ACC: usize = 16;
 
-/// The largest of `x` (NaNs passed over, as `f32::max` does), `init` if there are none.
+/// The largest of `x` (NaNs passed over, as `f32::max` does), −∞ if there are none.
 #[inline(always)]
-fn row_max(x: &[f32], init: f32) -> f32 {
-    let mut acc = [init; ACC];
+fn row_max(x: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; ACC];
     let (whole, rest) = x.as_chunks::<ACC>();
     for c in whole {
         for (a, &v) in acc.iter_mut().zip(c) {
@@ -29,7 +31,7 @@ fn row_max(x: &[f32], init: f32) -> f32 {
     for (a, &v) in acc.iter_mut().zip(rest) {
         *a = a.max(v);
     }
-    acc.into_iter().fold(init, f32::max)
+    acc.into_iter().fold(f32::NEG_INFINITY, f32::max)
 }
 
 /// The sum of `x`: lane `l` sums elements `l, l + ACC, …` in order, the lanes added in order.
@@ -49,8 +51,9 @@ fn row_sum(x: &[f32]) -> f32 {
 }
 
 /// Defines `fn $name` once per target (AVX-512, AVX2 and FMA, baseline) and runs the widest the
-/// CPU has: the same operations in each (no fused multiply-add is asked for, none is made), so
-/// the same bits.
+/// CPU has: the same operations in each (Rust makes no fused multiply-add of a separate
+/// multiply and add, and the ones `exp_f32` asks for are exact on every target), so the same
+/// bits.
 macro_rules! run_widest {
     (fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {{
         #[cfg(target_arch = "x86_64")]
@@ -121,7 +124,7 @@ pub fn shift_block(
                 for x in live.iter_mut() {
                     *x *= scale;
                 }
-                let new_max = old.max(row_max(live, f32::NEG_INFINITY));
+                let new_max = old.max(row_max(live));
                 *next = new_max;
                 if new_max != f32::NEG_INFINITY {
                     for x in live.iter_mut() {

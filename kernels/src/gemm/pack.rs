@@ -40,7 +40,7 @@ pub(super) unsafe fn panels(
     let units = kc.div_ceil(kstep);
     let esz = kind.size();
     #[cfg(target_arch = "x86_64")]
-    if lane_stride == 1 && lanes > width && lanes * kind.size() as usize >= ROW_SWEEP_MIN_BYTES {
+    if lane_stride == 1 && lanes > width && lanes * esz as usize >= ROW_SWEEP_MIN_BYTES {
         // SAFETY: the caller's contract.
         return unsafe {
             panels_by_row_chunks(arch, kind, src, k_stride, lanes, kc, dst, width, fill)
@@ -69,9 +69,11 @@ pub(super) unsafe fn panels(
 }
 
 /// The shortest row piece (lanes × element size) [`panels_by_row_chunks`] sweeps: four cache
-/// lines. Below it the panels share one or two lines of each row, nothing is read twice, and
-/// the extra calls cost more than they save (the ViT's weight gradients, 32 lanes a thread:
-/// `cargo bench --bench gemm -- "vit gW"`, six alternated runs, 0.85× with the sweep).
+/// lines. Below it the panels share one or two lines of each row and a sweep has little to
+/// save for its extra calls; the ViT's weight gradients (64–128-byte pieces a thread) keep the
+/// one-panel loop. (`cargo bench --bench gemm -- "vit gW"` ran 0.85× with the sweep over six
+/// alternated runs, but as much again with this bound keeping those shapes off it: that bench
+/// cannot tell either way.)
 #[cfg(target_arch = "x86_64")]
 const ROW_SWEEP_MIN_BYTES: usize = 256;
 
@@ -86,6 +88,7 @@ fn prefetch_rows(src: *const u8, row_bytes: isize, bytes: usize, rows: std::ops:
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
     for r in rows {
         let row = src.wrapping_offset(r as isize * row_bytes);
+        // One line past `bytes`: a row piece that does not start on a line boundary ends in it.
         for off in (0..=bytes).step_by(64) {
             // SAFETY: a prefetch never faults and reads nothing into the program; the
             // address is formed with wrapping arithmetic, so no out-of-bounds pointer is

@@ -46,13 +46,15 @@ fn check_dims(d: &AttentionDims, qkv: usize, out: usize) -> Result<(), CpuError>
     )
 }
 
-/// Keys that query row `i` sees in the key block starting at `j0` of length `kb`: all, or
-/// (causal) those up to `i`.
-fn visible(d: &AttentionDims, i: usize, j0: usize, kb: usize) -> usize {
-    if d.causal {
-        (i + 1).saturating_sub(j0).min(kb)
-    } else {
-        kb
+/// For each query row `i0 + r` of `counts` (one per row of the query block), the keys it sees
+/// in the key block starting at `j0` of length `kb`: all, or (causal) those up to the row.
+fn visible_keys(d: &AttentionDims, i0: usize, j0: usize, kb: usize, counts: &mut [usize]) {
+    for (r, count) in counts.iter_mut().enumerate() {
+        *count = if d.causal {
+            (i0 + r + 1).saturating_sub(j0).min(kb)
+        } else {
+            kb
+        };
     }
 }
 
@@ -277,9 +279,7 @@ fn forward_head<E: AmpElem>(
             // call per row cost as much again in calls and part-filled vectors). NaN scores
             // stay NaN through both passes and reach the output (and so the loss and the
             // gradients, which skips the step).
-            for (r, v) in sc.visible[..qb].iter_mut().enumerate() {
-                *v = visible(d, i0 + r, j0, kb);
-            }
+            visible_keys(d, i0, j0, kb, &mut sc.visible[..qb]);
             shift_block(
                 &mut sc.s,
                 kb,
@@ -409,9 +409,7 @@ fn backward_head<E: AmpElem>(
             let n = qb * kb;
             scores(d, lay, qkv, &sc.kt, (i0, qb), (j0, kb), &mut sc.s);
             // The probabilities again, from the forward's log-sum-exp.
-            for (r, v) in sc.visible[..qb].iter_mut().enumerate() {
-                *v = visible(d, i0 + r, j0, kb);
-            }
+            visible_keys(d, i0, j0, kb, &mut sc.visible[..qb]);
             probabilities_block(&mut sc.s, kb, &sc.visible, scale, &lse[i0..i0 + qb]);
             // dv[j] += Pᵀ · dy[i]
             gemm_packed_into::<E>(
