@@ -53,8 +53,9 @@ pub mod timing;
 
 pub use fp8_gemm::gemm_fp8;
 pub use gemm::{
-    gemm, gemm_epilogue, gemm_epilogue_slices, gemm_fp8_epilogue, gemm_packed_b, gemm_slices,
-    Activation, Epilogue, GemmElem, GemmOut, GemmReport, MatMut, MatRef, PackedB,
+    gemm, gemm_epilogue, gemm_epilogue_slices, gemm_epilogue_uninit, gemm_fp8_epilogue,
+    gemm_packed_b, gemm_slices, Activation, Epilogue, GemmElem, GemmOut, GemmReport, MatMut,
+    MatRef, PackedB,
 };
 pub use level::{default_level, detected_level, force_level, level, Level};
 

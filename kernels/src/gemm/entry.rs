@@ -184,6 +184,66 @@ pub fn gemm_epilogue_slices<T: GemmElem, C: GemmOut<T>>(
     }
 }
 
+/// [`gemm_epilogue_slices`] into memory nobody has written yet: `C = act(alpha·A·B + bias)`
+/// for an `a.rows × b.cols` C stored row-major and contiguous in `c[..a.rows * b.cols]`, which
+/// may be uninitialised (a new buffer's spare capacity). On return every one of those elements
+/// is initialised, so a caller may `set_len` over them: an output buffer needs no zero fill
+/// first (a pass over memory as long as the product's store, which for the large products of
+/// a training step cost as much as a tenth of it). The product only ever reads back elements
+/// of C it has already written (an FP32 C's running sum across k blocks, the non-finite
+/// check), never C's old value: `epi.accumulate` is refused.
+///
+/// # Panics
+/// As [`gemm_epilogue_slices`]; if `epi.accumulate` is set; if `c` is shorter than
+/// `a.rows * b.cols`.
+pub fn gemm_epilogue_uninit<T: GemmElem, C: GemmOut<T>>(
+    a: MatRef<'_, T>,
+    b: MatRef<'_, T>,
+    c: &mut [std::mem::MaybeUninit<C>],
+    epi: &Epilogue<'_>,
+    threads: usize,
+) -> GemmReport {
+    assert!(
+        !epi.accumulate,
+        "gemm: a C nobody has written has no old value to accumulate into"
+    );
+    assert_eq!(a.cols, b.rows, "gemm: inner dimensions differ");
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    let len = m.checked_mul(n).expect("gemm: C's size overflows usize");
+    assert!(
+        c.len() >= len,
+        "gemm: C needs {len} elements, the buffer has {}",
+        c.len()
+    );
+    let sa = checked_view("A", a.data.len(), m, k, a.rs, a.cs);
+    let sb = checked_view("B", b.data.len(), k, n, b.rs, b.cs);
+    let sc = checked_view("C", len, m, n, n, 1);
+    check_distinct(m, n, n, 1);
+    // SAFETY: as in `gemm_epilogue_slices`: the views are checked, C (row-major, `len`
+    // elements) lies inside `c`, a `&mut` borrow apart from A, B and the bias. Without
+    // `accumulate`, `gemm()`'s contract asks C to be writable only: the product writes every
+    // element (each tile once, or an FP32 C's first k block before the later ones add to it)
+    // before it reads any back.
+    unsafe {
+        gemm_epilogue(
+            m,
+            n,
+            k,
+            a.data.as_ptr(),
+            sa.rs,
+            sa.cs,
+            b.data.as_ptr(),
+            sb.rs,
+            sb.cs,
+            c.as_mut_ptr().cast::<C>(),
+            sc.rs,
+            sc.cs,
+            epi,
+            threads,
+        )
+    }
+}
+
 /// Tests only: on a CPU without AVX512-BF16, run bf16 products through the bf16-pair packing
 /// that the `vdpbf16ps` kernel uses, with a scalar stand-in for the instruction, so that the
 /// packing is checked where the instruction cannot run.

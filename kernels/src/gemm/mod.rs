@@ -37,7 +37,10 @@ use portable::rows_kernel_table;
 use tile::{KernFn, RowsKernFn, TILE_MR, TILE_NR};
 
 pub use arch::set_a_rows_in_place;
-pub use entry::{gemm, gemm_epilogue, gemm_epilogue_slices, gemm_slices, set_bf16_pair_emulation};
+pub use entry::{
+    gemm, gemm_epilogue, gemm_epilogue_slices, gemm_epilogue_uninit, gemm_slices,
+    set_bf16_pair_emulation,
+};
 pub use fp8_entry::gemm_fp8_epilogue;
 pub use packed_b::{gemm_packed_b, PackedB};
 pub use small::set_small_products;

@@ -47,6 +47,37 @@ pub(crate) fn map_f32_chunks<E: AmpElem>(buf: &mut [E], mut f: impl FnMut(&mut [
     }
 }
 
+/// A new buffer holding `src`, each parallel task's piece copied and then passed to `f` to
+/// rewrite in place while it is still in cache: an op's output computed from its input without
+/// the zero fill a new buffer would otherwise get first (as long a pass as the output itself).
+pub(crate) fn par_new_from<E: AmpElem>(
+    src: &[E],
+    f: impl Fn(&mut [E]) + Send + Sync,
+) -> Result<Vec<E>, CpuError> {
+    use rayon::prelude::*;
+    let len = src.len();
+    let mut out: Vec<E> = Vec::new();
+    out.try_reserve_exact(len)
+        .map_err(|_| CpuError::OutOfMemory)?;
+    out.spare_capacity_mut()[..len]
+        .par_chunks_mut(TASK)
+        .zip(src.par_chunks(TASK))
+        .for_each(|(dst, src)| {
+            // SAFETY: `dst` and `src` have the same length (chunks of equal-length slices) and
+            // cannot overlap (`dst` is fresh spare capacity); after the copy every element of
+            // `dst` is initialised, so it may be viewed as a `[E]`.
+            let dst = unsafe {
+                let dst = dst.as_mut_ptr().cast::<E>();
+                std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
+                std::slice::from_raw_parts_mut(dst, src.len())
+            };
+            f(dst);
+        });
+    // SAFETY: the pieces cover `0..len`, each copied whole above.
+    unsafe { out.set_len(len) };
+    Ok(out)
+}
+
 /// `buf` as a slice of `B` when `A` and `B` are the same type, else `None`: how a generic
 /// kernel takes its FP32 fast path without a copy.
 #[inline]

@@ -2,9 +2,12 @@
 //! kernels: the buffers' element type mapped to the GEMM's (the same layout), strided views, and
 //! the thread count.
 
+use std::mem::MaybeUninit;
+
+use dfdx::prelude::CpuError;
 use typed_amp_kernels::{
-    gemm_epilogue_slices, gemm_packed_b, gemm_slices, Epilogue, GemmElem, GemmOut, MatMut, MatRef,
-    PackedB,
+    gemm_epilogue_slices, gemm_epilogue_uninit, gemm_packed_b, gemm_slices, Epilogue, GemmElem,
+    GemmOut, MatMut, MatRef, PackedB,
 };
 
 use crate::precision::{AmpElem, Indexed};
@@ -138,6 +141,54 @@ pub(crate) fn gemm_into_on<E: AmpElem, F: AmpElem>(
         }
         _ => run::<E, F, f32, f32>(threads, (m, k, n), a, b, c, epilogue),
     }
+}
+
+/// `C = epilogue(A·B)` (the epilogue must not accumulate) into a new row-major `m × n` buffer
+/// of `F` that the product writes whole: no zero fill first, which for a training step's
+/// large outputs was a pass over memory as long as the store itself.
+pub(crate) fn gemm_new<E: AmpElem, F: AmpElem>(
+    (m, k, n): (usize, usize, usize),
+    a: (&[E], usize, usize),
+    b: (&[E], usize, usize),
+    epilogue: &Epilogue<'_>,
+) -> Result<Vec<F>, CpuError> {
+    fn run<E: AmpElem, F: AmpElem, K: GemmElem, C: GemmOut<K>>(
+        (m, k, n): (usize, usize, usize),
+        a: (&[E], usize, usize),
+        b: (&[E], usize, usize),
+        c: &mut [MaybeUninit<F>],
+        epilogue: &Epilogue<'_>,
+    ) {
+        // `F` is `E` or FP32 (the callers'); anything else would be a misuse caught here.
+        assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<C>());
+        // SAFETY: `C` has `F`'s layout (see `gemm_view`); the unique borrow is carried over,
+        // and nothing is read through the view before the product writes it.
+        let c = unsafe { std::slice::from_raw_parts_mut(c.as_mut_ptr().cast(), c.len()) };
+        gemm_epilogue_uninit::<K, C>(
+            mat_ref::<E, K>(a, m, k),
+            mat_ref::<E, K>(b, k, n),
+            c,
+            epilogue,
+            rayon::current_num_threads(),
+        );
+    }
+    let len = m.checked_mul(n).ok_or(CpuError::OutOfMemory)?;
+    let mut out: Vec<F> = Vec::new();
+    out.try_reserve_exact(len)
+        .map_err(|_| CpuError::OutOfMemory)?;
+    let c = &mut out.spare_capacity_mut()[..len];
+    let f16 = <half::f16 as Indexed>::INDEX;
+    let bf16 = <half::bf16 as Indexed>::INDEX;
+    match (E::INDEX, F::INDEX == E::INDEX) {
+        (i, true) if i == f16 => run::<E, F, half::f16, half::f16>((m, k, n), a, b, c, epilogue),
+        (i, false) if i == f16 => run::<E, F, half::f16, f32>((m, k, n), a, b, c, epilogue),
+        (i, true) if i == bf16 => run::<E, F, half::bf16, half::bf16>((m, k, n), a, b, c, epilogue),
+        (i, false) if i == bf16 => run::<E, F, half::bf16, f32>((m, k, n), a, b, c, epilogue),
+        _ => run::<E, F, f32, f32>((m, k, n), a, b, c, epilogue),
+    }
+    // SAFETY: `gemm_epilogue_uninit` initialised the first `len` elements (its contract).
+    unsafe { out.set_len(len) };
+    Ok(out)
 }
 
 /// Packs the `rows × cols` view `b` of a buffer of `E` into `packed`, for

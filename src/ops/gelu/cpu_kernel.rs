@@ -3,7 +3,9 @@ use rayon::prelude::*;
 use typed_amp_kernels::math::{gelu_derivative_slice, gelu_slice};
 
 use super::GeluKernel;
-use crate::device::utilities::cpu::{as_f32_mut, check_lengths, map_f32_chunks, CHUNK, TASK};
+use crate::device::utilities::cpu::{
+    as_f32_mut, check_lengths, map_f32_chunks, par_new_from, CHUNK, TASK,
+};
 use crate::precision::AmpElem;
 
 impl<E: AmpElem> GeluKernel<E> for Cpu {
@@ -20,6 +22,14 @@ impl<E: AmpElem> GeluKernel<E> for Cpu {
                 map_f32_chunks(y, gelu_slice);
             });
         Ok(())
+    }
+
+    fn try_gelu_new(
+        &self,
+        input: &<Self as Storage<E>>::Vec,
+    ) -> Result<Option<<Self as Storage<E>>::Vec>, CpuError> {
+        let y = par_new_from(input, |y| map_f32_chunks(y, gelu_slice))?;
+        Ok(Some(self.storage_from_vec(y)))
     }
 
     fn try_gelu_backward(

@@ -16,6 +16,18 @@ pub trait GeluKernel<E: AmpElem>: Storage<E> + HasErr {
         input: &mut <Self as Storage<E>>::Vec,
     ) -> Result<(), Self::Err>;
 
+    /// `gelu(input)` in a new buffer, leaving `input` as it is, where the device writes a new
+    /// buffer whole without zero-filling it first (one pass, where keeping the input costs a
+    /// zero fill and a copy besides); `None` (the default) sends the op to
+    /// [`try_gelu_keeping_input`](Self::try_gelu_keeping_input). Same values either way.
+    fn try_gelu_new(
+        &self,
+        input: &<Self as Storage<E>>::Vec,
+    ) -> Result<Option<<Self as Storage<E>>::Vec>, Self::Err> {
+        let _ = input;
+        Ok(None)
+    }
+
     /// GELU's backward in place: `grad = grad · gelu'(input)`, the derivative in FP32 from the
     /// widened input, the product rounded once.
     fn try_gelu_backward(

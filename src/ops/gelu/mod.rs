@@ -24,7 +24,7 @@ mod op;
 
 use std::rc::Rc;
 
-use dfdx::prelude::{HasShape, PutTape, Shape, SplitTape, Tape, Tensor};
+use dfdx::prelude::{HasShape, PutTape, Shape, SplitTape, Storage, Tape, Tensor};
 
 use crate::device::{AmpDevice, Kernels};
 use crate::ops::fused_activation::{ActivationSlot, FusedActivation, GeluOutput};
@@ -64,8 +64,19 @@ where
     if let Some(slot) = offer {
         let (dev, shape) = (x.device().clone(), *x.shape());
         if let Some(buf) = x.storage_mut_if_unique() {
-            let mut input: Tensor<S, E, D> = dev.try_zeros_like(&shape)?;
-            GeluKernel::<E>::try_gelu_keeping_input(&dev, buf, input.storage_mut())?;
+            // The output keeps the linear op's output's id (its backward looks the gradient up
+            // by it): the new values go into `x`, and the buffer they replace is the kept input.
+            let input: Tensor<S, E, D> = match GeluKernel::<E>::try_gelu_new(&dev, buf)? {
+                Some(mut y) => {
+                    std::mem::swap(buf, &mut y);
+                    Storage::<E>::tensor_from_storage(&dev, shape, y)
+                }
+                None => {
+                    let mut input: Tensor<S, E, D> = dev.try_zeros_like(&shape)?;
+                    GeluKernel::<E>::try_gelu_keeping_input(&dev, buf, input.storage_mut())?;
+                    input
+                }
+            };
             slot.put(FusedActivation::Gelu(input));
             // An FP8 linear op next may recompute this output from the input kept here.
             tape.offer_activation(x.id(), Rc::new(GeluOutput(slot)));

@@ -3,7 +3,7 @@ use typed_amp_kernels::Epilogue;
 
 use super::{LinearDims, LinearKernel};
 use crate::device::utilities::cpu::{as_f32, as_f32_mut};
-use crate::device::utilities::cpu_gemm::{gemm, gemm_into};
+use crate::device::utilities::cpu_gemm::{gemm, gemm_into, gemm_new};
 use crate::precision::AmpElem;
 
 fn check(ok: bool) -> Result<(), CpuError> {
@@ -40,12 +40,7 @@ impl<E: AmpElem> LinearKernel<E> for Cpu {
                 && b.is_none_or(|b| b.len() == d.outputs)
                 && y.len() == d.rows * d.outputs,
         )?;
-        // The bias in FP32, added in the product's store before its one rounding.
-        let bias = b.map(|b| {
-            let mut bias = vec![0f32; d.outputs];
-            E::slice_to_f32(b, &mut bias);
-            bias
-        });
+        let bias = bias_f32::<E>(b.map(|b| &b[..]), d.outputs);
         let epilogue = Epilogue {
             bias: bias.as_deref(),
             ..Epilogue::STORE
@@ -58,6 +53,33 @@ impl<E: AmpElem> LinearKernel<E> for Cpu {
             &epilogue,
         );
         Ok(())
+    }
+
+    fn try_linear_forward_new(
+        &self,
+        d: LinearDims,
+        x: &<Self as Storage<E>>::Vec,
+        x_rs: usize,
+        w: &<Self as Storage<E>>::Vec,
+        b: Option<&<Self as Storage<E>>::Vec>,
+    ) -> Result<<Self as Storage<E>>::Vec, CpuError> {
+        check(
+            fits(x.len(), d.rows, d.inputs, x_rs)
+                && w.len() == d.outputs * d.inputs
+                && b.is_none_or(|b| b.len() == d.outputs),
+        )?;
+        let bias = bias_f32::<E>(b.map(|b| &b[..]), d.outputs);
+        let epilogue = Epilogue {
+            bias: bias.as_deref(),
+            ..Epilogue::STORE
+        };
+        let y = gemm_new::<E, E>(
+            (d.rows, d.inputs, d.outputs),
+            (x, x_rs, 1),
+            (w, 1, d.inputs),
+            &epilogue,
+        )?;
+        Ok(self.storage_from_vec(y))
     }
 
     fn try_linear_backward_bias(
@@ -170,4 +192,29 @@ impl<E: AmpElem> LinearKernel<E> for Cpu {
         );
         Ok(())
     }
+
+    fn try_linear_backward_input_new(
+        &self,
+        d: LinearDims,
+        dz: &<Self as Storage<E>>::Vec,
+        w: &<Self as Storage<E>>::Vec,
+    ) -> Result<<Self as Storage<E>>::Vec, CpuError> {
+        check(dz.len() == d.rows * d.outputs && w.len() == d.outputs * d.inputs)?;
+        let dx = gemm_new::<E, E>(
+            (d.rows, d.outputs, d.inputs),
+            (dz, d.outputs, 1),
+            (w, d.inputs, 1),
+            &Epilogue::STORE,
+        )?;
+        Ok(self.storage_from_vec(dx))
+    }
+}
+
+/// The bias in FP32, added in the product's store before its one rounding.
+fn bias_f32<E: AmpElem>(b: Option<&[E]>, outputs: usize) -> Option<Vec<f32>> {
+    b.map(|b| {
+        let mut bias = vec![0f32; outputs];
+        E::slice_to_f32(b, &mut bias);
+        bias
+    })
 }

@@ -20,6 +20,22 @@ pub trait LinearKernel<E: AmpElem>: Storage<E> + Storage<f32> + HasErr {
         y: &mut <Self as Storage<E>>::Vec,
     ) -> Result<(), Self::Err>;
 
+    /// [`try_linear_forward`](Self::try_linear_forward) into a new contiguous `rows × o` buffer.
+    /// The default zero-fills one for it; a device whose product writes new memory whole
+    /// overrides it and skips that pass.
+    fn try_linear_forward_new(
+        &self,
+        dims: LinearDims,
+        x: &<Self as Storage<E>>::Vec,
+        x_rs: usize,
+        w: &<Self as Storage<E>>::Vec,
+        b: Option<&<Self as Storage<E>>::Vec>,
+    ) -> Result<<Self as Storage<E>>::Vec, Self::Err> {
+        let mut y = Storage::<E>::try_alloc_len(self, dims.rows * dims.outputs)?;
+        self.try_linear_forward(dims, x, x_rs, w, b, &mut y)?;
+        Ok(y)
+    }
+
     /// The output gradient `dy` (`rows × o`) masked in place by the ReLU (where `relu_out`, the
     /// layer's output, is not positive), and in the same pass, if `db` is given, the bias
     /// gradient: column sums in FP32, written if `fresh`, else added.
@@ -50,6 +66,20 @@ pub trait LinearKernel<E: AmpElem>: Storage<E> + Storage<f32> + HasErr {
         dx: &mut <Self as Storage<E>>::Vec,
         dx_rs: usize,
     ) -> Result<(), Self::Err>;
+
+    /// The input gradient `dx = dz · W` into a new contiguous `rows × i` buffer, for an input
+    /// that has no gradient yet. The default adds it to a zero-filled one; a device whose
+    /// product writes new memory whole overrides it.
+    fn try_linear_backward_input_new(
+        &self,
+        dims: LinearDims,
+        dz: &<Self as Storage<E>>::Vec,
+        w: &<Self as Storage<E>>::Vec,
+    ) -> Result<<Self as Storage<E>>::Vec, Self::Err> {
+        let mut dx = Storage::<E>::try_alloc_len(self, dims.rows * dims.inputs)?;
+        self.try_linear_backward_input(dims, dz, w, &mut dx, dims.inputs)?;
+        Ok(dx)
+    }
 }
 
 /// The sizes of a fused linear op.

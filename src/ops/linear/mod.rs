@@ -25,7 +25,7 @@ mod layer;
 mod op;
 
 use dfdx::nn::modules::Module;
-use dfdx::prelude::{HasShape, PutTape, SplitTape, Tensor};
+use dfdx::prelude::{HasShape, PutTape, SplitTape, Storage, Tensor};
 
 use crate::device::{AmpDevice, Kernels};
 use crate::ops::fused_activation::{ActivationSlot, FusedActivation};
@@ -79,16 +79,15 @@ where
     };
     let (x, mut tape) = x.split_tape();
     let dev = x.device().clone();
-    let mut y: Tensor<S::Output, E, D> = dev.try_zeros_like(&shape.output())?;
-    LinearKernel::<E>::try_linear_forward(
+    let y = LinearKernel::<E>::try_linear_forward_new(
         &dev,
         dims,
         x.storage(),
         x_rs,
         layer.weight().storage(),
         layer.bias().map(|b| b.storage()),
-        y.storage_mut(),
     )?;
+    let y: Tensor<S::Output, E, D> = Storage::<E>::tensor_from_storage(&dev, shape.output(), y);
     let (weight, bias) = (layer.weight().clone(), layer.bias().cloned());
     let y_id = y.id();
     // This op's backward applies ReLU's or GELU's derivative to its output gradient.
@@ -120,7 +119,20 @@ where
             LinearKernel::<E>::try_linear_backward_weight(&dev, dims, &dy, x.storage(), x_rs, dw)?;
         }
         let store = grads.store_mut::<E>();
-        if store.wants_grad(&x) {
+        // The first gradient of a contiguous input: written into a new buffer, not added to
+        // a zero-filled one.
+        let fresh = store.get_ref_checked(&x).is_none()
+            && x_rs == I
+            && Storage::<E>::len(&dev, x.storage()) == dims.rows * I;
+        if store.wants_grad(&x) && fresh {
+            let dx = LinearKernel::<E>::try_linear_backward_input_new(
+                &dev,
+                dims,
+                &dy,
+                weight.storage(),
+            )?;
+            store.insert(x.id(), dx);
+        } else if store.wants_grad(&x) {
             let dx = store.get_or_alloc_mut(&x)?;
             LinearKernel::<E>::try_linear_backward_input(
                 &dev,

@@ -36,6 +36,27 @@ pub trait Storage<E>: 'static + std::fmt::Debug + Default + Clone + HasErr {
     fn tensor_to_vec<S: Shape, T>(&self, tensor: &Tensor<S, E, Self, T>) -> Vec<E>;
 
     fn len(&self, v: &Self::Vec) -> usize;
+
+    /// typed-amp patch: a contiguous tensor of `shape` over `data`, a buffer a kernel has just
+    /// written whole (so that its output needs no zero-filled tensor to write into).
+    ///
+    /// # Panics
+    /// If `data` does not hold `shape.num_elements()` elements.
+    fn tensor_from_storage<S: Shape>(&self, shape: S, data: Self::Vec) -> Tensor<S, E, Self> {
+        assert_eq!(
+            self.len(&data),
+            shape.num_elements(),
+            "tensor_from_storage: the buffer's length differs from the shape's element count"
+        );
+        Tensor {
+            id: crate::tensor::unique_id(),
+            data: std::sync::Arc::new(data),
+            shape,
+            strides: shape.strides(),
+            device: self.clone(),
+            tape: Default::default(),
+        }
+    }
 }
 
 pub trait Synchronize: HasErr {

@@ -151,6 +151,17 @@ impl RandomU64 for Cpu {
     }
 }
 
+impl Cpu {
+    /// typed-amp patch: `data` as this device's storage (a buffer a kernel wrote whole, for
+    /// [Storage::tensor_from_storage] or a gradient store's `insert`), without a copy.
+    pub fn storage_from_vec<E: Unit>(&self, data: Vec<E>) -> CachableVec<E> {
+        CachableVec {
+            data,
+            cache: self.cache.clone(),
+        }
+    }
+}
+
 impl<E: Unit> Storage<E> for Cpu {
     type Vec = CachableVec<E>;
 
