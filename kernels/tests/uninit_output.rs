@@ -39,7 +39,7 @@ fn check<T: Elem + GemmElem, C: Elem + GemmOut<T>>(
     let epi = Epilogue {
         alpha: [1.0, 0.25][option / 4 % 2],
         accumulate: false,
-        bias: (option % 3 == 0).then_some(&bias[..]),
+        bias: option.is_multiple_of(3).then_some(&bias[..]),
         activation: [Activation::None, Activation::Relu][option / 8 % 2],
     };
     let mut want = vec![C::default(); m * n];
@@ -115,7 +115,7 @@ fn a_new_buffer_gets_the_bits_of_an_initialised_one() {
 
 #[test]
 fn accumulating_into_a_new_buffer_or_a_short_one_is_refused() {
-    let a = vec![1.0f32; 6];
+    let a = [1.0f32; 6];
     let view = |d| typed_amp_kernels::MatRef {
         data: d,
         rows: 2,

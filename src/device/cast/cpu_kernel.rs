@@ -3,7 +3,9 @@ use dfdx::prelude::{Cpu, CpuError};
 use super::CastKernel;
 use rayon::prelude::*;
 
-use crate::device::utilities::cpu::{as_f32_mut, check_lengths, for_each_f32_chunk, CHUNK, TASK};
+use crate::device::utilities::cpu::{
+    as_f32_mut, check_lengths, for_each_f32_chunk, par_new_from, CHUNK, TASK,
+};
 use crate::precision::AmpElem;
 
 /// `dst = convert(src)` on one thread.
@@ -58,6 +60,24 @@ impl<Src: AmpElem, Dst: AmpElem> CastKernel<Src, Dst> for Cpu {
             .zip(src.par_chunks(TASK))
             .for_each(|(dst, src)| copy_cast(src, dst));
         Ok(())
+    }
+
+    fn try_copy_cast_new(
+        &self,
+        src: &<Self as dfdx::prelude::Storage<Src>>::Vec,
+    ) -> Result<<Self as dfdx::prelude::Storage<Dst>>::Vec, CpuError> {
+        if std::any::TypeId::of::<Src>() != std::any::TypeId::of::<Dst>() || src.len() <= TASK {
+            let mut dst = dfdx::prelude::Storage::<Dst>::try_alloc_len(self, src.len())?;
+            self.try_copy_cast(src, &mut dst)?;
+            return Ok(dst);
+        }
+        let mut copy = std::mem::ManuallyDrop::new(par_new_from::<Src>(src, |_| {})?);
+        // SAFETY: `Src` is `Dst` (checked above), so the vector's pointer, length and capacity
+        // describe a vector of `Dst`; the original is not dropped (`ManuallyDrop`).
+        let copy = unsafe {
+            Vec::from_raw_parts(copy.as_mut_ptr().cast::<Dst>(), copy.len(), copy.capacity())
+        };
+        Ok(self.storage_from_vec(copy))
     }
 
     fn try_add_cast(

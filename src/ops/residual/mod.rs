@@ -60,8 +60,8 @@ where
                 store.insert(skip.id(), dskip);
             }
             None => {
-                let dskip = store.get_or_alloc_mut(&skip)?;
-                CastKernel::<E, E>::try_copy_cast(&dev, &dsum, dskip)?;
+                let dskip = CastKernel::<E, E>::try_copy_cast_new(&dev, &dsum)?;
+                store.insert(skip.id(), dskip);
             }
         }
         store.insert(sum_id, dsum);

@@ -110,6 +110,26 @@ impl<E, D: Storage<E>> Gradients<E, D> {
         self.gradient_by_id.remove(&id)
     }
 
+    /// typed-amp patch: takes out the gradient of `out`, a temporary whose gradient nobody
+    /// reads after the caller (an op's output, in that op's backward), for the op to turn into
+    /// the gradient of its input `inp` in place and [insert](Gradients::insert) under `inp`'s
+    /// id. `None` unless this store frees temporaries ([Gradients::retain_leafs]), neither
+    /// tensor is among the kept ones, `inp` has no gradient yet and `out` has one.
+    pub fn take_temporary_for<S: Shape, T: Shape>(
+        &mut self,
+        out: &impl Tensorlike<S, E, D>,
+        inp: &impl Tensorlike<T, E, D>,
+    ) -> Option<D::Vec> {
+        let kept = self.leaf_ids.as_ref()?;
+        if kept.contains(&out.id())
+            || kept.contains(&inp.id())
+            || self.gradient_by_id.contains_key(&inp.id())
+        {
+            return None;
+        }
+        self.gradient_by_id.remove(&out.id())
+    }
+
     /// typed-amp patch: sets `id`'s gradient to `grad` (which must have the tensor's length),
     /// returning the one it replaces.
     pub fn insert(&mut self, id: UniqueId, grad: D::Vec) -> Option<D::Vec> {

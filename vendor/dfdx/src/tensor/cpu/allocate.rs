@@ -88,6 +88,26 @@ pub(crate) fn try_map_in_parallel<S: Sync, E: Unit>(
     })
 }
 
+/// A copy of `src` in a new buffer, each parallel piece passed to `f(off, piece)` to rewrite in
+/// place just after it is copied, while it is in cache (typed-amp patch): an op computing its
+/// output from its input in one parallel pass, where `Vec::clone` copied on one thread first.
+pub(crate) fn try_copy_in_parallel_then<E: Unit>(
+    src: &[E],
+    f: impl Fn(usize, &mut [E]) + Send + Sync,
+) -> Result<Vec<E>, CpuError> {
+    try_write_in_parallel(src.len(), |off, piece| {
+        // SAFETY: `src[off..]` holds at least the piece's length (the pieces cover
+        // `0..src.len()`), and the new buffer's piece cannot overlap it; after the copy every
+        // element of the piece is initialised, so it may be viewed as a `[E]`.
+        let piece = unsafe {
+            let dst = piece.as_mut_ptr().cast::<E>();
+            std::ptr::copy_nonoverlapping(src[off..].as_ptr(), dst, piece.len());
+            std::slice::from_raw_parts_mut(dst, piece.len())
+        };
+        f(off, piece);
+    })
+}
+
 /// A new buffer of `len` elements, `write(off, piece)` writing every element of each piece (the
 /// pieces cover `0..len`, in parallel above 2 · `PAR_MIN_ELEMS`) (typed-amp patch).
 fn try_write_in_parallel<E: Unit>(

@@ -6,7 +6,7 @@ mod iterate;
 pub(crate) use index::index_to_i;
 pub(crate) use iterate::{for_each_run, LendingIterator, NdIndex}; // typed-amp patch: for_each_run
 
-pub(crate) use allocate::try_map_in_parallel; // typed-amp patch
+pub(crate) use allocate::{try_copy_in_parallel_then, try_map_in_parallel}; // typed-amp patch
 pub(crate) use device::CachableVec;
 pub use device::{Cpu, CpuError};
 

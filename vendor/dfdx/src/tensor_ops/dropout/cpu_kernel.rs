@@ -1,6 +1,9 @@
 use crate::{
     shapes::{Dtype, Shape},
-    tensor::{unique_id, Cpu, Tensor},
+    tensor::{
+        cpu::{try_copy_in_parallel_then, CachableVec},
+        unique_id, Cpu, Tensor,
+    },
     tensor_ops::utilities::cpu_f32::{
         add_from_f32, as_f32_mut, from_f32, is_half, par_elementwise, to_f32, BLOCK,
     },
@@ -21,6 +24,37 @@ fn keep_scale(prob: f64) -> f32 {
     }
 }
 
+/// typed-amp patch: `piece` (elements `off..` of a tensor) with the dropped elements zeroed and
+/// the kept ones scaled: in f32 (16-bit elements widened a block at a time), rounded once.
+fn mask_piece<E: Float + Dtype>(
+    seed: u64,
+    threshold: u64,
+    scale: f32,
+    off: usize,
+    piece: &mut [E],
+) {
+    if let Some(piece) = as_f32_mut(piece) {
+        mask_scale(seed, threshold, scale, off as u64, piece);
+    } else if is_half::<E>() {
+        let mut buf = [0.0f32; BLOCK];
+        for (b, block) in piece.chunks_mut(BLOCK).enumerate() {
+            let v = &mut buf[..block.len()];
+            to_f32(block, v);
+            mask_scale(seed, threshold, scale, (off + b * BLOCK) as u64, v);
+            from_f32(v, block);
+        }
+    } else {
+        let scale = E::from_f32(scale).unwrap();
+        for (j, x) in piece.iter_mut().enumerate() {
+            *x = if drops(seed, threshold, (off + j) as u64) {
+                E::zero()
+            } else {
+                *x * scale
+            };
+        }
+    }
+}
+
 // typed-amp patch: the mask is drawn per element by a counter-based generator (`super::drops`,
 // SplitMix64 of the seed and the element's index, as the CUDA kernels do), in parallel pieces;
 // kept elements are multiplied by the f32 scale in f32 (16-bit elements widened a block at a
@@ -36,29 +70,13 @@ impl<E: Float + Dtype> super::DropoutKernel<E> for Cpu {
     ) -> Result<Tensor<S, E, Self>, Self::Err> {
         let threshold = drop_threshold(op.prob);
         let scale = keep_scale(op.prob);
-        let mut data = (*inp.data).clone();
-        par_elementwise(&mut data, BLOCK, |off, piece| {
-            if let Some(piece) = as_f32_mut(piece) {
-                mask_scale(op.seed, threshold, scale, off as u64, piece);
-            } else if is_half::<E>() {
-                let mut buf = [0.0f32; BLOCK];
-                for (b, block) in piece.chunks_mut(BLOCK).enumerate() {
-                    let v = &mut buf[..block.len()];
-                    to_f32(block, v);
-                    mask_scale(op.seed, threshold, scale, (off + b * BLOCK) as u64, v);
-                    from_f32(v, block);
-                }
-            } else {
-                let scale = E::from_f32(scale).unwrap();
-                for (j, x) in piece.iter_mut().enumerate() {
-                    *x = if drops(op.seed, threshold, (off + j) as u64) {
-                        E::zero()
-                    } else {
-                        *x * scale
-                    };
-                }
-            }
-        });
+        let data = try_copy_in_parallel_then(&inp.data, |off, piece| {
+            mask_piece(op.seed, threshold, scale, off, piece)
+        })?;
+        let data = CachableVec {
+            data,
+            cache: self.cache.clone(),
+        };
         Ok(Tensor {
             id: unique_id(),
             data: std::sync::Arc::new(data),
@@ -67,6 +85,19 @@ impl<E: Float + Dtype> super::DropoutKernel<E> for Cpu {
             device: self.clone(),
             tape: Default::default(),
         })
+    }
+
+    fn backward_in_place(
+        &self,
+        op: super::DropoutKernelOp,
+        grad: &mut Self::Vec,
+    ) -> Result<bool, Self::Err> {
+        let threshold = drop_threshold(op.prob);
+        let scale = keep_scale(op.prob);
+        par_elementwise(grad, BLOCK, |off, piece| {
+            mask_piece(op.seed, threshold, scale, off, piece)
+        });
+        Ok(true)
     }
 
     fn backward(

@@ -30,6 +30,19 @@ pub trait DropoutKernel<E: Dtype>: Storage<E> + RandomU64 {
         grad_inp: &mut Self::Vec,
         grad_out: &Self::Vec,
     ) -> Result<(), Self::Err>;
+
+    /// typed-amp patch: the backward for an input with no gradient yet, in place over the
+    /// output's gradient (`grad = mask · scale · grad`), which then becomes the input's: no
+    /// zero-filled buffer to add into. Returns whether the device did it; the default does not
+    /// (the op then runs [DropoutKernel::backward]).
+    fn backward_in_place(
+        &self,
+        op: DropoutKernelOp,
+        grad: &mut Self::Vec,
+    ) -> Result<bool, Self::Err> {
+        let _ = (op, grad);
+        Ok(false)
+    }
 }
 
 /// typed-amp patch: the drop threshold of a Bernoulli(`prob`) draw from a uniform `u64`: an
@@ -103,6 +116,15 @@ impl<S: Shape, E: Dtype, D: DropoutKernel<E>, T: Tape<E, D>> Tensor<S, E, D, T> 
         // typed-amp patch: the input itself is not kept (see `DropoutKernel::backward`).
         drop(inp);
         tape.add_backward_op(move |grads| {
+            // typed-amp patch: the output's gradient, read by nobody after this op, becomes
+            // the input's where the input has none yet.
+            if let Some(mut grad) = grads.take_temporary_for(&out_ghost, &inp_ghost) {
+                if dev.backward_in_place(op, &mut grad)? {
+                    grads.insert(inp_ghost.id, grad);
+                    return Ok(());
+                }
+                grads.insert(out_ghost.id, grad);
+            }
             grads.try_alloc_for(&inp_ghost)?;
             grads.try_alloc_for(&out_ghost)?;
             let (grad_inp, grad_out) = grads.mut_and_ref(&inp_ghost, &out_ghost);
@@ -124,6 +146,35 @@ mod tests {
         assert_close_to_literal!(r, [0.0, 0.0, 0.0]);
         let g = r.sum().backward();
         assert_close_to_literal!(g.get(&t), [0.0, 0.0, 0.0]);
+    }
+
+    /// typed-amp patch: where the store frees temporaries, the input's gradient is the output's
+    /// masked in place (`backward_in_place`): the same values as adding into a zeroed buffer.
+    #[test]
+    fn test_dropout_backward_in_place_matches_the_accumulating_one() {
+        let data: Vec<f32> = (0..70_000)
+            .map(|i| ((i % 97) as f32 - 48.0) / 7.0)
+            .collect();
+        let grads_of = |retain: bool| {
+            let dev = Cpu::seed_from_u64(7);
+            let t: Tensor<(usize,), TestDtype, Cpu> = dev
+                .tensor_from_vec(data.clone(), (data.len(),))
+                .to_dtype::<TestDtype>();
+            let mut grads = Gradients::leaky();
+            if retain {
+                grads.retain_leafs(&[t.id]);
+            }
+            // `t * 3` is a temporary, so its gradient may be the dropout's output's, reused.
+            let y = (t.trace(grads) * 3.0).dropout(0.25);
+            let w: Tensor<(usize,), TestDtype, Cpu> = dev
+                .tensor_from_vec(data.iter().map(|x| x * 0.5).collect(), (data.len(),))
+                .to_dtype::<TestDtype>();
+            let g = (y * w).sum().backward();
+            g.get(&t).as_vec()
+        };
+        let (accumulated, in_place) = (grads_of(false), grads_of(true));
+        assert!(accumulated.iter().any(|g| *g == TestDtype::default()));
+        assert_eq!(accumulated, in_place);
     }
 
     #[test]
