@@ -10,6 +10,8 @@
 //! Heads of at most 64 tokens (the ViT's, the small GPT's) go to `cpu_short` instead: their
 //! block pairs are single products too small for the GEMM's packing to pay.
 
+use std::mem::MaybeUninit;
+
 use dfdx::prelude::{Cpu, CpuError, Storage};
 use rayon::prelude::*;
 use typed_amp_kernels::attention::{
@@ -19,7 +21,7 @@ use typed_amp_kernels::{Epilogue, PackedB};
 
 use super::cpu_short::{self, short_head};
 use super::{AttentionDims, AttentionKernel};
-use crate::device::utilities::cpu::f32_as;
+use crate::device::utilities::cpu::{f32_as, zeroed};
 use crate::device::utilities::cpu_gemm::{gemm_packed_into, pack_b};
 use crate::precision::AmpElem;
 
@@ -89,32 +91,30 @@ impl<E: AmpElem> AttentionKernel<E> for Cpu {
         y: &mut <Self as Storage<E>>::Vec,
     ) -> Result<<Self as Storage<f32>>::Vec, CpuError> {
         check_dims(&d, qkv.len(), y.len())?;
-        let mut lse = Storage::<f32>::try_alloc_len(self, d.batch * d.heads * d.tokens)?;
-        if d.rows() == 0 {
-            return Ok(lse);
-        }
-        let t = d.tokens;
-        let sequences = qkv
-            .par_chunks(t * 3 * d.width())
-            .zip(y.par_chunks_mut(t * d.width()))
-            .zip(lse.par_chunks_mut(d.heads * t));
-        if let Some(short) = short_head(&d) {
-            sequences.for_each(|((qkv, y), lse)| {
-                cpu_short::forward_sequence(&d, &short, qkv, y, lse);
-            });
-        } else {
-            // One set of tiles per rayon job, not per sequence: the ViT's sequences are small
-            // enough for the allocation to cost as much as their attention.
-            sequences.for_each_init(
-                || Scratch::<E>::new(d.head_dim),
-                |scratch, ((qkv, y), lse)| {
-                    for (h, lse) in lse.chunks_mut(t).enumerate() {
-                        forward_head(&d, &Layout::of(&d, h), qkv, y, lse, scratch);
-                    }
-                },
-            );
-        }
-        Ok(lse)
+        forward(self, &d, qkv, Output::Written(y))
+    }
+
+    fn try_attention_forward_new(
+        &self,
+        d: AttentionDims,
+        qkv: &<Self as Storage<E>>::Vec,
+    ) -> Result<(<Self as Storage<E>>::Vec, <Self as Storage<f32>>::Vec), CpuError> {
+        let len = d.rows().checked_mul(d.width());
+        let len = len.ok_or(CpuError::WrongNumElements)?;
+        check_dims(&d, qkv.len(), len)?;
+        let mut y: Vec<E> = Vec::new();
+        y.try_reserve_exact(len)
+            .map_err(|_| CpuError::OutOfMemory)?;
+        let lse = forward(
+            self,
+            &d,
+            qkv,
+            Output::New(&mut y.spare_capacity_mut()[..len]),
+        )?;
+        // SAFETY: `forward` zeroed every sequence's rows of the new buffer (and then wrote
+        // them), the sequences covering `0..len`.
+        unsafe { y.set_len(len) };
+        Ok((self.storage_from_vec(y), lse))
     }
 
     fn try_attention_backward(
@@ -126,39 +126,164 @@ impl<E: AmpElem> AttentionKernel<E> for Cpu {
         lse: &<Self as Storage<f32>>::Vec,
         (dqkv, accumulate): (&mut <Self as Storage<E>>::Vec, bool),
     ) -> Result<(), CpuError> {
-        check_dims(&d, qkv.len(), y.len())?;
-        check(
-            dy.len() == y.len()
-                && dqkv.len() == qkv.len()
-                && lse.len() == d.batch * d.heads * d.tokens,
-        )?;
-        if d.rows() == 0 {
-            return Ok(());
-        }
-        let (t, width) = (d.tokens, d.width());
-        let sequences = qkv
-            .par_chunks(t * 3 * width)
-            .zip(dqkv.par_chunks_mut(t * 3 * width))
-            .zip(y.par_chunks(t * width).zip(dy.par_chunks(t * width)))
-            .zip(lse.par_chunks(d.heads * t));
-        if let Some(short) = short_head(&d) {
-            sequences.for_each(|(((qkv, dqkv), (y, dy)), lse)| {
-                let dqkv = (dqkv, accumulate);
-                cpu_short::backward_sequence(&d, &short, (qkv, y, dy), lse, dqkv);
-            });
+        check_backward_dims(&d, qkv, y, dy, lse, dqkv.len())?;
+        let dqkv = if accumulate {
+            Output::AddedTo(dqkv)
         } else {
-            sequences.for_each_init(
-                || (Scratch::<E>::new(d.head_dim), HeadGrads::new(t, d.head_dim)),
-                |(scratch, grads), (((qkv, dqkv), (y, dy)), lse)| {
-                    for (h, lse) in lse.chunks(t).enumerate() {
-                        let lay = Layout::of(&d, h);
-                        backward_head(&d, &lay, qkv, y, dy, lse, scratch, grads);
-                        grads.store(&d, &lay, dqkv, accumulate);
-                    }
-                },
-            );
-        }
+            Output::Written(dqkv)
+        };
+        backward(&d, qkv, (y, dy), lse, dqkv);
         Ok(())
+    }
+
+    fn try_attention_backward_new(
+        &self,
+        d: AttentionDims,
+        qkv: &<Self as Storage<E>>::Vec,
+        y: &<Self as Storage<E>>::Vec,
+        dy: &<Self as Storage<E>>::Vec,
+        lse: &<Self as Storage<f32>>::Vec,
+    ) -> Result<<Self as Storage<E>>::Vec, CpuError> {
+        let len = qkv.len();
+        check_backward_dims(&d, qkv, y, dy, lse, len)?;
+        let mut dqkv: Vec<E> = Vec::new();
+        dqkv.try_reserve_exact(len)
+            .map_err(|_| CpuError::OutOfMemory)?;
+        backward(
+            &d,
+            qkv,
+            (y, dy),
+            lse,
+            Output::New(&mut dqkv.spare_capacity_mut()[..len]),
+        );
+        // SAFETY: `backward` zeroed every sequence's part of the new buffer (and then wrote
+        // it), the sequences covering `0..len`.
+        unsafe { dqkv.set_len(len) };
+        Ok(self.storage_from_vec(dqkv))
+    }
+}
+
+/// Where a pass puts its result.
+enum Output<'a, E> {
+    /// Written over an existing buffer.
+    Written(&'a mut [E]),
+    /// Added to an existing buffer.
+    AddedTo(&'a mut [E]),
+    /// Written into new memory, which each sequence's task zeroes first (in its cache, where
+    /// a zero-filled buffer was a separate pass over memory).
+    New(&'a mut [MaybeUninit<E>]),
+}
+
+impl<'a, E: AmpElem> Output<'a, E> {
+    /// The buffer as possibly uninitialised elements, and whether its old values are added to.
+    fn parts(self) -> (&'a mut [MaybeUninit<E>], bool, bool) {
+        // SAFETY (both casts): `MaybeUninit<E>` has `E`'s layout, and the passes write only
+        // initialised values through the view (zeros, then results), so the buffer stays a
+        // valid `[E]` for its owner.
+        let view = |b: &'a mut [E]| unsafe {
+            std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<MaybeUninit<E>>(), b.len())
+        };
+        match self {
+            Output::Written(b) => (view(b), false, false),
+            Output::AddedTo(b) => (view(b), true, false),
+            Output::New(b) => (b, false, true),
+        }
+    }
+}
+
+/// One sequence's piece of an output, as elements: zeroed first if it is new memory.
+fn piece<E: AmpElem>(piece: &mut [MaybeUninit<E>], new: bool) -> &mut [E] {
+    if new {
+        return zeroed(piece);
+    }
+    // SAFETY: not new, so the piece belongs to an initialised buffer (see `Output::parts`).
+    unsafe { std::slice::from_raw_parts_mut(piece.as_mut_ptr().cast::<E>(), piece.len()) }
+}
+
+fn check_backward_dims<E>(
+    d: &AttentionDims,
+    qkv: &[E],
+    y: &[E],
+    dy: &[E],
+    lse: &[f32],
+    dqkv: usize,
+) -> Result<(), CpuError> {
+    check_dims(d, qkv.len(), y.len())?;
+    check(dy.len() == y.len() && dqkv == qkv.len() && lse.len() == d.batch * d.heads * d.tokens)
+}
+
+/// The forward over every sequence (a parallel task each); returns the log-sum-exps.
+fn forward<E: AmpElem>(
+    dev: &Cpu,
+    d: &AttentionDims,
+    qkv: &[E],
+    y: Output<'_, E>,
+) -> Result<<Cpu as Storage<f32>>::Vec, CpuError> {
+    let mut lse = Storage::<f32>::try_alloc_len(dev, d.batch * d.heads * d.tokens)?;
+    let (y, _, new) = y.parts();
+    if d.rows() == 0 {
+        return Ok(lse);
+    }
+    let t = d.tokens;
+    let sequences = qkv
+        .par_chunks(t * 3 * d.width())
+        .zip(y.par_chunks_mut(t * d.width()))
+        .zip(lse.par_chunks_mut(d.heads * t));
+    if let Some(short) = short_head(d) {
+        sequences.for_each(|((qkv, y), lse)| {
+            cpu_short::forward_sequence(d, &short, qkv, piece(y, new), lse);
+        });
+    } else {
+        // One set of tiles per rayon job, not per sequence: the ViT's sequences are small
+        // enough for the allocation to cost as much as their attention.
+        sequences.for_each_init(
+            || Scratch::<E>::new(d.head_dim),
+            |scratch, ((qkv, y), lse)| {
+                let y = piece(y, new);
+                for (h, lse) in lse.chunks_mut(t).enumerate() {
+                    forward_head(d, &Layout::of(d, h), qkv, y, lse, scratch);
+                }
+            },
+        );
+    }
+    Ok(lse)
+}
+
+/// The backward over every sequence (a parallel task each) into `dqkv`.
+fn backward<E: AmpElem>(
+    d: &AttentionDims,
+    qkv: &[E],
+    (y, dy): (&[E], &[E]),
+    lse: &[f32],
+    dqkv: Output<'_, E>,
+) {
+    let (dqkv, accumulate, new) = dqkv.parts();
+    if d.rows() == 0 {
+        return;
+    }
+    let (t, width) = (d.tokens, d.width());
+    let sequences = qkv
+        .par_chunks(t * 3 * width)
+        .zip(dqkv.par_chunks_mut(t * 3 * width))
+        .zip(y.par_chunks(t * width).zip(dy.par_chunks(t * width)))
+        .zip(lse.par_chunks(d.heads * t));
+    if let Some(short) = short_head(d) {
+        sequences.for_each(|(((qkv, dqkv), (y, dy)), lse)| {
+            let dqkv = (piece(dqkv, new), accumulate);
+            cpu_short::backward_sequence(d, &short, (qkv, y, dy), lse, dqkv);
+        });
+    } else {
+        sequences.for_each_init(
+            || (Scratch::<E>::new(d.head_dim), HeadGrads::new(t, d.head_dim)),
+            |(scratch, grads), (((qkv, dqkv), (y, dy)), lse)| {
+                let dqkv = piece(dqkv, new);
+                for (h, lse) in lse.chunks(t).enumerate() {
+                    let lay = Layout::of(d, h);
+                    backward_head(d, &lay, qkv, y, dy, lse, scratch, grads);
+                    grads.store(d, &lay, dqkv, accumulate);
+                }
+            },
+        );
     }
 }
 

@@ -1,6 +1,6 @@
 //! The fused attention op on tensors, on any device with [`AttentionKernel`]s.
 
-use dfdx::prelude::{Const, Dim, HasShape, PutTape, Shape, SplitTape, Tape, Tensor};
+use dfdx::prelude::{Const, Dim, HasShape, PutTape, Shape, SplitTape, Storage, Tape, Tensor};
 
 use super::{AttentionDims, AttentionKernel};
 use crate::ops::cast::CastDevice;
@@ -43,9 +43,9 @@ where
     };
     let (qkv, mut tape) = qkv.split_tape();
     let dev = qkv.device().clone();
-    let mut y: Tensor<(B, S, Const<M>), E, D> = dev.try_zeros_like(&(b, s, Const::<M>))?;
-    let lse =
-        AttentionKernel::<E>::try_attention_forward(&dev, dims, qkv.storage(), y.storage_mut())?;
+    let (y, lse) = AttentionKernel::<E>::try_attention_forward_new(&dev, dims, qkv.storage())?;
+    let y: Tensor<(B, S, Const<M>), E, D> =
+        Storage::<E>::tensor_from_storage(&dev, (b, s, Const::<M>), y);
     let (y_id, out) = (y.id(), y.clone());
     tape.record_mixed(move |grads| {
         let _timing = typed_amp_kernels::timing::scope(typed_amp_kernels::timing::Kind::Attention);
@@ -56,9 +56,20 @@ where
         if !store.wants_grad(&qkv) {
             return Ok(());
         }
-        // Written over a fresh gradient, added to one that other ops already wrote.
-        let accumulate = store.get_ref_checked(&qkv).is_some();
-        let dqkv = store.get_or_alloc_mut(&qkv)?;
+        // Written into a new buffer, or added to a gradient that other ops already wrote.
+        if store.get_ref_checked(&qkv).is_none() {
+            let dqkv = AttentionKernel::<E>::try_attention_backward_new(
+                &dev,
+                dims,
+                qkv.storage(),
+                out.storage(),
+                &dy,
+                &lse,
+            )?;
+            store.insert(qkv.id(), dqkv);
+            return Ok(());
+        }
+        let (accumulate, dqkv) = (true, store.get_or_alloc_mut(&qkv)?);
         AttentionKernel::<E>::try_attention_backward(
             &dev,
             dims,

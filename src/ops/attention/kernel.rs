@@ -65,4 +65,32 @@ pub trait AttentionKernel<E: AmpElem>: Storage<E> + Storage<f32> + HasErr {
         lse: &<Self as Storage<f32>>::Vec,
         dqkv: (&mut <Self as Storage<E>>::Vec, bool),
     ) -> Result<(), Self::Err>;
+
+    /// [`try_attention_forward`](Self::try_attention_forward) into a new buffer. The default
+    /// zero-fills one for it; the CPU zeroes each sequence's rows in the task that writes them.
+    fn try_attention_forward_new(
+        &self,
+        dims: AttentionDims,
+        qkv: &<Self as Storage<E>>::Vec,
+    ) -> Result<(<Self as Storage<E>>::Vec, <Self as Storage<f32>>::Vec), Self::Err> {
+        let mut y = Storage::<E>::try_alloc_len(self, dims.rows() * dims.width())?;
+        let lse = self.try_attention_forward(dims, qkv, &mut y)?;
+        Ok((y, lse))
+    }
+
+    /// [`try_attention_backward`](Self::try_attention_backward) for a `qkv` with no gradient
+    /// yet, into a new buffer (zero-filled by the default, zeroed per sequence in its task on
+    /// the CPU).
+    fn try_attention_backward_new(
+        &self,
+        dims: AttentionDims,
+        qkv: &<Self as Storage<E>>::Vec,
+        y: &<Self as Storage<E>>::Vec,
+        dy: &<Self as Storage<E>>::Vec,
+        lse: &<Self as Storage<f32>>::Vec,
+    ) -> Result<<Self as Storage<E>>::Vec, Self::Err> {
+        let mut dqkv = Storage::<E>::try_alloc_len(self, Storage::<E>::len(self, qkv))?;
+        self.try_attention_backward(dims, qkv, y, dy, lse, (&mut dqkv, false))?;
+        Ok(dqkv)
+    }
 }

@@ -1,3 +1,5 @@
+use std::mem::MaybeUninit;
+
 use dfdx::prelude::{Cpu, CpuError, Storage};
 use rayon::prelude::*;
 
@@ -18,6 +20,49 @@ fn rows_of(width: usize, len: usize) -> Result<usize, CpuError> {
     Ok(len / width)
 }
 
+/// The forward's checks; `beta`, or zeros in its place, and zeroed statistics.
+fn forward_parts<'a>(
+    dev: &Cpu,
+    width: usize,
+    len: usize,
+    gamma: &[f32],
+    beta: Option<&'a [f32]>,
+) -> Result<(std::borrow::Cow<'a, [f32]>, RowStats<Cpu>), CpuError> {
+    let rows = rows_of(width, len)?;
+    check_lengths(width, gamma.len())?;
+    let beta = match beta {
+        Some(beta) => {
+            check_lengths(width, beta.len())?;
+            std::borrow::Cow::Borrowed(beta)
+        }
+        None => std::borrow::Cow::Owned(vec![0f32; width]),
+    };
+    let stats = RowStats::<Cpu> {
+        mean: Storage::<f32>::try_alloc_len(dev, rows)?,
+        rstd: Storage::<f32>::try_alloc_len(dev, rows)?,
+    };
+    Ok((beta, stats))
+}
+
+/// One task's rows of the forward: `y` normalised from `x`, each row's statistics stored.
+#[allow(clippy::too_many_arguments)]
+fn rows_forward<E: AmpElem>(
+    width: usize,
+    x: &[E],
+    y: &mut [E],
+    (mean, rstd): (&mut [f32], &mut [f32]),
+    gamma: &[f32],
+    beta: &[f32],
+    epsilon: f64,
+) {
+    let mut v = vec![0f32; width];
+    for (r, (x, y)) in x.chunks(width).zip(y.chunks_mut(width)).enumerate() {
+        E::slice_to_f32(x, &mut v);
+        (mean[r], rstd[r]) = layer_norm_forward_row(&mut v, gamma, beta, epsilon);
+        E::slice_from_f32(&v, y);
+    }
+}
+
 impl<E: AmpElem> MixedLayerNormKernel<E> for Cpu {
     fn try_ln_forward(
         &self,
@@ -28,38 +73,45 @@ impl<E: AmpElem> MixedLayerNormKernel<E> for Cpu {
         beta: Option<&<Self as Storage<f32>>::Vec>,
         epsilon: f64,
     ) -> Result<RowStats<Self>, CpuError> {
-        let rows = rows_of(width, x.len())?;
         check_lengths(x.len(), y.len())?;
-        check_lengths(width, gamma.len())?;
-        if let Some(beta) = beta {
-            check_lengths(width, beta.len())?;
-        }
-        let zeros;
-        let beta: &[f32] = match beta {
-            Some(beta) => beta,
-            None => {
-                zeros = vec![0f32; width];
-                &zeros
-            }
-        };
-        let mut stats = RowStats::<Self> {
-            mean: Storage::<f32>::try_alloc_len(self, rows)?,
-            rstd: Storage::<f32>::try_alloc_len(self, rows)?,
-        };
+        let (beta, mut stats) = forward_parts(self, width, x.len(), gamma, beta.map(|b| &b[..]))?;
         let block = ROWS * width;
         x.par_chunks(block)
             .zip(y.par_chunks_mut(block))
             .zip(stats.mean.par_chunks_mut(ROWS))
             .zip(stats.rstd.par_chunks_mut(ROWS))
             .for_each(|(((x, y), mean), rstd)| {
-                let mut v = vec![0f32; width];
-                for (r, (x, y)) in x.chunks(width).zip(y.chunks_mut(width)).enumerate() {
-                    E::slice_to_f32(x, &mut v);
-                    (mean[r], rstd[r]) = layer_norm_forward_row(&mut v, gamma, beta, epsilon);
-                    E::slice_from_f32(&v, y);
-                }
+                rows_forward(width, x, y, (mean, rstd), gamma, &beta, epsilon);
             });
         Ok(stats)
+    }
+
+    fn try_ln_forward_new(
+        &self,
+        width: usize,
+        x: &<Self as Storage<E>>::Vec,
+        gamma: &<Self as Storage<f32>>::Vec,
+        beta: Option<&<Self as Storage<f32>>::Vec>,
+        epsilon: f64,
+    ) -> Result<(<Self as Storage<E>>::Vec, RowStats<Self>), CpuError> {
+        let (beta, mut stats) = forward_parts(self, width, x.len(), gamma, beta.map(|b| &b[..]))?;
+        let len = x.len();
+        let mut y: Vec<E> = Vec::new();
+        y.try_reserve_exact(len)
+            .map_err(|_| CpuError::OutOfMemory)?;
+        let block = ROWS * width;
+        y.spare_capacity_mut()[..len]
+            .par_chunks_mut(block)
+            .zip(x.par_chunks(block))
+            .zip(stats.mean.par_chunks_mut(ROWS))
+            .zip(stats.rstd.par_chunks_mut(ROWS))
+            .for_each(|(((y, x), mean), rstd)| {
+                let y = initialised_from(y, x);
+                rows_forward(width, x, y, (mean, rstd), gamma, &beta, epsilon);
+            });
+        // SAFETY: the blocks cover `0..len`, each initialised whole by `initialised_from`.
+        unsafe { y.set_len(len) };
+        Ok((self.storage_from_vec(y), stats))
     }
 
     fn try_ln_backward(
@@ -73,71 +125,136 @@ impl<E: AmpElem> MixedLayerNormKernel<E> for Cpu {
         dgamma: Option<(&mut <Self as Storage<f32>>::Vec, bool)>,
         dbeta: Option<(&mut <Self as Storage<f32>>::Vec, bool)>,
     ) -> Result<(), CpuError> {
-        let gamma: &[f32] = gamma;
-        let rows = rows_of(width, x.len())?;
         check_lengths(x.len(), dy.len())?;
-        check_lengths(width, gamma.len())?;
-        check_lengths(rows, stats.mean.len())?;
-        check_lengths(rows, stats.rstd.len())?;
-        let block = ROWS * width;
-        let (mean, rstd) = (stats.mean.par_chunks(ROWS), stats.rstd.par_chunks(ROWS));
-        let inputs = x.par_chunks(block).zip(dy.par_chunks(block));
-        let partials: Vec<[Vec<f64>; 2]> = match gx {
+        let grads = match gx {
             Some((gx, accumulate)) => {
                 check_lengths(x.len(), gx.len())?;
-                inputs
-                    .zip(gx.par_chunks_mut(block))
-                    .zip(mean.zip(rstd))
-                    .map(|(((x, dy), gx), (m, s))| {
-                        rows_backward(width, x, dy, Some((gx, accumulate)), gamma, m, s)
-                    })
-                    .collect()
+                Grads::Into(dy, gx, accumulate)
             }
-            None => inputs
-                .zip(mean.zip(rstd))
-                .map(|((x, dy), (m, s))| rows_backward(width, x, dy, None, gamma, m, s))
-                .collect(),
+            None => Grads::Read(dy),
         };
-        // Task partial sums added in task order, then each added in f64 to its FP32 gradient
-        // and rounded once.
-        let mut sums = [vec![0f64; width], vec![0f64; width]];
-        for part in &partials {
-            for (sum, part) in sums.iter_mut().zip(part) {
-                sum.iter_mut().zip(part).for_each(|(s, p)| *s += p);
-            }
-        }
-        for (grad, sums) in [dgamma, dbeta].into_iter().zip(&sums) {
-            let Some((grad, fresh)) = grad else {
-                continue;
-            };
-            check_lengths(width, grad.len())?;
-            for (g, s) in grad.iter_mut().zip(sums) {
-                let old = if fresh { 0.0 } else { f64::from(*g) };
-                *g = (old + s) as f32;
-            }
-        }
-        Ok(())
+        backward(width, x, grads, gamma, stats, dgamma, dbeta)
+    }
+
+    fn try_ln_backward_in_place(
+        &self,
+        width: usize,
+        x: &<Self as Storage<E>>::Vec,
+        dy: &mut <Self as Storage<E>>::Vec,
+        gamma: &<Self as Storage<f32>>::Vec,
+        stats: &RowStats<Self>,
+        dgamma: Option<(&mut <Self as Storage<f32>>::Vec, bool)>,
+        dbeta: Option<(&mut <Self as Storage<f32>>::Vec, bool)>,
+    ) -> Result<(), CpuError> {
+        check_lengths(x.len(), dy.len())?;
+        backward(width, x, Grads::InPlace(dy), gamma, stats, dgamma, dbeta)
     }
 }
 
+/// `dst`, a new buffer's piece, initialised with a copy of `src` (the same length) while both
+/// are about to be read anyway: a row-by-row writer may then take it as a `[E]`.
+fn initialised_from<'a, E: AmpElem>(dst: &'a mut [MaybeUninit<E>], src: &[E]) -> &'a mut [E] {
+    assert_eq!(dst.len(), src.len());
+    // SAFETY: the lengths match (checked) and `dst`, new memory, cannot overlap `src`; after
+    // the copy every element of `dst` is initialised.
+    unsafe {
+        let dst = dst.as_mut_ptr().cast::<E>();
+        std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
+        std::slice::from_raw_parts_mut(dst, src.len())
+    }
+}
+
+/// Where the backward reads the output's gradient and puts the input's.
+enum Grads<'a, E> {
+    /// `dy` only: nobody reads the input's gradient.
+    Read(&'a [E]),
+    /// The input's gradient written into (with the flag, added to) a buffer of its own.
+    Into(&'a [E], &'a mut [E], bool),
+    /// The input's gradient written over `dy`, row by row.
+    InPlace(&'a mut [E]),
+}
+
+/// The backward over all rows in parallel tasks of [`ROWS`], then the parameter gradients.
+#[allow(clippy::too_many_arguments)]
+fn backward<E: AmpElem>(
+    width: usize,
+    x: &[E],
+    grads: Grads<'_, E>,
+    gamma: &[f32],
+    stats: &RowStats<Cpu>,
+    dgamma: Option<(&mut <Cpu as Storage<f32>>::Vec, bool)>,
+    dbeta: Option<(&mut <Cpu as Storage<f32>>::Vec, bool)>,
+) -> Result<(), CpuError> {
+    let rows = rows_of(width, x.len())?;
+    check_lengths(width, gamma.len())?;
+    check_lengths(rows, stats.mean.len())?;
+    check_lengths(rows, stats.rstd.len())?;
+    let block = ROWS * width;
+    let (mean, rstd) = (stats.mean.par_chunks(ROWS), stats.rstd.par_chunks(ROWS));
+    let per_task = |x, grads, m, s| rows_backward(width, x, grads, gamma, m, s);
+    let partials: Vec<[Vec<f64>; 2]> = match grads {
+        Grads::Read(dy) => x
+            .par_chunks(block)
+            .zip(dy.par_chunks(block))
+            .zip(mean.zip(rstd))
+            .map(|((x, dy), (m, s))| per_task(x, Grads::Read(dy), m, s))
+            .collect(),
+        Grads::Into(dy, gx, accumulate) => x
+            .par_chunks(block)
+            .zip(dy.par_chunks(block))
+            .zip(gx.par_chunks_mut(block))
+            .zip(mean.zip(rstd))
+            .map(|(((x, dy), gx), (m, s))| per_task(x, Grads::Into(dy, gx, accumulate), m, s))
+            .collect(),
+        Grads::InPlace(dy) => x
+            .par_chunks(block)
+            .zip(dy.par_chunks_mut(block))
+            .zip(mean.zip(rstd))
+            .map(|((x, dy), (m, s))| per_task(x, Grads::InPlace(dy), m, s))
+            .collect(),
+    };
+    // Task partial sums added in task order, then each added in f64 to its FP32 gradient
+    // and rounded once.
+    let mut sums = [vec![0f64; width], vec![0f64; width]];
+    for part in &partials {
+        for (sum, part) in sums.iter_mut().zip(part) {
+            sum.iter_mut().zip(part).for_each(|(s, p)| *s += p);
+        }
+    }
+    for (grad, sums) in [dgamma, dbeta].into_iter().zip(&sums) {
+        let Some((grad, fresh)) = grad else {
+            continue;
+        };
+        check_lengths(width, grad.len())?;
+        for (g, s) in grad.iter_mut().zip(sums) {
+            let old = if fresh { 0.0 } else { f64::from(*g) };
+            *g = (old + s) as f32;
+        }
+    }
+    Ok(())
+}
+
 /// One task's rows of the backward: `[Σ dy·x̂, Σ dy]` per column over these rows, and the
-/// input gradient written over (or, with its flag, added to) `gx` when there is one.
+/// input gradient where `grads` has a place for it.
 fn rows_backward<E: AmpElem>(
     width: usize,
     x: &[E],
-    dy: &[E],
-    mut gx: Option<(&mut [E], bool)>,
+    mut grads: Grads<'_, E>,
     gamma: &[f32],
     mean: &[f32],
     rstd: &[f32],
 ) -> [Vec<f64>; 2] {
     let (mut xh, mut g, mut old) = (vec![0f32; width], vec![0f32; width], vec![0f32; width]);
     let (mut dgamma, mut dbeta) = (vec![0f64; width], vec![0f64; width]);
+    let input_gradient = !matches!(grads, Grads::Read(_));
     for (r, (&m, &s)) in mean.iter().zip(rstd).enumerate() {
         let row = r * width..(r + 1) * width;
         E::slice_to_f32(&x[row.clone()], &mut xh);
-        E::slice_to_f32(&dy[row.clone()], &mut g);
-        let input_gradient = gx.is_some();
+        let dy = match &grads {
+            Grads::Read(dy) | Grads::Into(dy, _, _) => &dy[row.clone()],
+            Grads::InPlace(dy) => &dy[row.clone()],
+        };
+        E::slice_to_f32(dy, &mut g);
         layer_norm_backward_row(
             &mut xh,
             &mut g,
@@ -147,15 +264,18 @@ fn rows_backward<E: AmpElem>(
             &mut dbeta,
             input_gradient,
         );
-        let Some((gx, accumulate)) = gx.as_mut() else {
-            continue;
-        };
-        let out = &mut gx[row];
-        if *accumulate {
-            E::slice_to_f32(out, &mut old);
-            g.iter_mut().zip(&old).for_each(|(g, o)| *g += o);
+        match &mut grads {
+            Grads::Read(_) => {}
+            Grads::Into(_, gx, accumulate) => {
+                let out = &mut gx[row];
+                if *accumulate {
+                    E::slice_to_f32(out, &mut old);
+                    g.iter_mut().zip(&old).for_each(|(g, o)| *g += o);
+                }
+                E::slice_from_f32(&g, out);
+            }
+            Grads::InPlace(dy) => E::slice_from_f32(&g, &mut dy[row]),
         }
-        E::slice_from_f32(&g, out);
     }
     [dgamma, dbeta]
 }

@@ -44,4 +44,40 @@ pub trait MixedLayerNormKernel<E: AmpElem>: Storage<E> + Storage<f32> + HasErr {
         dgamma: Option<(&mut <Self as Storage<f32>>::Vec, bool)>,
         dbeta: Option<(&mut <Self as Storage<f32>>::Vec, bool)>,
     ) -> Result<(), Self::Err>;
+
+    /// [`try_ln_forward`](Self::try_ln_forward) into a new buffer. The default zero-fills one
+    /// for it; the CPU writes a new one whole without that pass.
+    fn try_ln_forward_new(
+        &self,
+        width: usize,
+        x: &<Self as Storage<E>>::Vec,
+        gamma: &<Self as Storage<f32>>::Vec,
+        beta: Option<&<Self as Storage<f32>>::Vec>,
+        epsilon: f64,
+    ) -> Result<(<Self as Storage<E>>::Vec, RowStats<Self>), Self::Err> {
+        let mut y = Storage::<E>::try_alloc_len(self, Storage::<E>::len(self, x))?;
+        let stats = self.try_ln_forward(width, x, &mut y, gamma, beta, epsilon)?;
+        Ok((y, stats))
+    }
+
+    /// [`try_ln_backward`](Self::try_ln_backward) for an input with no gradient yet, written
+    /// over `dy` (which then holds the input's gradient): no buffer to allocate. The default
+    /// writes a new buffer and moves it into `dy`; the CPU works row by row in place.
+    #[allow(clippy::too_many_arguments)]
+    fn try_ln_backward_in_place(
+        &self,
+        width: usize,
+        x: &<Self as Storage<E>>::Vec,
+        dy: &mut <Self as Storage<E>>::Vec,
+        gamma: &<Self as Storage<f32>>::Vec,
+        stats: &RowStats<Self>,
+        dgamma: Option<(&mut <Self as Storage<f32>>::Vec, bool)>,
+        dbeta: Option<(&mut <Self as Storage<f32>>::Vec, bool)>,
+    ) -> Result<(), Self::Err> {
+        let mut gx = Storage::<E>::try_alloc_len(self, Storage::<E>::len(self, dy))?;
+        let gx_arg = Some((&mut gx, false));
+        self.try_ln_backward(width, x, dy, gx_arg, gamma, stats, dgamma, dbeta)?;
+        *dy = gx;
+        Ok(())
+    }
 }

@@ -18,7 +18,7 @@ mod kernel;
 mod op;
 
 use dfdx::nn::modules::LayerNorm1D;
-use dfdx::prelude::{Cpu, HasShape, Module, PutTape, Shape, SplitTape, Tape, Tensor};
+use dfdx::prelude::{Cpu, HasShape, Module, PutTape, Shape, SplitTape, Storage, Tape, Tensor};
 
 use crate::ops::cast::CastDevice;
 use crate::precision::AmpElem;
@@ -65,24 +65,41 @@ where
     }
     let (x, mut tape) = x.split_tape();
     let dev = x.device().clone();
-    let mut y: Tensor<S, E, D> = dev.try_zeros_like(x.shape())?;
-    let stats = MixedLayerNormKernel::<E>::try_ln_forward(
+    let (y, stats) = MixedLayerNormKernel::<E>::try_ln_forward_new(
         &dev,
         M,
         x.storage(),
-        y.storage_mut(),
         layer.gamma.storage(),
         Some(layer.beta.storage()),
         layer.epsilon,
     )?;
+    let y: Tensor<S, E, D> = Storage::<E>::tensor_from_storage(&dev, *x.shape(), y);
     let (gamma, y_id) = (layer.gamma.clone(), y.id());
     let beta_id = layer.beta.id();
     tape.record_mixed(move |grads| {
-        let Some(dy) = grads.store_mut::<E>().remove(y_id) else {
+        let Some(mut dy) = grads.store_mut::<E>().remove(y_id) else {
             return Ok(());
         };
         let ([dgamma, dbeta], store) =
             grads.params_and_store_mut::<E, 2>([(gamma.id(), M), (beta_id, M)], &dev)?;
+        // The input's first gradient is written over the output's, which nobody reads after
+        // this op: no buffer to allocate and zero.
+        let fresh = store.get_ref_checked(&x).is_none()
+            && Storage::<E>::len(&dev, &dy) == Storage::<E>::len(&dev, x.storage());
+        if store.wants_grad(&x) && fresh {
+            MixedLayerNormKernel::<E>::try_ln_backward_in_place(
+                &dev,
+                M,
+                x.storage(),
+                &mut dy,
+                gamma.storage(),
+                &stats,
+                dgamma,
+                dbeta,
+            )?;
+            store.insert(x.id(), dy);
+            return Ok(());
+        }
         let gx = if store.wants_grad(&x) {
             // Written over a fresh gradient, added to one that other ops already wrote.
             let accumulate = store.get_ref_checked(&x).is_some();
