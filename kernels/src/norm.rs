@@ -2,74 +2,212 @@
 //! variance and the normalised, scaled row; the backward's `x̂`, the parameter gradients'
 //! per-column sums and the input gradient.
 //!
-//! Each sum runs in eight f64 lanes (element `i` into lane `i mod 8`), which are added pairwise
-//! at the end, then the elements past the last full eight in order. One f64 chain per sum (the
+//! Each sum runs in 32 f64 lanes (element `i` into lane `i mod 32`), which are added pairwise
+//! at the end, then the elements past the last full 32 in order. One f64 chain per sum (the
 //! first form) waited four cycles for every element: a ViT's layer norms, rows of 64, spent
-//! most of their time there. The order is fixed by the row's length alone, so every CPU and
+//! most of their time there; eight lanes, compiled by LLVM into 128-bit pieces and shuffles,
+//! still made the sums half of the baby GPT's layer-norm backward (`perf annotate`), so the
+//! lanes are now four AVX-512 (eight AVX2) registers of intrinsics, each added to every fourth
+//! (eighth) step. The order is fixed by the row's length alone, so every CPU and
 //! every [`Level`](crate::Level) gives the same bits; compiled for AVX-512 or AVX2 where the
 //! CPU has them, as [`math`](crate::math)'s loops are (Rust never contracts `a·b + c` into a
 //! fused multiply-add, so the vector code rounds as the scalar code does).
 
-/// The f64 lanes of each sum.
-const LANES: usize = 8;
+/// The f64 lanes of each sum: four AVX-512 registers, eight AVX2 ones, so that the additions
+/// into one lane are four registers apart instead of one after another.
+const LANES: usize = 32;
+
+/// The lanes added pairwise, neighbours first: the same tree at every level.
+#[inline(always)]
+fn add_lanes(mut acc: [f64; LANES]) -> f64 {
+    let mut n = LANES;
+    while n > 1 {
+        n /= 2;
+        for i in 0..n {
+            acc[i] = acc[2 * i] + acc[2 * i + 1];
+        }
+    }
+    acc[0]
+}
+
+/// What one element adds to its lane: `x`, `(x − centre)²` or `x·y` (the product in f32).
+#[derive(Clone, Copy)]
+enum Term {
+    Value,
+    SquaredDeviation(f64),
+    Product,
+}
+
+/// `Σ term(xs[i], ys[i])` in f64: element `i` into lane `i mod LANES`, the lanes added by
+/// [`add_lanes`], then the elements past the last whole `LANES` in order. `ys` is read only
+/// for [`Term::Product`] (and must then be as long as `xs`).
+#[inline(always)]
+fn lane_sum(xs: &[f32], ys: &[f32], term: Term) -> f64 {
+    let full = xs.len() / LANES * LANES;
+    let acc = lanes(
+        &xs[..full],
+        if matches!(term, Term::Product) {
+            &ys[..full]
+        } else {
+            &[]
+        },
+        term,
+    );
+    let mut total = add_lanes(acc);
+    for (i, x) in xs[full..].iter().enumerate() {
+        total += one(*x, ys.get(full + i).copied().unwrap_or(0.0), term);
+    }
+    total
+}
 
 #[inline(always)]
-fn add_lanes(acc: [f64; LANES]) -> f64 {
-    ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+fn one(x: f32, y: f32, term: Term) -> f64 {
+    match term {
+        Term::Value => f64::from(x),
+        Term::SquaredDeviation(centre) => {
+            let d = f64::from(x) - centre;
+            d * d
+        }
+        Term::Product => f64::from(x * y),
+    }
+}
+
+/// The lanes of whole chunks of `LANES`, in vector registers where the CPU has them.
+#[inline(always)]
+fn lanes(xs: &[f32], ys: &[f32], term: Term) -> [f64; LANES] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let lvl = crate::level::level();
+        if lvl >= crate::level::Level::Avx512 {
+            // SAFETY: the level is only AVX-512 on a CPU with AVX-512F.
+            return unsafe { x86::lanes_avx512(xs, ys, term) };
+        }
+        if lvl >= crate::level::Level::Avx2 {
+            // SAFETY: the level is only AVX2 on a CPU with AVX2.
+            return unsafe { x86::lanes_avx2(xs, ys, term) };
+        }
+    }
+    let mut acc = [0f64; LANES];
+    for (c, chunk) in xs.chunks_exact(LANES).enumerate() {
+        for (l, (a, x)) in acc.iter_mut().zip(chunk).enumerate() {
+            let y = if matches!(term, Term::Product) {
+                ys[c * LANES + l]
+            } else {
+                0.0
+            };
+            *a += one(*x, y, term);
+        }
+    }
+    acc
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{Term, LANES};
+
+    /// [`super::lanes`] in four AVX-512 registers (lanes `8q..8q + 8` in register `q`), with
+    /// the scalar code's operations (conversion, subtraction, multiplication, addition: no
+    /// fused multiply-add), so the same bits.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `xs.len()` is a multiple of `LANES`, and `ys` as long for
+    /// [`Term::Product`].
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn lanes_avx512(xs: &[f32], ys: &[f32], term: Term) -> [f64; LANES] {
+        let mut acc = [_mm512_setzero_pd(); 4];
+        let centre = match term {
+            Term::SquaredDeviation(c) => c,
+            _ => 0.0,
+        };
+        let centre = _mm512_set1_pd(centre);
+        for c in 0..xs.len() / LANES {
+            for (q, acc) in acc.iter_mut().enumerate() {
+                let at = c * LANES + 8 * q;
+                // SAFETY: `at + 8 <= xs.len()` (whole chunks), and `ys` as long for products.
+                let x = unsafe { _mm256_loadu_ps(xs.as_ptr().add(at)) };
+                let v = match term {
+                    Term::Value => _mm512_cvtps_pd(x),
+                    Term::SquaredDeviation(_) => {
+                        let d = _mm512_sub_pd(_mm512_cvtps_pd(x), centre);
+                        _mm512_mul_pd(d, d)
+                    }
+                    Term::Product => {
+                        // SAFETY: as above.
+                        let y = unsafe { _mm256_loadu_ps(ys.as_ptr().add(at)) };
+                        _mm512_cvtps_pd(_mm256_mul_ps(x, y))
+                    }
+                };
+                *acc = _mm512_add_pd(*acc, v);
+            }
+        }
+        let mut out = [0f64; LANES];
+        for (q, acc) in acc.iter().enumerate() {
+            // SAFETY: `out` has room for eight f64 at `8q` (q < 4).
+            unsafe { _mm512_storeu_pd(out.as_mut_ptr().add(8 * q), *acc) };
+        }
+        out
+    }
+
+    /// [`super::lanes`] in eight AVX2 registers (lanes `4r..4r + 4` in register `r`).
+    ///
+    /// # Safety
+    /// The CPU has AVX2; lengths as for [`lanes_avx512`].
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn lanes_avx2(xs: &[f32], ys: &[f32], term: Term) -> [f64; LANES] {
+        let mut acc = [_mm256_setzero_pd(); 8];
+        let centre = match term {
+            Term::SquaredDeviation(c) => c,
+            _ => 0.0,
+        };
+        let centre = _mm256_set1_pd(centre);
+        for c in 0..xs.len() / LANES {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let at = c * LANES + 4 * r;
+                // SAFETY: `at + 4 <= xs.len()` (whole chunks), and `ys` as long for products.
+                let x = unsafe { _mm_loadu_ps(xs.as_ptr().add(at)) };
+                let v = match term {
+                    Term::Value => _mm256_cvtps_pd(x),
+                    Term::SquaredDeviation(_) => {
+                        let d = _mm256_sub_pd(_mm256_cvtps_pd(x), centre);
+                        _mm256_mul_pd(d, d)
+                    }
+                    Term::Product => {
+                        // SAFETY: as above.
+                        let y = unsafe { _mm_loadu_ps(ys.as_ptr().add(at)) };
+                        _mm256_cvtps_pd(_mm_mul_ps(x, y))
+                    }
+                };
+                *acc = _mm256_add_pd(*acc, v);
+            }
+        }
+        let mut out = [0f64; LANES];
+        for (r, acc) in acc.iter().enumerate() {
+            // SAFETY: `out` has room for four f64 at `4r` (r < 8).
+            unsafe { _mm256_storeu_pd(out.as_mut_ptr().add(4 * r), *acc) };
+        }
+        out
+    }
 }
 
 /// `Σ xs` in f64, in [`LANES`] lanes.
 #[inline(always)]
 fn sum(xs: &[f32]) -> f64 {
-    let mut acc = [0f64; LANES];
-    let mut chunks = xs.chunks_exact(LANES);
-    for chunk in &mut chunks {
-        for (a, x) in acc.iter_mut().zip(chunk) {
-            *a += f64::from(*x);
-        }
-    }
-    let mut total = add_lanes(acc);
-    for x in chunks.remainder() {
-        total += f64::from(*x);
-    }
-    total
+    lane_sum(xs, &[], Term::Value)
 }
 
 /// `Σ (x − centre)²` in f64, in [`LANES`] lanes.
 #[inline(always)]
 fn squared_deviations(xs: &[f32], centre: f64) -> f64 {
-    let mut acc = [0f64; LANES];
-    let mut chunks = xs.chunks_exact(LANES);
-    for chunk in &mut chunks {
-        for (a, x) in acc.iter_mut().zip(chunk) {
-            let d = f64::from(*x) - centre;
-            *a += d * d;
-        }
-    }
-    let mut total = add_lanes(acc);
-    for x in chunks.remainder() {
-        let d = f64::from(*x) - centre;
-        total += d * d;
-    }
-    total
+    lane_sum(xs, &[], Term::SquaredDeviation(centre))
 }
 
 /// `Σ a·b` (each product in f32, as the row's other products) in f64, in [`LANES`] lanes.
 #[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f64 {
-    let mut acc = [0f64; LANES];
-    let mut chunks = a.chunks_exact(LANES).zip(b.chunks_exact(LANES));
-    for (ca, cb) in &mut chunks {
-        for ((s, x), y) in acc.iter_mut().zip(ca).zip(cb) {
-            *s += f64::from(x * y);
-        }
-    }
-    let full = a.len() / LANES * LANES;
-    let mut total = add_lanes(acc);
-    for (x, y) in a[full..].iter().zip(&b[full..]) {
-        total += f64::from(x * y);
-    }
-    total
+    let n = a.len().min(b.len());
+    lane_sum(&a[..n], &b[..n], Term::Product)
 }
 
 #[inline(always)]
