@@ -7,8 +7,8 @@
 //! first form) waited four cycles for every element: a ViT's layer norms, rows of 64, spent
 //! most of their time there; eight lanes, compiled by LLVM into 128-bit pieces and shuffles,
 //! still made the sums half of the baby GPT's layer-norm backward (`perf annotate`), so the
-//! lanes are now four AVX-512 (eight AVX2) registers of intrinsics, each added to every fourth
-//! (eighth) step. The order is fixed by the row's length alone, so every CPU and
+//! lanes are now four AVX-512 (eight AVX2) registers of intrinsics: consecutive additions go
+//! to different registers, none waiting for the one before. The order is fixed by the row's length alone, so every CPU and
 //! every [`Level`](crate::Level) gives the same bits; compiled for AVX-512 or AVX2 where the
 //! CPU has them, as [`math`](crate::math)'s loops are (Rust never contracts `a·b + c` into a
 //! fused multiply-add, so the vector code rounds as the scalar code does).

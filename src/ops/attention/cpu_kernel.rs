@@ -20,6 +20,7 @@ use typed_amp_kernels::attention::{
 use typed_amp_kernels::{Epilogue, PackedB};
 
 use super::cpu_short::{self, short_head};
+use super::kernel::OutputAndLse;
 use super::{AttentionDims, AttentionKernel};
 use crate::device::utilities::cpu::{f32_as, zeroed};
 use crate::device::utilities::cpu_gemm::{gemm_packed_into, pack_b};
@@ -98,7 +99,7 @@ impl<E: AmpElem> AttentionKernel<E> for Cpu {
         &self,
         d: AttentionDims,
         qkv: &<Self as Storage<E>>::Vec,
-    ) -> Result<(<Self as Storage<E>>::Vec, <Self as Storage<f32>>::Vec), CpuError> {
+    ) -> Result<OutputAndLse<Self, E>, CpuError> {
         let len = d.rows().checked_mul(d.width());
         let len = len.ok_or(CpuError::WrongNumElements)?;
         check_dims(&d, qkv.len(), len)?;
@@ -177,18 +178,20 @@ enum Output<'a, E> {
 impl<'a, E: AmpElem> Output<'a, E> {
     /// The buffer as possibly uninitialised elements, and whether its old values are added to.
     fn parts(self) -> (&'a mut [MaybeUninit<E>], bool, bool) {
-        // SAFETY (both casts): `MaybeUninit<E>` has `E`'s layout, and the passes write only
-        // initialised values through the view (zeros, then results), so the buffer stays a
-        // valid `[E]` for its owner.
-        let view = |b: &'a mut [E]| unsafe {
-            std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<MaybeUninit<E>>(), b.len())
-        };
         match self {
-            Output::Written(b) => (view(b), false, false),
-            Output::AddedTo(b) => (view(b), true, false),
+            Output::Written(b) => (as_maybe_uninit(b), false, false),
+            Output::AddedTo(b) => (as_maybe_uninit(b), true, false),
             Output::New(b) => (b, false, true),
         }
     }
+}
+
+/// An initialised buffer viewed as possibly uninitialised elements, for the passes that take
+/// new memory too; they write only initialised values through it (zeros, then results).
+fn as_maybe_uninit<E>(b: &mut [E]) -> &mut [MaybeUninit<E>] {
+    // SAFETY: `MaybeUninit<E>` has `E`'s layout, and nothing uninitialised is written through
+    // the view (see above), so the buffer stays a valid `[E]` for its owner.
+    unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<MaybeUninit<E>>(), b.len()) }
 }
 
 /// One sequence's piece of an output, as elements: zeroed first if it is new memory.

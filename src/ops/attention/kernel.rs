@@ -37,6 +37,9 @@ impl AttentionDims {
     }
 }
 
+/// A forward's output and the log-sum-exps it keeps for the backward.
+pub(crate) type OutputAndLse<D, E> = (<D as Storage<E>>::Vec, <D as Storage<f32>>::Vec);
+
 /// The fused attention's passes over buffers (FlashAttention's algorithm): scores in FP32,
 /// computed block by block with an online softmax and never stored; the forward keeps one FP32
 /// log-sum-exp per query row and head, from which the backward recomputes the probabilities.
@@ -72,7 +75,7 @@ pub trait AttentionKernel<E: AmpElem>: Storage<E> + Storage<f32> + HasErr {
         &self,
         dims: AttentionDims,
         qkv: &<Self as Storage<E>>::Vec,
-    ) -> Result<(<Self as Storage<E>>::Vec, <Self as Storage<f32>>::Vec), Self::Err> {
+    ) -> Result<OutputAndLse<Self, E>, Self::Err> {
         let mut y = Storage::<E>::try_alloc_len(self, dims.rows() * dims.width())?;
         let lse = self.try_attention_forward(dims, qkv, &mut y)?;
         Ok((y, lse))

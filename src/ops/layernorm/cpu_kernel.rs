@@ -3,6 +3,7 @@ use std::mem::MaybeUninit;
 use dfdx::prelude::{Cpu, CpuError, Storage};
 use rayon::prelude::*;
 
+use super::kernel::OutputAndStats;
 use super::{MixedLayerNormKernel, RowStats};
 use crate::device::utilities::cpu::check_lengths;
 use crate::precision::AmpElem;
@@ -93,7 +94,7 @@ impl<E: AmpElem> MixedLayerNormKernel<E> for Cpu {
         gamma: &<Self as Storage<f32>>::Vec,
         beta: Option<&<Self as Storage<f32>>::Vec>,
         epsilon: f64,
-    ) -> Result<(<Self as Storage<E>>::Vec, RowStats<Self>), CpuError> {
+    ) -> Result<OutputAndStats<Self, E>, CpuError> {
         let (beta, mut stats) = forward_parts(self, width, x.len(), gamma, beta.map(|b| &b[..]))?;
         let len = x.len();
         let mut y: Vec<E> = Vec::new();

@@ -12,6 +12,9 @@ pub struct RowStats<D: Storage<f32>> {
     pub rstd: <D as Storage<f32>>::Vec,
 }
 
+/// A forward's output and the statistics it keeps for the backward.
+pub(crate) type OutputAndStats<D, E> = (<D as Storage<E>>::Vec, RowStats<D>);
+
 /// The passes of layer norm over rows of `width` activations of element type `E`, with FP32
 /// parameters (`gamma`, and `beta` if there is one, per column) and FP32 arithmetic.
 #[doc(hidden)] // a device's machinery, behind `AmpDevice`/`Kernels`/`AmpOps`.
@@ -54,7 +57,7 @@ pub trait MixedLayerNormKernel<E: AmpElem>: Storage<E> + Storage<f32> + HasErr {
         gamma: &<Self as Storage<f32>>::Vec,
         beta: Option<&<Self as Storage<f32>>::Vec>,
         epsilon: f64,
-    ) -> Result<(<Self as Storage<E>>::Vec, RowStats<Self>), Self::Err> {
+    ) -> Result<OutputAndStats<Self, E>, Self::Err> {
         let mut y = Storage::<E>::try_alloc_len(self, Storage::<E>::len(self, x))?;
         let stats = self.try_ln_forward(width, x, &mut y, gamma, beta, epsilon)?;
         Ok((y, stats))
