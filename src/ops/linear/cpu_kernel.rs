@@ -34,24 +34,9 @@ impl<E: AmpElem> LinearKernel<E> for Cpu {
         b: Option<&<Self as Storage<E>>::Vec>,
         y: &mut <Self as Storage<E>>::Vec,
     ) -> Result<(), CpuError> {
-        check(
-            fits(x.len(), d.rows, d.inputs, x_rs)
-                && w.len() == d.outputs * d.inputs
-                && b.is_none_or(|b| b.len() == d.outputs)
-                && y.len() == d.rows * d.outputs,
-        )?;
-        let bias = bias_f32::<E>(b.map(|b| &b[..]), d.outputs);
-        let epilogue = Epilogue {
-            bias: bias.as_deref(),
-            ..Epilogue::STORE
-        };
-        gemm_into::<E, E>(
-            (d.rows, d.inputs, d.outputs),
-            (x, x_rs, 1),
-            (w, 1, d.inputs),
-            (y, d.outputs, 1),
-            &epilogue,
-        );
+        // The same product into a new buffer (no reason to keep this one's memory).
+        check(y.len() == d.rows * d.outputs)?;
+        *y = self.try_linear_forward_new(d, x, x_rs, w, b)?;
         Ok(())
     }
 
