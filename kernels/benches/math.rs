@@ -3,7 +3,7 @@
 //! detected level, one thread, over a million values spread across [−5, 5] (both branches of
 //! `erf`'s approximation): the elementwise costs a transformer's step pays on every MLP
 //! activation, every attention probability and every dropout; and layer norm's forward and
-//! backward rows (`norm`, rows of 384, the baby GPT's width), per element of the rows.
+//! backward rows (`norm`, rows of 384, the baby GPT's width, and of 64, the ViT's), per element.
 //!
 //! ```text
 //! cargo bench -p typed-amp-kernels --bench math
@@ -29,13 +29,15 @@ fn main() {
         typed_amp_kernels::detected_level()
     );
     let xs: Vec<f32> = (0..LEN).map(|i| (i % 2000) as f32 * 0.005 - 5.0).collect();
-    let forms: [(&str, SliceForm); 6] = [
+    let forms: [(&str, SliceForm); 8] = [
         ("gelu_slice", gelu_slice),
         ("gelu_derivative_slice", gelu_derivative_slice),
         ("exp_slice", exp_slice),
         ("dropout mask_scale", dropout_mask),
-        ("layer norm forward rows", layer_norm_forward_rows),
-        ("layer norm backward rows", layer_norm_backward_rows),
+        ("layer norm forward, 384", layer_norm_forward_rows::<384>),
+        ("layer norm backward, 384", layer_norm_backward_rows::<384>),
+        ("layer norm forward, 64", layer_norm_forward_rows::<64>),
+        ("layer norm backward, 64", layer_norm_backward_rows::<64>),
     ];
     let mut v = xs.clone();
     for (name, f) in forms {
@@ -56,25 +58,22 @@ fn dropout_mask(xs: &mut [f32]) {
     mask_scale(0x5eed, 0x3333_3333_3333_3400, 1.25, 0, xs);
 }
 
-/// Layer norm's width in the baby GPT.
-const WIDTH: usize = 384;
-
-/// Every whole row of [`WIDTH`] normalised in place (γ 1.1, β 0.1).
-fn layer_norm_forward_rows(xs: &mut [f32]) {
-    let (gamma, beta) = ([1.1f32; WIDTH], [0.1f32; WIDTH]);
-    for row in xs.chunks_exact_mut(WIDTH) {
+/// Every whole row of `W` normalised in place (γ 1.1, β 0.1).
+fn layer_norm_forward_rows<const W: usize>(xs: &mut [f32]) {
+    let (gamma, beta) = ([1.1f32; W], [0.1f32; W]);
+    for row in xs.chunks_exact_mut(W) {
         std::hint::black_box(layer_norm_forward_row(row, &gamma, &beta, 1e-5));
     }
 }
 
 /// Every whole row's backward with the input's gradient (the row as `x`, a fixed `dy`), the
 /// parameter gradients summed over all rows.
-fn layer_norm_backward_rows(xs: &mut [f32]) {
-    let gamma = [1.1f32; WIDTH];
-    let dy: Vec<f32> = (0..WIDTH).map(|i| (i % 7) as f32 * 0.25 - 0.75).collect();
-    let (mut dgamma, mut dbeta) = (vec![0f64; WIDTH], vec![0f64; WIDTH]);
-    let mut g = vec![0f32; WIDTH];
-    for row in xs.chunks_exact_mut(WIDTH) {
+fn layer_norm_backward_rows<const W: usize>(xs: &mut [f32]) {
+    let gamma = [1.1f32; W];
+    let dy: Vec<f32> = (0..W).map(|i| (i % 7) as f32 * 0.25 - 0.75).collect();
+    let (mut dgamma, mut dbeta) = (vec![0f64; W], vec![0f64; W]);
+    let mut g = vec![0f32; W];
+    for row in xs.chunks_exact_mut(W) {
         g.copy_from_slice(&dy);
         layer_norm_backward_row(
             row,

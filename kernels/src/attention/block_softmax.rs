@@ -88,6 +88,12 @@ macro_rules! run_widest {
     }};
 }
 
+/// Panics unless each of the first `rows` visible counts is at most the row length `cols`
+/// (the passes index `row[..visible[r]]`).
+fn check_visible(visible: &[usize], rows: usize, cols: usize) {
+    assert!(visible[..rows].iter().all(|&v| v <= cols));
+}
+
 /// The online softmax's first pass over a block: in each row `r` of the `rows × cols` tile `s`
 /// (`rows = running_max.len()`), the first `visible[r]` scores multiplied by `scale`;
 /// `next_max[r]` = the larger of `running_max[r]` and their maximum; those scores minus it
@@ -109,7 +115,7 @@ pub fn shift_block(
 ) {
     let rows = running_max.len();
     assert!(s.len() >= rows * cols && next_max.len() >= rows && visible.len() >= rows);
-    assert!(visible[..rows].iter().all(|&v| v <= cols));
+    check_visible(visible, rows, cols);
     run_widest! {
         fn shift(
             s: &mut [f32],
@@ -164,7 +170,7 @@ pub fn finish_block(
             && sum.len() >= rows
             && o.len() >= rows * hd
     );
-    assert!(visible[..rows].iter().all(|&v| v <= cols));
+    check_visible(visible, rows, cols);
     run_widest! {
         fn finish(
             s: &mut [f32],
@@ -210,7 +216,7 @@ pub fn finish_block(
 pub fn probabilities_block(s: &mut [f32], cols: usize, visible: &[usize], scale: f32, lse: &[f32]) {
     let rows = lse.len();
     assert!(s.len() >= rows * cols && visible.len() >= rows);
-    assert!(visible[..rows].iter().all(|&v| v <= cols));
+    check_visible(visible, rows, cols);
     run_widest! {
         fn shift(s: &mut [f32], cols: usize, visible: &[usize], scale: f32, lse: &[f32]) {
             for (r, &l) in lse.iter().enumerate() {

@@ -4,7 +4,7 @@ use super::CastKernel;
 use rayon::prelude::*;
 
 use crate::device::utilities::cpu::{
-    as_f32_mut, check_lengths, for_each_f32_chunk, par_new_from, CHUNK, TASK,
+    as_f32_mut, check_lengths, for_each_f32_chunk, par_new_from, same_type, CHUNK, TASK,
 };
 use crate::precision::AmpElem;
 
@@ -66,18 +66,13 @@ impl<Src: AmpElem, Dst: AmpElem> CastKernel<Src, Dst> for Cpu {
         &self,
         src: &<Self as dfdx::prelude::Storage<Src>>::Vec,
     ) -> Result<<Self as dfdx::prelude::Storage<Dst>>::Vec, CpuError> {
-        if std::any::TypeId::of::<Src>() != std::any::TypeId::of::<Dst>() || src.len() <= TASK {
-            let mut dst = dfdx::prelude::Storage::<Dst>::try_alloc_len(self, src.len())?;
-            self.try_copy_cast(src, &mut dst)?;
-            return Ok(dst);
+        // A buffer of the same precision: copied into new memory in parallel pieces.
+        if let Some(src) = same_type::<Src, Dst>(src).filter(|src| src.len() > TASK) {
+            return Ok(self.storage_from_vec(par_new_from(src, |_| {})?));
         }
-        let mut copy = std::mem::ManuallyDrop::new(par_new_from::<Src>(src, |_| {})?);
-        // SAFETY: `Src` is `Dst` (checked above), so the vector's pointer, length and capacity
-        // describe a vector of `Dst`; the original is not dropped (`ManuallyDrop`).
-        let copy = unsafe {
-            Vec::from_raw_parts(copy.as_mut_ptr().cast::<Dst>(), copy.len(), copy.capacity())
-        };
-        Ok(self.storage_from_vec(copy))
+        let mut dst = dfdx::prelude::Storage::<Dst>::try_alloc_len(self, src.len())?;
+        self.try_copy_cast(src, &mut dst)?;
+        Ok(dst)
     }
 
     fn try_add_cast(

@@ -62,20 +62,27 @@ pub(crate) fn par_new_from<E: AmpElem>(
     out.spare_capacity_mut()[..len]
         .par_chunks_mut(TASK)
         .zip(src.par_chunks(TASK))
-        .for_each(|(dst, src)| {
-            // SAFETY: `dst` and `src` have the same length (chunks of equal-length slices) and
-            // cannot overlap (`dst` is fresh spare capacity); after the copy every element of
-            // `dst` is initialised, so it may be viewed as a `[E]`.
-            let dst = unsafe {
-                let dst = dst.as_mut_ptr().cast::<E>();
-                std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
-                std::slice::from_raw_parts_mut(dst, src.len())
-            };
-            f(dst);
-        });
+        .for_each(|(dst, src)| f(copied_into(dst, src)));
     // SAFETY: the pieces cover `0..len`, each copied whole above.
     unsafe { out.set_len(len) };
     Ok(out)
+}
+
+/// `dst`, a piece of a new buffer, initialised with a copy of `src` (the same length) just
+/// before its writer rewrites it: the copy lands in the cache the writer reads it from, and the
+/// piece may then be taken as a `[E]`.
+pub(crate) fn copied_into<'a, E: AmpElem>(
+    dst: &'a mut [std::mem::MaybeUninit<E>],
+    src: &[E],
+) -> &'a mut [E] {
+    assert_eq!(dst.len(), src.len());
+    // SAFETY: the lengths match (checked) and `dst`, new memory under a unique borrow, cannot
+    // overlap `src`; after the copy every element of `dst` is initialised.
+    unsafe {
+        let at = dst.as_mut_ptr().cast::<E>();
+        std::ptr::copy_nonoverlapping(src.as_ptr(), at, src.len());
+        std::slice::from_raw_parts_mut(at, src.len())
+    }
 }
 
 /// A piece of a new buffer, zeroed by the task about to write it (so the zeros land in its
@@ -93,7 +100,7 @@ pub(crate) fn zeroed<E: AmpElem>(piece: &mut [std::mem::MaybeUninit<E>]) -> &mut
 /// `buf` as a slice of `B` when `A` and `B` are the same type, else `None`: how a generic
 /// kernel takes its FP32 fast path without a copy.
 #[inline]
-fn same_type<A: 'static, B: 'static>(buf: &[A]) -> Option<&[B]> {
+pub(crate) fn same_type<A: 'static, B: 'static>(buf: &[A]) -> Option<&[B]> {
     if std::any::TypeId::of::<A>() == std::any::TypeId::of::<B>() {
         // SAFETY: `A` is `B`, so the slice already is a `[B]` of the same length.
         Some(unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<B>(), buf.len()) })

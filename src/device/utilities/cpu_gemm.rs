@@ -41,6 +41,23 @@ fn mat_ref<E: AmpElem, K: GemmElem>(
     }
 }
 
+/// `$run::<E, F, K, C>(args)` with the GEMM's operand type `K` for `E` and its output type `C`
+/// for `F` (`E` itself, or FP32 for 16-bit operands), chosen by their places in the list of
+/// precisions (`with_precisions!`).
+macro_rules! by_gemm_types {
+    ($e:ident, $f:ident, $run:ident($($arg:expr),* $(,)?)) => {{
+        let f16 = <half::f16 as Indexed>::INDEX;
+        let bf16 = <half::bf16 as Indexed>::INDEX;
+        match ($e::INDEX, $f::INDEX == $e::INDEX) {
+            (i, true) if i == f16 => $run::<$e, $f, half::f16, half::f16>($($arg),*),
+            (i, false) if i == f16 => $run::<$e, $f, half::f16, f32>($($arg),*),
+            (i, true) if i == bf16 => $run::<$e, $f, half::bf16, half::bf16>($($arg),*),
+            (i, false) if i == bf16 => $run::<$e, $f, half::bf16, f32>($($arg),*),
+            _ => $run::<$e, $f, f32, f32>($($arg),*),
+        }
+    }};
+}
+
 /// `C = A·B` (or `C += A·B`) for buffers of `E`, on `typed_amp_kernels::gemm_slices`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm<E: AmpElem>(
@@ -124,23 +141,7 @@ pub(crate) fn gemm_into_on<E: AmpElem, F: AmpElem>(
             threads,
         );
     }
-    let f16 = <half::f16 as Indexed>::INDEX;
-    let bf16 = <half::bf16 as Indexed>::INDEX;
-    match (E::INDEX, F::INDEX == E::INDEX) {
-        (i, true) if i == f16 => {
-            run::<E, F, half::f16, half::f16>(threads, (m, k, n), a, b, c, epilogue)
-        }
-        (i, false) if i == f16 => {
-            run::<E, F, half::f16, f32>(threads, (m, k, n), a, b, c, epilogue)
-        }
-        (i, true) if i == bf16 => {
-            run::<E, F, half::bf16, half::bf16>(threads, (m, k, n), a, b, c, epilogue)
-        }
-        (i, false) if i == bf16 => {
-            run::<E, F, half::bf16, f32>(threads, (m, k, n), a, b, c, epilogue)
-        }
-        _ => run::<E, F, f32, f32>(threads, (m, k, n), a, b, c, epilogue),
-    }
+    by_gemm_types!(E, F, run(threads, (m, k, n), a, b, c, epilogue))
 }
 
 /// `C = epilogue(A·B)` (the epilogue must not accumulate) into a new row-major `m × n` buffer
@@ -177,15 +178,7 @@ pub(crate) fn gemm_new<E: AmpElem, F: AmpElem>(
     out.try_reserve_exact(len)
         .map_err(|_| CpuError::OutOfMemory)?;
     let c = &mut out.spare_capacity_mut()[..len];
-    let f16 = <half::f16 as Indexed>::INDEX;
-    let bf16 = <half::bf16 as Indexed>::INDEX;
-    match (E::INDEX, F::INDEX == E::INDEX) {
-        (i, true) if i == f16 => run::<E, F, half::f16, half::f16>((m, k, n), a, b, c, epilogue),
-        (i, false) if i == f16 => run::<E, F, half::f16, f32>((m, k, n), a, b, c, epilogue),
-        (i, true) if i == bf16 => run::<E, F, half::bf16, half::bf16>((m, k, n), a, b, c, epilogue),
-        (i, false) if i == bf16 => run::<E, F, half::bf16, f32>((m, k, n), a, b, c, epilogue),
-        _ => run::<E, F, f32, f32>((m, k, n), a, b, c, epilogue),
-    }
+    by_gemm_types!(E, F, run((m, k, n), a, b, c, epilogue));
     // SAFETY: `gemm_epilogue_uninit` initialised the first `len` elements (its contract).
     unsafe { out.set_len(len) };
     Ok(out)

@@ -14,6 +14,7 @@
 //! under O2. 16-bit scores (O3) run composed on every device.
 
 mod composed;
+mod cpu_blocked;
 mod cpu_kernel;
 mod cpu_short;
 #[cfg(feature = "cuda")]

@@ -1,11 +1,9 @@
-use std::mem::MaybeUninit;
-
 use dfdx::prelude::{Cpu, CpuError, Storage};
 use rayon::prelude::*;
 
 use super::kernel::OutputAndStats;
 use super::{MixedLayerNormKernel, RowStats};
-use crate::device::utilities::cpu::check_lengths;
+use crate::device::utilities::cpu::{check_lengths, copied_into};
 use crate::precision::AmpElem;
 use typed_amp_kernels::norm::{layer_norm_backward_row, layer_norm_forward_row};
 
@@ -107,10 +105,10 @@ impl<E: AmpElem> MixedLayerNormKernel<E> for Cpu {
             .zip(stats.mean.par_chunks_mut(ROWS))
             .zip(stats.rstd.par_chunks_mut(ROWS))
             .for_each(|(((y, x), mean), rstd)| {
-                let y = initialised_from(y, x);
+                let y = copied_into(y, x);
                 rows_forward(width, x, y, (mean, rstd), gamma, &beta, epsilon);
             });
-        // SAFETY: the blocks cover `0..len`, each initialised whole by `initialised_from`.
+        // SAFETY: the blocks cover `0..len`, each initialised whole by `copied_into`.
         unsafe { y.set_len(len) };
         Ok((self.storage_from_vec(y), stats))
     }
@@ -149,19 +147,6 @@ impl<E: AmpElem> MixedLayerNormKernel<E> for Cpu {
     ) -> Result<(), CpuError> {
         check_lengths(x.len(), dy.len())?;
         backward(width, x, Grads::InPlace(dy), gamma, stats, dgamma, dbeta)
-    }
-}
-
-/// `dst`, a new buffer's piece, initialised with a copy of `src` (the same length) while both
-/// are about to be read anyway: a row-by-row writer may then take it as a `[E]`.
-fn initialised_from<'a, E: AmpElem>(dst: &'a mut [MaybeUninit<E>], src: &[E]) -> &'a mut [E] {
-    assert_eq!(dst.len(), src.len());
-    // SAFETY: the lengths match (checked) and `dst`, new memory, cannot overlap `src`; after
-    // the copy every element of `dst` is initialised.
-    unsafe {
-        let dst = dst.as_mut_ptr().cast::<E>();
-        std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
-        std::slice::from_raw_parts_mut(dst, src.len())
     }
 }
 
