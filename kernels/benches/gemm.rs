@@ -179,6 +179,26 @@ const SHAPES: &[Shape] = &[
         L::Row,
         false,
     ),
+    s(
+        "gpt gW qkv gᵀ·x",
+        1152,
+        384,
+        16384,
+        L::Col,
+        L::Row,
+        L::Row,
+        false,
+    ),
+    s(
+        "gpt gW attn gᵀ·x",
+        384,
+        384,
+        16384,
+        L::Col,
+        L::Row,
+        L::Row,
+        false,
+    ),
     // The small GPT (batch 12 × context 64 = 768 token rows, width 128, MLP 512): its forward
     // products, an input gradient and a weight gradient (summed over the 768 rows).
     s(
