@@ -151,19 +151,50 @@ pub fn gemm_epilogue_slices<T: GemmElem, C: GemmOut<T>>(
     threads: usize,
 ) -> GemmReport {
     assert_eq!(a.cols, b.rows, "gemm: inner dimensions differ");
-    let (m, k, n) = (a.rows, a.cols, b.cols);
     assert!(
-        c.rows == m && c.cols == n,
-        "gemm: C is {} × {}, the product {m} × {n}",
+        c.rows == a.rows && c.cols == b.cols,
+        "gemm: C is {} × {}, the product {} × {}",
         c.rows,
-        c.cols
+        c.cols,
+        a.rows,
+        b.cols
     );
+    // SAFETY: `c.data` is a `&mut` borrow, writable and readable for its length and apart
+    // from A, B and the bias (`&` borrows).
+    unsafe {
+        epilogue_on_checked_views(
+            a,
+            b,
+            (c.data.as_mut_ptr(), c.data.len(), c.rs, c.cs),
+            epi,
+            threads,
+        )
+    }
+}
+
+/// The safe epilogue entry points' common part, after they have checked that A's columns are
+/// B's rows: the three views checked (every index inside its buffer, C's elements distinct),
+/// then [`gemm_epilogue`].
+///
+/// # Safety
+/// `c` writable for `c_len` elements (readable too with `epi.accumulate`), overlapping
+/// neither A, B nor the bias.
+unsafe fn epilogue_on_checked_views<T: GemmElem, C: GemmOut<T>>(
+    a: MatRef<'_, T>,
+    b: MatRef<'_, T>,
+    (c, c_len, c_rs, c_cs): (*mut C, usize, usize, usize),
+    epi: &Epilogue<'_>,
+    threads: usize,
+) -> GemmReport {
+    debug_assert_eq!(a.cols, b.rows);
+    let (m, k, n) = (a.rows, a.cols, b.cols);
     let sa = checked_view("A", a.data.len(), m, k, a.rs, a.cs);
     let sb = checked_view("B", b.data.len(), k, n, b.rs, b.cs);
-    let sc = checked_view("C", c.data.len(), m, n, c.rs, c.cs);
-    check_distinct(m, n, c.rs, c.cs);
-    // SAFETY: as in `gemm_slices`; C's `&mut` borrow also keeps it apart from the bias (a
-    // `&` borrow inside `epi`), whose length `gemm_epilogue` checks itself.
+    let sc = checked_view("C", c_len, m, n, c_rs, c_cs);
+    check_distinct(m, n, c_rs, c_cs);
+    // SAFETY: as in `gemm_slices`: every element of the three views lies inside its buffer
+    // (checked above, without overflow), distinct (i, j) of C are distinct slots, and the
+    // caller keeps C apart from A, B and the bias (whose length `gemm_epilogue` checks).
     unsafe {
         gemm_epilogue(
             m,
@@ -175,7 +206,7 @@ pub fn gemm_epilogue_slices<T: GemmElem, C: GemmOut<T>>(
             b.data.as_ptr(),
             sb.rs,
             sb.cs,
-            c.data.as_mut_ptr(),
+            c,
             sc.rs,
             sc.cs,
             epi,
@@ -208,36 +239,24 @@ pub fn gemm_epilogue_uninit<T: GemmElem, C: GemmOut<T>>(
         "gemm: a C nobody has written has no old value to accumulate into"
     );
     assert_eq!(a.cols, b.rows, "gemm: inner dimensions differ");
-    let (m, k, n) = (a.rows, a.cols, b.cols);
-    let len = m.checked_mul(n).expect("gemm: C's size overflows usize");
+    let len = a
+        .rows
+        .checked_mul(b.cols)
+        .expect("gemm: C's size overflows usize");
     assert!(
         c.len() >= len,
         "gemm: C needs {len} elements, the buffer has {}",
         c.len()
     );
-    let sa = checked_view("A", a.data.len(), m, k, a.rs, a.cs);
-    let sb = checked_view("B", b.data.len(), k, n, b.rs, b.cs);
-    let sc = checked_view("C", len, m, n, n, 1);
-    check_distinct(m, n, n, 1);
-    // SAFETY: as in `gemm_epilogue_slices`: the views are checked, C (row-major, `len`
-    // elements) lies inside `c`, a `&mut` borrow apart from A, B and the bias. Without
-    // `accumulate`, `gemm()`'s contract asks C to be writable only: the product writes every
-    // element (each tile once, or an FP32 C's first k block before the later ones add to it)
-    // before it reads any back.
+    // SAFETY: C (row-major, `len` elements) lies inside `c`, a `&mut` borrow apart from A, B
+    // and the bias. Without `accumulate`, `gemm()`'s contract asks C to be writable only: the
+    // product writes every element (each tile once, or an FP32 C's first k block before the
+    // later ones add to it) before it reads any back.
     unsafe {
-        gemm_epilogue(
-            m,
-            n,
-            k,
-            a.data.as_ptr(),
-            sa.rs,
-            sa.cs,
-            b.data.as_ptr(),
-            sb.rs,
-            sb.cs,
-            c.as_mut_ptr().cast::<C>(),
-            sc.rs,
-            sc.cs,
+        epilogue_on_checked_views(
+            a,
+            b,
+            (c.as_mut_ptr().cast::<C>(), len, b.cols, 1),
             epi,
             threads,
         )

@@ -69,7 +69,6 @@ where
             store.insert(qkv.id(), dqkv);
             return Ok(());
         }
-        let (accumulate, dqkv) = (true, store.get_or_alloc_mut(&qkv)?);
         AttentionKernel::<E>::try_attention_backward(
             &dev,
             dims,
@@ -77,7 +76,7 @@ where
             out.storage(),
             &dy,
             &lse,
-            (dqkv, accumulate),
+            (store.get_or_alloc_mut(&qkv)?, true),
         )
     });
     Ok(y.put_tape(tape))

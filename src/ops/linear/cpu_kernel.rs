@@ -53,7 +53,12 @@ impl<E: AmpElem> LinearKernel<E> for Cpu {
                 && w.len() == d.outputs * d.inputs
                 && b.is_none_or(|b| b.len() == d.outputs),
         )?;
-        let bias = bias_f32::<E>(b.map(|b| &b[..]), d.outputs);
+        // The bias in FP32, added in the product's store before its one rounding.
+        let bias = b.map(|b| {
+            let mut bias = vec![0f32; d.outputs];
+            E::slice_to_f32(b, &mut bias);
+            bias
+        });
         let epilogue = Epilogue {
             bias: bias.as_deref(),
             ..Epilogue::STORE
@@ -193,13 +198,4 @@ impl<E: AmpElem> LinearKernel<E> for Cpu {
         )?;
         Ok(self.storage_from_vec(dx))
     }
-}
-
-/// The bias in FP32, added in the product's store before its one rounding.
-fn bias_f32<E: AmpElem>(b: Option<&[E]>, outputs: usize) -> Option<Vec<f32>> {
-    b.map(|b| {
-        let mut bias = vec![0f32; outputs];
-        E::slice_to_f32(b, &mut bias);
-        bias
-    })
 }

@@ -1,9 +1,6 @@
 use crate::{
     shapes::{Dtype, Shape},
-    tensor::{
-        cpu::{try_copy_in_parallel_then, CachableVec},
-        unique_id, Cpu, Tensor,
-    },
+    tensor::{cpu::try_copy_in_parallel_then, unique_id, Cpu, Tensor},
     tensor_ops::utilities::cpu_f32::{
         add_from_f32, as_f32_mut, from_f32, is_half, par_elementwise, to_f32, BLOCK,
     },
@@ -73,13 +70,9 @@ impl<E: Float + Dtype> super::DropoutKernel<E> for Cpu {
         let data = try_copy_in_parallel_then(&inp.data, |off, piece| {
             mask_piece(op.seed, threshold, scale, off, piece)
         })?;
-        let data = CachableVec {
-            data,
-            cache: self.cache.clone(),
-        };
         Ok(Tensor {
             id: unique_id(),
-            data: std::sync::Arc::new(data),
+            data: std::sync::Arc::new(self.storage_from_vec(data)),
             shape: inp.shape,
             strides: inp.strides,
             device: self.clone(),
