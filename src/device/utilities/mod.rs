@@ -5,6 +5,7 @@
 
 pub(crate) mod cpu;
 pub(crate) mod cpu_gemm;
+pub(crate) mod cpu_scratch;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 #[cfg(feature = "cuda")]

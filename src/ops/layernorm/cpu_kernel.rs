@@ -4,6 +4,7 @@ use rayon::prelude::*;
 use super::kernel::OutputAndStats;
 use super::{MixedLayerNormKernel, RowStats};
 use crate::device::utilities::cpu::{check_lengths, copied_into};
+use crate::device::utilities::cpu_scratch::with_f32_scratch;
 use crate::precision::AmpElem;
 use typed_amp_kernels::norm::{layer_norm_backward_row, layer_norm_forward_row};
 
@@ -54,12 +55,13 @@ fn rows_forward<E: AmpElem>(
     beta: &[f32],
     epsilon: f64,
 ) {
-    let mut v = vec![0f32; width];
-    for (r, (x, y)) in x.chunks(width).zip(y.chunks_mut(width)).enumerate() {
-        E::slice_to_f32(x, &mut v);
-        (mean[r], rstd[r]) = layer_norm_forward_row(&mut v, gamma, beta, epsilon);
-        E::slice_from_f32(&v, y);
-    }
+    with_f32_scratch(width, |[v]| {
+        for (r, (x, y)) in x.chunks(width).zip(y.chunks_mut(width)).enumerate() {
+            E::slice_to_f32(x, v);
+            (mean[r], rstd[r]) = layer_norm_forward_row(v, gamma, beta, epsilon);
+            E::slice_from_f32(v, y);
+        }
+    });
 }
 
 impl<E: AmpElem> MixedLayerNormKernel<E> for Cpu {
@@ -177,37 +179,41 @@ fn backward<E: AmpElem>(
     check_lengths(rows, stats.rstd.len())?;
     let block = ROWS * width;
     let (mean, rstd) = (stats.mean.par_chunks(ROWS), stats.rstd.par_chunks(ROWS));
-    let per_task = |x, grads, m, s| rows_backward(width, x, grads, gamma, m, s);
-    let partials: Vec<[Vec<f64>; 2]> = match grads {
+    // Each task's `[Σ dy·x̂, Σ dy]` partial sums, in one buffer allocated once per call.
+    let mut partials = vec![0f64; rows.div_ceil(ROWS) * 2 * width];
+    let parts = partials.par_chunks_mut(2 * width);
+    let per_task = |x, grads, m, s, p| rows_backward(width, x, grads, gamma, m, s, p);
+    match grads {
         Grads::Read(dy) => x
             .par_chunks(block)
             .zip(dy.par_chunks(block))
             .zip(mean.zip(rstd))
-            .map(|((x, dy), (m, s))| per_task(x, Grads::Read(dy), m, s))
-            .collect(),
+            .zip(parts)
+            .for_each(|(((x, dy), (m, s)), p)| per_task(x, Grads::Read(dy), m, s, p)),
         Grads::Into(dy, gx, accumulate) => x
             .par_chunks(block)
             .zip(dy.par_chunks(block))
             .zip(gx.par_chunks_mut(block))
             .zip(mean.zip(rstd))
-            .map(|(((x, dy), gx), (m, s))| per_task(x, Grads::Into(dy, gx, accumulate), m, s))
-            .collect(),
+            .zip(parts)
+            .for_each(|((((x, dy), gx), (m, s)), p)| {
+                per_task(x, Grads::Into(dy, gx, accumulate), m, s, p)
+            }),
         Grads::InPlace(dy) => x
             .par_chunks(block)
             .zip(dy.par_chunks_mut(block))
             .zip(mean.zip(rstd))
-            .map(|((x, dy), (m, s))| per_task(x, Grads::InPlace(dy), m, s))
-            .collect(),
+            .zip(parts)
+            .for_each(|(((x, dy), (m, s)), p)| per_task(x, Grads::InPlace(dy), m, s, p)),
     };
     // Task partial sums added in task order, then each added in f64 to its FP32 gradient
     // and rounded once.
-    let mut sums = [vec![0f64; width], vec![0f64; width]];
-    for part in &partials {
-        for (sum, part) in sums.iter_mut().zip(part) {
-            sum.iter_mut().zip(part).for_each(|(s, p)| *s += p);
-        }
+    let mut sums = vec![0f64; 2 * width];
+    for part in partials.chunks(2 * width) {
+        sums.iter_mut().zip(part).for_each(|(s, p)| *s += p);
     }
-    for (grad, sums) in [dgamma, dbeta].into_iter().zip(&sums) {
+    let (dgamma_sums, dbeta_sums) = sums.split_at(width);
+    for (grad, sums) in [dgamma, dbeta].into_iter().zip([dgamma_sums, dbeta_sums]) {
         let Some((grad, fresh)) = grad else {
             continue;
         };
@@ -220,8 +226,8 @@ fn backward<E: AmpElem>(
     Ok(())
 }
 
-/// One task's rows of the backward: `[Σ dy·x̂, Σ dy]` per column over these rows, and the
-/// input gradient where `grads` has a place for it.
+/// One task's rows of the backward: `[Σ dy·x̂, Σ dy]` per column over these rows added into
+/// `partial` (`2 · width`, zeroed), and the input gradient where `grads` has a place for it.
 fn rows_backward<E: AmpElem>(
     width: usize,
     x: &[E],
@@ -229,39 +235,32 @@ fn rows_backward<E: AmpElem>(
     gamma: &[f32],
     mean: &[f32],
     rstd: &[f32],
-) -> [Vec<f64>; 2] {
-    let (mut xh, mut g, mut old) = (vec![0f32; width], vec![0f32; width], vec![0f32; width]);
-    let (mut dgamma, mut dbeta) = (vec![0f64; width], vec![0f64; width]);
+    partial: &mut [f64],
+) {
+    let (dgamma, dbeta) = partial.split_at_mut(width);
     let input_gradient = !matches!(grads, Grads::Read(_));
-    for (r, (&m, &s)) in mean.iter().zip(rstd).enumerate() {
-        let row = r * width..(r + 1) * width;
-        E::slice_to_f32(&x[row.clone()], &mut xh);
-        let dy = match &grads {
-            Grads::Read(dy) | Grads::Into(dy, _, _) => &dy[row.clone()],
-            Grads::InPlace(dy) => &dy[row.clone()],
-        };
-        E::slice_to_f32(dy, &mut g);
-        layer_norm_backward_row(
-            &mut xh,
-            &mut g,
-            gamma,
-            (m, s),
-            &mut dgamma,
-            &mut dbeta,
-            input_gradient,
-        );
-        match &mut grads {
-            Grads::Read(_) => {}
-            Grads::Into(_, gx, accumulate) => {
-                let out = &mut gx[row];
-                if *accumulate {
-                    E::slice_to_f32(out, &mut old);
-                    g.iter_mut().zip(&old).for_each(|(g, o)| *g += o);
+    with_f32_scratch(width, |[xh, g, old]| {
+        for (r, (&m, &s)) in mean.iter().zip(rstd).enumerate() {
+            let row = r * width..(r + 1) * width;
+            E::slice_to_f32(&x[row.clone()], xh);
+            let dy = match &grads {
+                Grads::Read(dy) | Grads::Into(dy, _, _) => &dy[row.clone()],
+                Grads::InPlace(dy) => &dy[row.clone()],
+            };
+            E::slice_to_f32(dy, g);
+            layer_norm_backward_row(xh, g, gamma, (m, s), dgamma, dbeta, input_gradient);
+            match &mut grads {
+                Grads::Read(_) => {}
+                Grads::Into(_, gx, accumulate) => {
+                    let out = &mut gx[row];
+                    if *accumulate {
+                        E::slice_to_f32(out, old);
+                        g.iter_mut().zip(old.iter()).for_each(|(g, o)| *g += o);
+                    }
+                    E::slice_from_f32(g, out);
                 }
-                E::slice_from_f32(&g, out);
+                Grads::InPlace(dy) => E::slice_from_f32(g, &mut dy[row]),
             }
-            Grads::InPlace(dy) => E::slice_from_f32(&g, &mut dy[row]),
         }
-    }
-    [dgamma, dbeta]
+    });
 }
