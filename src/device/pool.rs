@@ -20,10 +20,11 @@ use std::time::{Duration, Instant};
 /// idle workers sleep after a few dozen yields, and a step's kernels come tens of microseconds
 /// apart: each kernel then paid a futex wake and a context switch before its second half
 /// started (about 11% of the ViT's profile on a two-core Xeon, session 50; the ViT's step
-/// 18.6 → 15.4–16.5 ms under O2-BF16). A worker that has found nothing for
-/// 5 ms (a serial stretch: loading data, writing a checkpoint) backs off to polling every
-/// 200 µs, so an idle program costs little. One call keeps the workers polling at a time; a
-/// concurrent call from another thread runs `f` without it.
+/// 18.6 → 15.4–16.5 ms under O2-BF16). A polling worker yields its core between polls (to
+/// another process, or another rank's threads, where the machine is shared), and one that has
+/// found nothing for 5 ms (a serial stretch: loading data, writing a checkpoint) backs off to
+/// polling every 200 µs, so an idle program costs little. One call keeps the workers polling at
+/// a time; a concurrent call from another thread runs `f` without it.
 ///
 /// ```
 /// let sum = typed_amp::device::on_cpu_pool(|| (1..=4).sum::<u32>());
@@ -74,11 +75,9 @@ fn poll_for_work(done: &AtomicBool) {
         if let Some(rayon::Yield::Executed) = rayon::yield_now() {
             idle_since = Instant::now();
         } else if idle_since.elapsed() < SPIN_FOR {
-            // A short pause between polls, so that the poller does not keep the cache lines of
-            // the other workers' queues away from them.
-            for _ in 0..16 {
-                std::hint::spin_loop();
-            }
+            // Between polls, the core to any other thread that is ready to run (another
+            // process's, or another rank's on a shared machine); with none, this returns at once.
+            std::thread::yield_now();
         } else {
             std::thread::sleep(BACKED_OFF_POLL);
         }
