@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 /// another process, or another rank's threads, where the machine is shared), and one that has
 /// found nothing for 5 ms (a serial stretch: loading data, writing a checkpoint) backs off to
 /// polling every 200 µs, so an idle program costs little. One call keeps the workers polling at
-/// a time; a concurrent call from another thread runs `f` without it.
+/// a time; a concurrent call from another thread runs `f` without it. A poller runs whatever work
+/// the pool has, as any rayon worker that waits does: should that be another thread's
+/// `on_cpu_pool` body, the call whose poller took it returns when that body ends.
 ///
 /// ```
 /// let sum = typed_amp::device::on_cpu_pool(|| (1..=4).sum::<u32>());
