@@ -223,3 +223,72 @@ impl<E: AmpElem> LinearKernel<E> for Cpu {
         Ok(self.storage_from_vec(dx))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use dfdx::prelude::Cpu;
+    use half::bf16;
+
+    use super::{LinearDims, LinearKernel, BIAS_ROWS};
+    use crate::precision::AmpElem;
+
+    /// The bias gradient of `dy` (`rows × n`, FP32 or narrowed to `E`), computed on a pool of
+    /// `threads`.
+    fn bias_gradient<E: AmpElem>(dy: &[f32], rows: usize, n: usize, threads: usize) -> Vec<f32> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let dev = Cpu::default();
+            let narrow: Vec<E> = dy.iter().map(|&x| <E as AmpElem>::from_f32(x)).collect();
+            let mut dy = dev.storage_from_vec(narrow);
+            let mut db = dev.storage_from_vec(vec![f32::NAN; n]);
+            let dims = LinearDims {
+                rows,
+                inputs: 1,
+                outputs: n,
+            };
+            LinearKernel::<E>::try_linear_backward_bias(
+                &dev,
+                dims,
+                None,
+                &mut dy,
+                Some((&mut db, true)),
+            )
+            .unwrap();
+            db.to_vec()
+        })
+    }
+
+    /// Fixed tasks of [`BIAS_ROWS`] rows, their partial sums added in task order: the same bits
+    /// on 1 and 3 threads, and each column within γ(rows)·Σ|g| of its f64 sum (Higham's bound
+    /// for `rows` FP32 additions in any order).
+    fn same_bits_on_any_thread_count<E: AmpElem>() {
+        let (rows, n) = (3 * BIAS_ROWS + 11, 37);
+        let dy: Vec<f32> = (0..rows * n)
+            .map(|i| <E as AmpElem>::from_f32(((i * 7919 % 1009) as f32 - 504.0) / 97.0))
+            .map(<E as AmpElem>::to_f32)
+            .collect();
+        let one = bias_gradient::<E>(&dy, rows, n, 1);
+        let three = bias_gradient::<E>(&dy, rows, n, 3);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&one), bits(&three), "{}", std::any::type_name::<E>());
+        let nu = rows as f64 * 2f64.powi(-24);
+        let gamma = nu / (1.0 - nu);
+        for (c, &got) in one.iter().enumerate() {
+            let column = (0..rows).map(|r| f64::from(dy[r * n + c]));
+            let (exact, magnitude) = column.fold((0.0, 0.0), |(s, m), g| (s + g, m + g.abs()));
+            assert!(
+                (f64::from(got) - exact).abs() <= gamma * magnitude,
+                "column {c}: {got} vs {exact}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_bias_gradient_has_the_same_bits_on_any_thread_count() {
+        same_bits_on_any_thread_count::<f32>();
+        same_bits_on_any_thread_count::<bf16>();
+    }
+}
