@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 /// idle workers sleep after a few dozen yields, and a step's kernels come tens of microseconds
 /// apart: each kernel then paid a futex wake and a context switch before its second half
 /// started (about 11% of the ViT's profile on a two-core Xeon, session 50; the ViT's step
-/// 18.6 → 15.4–16.5 ms under O2-BF16). A polling worker yields its core between polls (to
+/// 19.08 / 18.01 → 16.43 / 16.99 ms under O2-BF16 in `cargo bench --bench cpu_step -- --only
+/// vit`, BENCHMARKS.md). A polling worker yields its core between polls (to
 /// another process, or another rank's threads, where the machine is shared), and one that has
 /// found nothing for 5 ms (a serial stretch: loading data, writing a checkpoint) backs off to
 /// polling every 200 µs, so an idle program costs little. One call keeps the workers polling at

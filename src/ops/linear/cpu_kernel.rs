@@ -132,7 +132,8 @@ impl<E: AmpElem> LinearKernel<E> for Cpu {
         }
         // Rows in tasks of a fixed count (so that the partial sums, added in task order, do not
         // depend on the thread count) on the pool: one thread summed them while the others
-        // waited, ~5% of the ViT's O2-BF16 step in `perf` (session 50).
+        // waited (~2.5% of the ViT's O2-BF16 samples in `perf`, session 50; within noise on
+        // the step's time).
         let per_task = BIAS_ROWS * n;
         let mut partials = vec![0f32; d.rows.div_ceil(BIAS_ROWS) * n];
         dy.par_chunks_mut(per_task.max(1))
