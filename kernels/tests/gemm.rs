@@ -512,10 +512,11 @@ fn small_products_match_the_driver_bit_for_bit() {
     });
 }
 
-/// One product with A's rows read in place (by the bf16-pair kernels, or AVX2's f32 ones) and
-/// with A packed: the same values go through the same instructions, so the bits must be equal,
-/// into a C of the operands' type (a bf16 C keeps its f32 running sums in a buffer) and an f32
-/// C (its own running sum), with and without the old C and an epilogue, on one thread and two.
+/// One product with A's rows read in place (by the bf16-pair kernels, or the AVX-512 and AVX2
+/// f32 ones) and with A packed: the same values go through the same instructions, so the bits
+/// must be equal, into a C of the operands' type (a bf16 C keeps its f32 running sums in a
+/// buffer) and an f32 C (its own running sum), with and without the old C and an epilogue, on
+/// one thread and two.
 fn same_bits_a_in_place_or_packed<T: Elem + GemmOut<T>>(
     rng: &mut StdRng,
     (m, n, k): (usize, usize, usize),
@@ -577,12 +578,12 @@ fn same_bits_a_in_place_or_packed<T: Elem + GemmOut<T>>(
     }
 }
 
-/// The pair path (k even) and AVX2's f32 path read a row-major A where it lies instead of
-/// packing it: the same bits as packed A for one pair, one block of k, several blocks (1,100 =
+/// The pair path (k even) and the AVX-512 and AVX2 f32 paths read a row-major A where it lies
+/// instead of packing it: the same bits as packed A for one pair, one block of k, several blocks (1,100 =
 /// 3 × 368 and a rest), C wider than one B block (whole-panel packing), rows not a multiple of
 /// the tile's, padded rows (an odd row stride, so pairs start at odd addresses), and the
-/// layouts and odd k that still pack. (`in_place` off on AVX2 disables the f32 rows kernels
-/// too, so breaking either kernel fails here.)
+/// layouts and odd k that still pack. (`in_place` off disables the f32 rows kernels too, so
+/// breaking any of them fails here.)
 #[test]
 fn a_rows_in_place_match_packed_a_bit_for_bit() {
     use Layout::*;

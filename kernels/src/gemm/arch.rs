@@ -57,7 +57,7 @@ impl Arch {
     }
 
     /// Where A's rows can be read in place (a path with rows kernels: the bf16-pair path and
-    /// AVX2's f32 path; A stored in the product's own type, not FP8 or a 16-bit A to widen;
+    /// the AVX-512 and AVX2 f32 paths; A stored in the product's own type, not FP8 or a 16-bit A to widen;
     /// A's k stride 1; on the pair path k even so that no pair reaches past a row's end), the
     /// distance between them in bytes; else `None` (pack A).
     ///
@@ -143,7 +143,8 @@ impl Arch {
                     pairs: false,
                     a_tile_rows: false,
                     kernels: &super::x86::KERNELS_AVX512,
-                    rows_kernels: None,
+                    // Only f32 A can be read where it lies; 16-bit A widens while packing.
+                    rows_kernels: (kind == Kind::F32).then_some(&super::x86::ROWS_KERNELS_AVX512),
                 };
             }
             if lvl >= Level::Avx2 {

@@ -8,7 +8,8 @@ mod store;
 mod tiles;
 
 pub(super) use kernels::{
-    KERNELS_AVX2, KERNELS_AVX512, KERNELS_AVX512_BF16, ROWS_KERNELS_AVX2, ROWS_KERNELS_AVX512_BF16,
+    KERNELS_AVX2, KERNELS_AVX512, KERNELS_AVX512_BF16, ROWS_KERNELS_AVX2, ROWS_KERNELS_AVX512,
+    ROWS_KERNELS_AVX512_BF16,
 };
 pub(super) use pack::{
     pack_pairs_rows_avx512, pack_pairs_rows_fp8_avx512, pack_pairs_transpose_avx512,
