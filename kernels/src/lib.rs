@@ -23,6 +23,8 @@
 //! * [`dropout`]: dropout's counter-based mask (SplitMix64 per element, the CUDA kernel's
 //!   formula), applied eight elements at a time on AVX-512.
 //! * [`norm`]: layer norm's row arithmetic (statistics and sums in f64, in fixed lanes).
+//! * [`optim`]: Adam's elementwise update on f32 slices, in AVX-512 or AVX2 registers with the
+//!   scalar loop's bits.
 //! * [`attention`]: one short head's attention (at most [`attention::MAX_KEYS`] keys) in FP32,
 //!   forward and backward, row by row in vectors, without the GEMM's packing; and the blocked
 //!   attention's online-softmax passes over a block of scores ([`attention::shift_block`],
@@ -49,6 +51,7 @@ mod gemm;
 mod level;
 pub mod math;
 pub mod norm;
+pub mod optim;
 pub mod timing;
 
 pub use fp8_gemm::gemm_fp8;

@@ -2,6 +2,8 @@ use dfdx::prelude::{AdamConfig, Cpu, CpuError, SgdConfig, Shape, Tensor};
 use dfdx::tensor_ops::{Momentum, WeightDecay};
 use rayon::prelude::*;
 
+use typed_amp_kernels::optim::AdamStep;
+
 use super::UpdateKernel;
 use crate::device::utilities::cpu::{check_lengths, TASK};
 use crate::precision::AmpElem;
@@ -62,40 +64,18 @@ impl<E: AmpElem> UpdateKernel<E> for Cpu {
         // dfdx's f32 Adam (`tensor_ops/adam/cpu_kernel.rs`), operation for operation: the same
         // constants (converted from f64 the same way) and the same expression order, so the
         // master and the moments match the unfused update bit for bit.
-        let betas = cfg.betas.map(|b| b as f32);
-        let (eps, lr) = (cfg.eps as f32, cfg.lr as f32);
-        let correction = (
-            (1.0f32 - betas[0].powi(t)).recip(),
-            (1.0f32 - betas[1].powi(t)).recip(),
-        );
         let (l2, decoupled) = match cfg.weight_decay {
-            Some(WeightDecay::L2(wd)) => (Some(wd as f32), None),
+            Some(WeightDecay::L2(wd)) => (Some(wd), None),
             // Matrices-only decay was resolved by the tensor's rank before the kernel.
             Some(WeightDecay::Decoupled(wd) | WeightDecay::DecoupledMatrices(wd)) => {
-                (None, Some((wd * cfg.lr) as f32))
+                (None, Some(wd))
             }
             None => (None, None),
         };
-        // One loop per weight-decay mode, chosen outside the loop, so that each vectorises.
-        let adam = AdamStep {
-            betas,
-            eps,
-            lr,
-            correction,
-            l2: l2.unwrap_or(0.0),
-            decoupled: decoupled.unwrap_or(0.0),
-        };
-        match (l2.is_some(), decoupled.is_some()) {
-            (false, false) => fused(param, (moment1, moment2), grad, working, |p, m, v, g| {
-                adam.run::<false, false>(p, m, v, g)
-            }),
-            (true, _) => fused(param, (moment1, moment2), grad, working, |p, m, v, g| {
-                adam.run::<true, false>(p, m, v, g)
-            }),
-            (false, true) => fused(param, (moment1, moment2), grad, working, |p, m, v, g| {
-                adam.run::<false, true>(p, m, v, g)
-            }),
-        }
+        let adam = AdamStep::new(t, cfg.betas, cfg.eps, cfg.lr, l2, decoupled);
+        fused(param, (moment1, moment2), grad, working, |p, m, v, g| {
+            adam.update(p, m, v, g)
+        });
         Ok(())
     }
 
@@ -182,48 +162,6 @@ fn fused_one<E: AmpElem>(
         .zip(grad.par_chunks(TASK))
         .zip(working.par_chunks_mut(TASK))
         .for_each(|(((p, s), g), w)| run(p, s, g, w));
-}
-
-/// Adam's constants for one step, as dfdx's f32 kernel computes them.
-struct AdamStep {
-    betas: [f32; 2],
-    eps: f32,
-    lr: f32,
-    /// `1 / (1 − β₁ᵗ)` and `1 / (1 − β₂ᵗ)`: dfdx computes them per element; they are the
-    /// same value each time.
-    correction: (f32, f32),
-    l2: f32,
-    decoupled: f32,
-}
-
-impl AdamStep {
-    /// dfdx's f32 Adam (`tensor_ops/adam/cpu_kernel.rs`), operation for operation, with weight
-    /// decay `L2` or `DECOUPLED` (or neither).
-    #[inline(always)]
-    fn run<const L2: bool, const DECOUPLED: bool>(
-        &self,
-        p: &mut [f32],
-        m: &mut [f32],
-        v: &mut [f32],
-        g: &[f32],
-    ) {
-        let [b1, b2] = self.betas;
-        for (((p, m), v), &g) in p.iter_mut().zip(m).zip(v).zip(g) {
-            let mut g = g;
-            if L2 {
-                g += self.l2 * *p;
-            }
-            *m = *m * b1 + g * (1.0 - b1);
-            *v = *v * b2 + g.powi(2) * (1.0 - b2);
-            let m_hat = *m * self.correction.0;
-            let v_hat = *v * self.correction.1;
-            g = self.lr * m_hat / (v_hat.sqrt() + self.eps);
-            if DECOUPLED {
-                g += self.decoupled * *p;
-            }
-            *p -= g;
-        }
-    }
 }
 
 /// SGD's constants for one step.

@@ -69,6 +69,12 @@ where
         moment2: &mut Self::Vec,
         grad: &Self::Vec,
     ) -> Result<(), Self::Err> {
+        // typed-amp patch: f32 runs typed-amp-kernels' vectorised Adam (the operations below in
+        // the same order, so the same bits) in parallel pieces.
+        #[cfg(feature = "cpu")]
+        if adam_f32(t, cfg, param, moment1, moment2, grad) {
+            return Ok(());
+        }
         type C<E> = <E as OptimCompute>::Compute;
         let betas = cfg.betas.map(C::<E>::from_f64).map(Option::unwrap);
         let eps = C::<E>::from_f64(cfg.eps).unwrap();
@@ -101,4 +107,75 @@ where
         }
         Ok(())
     }
+}
+
+/// typed-amp patch: elements below which [adam_f32] runs on the calling thread (one piece).
+#[cfg(feature = "cpu")]
+const ADAM_PIECE_MIN: usize = 8192;
+
+/// typed-amp patch: dfdx's f32 Adam on typed-amp-kernels' update (`optim::AdamStep`: the
+/// generic loop's operations in its order, compiled for AVX-512 or AVX2 where the CPU has them,
+/// so the same bits), in parallel pieces of the four buffers (at most 16, of at least
+/// [ADAM_PIECE_MIN] elements). The generic loop ran on one thread four SSE lanes at a time:
+/// 3.3% of the small GPT's O0 step, with the pool's other thread idle. Returns `false`
+/// (nothing done) unless `E` is f32 and the four buffers have one length.
+#[cfg(feature = "cpu")]
+fn adam_f32<E: Dtype>(
+    t: i32,
+    cfg: &AdamConfig,
+    param: &mut [E],
+    moment1: &mut [E],
+    moment2: &mut [E],
+    grad: &[E],
+) -> bool {
+    use crate::tensor_ops::utilities::cpu_f32::{
+        as_f32, as_f32_mut, par_chunks_mut, pieces, SendPtr,
+    };
+    let (Some(p), Some(m), Some(v), Some(g)) = (
+        as_f32_mut(param),
+        as_f32_mut(moment1),
+        as_f32_mut(moment2),
+        as_f32(grad),
+    ) else {
+        return false;
+    };
+    let n = p.len();
+    if m.len() != n || v.len() != n || g.len() != n {
+        return false;
+    }
+    let (l2, decoupled) = match cfg.weight_decay {
+        Some(WeightDecay::L2(wd)) => (Some(wd), None),
+        Some(WeightDecay::Decoupled(wd)) => (None, Some(wd)),
+        // The generic loop applies neither (the optimizer resolves matrices-only decay by the
+        // tensor's rank before the kernel).
+        _ => (None, None),
+    };
+    let step =
+        typed_amp_kernels::optim::AdamStep::new(t, cfg.betas, cfg.eps, cfg.lr, l2, decoupled);
+    // A division and a square root an element: pieces of 8,192 elements (a few microseconds
+    // each) pay for their hand-off to the pool, and the small GPT's matrices (16,384 to 65,536
+    // elements) ran on one thread with `par_elementwise`'s 32,768-element pieces.
+    let parts = pieces(n / ADAM_PIECE_MIN);
+    if parts == 1 {
+        step.update(p, m, v, g);
+        return true;
+    }
+    let chunk = n.div_ceil(parts).div_ceil(16) * 16;
+    let (m, v) = (SendPtr(m.as_mut_ptr()), SendPtr(v.as_mut_ptr()));
+    // Captured whole (a closure would otherwise capture the raw pointer fields alone).
+    let (m, v) = (&m, &v);
+    par_chunks_mut(p, chunk, |i, p| {
+        let at = i * chunk;
+        // SAFETY: `par_chunks_mut`'s pieces are disjoint runs `at..at + p.len()` of `0..n`,
+        // and `m` and `v` hold `n` elements each (checked above), borrowed mutably for the
+        // whole call: each task reaches only its own run of each.
+        let (m, v) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(m.0.add(at), p.len()),
+                std::slice::from_raw_parts_mut(v.0.add(at), p.len()),
+            )
+        };
+        step.update(p, m, v, &g[at..at + p.len()]);
+    });
+    true
 }
