@@ -51,6 +51,7 @@ pub fn gemm_fp8<FA: Fp8Format, FB: Fp8Format>(
         } else {
             1.0
         },
+        report_non_finite: true,
         ..Epilogue::STORE
     };
     let (rs, cs, rows, cols) = (c.rs, c.cs, c.rows, c.cols);

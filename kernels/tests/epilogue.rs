@@ -91,6 +91,7 @@ fn check<T: Elem + GemmElem, C: Elem + GemmOut<T>>(rng: &mut StdRng, cs: Case, p
         } else {
             Activation::None
         },
+        report_non_finite: true,
     };
     let ctx = || format!("{}→{} {:?} {cs:?}", T::NAME, C::NAME, level());
     let report = gemm_epilogue_slices(a.view(), b.view(), c.view_mut(), &epi, threads);
@@ -298,7 +299,8 @@ fn empty_k_still_applies_the_epilogue() {
     });
 }
 
-/// Runs one epilogue product over f32-valued inputs, returning C and the report.
+/// Runs one epilogue product over f32-valued inputs with the non-finite check asked for,
+/// returning the report; the same product without it must store the same C and report `false`.
 fn run_one<T: Elem + GemmElem, C: Elem + GemmOut<T>>(
     a: &Mat<T>,
     b: &Mat<T>,
@@ -306,7 +308,30 @@ fn run_one<T: Elem + GemmElem, C: Elem + GemmOut<T>>(
     epi: &Epilogue<'_>,
     threads: usize,
 ) -> bool {
-    gemm_epilogue_slices(a.view(), b.view(), c.view_mut(), epi, threads).non_finite
+    let mut unchecked = c.clone();
+    let quiet = Epilogue {
+        report_non_finite: false,
+        ..*epi
+    };
+    let report = gemm_epilogue_slices(a.view(), b.view(), unchecked.view_mut(), &quiet, threads);
+    assert!(!report.non_finite, "a product that was not asked reported");
+    let checked = Epilogue {
+        report_non_finite: true,
+        ..*epi
+    };
+    let non_finite =
+        gemm_epilogue_slices(a.view(), b.view(), c.view_mut(), &checked, threads).non_finite;
+    let bits = |m: &Mat<C>| {
+        m.data
+            .iter()
+            .map(|x| x.to_f64().to_bits())
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        bits(c) == bits(&unchecked),
+        "the check changed what was stored"
+    );
+    non_finite
 }
 
 fn non_finite_cases<T: Elem + GemmElem, C: Elem + GemmOut<T>>(rng: &mut StdRng, ctx: &str) {

@@ -263,6 +263,7 @@ fn packing_fp8_gives_the_bits_of_the_bf16_product_of_the_widened_codes() {
                     accumulate: true,
                     bias: Some(&bias[..n]),
                     activation: Activation::Relu,
+                    report_non_finite: true,
                 },
             ];
             for (e, epi) in epis.iter().enumerate() {

@@ -541,6 +541,7 @@ fn same_bits_a_in_place_or_packed<T: Elem + GemmOut<T>>(
                 } else {
                     Activation::None
                 },
+                report_non_finite: true,
             };
             let run = |in_place: bool| {
                 let (mut out16, mut out32) = (c16.data.clone(), c32.data.clone());

@@ -41,6 +41,7 @@ fn check<T: Elem + GemmElem, C: Elem + GemmOut<T>>(
         accumulate: false,
         bias: option.is_multiple_of(3).then_some(&bias[..]),
         activation: [Activation::None, Activation::Relu][option / 8 % 2],
+        report_non_finite: true,
     };
     let mut want = vec![C::default(); m * n];
     let want_report = gemm_epilogue_slices(

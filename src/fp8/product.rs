@@ -218,6 +218,8 @@ where
         alpha,
         accumulate,
         bias,
+        // The FP8 recipe reads the flag: an overflowing product skips the step.
+        report_non_finite: true,
         ..Epilogue::STORE
     };
     let report = gemm_fp8_epilogue(a, b, view(c, m, n), &epi, threads);

@@ -184,6 +184,7 @@ mod tests {
                                 accumulate: true,
                                 bias: Some(&bias),
                                 activation: Activation::Relu,
+                                report_non_finite: true,
                             };
                             let c = MatMut {
                                 data: &mut epi16,

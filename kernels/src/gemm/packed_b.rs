@@ -259,7 +259,11 @@ pub fn gemm_packed_b<T: GemmElem, C: GemmOut<T>>(
             })
         }
     };
-    GemmReport { non_finite }
+    // Stores with an epilogue beyond the plain sum look for non-finite values either way (one
+    // compiled form each); the flag is only reported where it was asked for.
+    GemmReport {
+        non_finite: non_finite && p.epi.check,
+    }
 }
 
 /// The tiles of `p` (B unset: its block at `(k0, j0)` of `b`), row panel by row panel.

@@ -24,6 +24,8 @@ pub(super) struct Epi {
     /// [`gemm()`]'s contract: an f32 C is its own running sum (C_old enters at the first k
     /// block), and nobody reads the non-finite flag.
     pub(super) legacy: bool,
+    /// Whether the stores look for ±inf and NaN ([`Epilogue::report_non_finite`]).
+    pub(super) check: bool,
 }
 
 impl Epi {
@@ -31,6 +33,7 @@ impl Epi {
         Epi {
             accumulate,
             legacy: true,
+            check: false,
             ..Epi::new(&Epilogue::STORE)
         }
     }
@@ -44,6 +47,7 @@ impl Epi {
             bias_rs: 0,
             bias_cs: 1,
             legacy: false,
+            check: e.report_non_finite,
         }
     }
 
@@ -75,7 +79,7 @@ impl Epi {
             bias: self.bias_at(i, j),
             bias_rs: self.bias_rs,
             bias_cs: self.bias_cs,
-            check: !self.legacy,
+            check: self.check,
         }
     }
 }

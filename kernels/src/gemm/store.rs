@@ -197,7 +197,7 @@ pub(super) unsafe fn k_empty(p: &Problem) -> bool {
                 let bias = e.bias_at(i, j);
                 let b = if bias.is_null() { 0.0 } else { *bias };
                 store1(p.out, cp, e.apply(0.0, old, b));
-                non_finite |= stored_non_finite(p.out, cp);
+                non_finite |= e.check && stored_non_finite(p.out, cp);
             }
         }
     }

@@ -51,10 +51,10 @@ pub(super) unsafe fn tile_in_place(
     unsafe {
         if p.c_cs == 1 && nrr == nv * arch.vw {
             kern.run(kc_units, ap, bp, cp as *mut f32, p.c_rs, beta);
-            last && !e.legacy && tile_non_finite(arch.level, cp as *const f32, p.c_rs, mrr, nrr)
+            last && e.check && tile_non_finite(arch.level, cp as *const f32, p.c_rs, mrr, nrr)
         } else {
             kern.run(kc_units, ap, bp, tile, TILE_NR as isize, false);
-            let te = TileEpi::sum(beta, !e.legacy);
+            let te = TileEpi::sum(beta, e.check);
             let nf = store_tile(
                 arch.level, p.out, tile, TILE_NR, mrr, nrr, cp, p.c_rs, p.c_cs, &te,
             );
