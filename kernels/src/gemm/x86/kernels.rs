@@ -74,6 +74,51 @@ fn row_starts<T, const M: usize>(a: *const f32, a_rs: isize) -> [*const T; M] {
     std::array::from_fn(|i| (a as *const u8).wrapping_offset(i as isize * a_rs) as *const T)
 }
 
+/// An f32 micro-kernel that reads A's rows in place (a [`RowsKernFn`]), for one instruction
+/// set: its target features, B panel width, lanes per vector, intrinsics and tile writer.
+macro_rules! f32_rows_kernel {
+    (
+        $(#[$doc:meta])*
+        $name:ident, $features:literal, $nr:expr, $lanes:literal,
+        $zero:ident, $loadu:ident, $set1:ident, $fmadd:ident, $write:ident
+    ) => {
+        $(#[$doc])*
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const M: usize, const NV: usize>(
+            kc: usize,
+            a: *const f32,
+            a_rs: isize,
+            b: *const f32,
+            dst: *mut f32,
+            dst_rs: isize,
+            load: bool,
+        ) {
+            // SAFETY: the loads read `kc` f32 of each of the `M` rows and `kc` steps of the
+            // packed B panel, and the stores write `M` rows of `NV` vectors at `dst`, all inside
+            // what the contract provides. Unaligned f32 loads are allowed on x86.
+            unsafe {
+                let rows: [*const f32; M] = row_starts(a, a_rs);
+                let mut b = b;
+                let mut acc = [[$zero(); NV]; M];
+                for p in 0..kc {
+                    let mut bv = [$zero(); NV];
+                    for (v, x) in bv.iter_mut().enumerate() {
+                        *x = $loadu(b.add(v * $lanes));
+                    }
+                    for (row, r) in acc.iter_mut().zip(rows.iter()) {
+                        let av = $set1(r.add(p).read_unaligned());
+                        for (x, &bx) in row.iter_mut().zip(bv.iter()) {
+                            *x = $fmadd(av, bx, *x);
+                        }
+                    }
+                    b = b.add($nr);
+                }
+                $write(&acc, dst, dst_rs, load);
+            }
+        }
+    };
+}
+
 // AVX-512 f32: a 12 × 32 tile is 24 zmm accumulators, plus 2 for the B row and the broadcast
 // A element folded into the FMA's memory operand: 26 of the 32 registers, no spills. Per k step
 // it issues 24 FMAs against 14 loads, so the two FMA ports, not the load ports, set the pace.
@@ -117,47 +162,20 @@ unsafe fn kernel_avx512<const M: usize, const NV: usize>(
 pub(in crate::gemm) static KERNELS_AVX512: [[KernFn; 2]; MR512] =
     kernel_table!(kernel_avx512; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12);
 
-/// [`kernel_avx512`] reading an f32 A's rows in place: row `i`'s element `p` is the f32 at
-/// byte `a + i·a_rs + 4p`, broadcast as its packed copy would be. Same instructions on the
-/// same values in the same order, so the same bits. On a transformer's FP32 products (k of 128
-/// to 512, a few B panels per A panel) packing A was as long as a third of the products' own
-/// multiply-adds: `pack_transpose_avx512` 4.7% of the small GPT's O0 step on an Intel AMX core.
-///
-/// # Safety
-/// As [`RowsKernFn`] (`a + i·a_rs` readable for `kc` f32 for `i < M`); the CPU has AVX-512F.
-#[target_feature(enable = "avx512f")]
-unsafe fn rows_kernel_avx512<const M: usize, const NV: usize>(
-    kc: usize,
-    a: *const f32,
-    a_rs: isize,
-    b: *const f32,
-    dst: *mut f32,
-    dst_rs: isize,
-    load: bool,
-) {
-    // SAFETY: the loads read `kc` f32 of each of the `M` rows and `kc` steps of the packed B
-    // panel, and the stores write `M` rows of `NV` vectors at `dst`, all inside what the
-    // contract provides. Unaligned f32 loads are allowed on x86.
-    unsafe {
-        let rows: [*const f32; M] = row_starts(a, a_rs);
-        let mut b = b;
-        let mut acc = [[_mm512_setzero_ps(); NV]; M];
-        for p in 0..kc {
-            let mut bv = [_mm512_setzero_ps(); NV];
-            for (v, x) in bv.iter_mut().enumerate() {
-                *x = _mm512_loadu_ps(b.add(v * 16));
-            }
-            for (row, r) in acc.iter_mut().zip(rows.iter()) {
-                let av = _mm512_set1_ps(r.add(p).read_unaligned());
-                for (x, &bx) in row.iter_mut().zip(bv.iter()) {
-                    *x = _mm512_fmadd_ps(av, bx, *x);
-                }
-            }
-            b = b.add(NR512);
-        }
-        write_tile_avx512(&acc, dst, dst_rs, load);
-    }
-}
+f32_rows_kernel!(
+    /// [`kernel_avx512`] reading an f32 A's rows in place: row `i`'s element `p` is the f32 at
+    /// byte `a + i·a_rs + 4p`, broadcast as its packed copy would be. Same instructions on the
+    /// same values in the same order, so the same bits. On a transformer's FP32 products (k of
+    /// 128 to 512, a few B panels per A panel) packing A was as long as a third of the products'
+    /// own multiply-adds: `pack_transpose_avx512` 4.7% of the small GPT's O0 step on an Intel
+    /// AMX core.
+    ///
+    /// # Safety
+    /// As [`RowsKernFn`] (`a + i·a_rs` readable for `kc` f32 for `i < M`); the CPU has
+    /// AVX-512F.
+    rows_kernel_avx512, "avx512f", NR512, 16,
+    _mm512_setzero_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_fmadd_ps, write_tile_avx512
+);
 
 pub(in crate::gemm) static ROWS_KERNELS_AVX512: [[RowsKernFn; 2]; MR512] =
     rows_kernel_table!(rows_kernel_avx512; 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12);
@@ -203,48 +221,19 @@ unsafe fn kernel_avx2<const M: usize, const NV: usize>(
 pub(in crate::gemm) static KERNELS_AVX2: [[KernFn; 2]; MR256] =
     kernel_table!(kernel_avx2; 1, 2, 3, 4, 5, 6);
 
-/// [`kernel_avx2`] reading an f32 A's rows in place: row `i`'s element `p` is the f32 at byte
-/// `a + i·a_rs + 4p`, broadcast as its packed copy would be. Same instructions on the same
-/// values in the same order, so the same bits; what it saves is the copy (on a transformer's
-/// products, k of 128 to 1536 and a few B panels per A panel, packing A took a tenth of the
-/// step on AVX2: `pack_transpose` in `perf`).
-///
-/// # Safety
-/// As [`RowsKernFn`] (`a + i·a_rs` readable for `kc` f32 for `i < M`); the CPU has AVX2 and
-/// FMA.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn rows_kernel_avx2<const M: usize, const NV: usize>(
-    kc: usize,
-    a: *const f32,
-    a_rs: isize,
-    b: *const f32,
-    dst: *mut f32,
-    dst_rs: isize,
-    load: bool,
-) {
-    // SAFETY: the loads read `kc` f32 of each of the `M` rows and `kc` steps of the packed B
-    // panel, and the stores write `M` rows of `NV` vectors at `dst`, all inside what the
-    // contract provides. Unaligned f32 loads are allowed on x86.
-    unsafe {
-        let rows: [*const f32; M] = row_starts(a, a_rs);
-        let mut b = b;
-        let mut acc = [[_mm256_setzero_ps(); NV]; M];
-        for p in 0..kc {
-            let mut bv = [_mm256_setzero_ps(); NV];
-            for (v, x) in bv.iter_mut().enumerate() {
-                *x = _mm256_loadu_ps(b.add(v * 8));
-            }
-            for (row, r) in acc.iter_mut().zip(rows.iter()) {
-                let av = _mm256_set1_ps(r.add(p).read_unaligned());
-                for (x, &bx) in row.iter_mut().zip(bv.iter()) {
-                    *x = _mm256_fmadd_ps(av, bx, *x);
-                }
-            }
-            b = b.add(NR256);
-        }
-        write_tile_avx2(&acc, dst, dst_rs, load);
-    }
-}
+f32_rows_kernel!(
+    /// [`kernel_avx2`] reading an f32 A's rows in place: row `i`'s element `p` is the f32 at
+    /// byte `a + i·a_rs + 4p`, broadcast as its packed copy would be. Same instructions on the
+    /// same values in the same order, so the same bits; what it saves is the copy (on a
+    /// transformer's products, k of 128 to 1536 and a few B panels per A panel, packing A took
+    /// a tenth of the step on AVX2: `pack_transpose` in `perf`).
+    ///
+    /// # Safety
+    /// As [`RowsKernFn`] (`a + i·a_rs` readable for `kc` f32 for `i < M`); the CPU has AVX2
+    /// and FMA.
+    rows_kernel_avx2, "avx2,fma", NR256, 8,
+    _mm256_setzero_ps, _mm256_loadu_ps, _mm256_set1_ps, _mm256_fmadd_ps, write_tile_avx2
+);
 
 pub(in crate::gemm) static ROWS_KERNELS_AVX2: [[RowsKernFn; 2]; MR256] =
     rows_kernel_table!(rows_kernel_avx2; 1, 2, 3, 4, 5, 6);
