@@ -1,9 +1,9 @@
 //! Adam's elementwise update on FP32 slices, compiled for the CPU's widest vectors.
 //!
-//! dfdx's f32 Adam ran on the calling thread in the baseline build's four-lane SSE code: its
-//! square root and division a lane at a time four by four, 3.3% of the small GPT's O0 step on
-//! an AVX-512 Xeon (`perf record` of `cargo bench --bench cpu_step -- --only gpt-small
-//! --config O0`), with the pool's other thread idle. The same expression, operation for
+//! dfdx's f32 Adam ran on the calling thread in the baseline build's SSE code, its square root
+//! and division four lanes at a time: 3.3% of the small GPT's O0 step on an AVX-512 Xeon
+//! (`perf record` of `cargo bench --bench cpu_step -- --only gpt-small --config O0`), with the
+//! pool's other thread idle. The same expression, operation for
 //! operation, on AVX-512 or AVX2 registers: every operation is IEEE's, rounded once, and Rust
 //! never contracts a multiply and an add into a fused one, so every level gives the scalar
 //! loop's bits (`tests/optim.rs` holds each level to a scalar reference).

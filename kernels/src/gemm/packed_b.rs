@@ -259,11 +259,7 @@ pub fn gemm_packed_b<T: GemmElem, C: GemmOut<T>>(
             })
         }
     };
-    // Stores with an epilogue beyond the plain sum look for non-finite values either way (one
-    // compiled form each); the flag is only reported where it was asked for.
-    GemmReport {
-        non_finite: non_finite && p.epi.check,
-    }
+    GemmReport { non_finite }
 }
 
 /// The tiles of `p` (B unset: its block at `(k0, j0)` of `b`), row panel by row panel.

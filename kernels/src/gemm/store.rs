@@ -30,7 +30,9 @@ unsafe fn stored_non_finite(kind: Kind, d: *const u8) -> bool {
 
 /// `C[r, j] = round(e(src[r, j]))` for a `rows × cols` tile (at most `TILE_MR × TILE_NR`)
 /// whose f32 sums are at `src`, rows `src_rs` apart; C's element `(r, j)` is at `c + (r·c_rs +
-/// j·c_cs)·size`. Returns whether any stored element is non-finite.
+/// j·c_cs)·size`. Returns whether any stored element is non-finite, where `e.check` asks:
+/// stores beyond the plain sum look either way (one compiled form each, and the strided
+/// scalar path), and their answer is dropped here when nobody asked.
 ///
 /// # Safety
 /// `src` readable for the tile; C's elements of the tile writable (and readable with
@@ -38,6 +40,29 @@ unsafe fn stored_non_finite(kind: Kind, d: *const u8) -> bool {
 /// the CPU.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn store_tile(
+    lvl: Level,
+    out: Kind,
+    src: *const f32,
+    src_rs: usize,
+    rows: usize,
+    cols: usize,
+    c: *mut u8,
+    c_rs: isize,
+    c_cs: isize,
+    e: &TileEpi,
+) -> bool {
+    // SAFETY: the caller's contract, handed on. The store runs whatever `e.check` says.
+    let non_finite =
+        unsafe { store_tile_looking(lvl, out, src, src_rs, rows, cols, c, c_rs, c_cs, e) };
+    non_finite && e.check
+}
+
+/// [`store_tile`], whose answer may be `true` where `e.check` did not ask.
+///
+/// # Safety
+/// As [`store_tile`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn store_tile_looking(
     lvl: Level,
     out: Kind,
     src: *const f32,
