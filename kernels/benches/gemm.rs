@@ -422,6 +422,7 @@ fn main() {
     }
 
     epilogue_rows(filter.as_deref(), threads);
+    halves_rows(filter.as_deref(), threads);
 
     println!("\nrayon overhead: ours at 1 thread vs {threads} (f32, GFLOP/s and µs per call)");
     for sh in SHAPES.iter().filter(|s| s.m * s.n * s.k <= 256 * 512 * 512) {
@@ -449,6 +450,123 @@ fn main() {
         "empty rayon for_each over {threads} items from the main thread: {:.1} µs",
         fork * 1e6
     );
+}
+
+/// Weight gradients as typed-amp's linear layers compute them (`dW = dyᵀ·x` into the FP32
+/// gradient: A column-major, B and C row-major, the plain epilogue), whole against split into
+/// two halves of k (`k_pieces.rs`), for the shapes that take the halves: the ViT's four
+/// (k = 2176 token rows), the small GPT's attention projection and the baby GPT's. The
+/// operands stay in cache between the timed calls; in a training step they come from L3.
+fn halves_rows(filter: Option<&str>, threads: usize) {
+    const GRADS: [Shape; 6] = [
+        s(
+            "halves vit qkv",
+            192,
+            64,
+            2176,
+            L::Col,
+            L::Row,
+            L::Row,
+            false,
+        ),
+        s(
+            "halves vit fc1",
+            128,
+            64,
+            2176,
+            L::Col,
+            L::Row,
+            L::Row,
+            false,
+        ),
+        s(
+            "halves vit fc2",
+            64,
+            128,
+            2176,
+            L::Col,
+            L::Row,
+            L::Row,
+            false,
+        ),
+        s(
+            "halves vit proj",
+            64,
+            64,
+            2176,
+            L::Col,
+            L::Row,
+            L::Row,
+            false,
+        ),
+        s(
+            "halves small proj",
+            128,
+            128,
+            768,
+            L::Col,
+            L::Row,
+            L::Row,
+            false,
+        ),
+        s(
+            "halves baby proj",
+            384,
+            384,
+            16384,
+            L::Col,
+            L::Row,
+            L::Row,
+            false,
+        ),
+    ];
+    println!("\nweight gradients into FP32: whole vs two halves of k (GFLOP/s)");
+    println!(
+        "{:<20} {:>15} | {:>7} {:>7} | {:>7} {:>7}",
+        "shape", "m×n×k", "f32", "halves", "bf16", "halves"
+    );
+    fn timed<T: GemmElem>(sh: &Shape, x: &Bufs<T>, threads: usize, halves: bool) -> f64
+    where
+        f32: typed_amp_kernels::GemmOut<T>,
+    {
+        let mut c = vec![0f32; sh.m * sh.n];
+        typed_amp_kernels::set_k_halves(halves);
+        let secs = time(|| unsafe {
+            typed_amp_kernels::gemm_epilogue::<T, f32>(
+                sh.m,
+                sh.n,
+                sh.k,
+                x.a.as_ptr(),
+                1,
+                sh.m as isize,
+                x.b.as_ptr(),
+                sh.n as isize,
+                1,
+                c.as_mut_ptr(),
+                sh.n as isize,
+                1,
+                &Epilogue::STORE,
+                threads,
+            );
+        });
+        typed_amp_kernels::set_k_halves(true);
+        secs
+    }
+    for sh in &GRADS {
+        if filter.is_some_and(|f| !sh.name.contains(f)) {
+            continue;
+        }
+        let (x32, x16) = (bufs(sh, |v| v), bufs(sh, bf16::from_f32));
+        println!(
+            "{:<20} {:>15} | {} {} | {} {}",
+            sh.name,
+            format!("{}×{}×{}", sh.m, sh.n, sh.k),
+            gf(sh, timed(sh, &x32, threads, false)),
+            gf(sh, timed(sh, &x32, threads, true)),
+            gf(sh, timed(sh, &x16, threads, false)),
+            gf(sh, timed(sh, &x16, threads, true)),
+        );
+    }
 }
 
 /// The epilogue's two uses in a bf16 training step, fused against what they replace (GFLOP/s

@@ -67,4 +67,6 @@ pub use gemm::set_a_rows_in_place;
 #[doc(hidden)]
 pub use gemm::set_bf16_pair_emulation;
 #[doc(hidden)]
+pub use gemm::set_k_halves;
+#[doc(hidden)]
 pub use gemm::set_small_products;

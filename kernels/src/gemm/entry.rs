@@ -451,6 +451,9 @@ pub(super) unsafe fn drive(p: Problem, threads: usize) -> bool {
         if let Some(non_finite) = try_run_small(&arch, &p) {
             return non_finite;
         }
+        if let Some(first) = super::k_pieces::split_at(&arch, &p) {
+            return super::k_pieces::run_halves(&arch, &p, threads, first);
+        }
         run(&arch, &p, threads)
     }
 }

@@ -15,6 +15,7 @@ mod driver;
 mod elem;
 mod entry;
 mod fp8_entry;
+mod k_pieces;
 mod pack;
 mod packed_b;
 mod portable;
@@ -42,6 +43,7 @@ pub use entry::{
     set_bf16_pair_emulation,
 };
 pub use fp8_entry::gemm_fp8_epilogue;
+pub use k_pieces::set_k_halves;
 pub use packed_b::{gemm_packed_b, PackedB};
 pub use small::set_small_products;
 use types::Kind;
