@@ -11,7 +11,7 @@
 //! alternated with the build before): O0 19.4–20.2 → 17.5–18.2 ms, O2-BF16 14.6–15.4 →
 //! 13.7–15.1 ms; the small GPT's 128 × 128 × 768 (`--breakdown`) 0.64 → 0.48 ms a step under
 //! O0. With the operands in cache (`cargo bench -p typed-amp-kernels --bench gemm -- halves`)
-//! the f32 products gain 4–40%; the bf16 ones range from 28% slower to 47% faster from run to
+//! the f32 products gain 4–41%; the bf16 ones range from 28% slower to 47% faster from run to
 //! run, AMX's products being short beside their packing either way.
 //!
 //! The halves are fixed by the shape alone (never by the thread count) and added in one order,
