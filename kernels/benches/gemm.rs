@@ -458,67 +458,14 @@ fn main() {
 /// (k = 2176 token rows), the small GPT's attention projection and the baby GPT's. The
 /// operands stay in cache between the timed calls; in a training step they come from L3.
 fn halves_rows(filter: Option<&str>, threads: usize) {
-    const GRADS: [Shape; 6] = [
-        s(
-            "halves vit qkv",
-            192,
-            64,
-            2176,
-            L::Col,
-            L::Row,
-            L::Row,
-            false,
-        ),
-        s(
-            "halves vit fc1",
-            128,
-            64,
-            2176,
-            L::Col,
-            L::Row,
-            L::Row,
-            false,
-        ),
-        s(
-            "halves vit fc2",
-            64,
-            128,
-            2176,
-            L::Col,
-            L::Row,
-            L::Row,
-            false,
-        ),
-        s(
-            "halves vit proj",
-            64,
-            64,
-            2176,
-            L::Col,
-            L::Row,
-            L::Row,
-            false,
-        ),
-        s(
-            "halves small proj",
-            128,
-            128,
-            768,
-            L::Col,
-            L::Row,
-            L::Row,
-            false,
-        ),
-        s(
-            "halves baby proj",
-            384,
-            384,
-            16384,
-            L::Col,
-            L::Row,
-            L::Row,
-            false,
-        ),
+    // (name, m = outputs, n = inputs, k = token rows)
+    const GRADS: [(&str, usize, usize, usize); 6] = [
+        ("halves vit qkv", 192, 64, 2176),
+        ("halves vit fc1", 128, 64, 2176),
+        ("halves vit fc2", 64, 128, 2176),
+        ("halves vit proj", 64, 64, 2176),
+        ("halves small proj", 128, 128, 768),
+        ("halves baby proj", 384, 384, 16384),
     ];
     println!("\nweight gradients into FP32: whole vs two halves of k (GFLOP/s)");
     println!(
@@ -552,10 +499,11 @@ fn halves_rows(filter: Option<&str>, threads: usize) {
         typed_amp_kernels::set_k_halves(true);
         secs
     }
-    for sh in &GRADS {
-        if filter.is_some_and(|f| !sh.name.contains(f)) {
+    for (name, m, n, k) in GRADS {
+        if filter.is_some_and(|f| !name.contains(f)) {
             continue;
         }
+        let sh = &s(name, m, n, k, L::Col, L::Row, L::Row, false);
         let (x32, x16) = (bufs(sh, |v| v), bufs(sh, bf16::from_f32));
         println!(
             "{:<20} {:>15} | {} {} | {} {}",
