@@ -2,6 +2,7 @@
 //! the choice between them when a pass runs.
 
 use super::head::LANES;
+use crate::convert::{bf16_bits_to_f32_bits, f32_bits_to_bf16_bits};
 
 /// Eight f32 lanes and the operations the row loops need: written with AVX2 intrinsics
 /// ([`Avx2`]) and as a plain array ([`Portable`]), so the loops are one generic body. (Written
@@ -17,6 +18,9 @@ pub(super) trait Lanes8: Copy {
     /// `self·a + b`, rounded once.
     fn mul_add(self, a: Self, b: Self) -> Self;
     fn add(self, o: Self) -> Self;
+    /// Each lane rounded to bf16 (to nearest even; a NaN made quiet, its payload's top kept)
+    /// and widened again: `bf16_bits_to_f32_bits(f32_bits_to_bf16_bits(x))`, bit for bit.
+    fn round_bf16(self) -> Self;
 }
 
 /// [`Lanes8`] for any CPU: `f32::mul_add` is the correctly rounded fused multiply-add on every
@@ -50,6 +54,13 @@ impl Lanes8 for Portable {
     #[inline(always)]
     fn add(self, o: Self) -> Self {
         Portable(std::array::from_fn(|l| self.0[l] + o.0[l]))
+    }
+    #[inline(always)]
+    fn round_bf16(self) -> Self {
+        Portable(
+            self.0
+                .map(|x| f32::from_bits(bf16_bits_to_f32_bits(f32_bits_to_bf16_bits(x.to_bits())))),
+        )
     }
 }
 
@@ -94,6 +105,25 @@ impl Lanes8 for Avx2 {
         // SAFETY: as in `zero`.
         Avx2(unsafe { std::arch::x86_64::_mm256_add_ps(self.0, o.0) })
     }
+    #[inline(always)]
+    fn round_bf16(self) -> Self {
+        use std::arch::x86_64::*;
+        // The scalar narrowing's integer steps on eight lanes (`convert`'s `narrow_bf16_256`,
+        // without its F16C target feature, which the row loops are not compiled with), then
+        // the low half cleared: that is the widening, as a NaN's quiet bit is already set.
+        // SAFETY: AVX2 is present (see the type's documentation).
+        unsafe {
+            let x = _mm256_castps_si256(self.0);
+            let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFF_FFFF));
+            let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F80_0000));
+            let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
+            let rounded = _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)), lsb);
+            let quiet = _mm256_or_si256(x, _mm256_set1_epi32(0x0040_0000));
+            let high = _mm256_set1_epi32(0xFFFF_0000_u32 as i32);
+            let r = _mm256_and_si256(_mm256_blendv_epi8(rounded, quiet, nan), high);
+            Avx2(_mm256_castsi256_ps(r))
+        }
+    }
 }
 
 /// One of the passes over a head's rows, generic over the lanes it computes in.
@@ -115,4 +145,73 @@ pub(super) fn run_rows<P: RowPass>(pass: P) {
         return unsafe { wide(pass) };
     }
     pass.run::<Portable>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bit patterns where rounding to bf16 is delicate: ties to even both ways and either side
+    /// of a tie, the largest finite values (one rounds up to infinity), infinities, NaNs (quiet,
+    /// signalling, with payloads in either half), subnormals and zeros of both signs.
+    fn cases() -> Vec<u32> {
+        let mut bits = vec![
+            0x3F80_8000, // tie, kept part even: down
+            0x3F81_8000, // tie, kept part odd: up
+            0x3F80_7FFF, // below a tie
+            0x3F80_8001, // above a tie
+            0x7F7F_FFFF, // largest finite: up to infinity
+            0x7F7F_7FFF, // largest finite that stays
+            0x7F80_0000, // infinity
+            0xFF80_0000,
+            0x7FC0_0000, // quiet NaN
+            0x7F80_0001, // signalling NaN, payload in the discarded half
+            0xFFA5_0000, // signalling NaN, payload in the kept half
+            0x0000_8000, // subnormals
+            0x8000_8001,
+            0x007F_FFFF,
+            0x0000_0000,
+            0x8000_0000,
+        ];
+        // And a spread of ordinary values of both signs.
+        bits.extend((0..48u32).map(|i| i.wrapping_mul(0x9E37_79B9) ^ 0x0001_8000));
+        bits
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_rounds_to_bf16_as_the_scalar_conversion_does() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            return;
+        }
+        #[target_feature(enable = "avx2,fma")]
+        fn avx2(x: [f32; LANES]) -> [f32; LANES] {
+            let mut out = [0.0; LANES];
+            Avx2::load(&x).round_bf16().store(&mut out);
+            out
+        }
+        for chunk in cases().chunks(LANES) {
+            let x: [f32; LANES] = std::array::from_fn(|l| f32::from_bits(chunk[l % chunk.len()]));
+            // SAFETY: AVX2 and FMA were detected above.
+            let got = unsafe { avx2(x) };
+            let want = Portable(x).round_bf16().0;
+            for l in 0..LANES {
+                assert_eq!(
+                    got[l].to_bits(),
+                    want[l].to_bits(),
+                    "{:#010x}",
+                    x[l].to_bits()
+                );
+                // The scalar conversion against `half`'s (independent) rounding.
+                let h = half::bf16::from_f32(x[l]).to_f32();
+                assert!(
+                    h.to_bits() == want[l].to_bits() || (h.is_nan() && want[l].is_nan()),
+                    "{:#010x}: half gives {:#010x}, the conversion {:#010x}",
+                    x[l].to_bits(),
+                    h.to_bits(),
+                    want[l].to_bits()
+                );
+            }
+        }
+    }
 }

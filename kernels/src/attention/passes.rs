@@ -57,7 +57,7 @@ impl RowPass for Forward<'_> {
                 lane_sum(&s[..np])
             };
             copy_lanes(&s, &mut pe, np);
-            round(rounding, &mut pe[..n]);
+            round::<V>(rounding, &mut pe[..np]);
             let oi = &mut o[i * st..(i + 1) * st];
             with_chunks!(head_chunks, weighted_rows::<V>(&pe[..n], v, st, oi));
             let inv = 1.0 / sum;
@@ -129,7 +129,7 @@ impl RowPass for Backward<'_> {
                 .for_each(|x| *x = exp_f32(*x * h.scale - l));
             fill_from(&mut p[..np], n, 0.0);
             copy_lanes(&p, &mut pe, np);
-            round(rounding, &mut pe[..n]);
+            round::<V>(rounding, &mut pe[..np]);
             // dv[j] += p_j·dy_i
             with_chunks!(head_chunks, add_outer::<V>(&pe[..n], dyi, dv, st));
             // dP = dy_i·Vᵀ; dS = P ⊙ (dP − Σ dy·y), rounded for its products.
@@ -140,7 +140,7 @@ impl RowPass for Backward<'_> {
             for (d, &p) in ds[..n].iter_mut().zip(&p[..n]) {
                 *d = p * (*d - delta);
             }
-            round(rounding, &mut ds[..n]);
+            round::<V>(rounding, &mut ds[..np]);
             // dq_i = dS·K, dk[j] += dS_j·q_i (the scale once, below).
             let dqi = &mut dq[i * st..(i + 1) * st];
             with_chunks!(head_chunks, weighted_rows::<V>(&ds[..n], k, st, dqi));
