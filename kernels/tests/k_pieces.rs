@@ -178,3 +178,37 @@ fn a_non_finite_value_in_either_half_is_reported() {
         }
     });
 }
+
+/// C's old value enters once, after the whole sum of the products (the `Epilogue` contract),
+/// not after the first half's: with `C_old = 1` and one product of 2⁻²⁴ in each half of k,
+/// `(2⁻²⁴ + 2⁻²⁴) + 1 = 1 + 2⁻²³` exactly, while `(1 + 2⁻²⁴) + 2⁻²⁴` rounds back to 1 twice.
+#[test]
+fn the_old_value_is_added_after_the_whole_sum() {
+    at_each_level("the_old_value_is_added_after_the_whole_sum", |rng, _| {
+        let (m, n, k) = (8, 8, 1 << 16);
+        let tiny = 2f32.powi(-24);
+        let filled = |rng: &mut StdRng, rows, cols, layout, value: f32| {
+            let mut x = Mat::<f32>::random(rng, rows, cols, layout);
+            x.data.fill(value);
+            x
+        };
+        let mut a = filled(rng, m, k, Layout::ColMajor, 0.0);
+        let mut b = filled(rng, k, n, Layout::RowMajor, 0.0);
+        // One product per half (k/2 is a whole number of every path's k unit).
+        for p in [0, k / 2] {
+            (0..m).for_each(|i| a.set(i, p, 1.0));
+            (0..n).for_each(|j| b.set(p, j, tiny));
+        }
+        for threads in [1, 2] {
+            let mut c = filled(rng, m, n, Layout::RowMajor, 1.0);
+            product(&a, &b, &mut c, true, threads);
+            for x in &c.data {
+                assert_eq!(
+                    x.to_bits(),
+                    (1.0 + 2.0 * tiny).to_bits(),
+                    "{threads} threads"
+                );
+            }
+        }
+    });
+}

@@ -2,7 +2,7 @@
 //! the choice between them when a pass runs.
 
 use super::head::LANES;
-use crate::convert::{bf16_bits_to_f32_bits, f32_bits_to_bf16_bits};
+use crate::convert::{narrow_bf16, widen_bf16};
 
 /// Eight f32 lanes and the operations the row loops need: written with AVX2 intrinsics
 /// ([`Avx2`]) and as a plain array ([`Portable`]), so the loops are one generic body. (Written
@@ -19,7 +19,7 @@ pub(super) trait Lanes8: Copy {
     fn mul_add(self, a: Self, b: Self) -> Self;
     fn add(self, o: Self) -> Self;
     /// Each lane rounded to bf16 (to nearest even; a NaN made quiet, its payload's top kept)
-    /// and widened again: `bf16_bits_to_f32_bits(f32_bits_to_bf16_bits(x))`, bit for bit.
+    /// and widened again: `widen_bf16(narrow_bf16(x))`, bit for bit.
     fn round_bf16(self) -> Self;
 }
 
@@ -57,10 +57,7 @@ impl Lanes8 for Portable {
     }
     #[inline(always)]
     fn round_bf16(self) -> Self {
-        Portable(
-            self.0
-                .map(|x| f32::from_bits(bf16_bits_to_f32_bits(f32_bits_to_bf16_bits(x.to_bits())))),
-        )
+        Portable(self.0.map(|x| widen_bf16(narrow_bf16(x))))
     }
 }
 
@@ -107,21 +104,13 @@ impl Lanes8 for Avx2 {
     }
     #[inline(always)]
     fn round_bf16(self) -> Self {
-        use std::arch::x86_64::*;
-        // The scalar narrowing's integer steps on eight lanes (`convert`'s `narrow_bf16_256`,
-        // without its F16C target feature, which the row loops are not compiled with), then
-        // the low half cleared: that is the widening, as a NaN's quiet bit is already set.
-        // SAFETY: AVX2 is present (see the type's documentation).
+        use std::arch::x86_64::{_mm256_castps_si256, _mm256_castsi256_ps, _mm256_slli_epi32};
+        // `convert`'s eight-lane narrowing leaves each bf16 in its lane's low half; shifted up,
+        // that is its widening (a NaN's quiet bit is already set).
+        // SAFETY: AVX2 is present (see the type's documentation), all the narrowing needs.
         unsafe {
-            let x = _mm256_castps_si256(self.0);
-            let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFF_FFFF));
-            let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F80_0000));
-            let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
-            let rounded = _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)), lsb);
-            let quiet = _mm256_or_si256(x, _mm256_set1_epi32(0x0040_0000));
-            let high = _mm256_set1_epi32(0xFFFF_0000_u32 as i32);
-            let r = _mm256_and_si256(_mm256_blendv_epi8(rounded, quiet, nan), high);
-            Avx2(_mm256_castsi256_ps(r))
+            let narrow = crate::convert::narrow_bf16_avx2(_mm256_castps_si256(self.0));
+            Avx2(_mm256_castsi256_ps(_mm256_slli_epi32::<16>(narrow)))
         }
     }
 }

@@ -6,7 +6,7 @@ use half::f16;
 
 use super::head::{Rounding, LANES, MAX_KEYS};
 use super::lanes::Lanes8;
-use crate::convert::{bf16_bits_to_f32_bits, f16_to_f32, f32_bits_to_bf16_bits, f32_to_f16};
+use crate::convert::{f16_to_f32, f32_to_f16, narrow_bf16, widen_bf16};
 
 /// Calls `$f::<V, C>(…)` for the chunk count `$n` (1 to 8 vectors of [`LANES`]), so that each
 /// count's loops are compiled with their `C` sums in registers.
@@ -155,8 +155,7 @@ pub(super) fn round<V: Lanes8>(rounding: Rounding, x: &mut [f32]) {
                 V::load(v).round_bf16().store(v);
             }
             for v in rest {
-                let narrow = f32_bits_to_bf16_bits(v.to_bits());
-                *v = f32::from_bits(bf16_bits_to_f32_bits(narrow));
+                *v = widen_bf16(narrow_bf16(*v));
             }
         }
         Rounding::F16 => {

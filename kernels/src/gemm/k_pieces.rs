@@ -29,15 +29,17 @@ use super::types::Kind;
 /// How long k must be against C's longer side for the halves to pay. Split over k, a thread
 /// packs `min(m, n) · k / 2` fewer elements than split over C (two threads), and C costs about
 /// three passes of `m · n` more (the second half's buffer, zeroed and written, and the sum).
-/// Measured on the small GPT's f32 weight gradients (cold operands, two threads): 128 × 128 ×
-/// 768 (k = 6 × 128) 192-205 → 229-233 GFLOP/s, but 384 × 128 × 768 and 512 × 128 × 768 (k = 2 and
-/// 1.5 × the longer side) 5-13% slower.
+/// Set between the small GPT's f32 weight gradients that gained when split (128 × 128 × 768,
+/// k = 6 × the longer side; `cargo bench -p typed-amp-kernels --bench gemm -- halves`) and
+/// those a build splitting every product measured 5–13% slower (384 × 128 × 768 and 512 × 128 ×
+/// 768, k = 2 and 1.5 × the longer side; session 52's issue note).
 const K_PER_SIDE: usize = 6;
 
 /// The largest C (elements) split: each half holds all of C as its running sum, which past
-/// half a 2 MiB L2 goes back to L3 every k block. The baby GPT's bf16 weight gradients, in its
-/// step (`cargo bench --bench cpu_step -- --only gpt-baby --breakdown`): 384 × 384 (147,456)
-/// 33.2 → 27.5 ms a step, but 1152 × 384 and 1536 × 384 72.0 → 78.5 and 99.0 → 101.7 ms.
+/// half a 2 MiB L2 goes back to L3 every k block. The baby GPT's 384 × 384 bf16 weight gradient
+/// (147,456 elements) gains when split (`cargo bench -p typed-amp-kernels --bench gemm --
+/// halves`); its 1152 × 384 and 1536 × 384 ones ran 9% and 3% slower in its step in a build
+/// that split them (session 52's issue note).
 const MAX_C: usize = 1 << 18;
 
 /// Products below this many flops are left whole: their halves would be too short to share.

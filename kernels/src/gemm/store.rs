@@ -51,83 +51,66 @@ pub(super) unsafe fn store_tile(
     c_cs: isize,
     e: &TileEpi,
 ) -> bool {
-    // SAFETY: the caller's contract, handed on. The store runs whatever `e.check` says.
-    let non_finite =
-        unsafe { store_tile_looking(lvl, out, src, src_rs, rows, cols, c, c_rs, c_cs, e) };
-    non_finite && e.check
-}
-
-/// [`store_tile`], whose answer may be `true` where `e.check` did not ask.
-///
-/// # Safety
-/// As [`store_tile`].
-#[allow(clippy::too_many_arguments)]
-unsafe fn store_tile_looking(
-    lvl: Level,
-    out: Kind,
-    src: *const f32,
-    src_rs: usize,
-    rows: usize,
-    cols: usize,
-    c: *mut u8,
-    c_rs: isize,
-    c_cs: isize,
-    e: &TileEpi,
-) -> bool {
     debug_assert!(rows <= TILE_MR && cols <= TILE_NR);
     debug_assert!(e.bias.is_null() || matches!((e.bias_rs, e.bias_cs), (0, 1) | (1, 0)));
     let esz = out.size();
-    // SAFETY: every access below is to an element (r, j) of the tile, r < rows, j < cols, of
-    // `src`, C and the bias, all covered by the contract.
-    unsafe {
-        #[cfg(target_arch = "x86_64")]
-        if lvl >= Level::Avx512 && (c_cs == 1 || c_rs == 1) {
-            // One call per tile, masked vectors for the ragged edge: with a short k (im2col, a
-            // 10-wide layer) the store is a large share of the work.
-            return if c_cs == 1 {
-                super::x86::store_rows_avx512(out, src, src_rs, rows, cols, c, c_rs, e)
-            } else {
-                super::x86::store_cols_avx512(out, src, src_rs, rows, cols, c, c_cs, e)
-            };
-        }
-        #[cfg(target_arch = "x86_64")]
-        if lvl >= Level::Avx2 && c_cs == 1 {
-            return super::avx2::store_rows_avx2(out, src, src_rs, rows, cols, c, c_rs, e);
-        }
-        let mut non_finite = false;
-        if c_cs == 1 {
-            // Contiguous rows: vector conversions on each row.
-            for r in 0..rows {
-                let cr = c.offset(r as isize * c_rs * esz);
-                let bias = e.bias_at(r, 0);
-                non_finite |=
-                    store_run(lvl, out, src.add(r * src_rs), cols, cr, bias, e.bias_cs, e);
+    let looked = 'store: {
+        // SAFETY: every access below is to an element (r, j) of the tile, r < rows, j < cols,
+        // of `src`, C and the bias, all covered by the contract.
+        unsafe {
+            #[cfg(target_arch = "x86_64")]
+            if lvl >= Level::Avx512 && (c_cs == 1 || c_rs == 1) {
+                // One call per tile, masked vectors for the ragged edge: with a short k (im2col,
+                // a 10-wide layer) the store is a large share of the work.
+                break 'store if c_cs == 1 {
+                    super::x86::store_rows_avx512(out, src, src_rs, rows, cols, c, c_rs, e)
+                } else {
+                    super::x86::store_cols_avx512(out, src, src_rs, rows, cols, c, c_cs, e)
+                };
             }
-        } else if c_rs == 1 {
-            // Contiguous columns (C seen transposed): one run per column.
-            let mut buf = [0.0f32; TILE_MR];
-            for j in 0..cols {
-                for (r, x) in buf.iter_mut().enumerate().take(rows) {
-                    *x = *src.add(r * src_rs + j);
+            #[cfg(target_arch = "x86_64")]
+            if lvl >= Level::Avx2 && c_cs == 1 {
+                break 'store super::avx2::store_rows_avx2(
+                    out, src, src_rs, rows, cols, c, c_rs, e,
+                );
+            }
+            let mut non_finite = false;
+            if c_cs == 1 {
+                // Contiguous rows: vector conversions on each row.
+                for r in 0..rows {
+                    let cr = c.offset(r as isize * c_rs * esz);
+                    let bias = e.bias_at(r, 0);
+                    non_finite |=
+                        store_run(lvl, out, src.add(r * src_rs), cols, cr, bias, e.bias_cs, e);
                 }
-                let cj = c.offset(j as isize * c_cs * esz);
-                let bias = e.bias_at(0, j);
-                non_finite |= store_run(lvl, out, buf.as_ptr(), rows, cj, bias, e.bias_rs, e);
-            }
-        } else {
-            for r in 0..rows {
+            } else if c_rs == 1 {
+                // Contiguous columns (C seen transposed): one run per column.
+                let mut buf = [0.0f32; TILE_MR];
                 for j in 0..cols {
-                    let cp = c.offset((r as isize * c_rs + j as isize * c_cs) * esz);
-                    let old = if e.add_c { load1(out, cp) } else { 0.0 };
-                    let bias = e.bias_at(r, j);
-                    let b = if bias.is_null() { 0.0 } else { *bias };
-                    store1(out, cp, e.apply(*src.add(r * src_rs + j), old, b));
-                    non_finite |= stored_non_finite(out, cp);
+                    for (r, x) in buf.iter_mut().enumerate().take(rows) {
+                        *x = *src.add(r * src_rs + j);
+                    }
+                    let cj = c.offset(j as isize * c_cs * esz);
+                    let bias = e.bias_at(0, j);
+                    non_finite |= store_run(lvl, out, buf.as_ptr(), rows, cj, bias, e.bias_rs, e);
+                }
+            } else {
+                for r in 0..rows {
+                    for j in 0..cols {
+                        let cp = c.offset((r as isize * c_rs + j as isize * c_cs) * esz);
+                        let old = if e.add_c { load1(out, cp) } else { 0.0 };
+                        let bias = e.bias_at(r, j);
+                        let b = if bias.is_null() { 0.0 } else { *bias };
+                        store1(out, cp, e.apply(*src.add(r * src_rs + j), old, b));
+                        non_finite |= stored_non_finite(out, cp);
+                    }
                 }
             }
+            non_finite
         }
-        non_finite
-    }
+    };
+    // Stores beyond the plain sum look either way; the answer counts only where asked.
+    looked && e.check
 }
 
 /// One contiguous run of C (`n <= TILE_NR` elements at `c`) from the f32 sums at `vals`, the
