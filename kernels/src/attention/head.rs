@@ -40,7 +40,8 @@ impl ShortHead {
         self.tokens * self.stride()
     }
 
-    /// Keys rounded up to [`LANES`]: the row length of the transposed keys and values.
+    /// Tokens rounded up to [`LANES`]: the row length of the transposed queries and of the
+    /// scores (keys as rows, queries in lanes).
     pub(super) fn padded_keys(&self) -> usize {
         self.tokens.div_ceil(LANES) * LANES
     }
@@ -49,6 +50,29 @@ impl ShortHead {
     pub(super) fn visible(&self, i: usize) -> usize {
         if self.causal {
             i + 1
+        } else {
+            self.tokens
+        }
+    }
+
+    /// The first query that sees key `j`.
+    pub(super) fn first_visible(&self, j: usize) -> usize {
+        if self.causal {
+            j
+        } else {
+            0
+        }
+    }
+
+    /// The first vector of [`LANES`] queries with a query that sees key `j`.
+    pub(super) fn first_query_vector(&self, j: usize) -> usize {
+        self.first_visible(j) / LANES
+    }
+
+    /// Keys seen by some query of the vector of queries from `at` (a multiple of [`LANES`]).
+    pub(super) fn keys_seen_by(&self, at: usize) -> usize {
+        if self.causal {
+            self.tokens.min(at + LANES)
         } else {
             self.tokens
         }

@@ -3,6 +3,18 @@
 
 use super::head::LANES;
 use crate::convert::{narrow_bf16, widen_bf16};
+use crate::math::exp_f32;
+
+/// `MASK[LANES - first..][..LANES]`: lanes `first..` all ones, the lanes before zero.
+const MASK: [u32; 2 * LANES] = {
+    let mut m = [0; 2 * LANES];
+    let mut l = LANES;
+    while l < 2 * LANES {
+        m[l] = u32::MAX;
+        l += 1;
+    }
+    m
+};
 
 /// Eight f32 lanes and the operations the row loops need: written with AVX2 intrinsics
 /// ([`Avx2`]) and as a plain array ([`Portable`]), so the loops are one generic body. (Written
@@ -18,6 +30,22 @@ pub(super) trait Lanes8: Copy {
     /// `self·a + b`, rounded once.
     fn mul_add(self, a: Self, b: Self) -> Self;
     fn add(self, o: Self) -> Self;
+    fn sub(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    /// `f32::max(acc, self)` in each lane: a NaN in `self` leaves `acc` (the accumulator
+    /// second, as `_mm256_max_ps` returns its second operand where either is NaN).
+    fn max_into(self, acc: Self) -> Self;
+    /// [`exp_f32`] of each lane.
+    fn exp(self) -> Self;
+    /// Lanes `..first` replaced by `fill`'s, the rest kept (`first ≤ LANES`).
+    fn fill_below(self, first: usize, fill: Self) -> Self;
+    /// Each lane kept where `m`'s is above −∞, else zero (NaNs in `self` included).
+    fn zero_where_neg_inf(self, m: Self) -> Self;
+    /// The lanes as an array.
+    fn to_array(self) -> [f32; LANES];
+    /// Eight vectors as the rows of a matrix, transposed: lane `l` of vector `r` of the result
+    /// is lane `r` of vector `l`.
+    fn transpose8(rows: [Self; LANES]) -> [Self; LANES];
     /// Each lane rounded to bf16 (to nearest even; a NaN made quiet, its payload's top kept)
     /// and widened again: `widen_bf16(narrow_bf16(x))`, bit for bit.
     fn round_bf16(self) -> Self;
@@ -54,6 +82,54 @@ impl Lanes8 for Portable {
     #[inline(always)]
     fn add(self, o: Self) -> Self {
         Portable(std::array::from_fn(|l| self.0[l] + o.0[l]))
+    }
+    #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        Portable(std::array::from_fn(|l| self.0[l] - o.0[l]))
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        Portable(std::array::from_fn(|l| self.0[l] * o.0[l]))
+    }
+    #[inline(always)]
+    fn max_into(self, acc: Self) -> Self {
+        Portable(std::array::from_fn(|l| acc.0[l].max(self.0[l])))
+    }
+    #[inline(always)]
+    fn exp(self) -> Self {
+        let mut x = self.0;
+        for x in &mut x {
+            *x = exp_f32(*x);
+        }
+        Portable(x)
+    }
+    #[inline(always)]
+    fn fill_below(self, first: usize, fill: Self) -> Self {
+        Portable(std::array::from_fn(|l| {
+            if l < first {
+                fill.0[l]
+            } else {
+                self.0[l]
+            }
+        }))
+    }
+    #[inline(always)]
+    fn zero_where_neg_inf(self, m: Self) -> Self {
+        Portable(std::array::from_fn(|l| {
+            if m.0[l] > f32::NEG_INFINITY {
+                self.0[l]
+            } else {
+                0.0
+            }
+        }))
+    }
+    #[inline(always)]
+    fn to_array(self) -> [f32; LANES] {
+        self.0
+    }
+    #[inline(always)]
+    fn transpose8(rows: [Self; LANES]) -> [Self; LANES] {
+        std::array::from_fn(|r| Portable(std::array::from_fn(|l| rows[l].0[r])))
     }
     #[inline(always)]
     fn round_bf16(self) -> Self {
@@ -101,6 +177,98 @@ impl Lanes8 for Avx2 {
     fn add(self, o: Self) -> Self {
         // SAFETY: as in `zero`.
         Avx2(unsafe { std::arch::x86_64::_mm256_add_ps(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        // SAFETY: as in `zero`.
+        Avx2(unsafe { std::arch::x86_64::_mm256_sub_ps(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        // SAFETY: as in `zero`.
+        Avx2(unsafe { std::arch::x86_64::_mm256_mul_ps(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn max_into(self, acc: Self) -> Self {
+        // SAFETY: as in `zero`. `maxps` returns its second operand where either is NaN: `acc`
+        // where `self` is NaN, as `f32::max(acc, self)` does (and `acc` where it is NaN itself,
+        // as `f32::max` does not: the passes start it at −∞ and never make it NaN).
+        Avx2(unsafe { std::arch::x86_64::_mm256_max_ps(self.0, acc.0) })
+    }
+    #[inline(always)]
+    fn exp(self) -> Self {
+        // SAFETY: AVX2 and FMA are present (see the type's documentation). `math`'s register
+        // form of `exp_f32`, with its bits.
+        Avx2(unsafe { crate::math::exp_ymm(self.0) })
+    }
+    #[inline(always)]
+    fn fill_below(self, first: usize, fill: Self) -> Self {
+        use std::arch::x86_64::{_mm256_blendv_ps, _mm256_castsi256_ps, _mm256_loadu_si256};
+        let mask = &MASK[LANES - first.min(LANES)..][..LANES];
+        // SAFETY: as in `zero`; `mask` holds the eight lanes read. Where a mask lane is all
+        // ones (`first..`), `blendv` takes `self`'s lane.
+        Avx2(unsafe {
+            let keep = _mm256_castsi256_ps(_mm256_loadu_si256(mask.as_ptr().cast()));
+            _mm256_blendv_ps(fill.0, self.0, keep)
+        })
+    }
+    #[inline(always)]
+    fn zero_where_neg_inf(self, m: Self) -> Self {
+        use std::arch::x86_64::{_mm256_and_ps, _mm256_cmp_ps, _mm256_set1_ps, _CMP_GT_OQ};
+        // SAFETY: as in `zero`. `m > −∞` is false for −∞ (and NaN), whose lanes the mask zeroes.
+        Avx2(unsafe {
+            let live = _mm256_cmp_ps::<_CMP_GT_OQ>(m.0, _mm256_set1_ps(f32::NEG_INFINITY));
+            _mm256_and_ps(self.0, live)
+        })
+    }
+    #[inline(always)]
+    fn to_array(self) -> [f32; LANES] {
+        let mut a = [0.0; LANES];
+        self.store(&mut a);
+        a
+    }
+    #[inline(always)]
+    fn transpose8(rows: [Self; LANES]) -> [Self; LANES] {
+        use std::arch::x86_64::{
+            _mm256_permute2f128_ps, _mm256_shuffle_ps, _mm256_unpackhi_ps, _mm256_unpacklo_ps,
+        };
+        let r = rows.map(|v| v.0);
+        // SAFETY: as in `zero`. The usual three steps: interleave pairs of rows (lanes 0 1 of
+        // each 128-bit half), pairs of pairs (0 1 2 3 of a half), then the halves.
+        unsafe {
+            let lo = |a, b| _mm256_unpacklo_ps(a, b);
+            let hi = |a, b| _mm256_unpackhi_ps(a, b);
+            let t = [
+                lo(r[0], r[1]),
+                hi(r[0], r[1]),
+                lo(r[2], r[3]),
+                hi(r[2], r[3]),
+                lo(r[4], r[5]),
+                hi(r[4], r[5]),
+                lo(r[6], r[7]),
+                hi(r[6], r[7]),
+            ];
+            let u = [
+                _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+                _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+                _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+                _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+                _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+                _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+                _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+                _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+            ];
+            [
+                Avx2(_mm256_permute2f128_ps::<0x20>(u[0], u[4])),
+                Avx2(_mm256_permute2f128_ps::<0x20>(u[1], u[5])),
+                Avx2(_mm256_permute2f128_ps::<0x20>(u[2], u[6])),
+                Avx2(_mm256_permute2f128_ps::<0x20>(u[3], u[7])),
+                Avx2(_mm256_permute2f128_ps::<0x31>(u[0], u[4])),
+                Avx2(_mm256_permute2f128_ps::<0x31>(u[1], u[5])),
+                Avx2(_mm256_permute2f128_ps::<0x31>(u[2], u[6])),
+                Avx2(_mm256_permute2f128_ps::<0x31>(u[3], u[7])),
+            ]
+        }
     }
     #[inline(always)]
     fn round_bf16(self) -> Self {
@@ -165,6 +333,24 @@ mod tests {
         // And a spread of ordinary values of both signs.
         bits.extend((0..48u32).map(|i| i.wrapping_mul(0x9E37_79B9) ^ 0x0001_8000));
         bits
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_transposes_as_the_portable_lanes_do() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            return;
+        }
+        #[target_feature(enable = "avx2,fma")]
+        fn avx2(m: &[[f32; LANES]; LANES]) -> [[f32; LANES]; LANES] {
+            Avx2::transpose8(m.map(|r| Avx2::load(&r))).map(Avx2::to_array)
+        }
+        let m: [[f32; LANES]; LANES] =
+            std::array::from_fn(|r| std::array::from_fn(|l| (r * LANES + l) as f32));
+        let want: [[f32; LANES]; LANES] = std::array::from_fn(|r| std::array::from_fn(|l| m[l][r]));
+        assert_eq!(Portable::transpose8(m.map(Portable)).map(|v| v.0), want);
+        // SAFETY: AVX2 and FMA were detected above.
+        assert_eq!(unsafe { avx2(&m) }, want);
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -9,19 +9,25 @@
 //! the small GPT's 64 × 32), and packing each operand plus the GEMM's calls cost several times
 //! their arithmetic: 13–25 GFLOP/s in `cargo bench --bench attention` on Zen 3 before these
 //! kernels (BENCHMARKS.md, session 45), where the GEMM itself runs at 160. Here every product
-//! is a loop over vectors of [`LANES`] keys (or head columns) with its sums in registers, on
+//! is a loop over vectors of [`LANES`] queries (or head columns) with its sums in registers, on
 //! AVX2 and FMA where the CPU has them, else on plain arrays; every multiply-add is fused, so
 //! the bits do not depend on the CPU.
 //!
+//! Layout: keys as rows, queries in lanes (`passes`). The scores are computed as `Sᵀ` (key
+//! `j`'s row holds its scores against every query), so a query's softmax runs down a column of
+//! vectors, lane by lane: no sums across a register's lanes, no loop per query around a few
+//! vectors (the row-per-query loops this replaced spent most of their time there: ViT head
+//! forward 1,650 → 930 ns, `cargo bench --bench short_attention`, session 53).
+//!
 //! The arithmetic is the blocked kernel's: scores `q·k` as `head_dim`-term sums in order,
-//! scaled, the row's maximum subtracted, [`exp_f32`](crate::math::exp_f32); the probabilities
+//! scaled, the query's maximum subtracted, [`exp_f32`](crate::math::exp_f32); the probabilities
 //! (forward and `dv`) and the scores' gradient (`dq`, `dk`) rounded once to the working
 //! precision ([`Rounding`]) before their products, as FlashAttention rounds them; only the order
-//! of a row's sum of probabilities and of the products' sums over keys differ.
+//! of a query's sum of probabilities and of the products' sums over keys differ.
 //!
-//! Layout: every `tokens × head_dim` matrix is row-major, its rows [`ShortHead::stride`] apart
-//! (the head width rounded up to [`LANES`]). The lanes past `head_dim` of an input never reach
-//! an output's first `head_dim` columns; those of an output are unspecified.
+//! Operands: every `tokens × head_dim` matrix is row-major, its rows [`ShortHead::stride`]
+//! apart (the head width rounded up to [`LANES`]). The lanes past `head_dim` of an input never
+//! reach an output's first `head_dim` columns; those of an output are unspecified.
 
 mod block_softmax;
 mod head;
@@ -35,12 +41,14 @@ pub use head::{Rounding, ShortHead, LANES, MAX_HEAD_DIM, MAX_KEYS};
 use lanes::run_rows;
 use passes::{Backward, Forward};
 
-/// Transposed copies of a head's keys (and, for the backward, values), kept between calls so
-/// that a loop over heads allocates once.
+/// A head's transposed queries (and, for the backward, output gradient), its scores and their
+/// gradient (keys as rows), kept between calls so that a loop over heads allocates once.
 #[derive(Debug, Default)]
 pub struct ShortHeadScratch {
-    kt: Vec<f32>,
-    vt: Vec<f32>,
+    qt: Vec<f32>,
+    dyt: Vec<f32>,
+    st: Vec<f32>,
+    dst: Vec<f32>,
 }
 
 impl ShortHeadScratch {
@@ -65,15 +73,16 @@ pub fn short_head_forward(
     scratch: &mut ShortHeadScratch,
 ) {
     h.check(&[q.len(), k.len(), v.len(), o.len()], lse.len());
-    transpose(h, k, &mut scratch.kt);
     run_rows(Forward {
         h: *h,
         rounding,
         q,
-        kt: &scratch.kt,
+        qt: transposed(h, &mut scratch.qt),
+        k,
         v,
         o,
         lse,
+        st: scores(h, &mut scratch.st),
     });
 }
 
@@ -105,32 +114,34 @@ pub fn short_head_backward(
         ],
         lse.len(),
     );
-    transpose(h, k, &mut scratch.kt);
-    transpose(h, v, &mut scratch.vt);
     run_rows(Backward {
         h: *h,
         rounding,
         q,
+        qt: transposed(h, &mut scratch.qt),
         k,
-        kt: &scratch.kt,
-        vt: &scratch.vt,
+        v,
         y,
         dy,
+        dyt: transposed(h, &mut scratch.dyt),
         lse,
         dq,
         dk,
         dv,
+        st: scores(h, &mut scratch.st),
+        dst: scores(h, &mut scratch.dst),
     });
 }
 
-/// `out[d·padded_keys + j] = m[j·stride + d]`, the keys past `tokens` zero.
-fn transpose(h: &ShortHead, m: &[f32], out: &mut Vec<f32>) {
-    let (st, kp) = (h.stride(), h.padded_keys());
-    out.clear();
-    out.resize(h.head_dim * kp, 0.0);
-    for (j, row) in m.chunks_exact(st).enumerate() {
-        for (d, &x) in row[..h.head_dim].iter().enumerate() {
-            out[d * kp + j] = x;
-        }
-    }
+/// `buf` as a `tokens × padded_keys` matrix of scores (its contents overwritten before use).
+fn scores<'a>(h: &ShortHead, buf: &'a mut Vec<f32>) -> &'a mut [f32] {
+    buf.resize(h.tokens * h.padded_keys(), 0.0);
+    buf
+}
+
+/// `buf` as a `head_dim × padded_keys` matrix, for a transposed operand (overwritten before
+/// use).
+fn transposed<'a>(h: &ShortHead, buf: &'a mut Vec<f32>) -> &'a mut [f32] {
+    buf.resize(h.head_dim * h.padded_keys(), 0.0);
+    buf
 }

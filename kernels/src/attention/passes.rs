@@ -1,23 +1,52 @@
-//! The forward and the backward pass over one head's rows, generic over the lanes they compute
-//! in.
+//! The forward and the backward pass over one head, generic over the lanes they compute in.
+//!
+//! Keys as rows, queries in lanes: the scores are computed as `Sᵀ` (row `j` holds key `j`'s
+//! scores against every query, [`ShortHead::padded_keys`] lanes apart), so that a query's
+//! softmax (its maximum, its sum) runs down a column of vectors, lane by lane, with no sum
+//! across the lanes of a register and no per-query loop around a few vectors. Key `j`'s rows
+//! of `dV` and `dK` are then weighted sums over the queries in one row each (written once, in
+//! registers), and a query's output row and `dQ` row weighted sums over a column of the
+//! probabilities or of the scores' gradient, each weight broadcast from where it lies.
 
 use super::head::{Rounding, ShortHead, LANES, MAX_KEYS};
 use super::lanes::{Lanes8, RowPass};
-use super::row_ops::{
-    add_outer, copy_lanes, fill_from, lane_max, lane_sum, round, row_by_transposed, weighted_rows,
-    with_chunks,
-};
-use crate::math::exp_f32;
+use super::row_ops::{round_lanes, rows_by_transposed, transpose, weighted_rows, with_chunks};
 
-/// The forward's operands: `kt` is `head_dim × padded_keys`.
+/// `out`'s row `j` (`tp` lanes apart) from the first vector of queries that sees key `j`:
+/// `Σ_d a[j][d]·bt[d][i]`, rows of `a` (`tokens × stride`) against `bt` (`head_dim × tp`).
+/// Keys of one group of [`LANES`] share that first vector under the causal mask (all of them
+/// without it), and run as one call.
+#[inline(always)]
+fn key_rows<V: Lanes8>(h: &ShortHead, a: &[f32], bt: &[f32], out: &mut [f32]) {
+    let (st, tp) = (h.stride(), h.padded_keys());
+    let group = if h.causal { LANES } else { h.tokens };
+    for first in (0..h.tokens).step_by(group) {
+        let at = h.first_query_vector(first) * LANES;
+        let rows = group.min(h.tokens - first);
+        with_chunks!(
+            (tp - at) / LANES,
+            rows_by_transposed::<V>(
+                (&a[first * st..], st, h.head_dim),
+                rows,
+                (&bt[at..], tp),
+                (&mut out[first * tp + at..], tp)
+            )
+        );
+    }
+}
+
+/// The forward's operands, and its scratch: `qt` is `head_dim × padded_keys` (for the queries
+/// transposed), `st` `tokens × padded_keys` (for the scores).
 pub(super) struct Forward<'a> {
     pub(super) h: ShortHead,
     pub(super) rounding: Rounding,
     pub(super) q: &'a [f32],
-    pub(super) kt: &'a [f32],
+    pub(super) qt: &'a mut [f32],
+    pub(super) k: &'a [f32],
     pub(super) v: &'a [f32],
     pub(super) o: &'a mut [f32],
     pub(super) lse: &'a mut [f32],
+    pub(super) st: &'a mut [f32],
 }
 
 impl RowPass for Forward<'_> {
@@ -27,60 +56,75 @@ impl RowPass for Forward<'_> {
             h,
             rounding,
             q,
-            kt,
+            qt,
+            k,
             v,
             o,
             lse,
+            st,
         } = self;
-        let (st, kp, head_chunks) = (h.stride(), h.padded_keys(), h.stride() / LANES);
-        let mut s = [0f32; MAX_KEYS];
-        let mut pe = [0f32; MAX_KEYS];
-        for i in 0..h.tokens {
-            let n = h.visible(i);
-            let key_chunks = n.div_ceil(LANES);
-            let np = key_chunks * LANES;
-            let qi = &q[i * st..i * st + h.head_dim];
-            with_chunks!(key_chunks, row_by_transposed::<V>(qi, kt, kp, &mut s));
-            // Keys past the row's last (the mask, and the padding) out of the maximum, then zero;
-            // their scores may be anything, NaN included (a later token's).
-            s[..n].iter_mut().for_each(|x| *x *= h.scale);
-            fill_from(&mut s[..np], n, f32::NEG_INFINITY);
-            let max = lane_max(&s[..np]);
-            let sum = if max == f32::NEG_INFINITY {
-                s[..np].fill(0.0);
-                0.0
-            } else {
-                // NaN scores stay NaN through the subtraction and the exponential, and reach the
-                // output (and so the loss and the gradients, which skips the step).
-                s[..np].iter_mut().for_each(|x| *x = exp_f32(*x - max));
-                fill_from(&mut s[..np], n, 0.0);
-                lane_sum(&s[..np])
-            };
-            copy_lanes(&s, &mut pe, np);
-            round::<V>(rounding, &mut pe[..np]);
-            let oi = &mut o[i * st..(i + 1) * st];
-            with_chunks!(head_chunks, weighted_rows::<V>(&pe[..n], v, st, oi));
-            let inv = 1.0 / sum;
-            oi.iter_mut().for_each(|x| *x *= inv);
-            lse[i] = max + sum.ln();
+        let (s, tp) = (h.stride(), h.padded_keys());
+        transpose::<V>((q, s, h.tokens), h.head_dim, (qt, tp));
+        key_rows::<V>(&h, k, qt, st);
+        for at in (0..h.tokens).step_by(LANES) {
+            // This vector's queries see keys `..keys`; where a key is masked for some of them
+            // (`first_visible(j) > at`), its lanes below `first_visible(j)` are −∞ (whatever the
+            // score, NaN included: a later token's).
+            let keys = h.keys_seen_by(at);
+            let masked_below = |j: usize| h.first_visible(j).saturating_sub(at);
+            let mut max = V::splat(f32::NEG_INFINITY);
+            for j in 0..keys {
+                let x = &mut st[j * tp + at..];
+                let sc = V::load(x).mul(V::splat(h.scale));
+                let sc = sc.fill_below(masked_below(j), V::splat(f32::NEG_INFINITY));
+                sc.store(x);
+                max = sc.max_into(max);
+            }
+            // A query with no score above −∞ (every one −∞ or NaN) gets zero probabilities, and
+            // so a NaN output (0·(1/0)) and a −∞ log-sum-exp. NaN scores elsewhere stay NaN
+            // through the subtraction and the exponential, and reach the output.
+            let mut sum = V::zero();
+            for j in 0..keys {
+                let x = &mut st[j * tp + at..];
+                let p = V::load(x).sub(max).exp().zero_where_neg_inf(max);
+                let p = p.fill_below(masked_below(j), V::zero());
+                sum = sum.add(p);
+                round_lanes(rounding, p).store(x);
+            }
+            let (max, sum) = (max.to_array(), sum.to_array());
+            for (l, i) in (at..h.tokens.min(at + LANES)).enumerate() {
+                let oi = &mut o[i * s..(i + 1) * s];
+                with_chunks!(
+                    s / LANES,
+                    weighted_rows::<V>((&st[i..], tp, h.visible(i)), (v, s), oi)
+                );
+                let inv = 1.0 / sum[l];
+                oi.iter_mut().for_each(|x| *x *= inv);
+                lse[i] = max[l] + sum[l].ln();
+            }
         }
     }
 }
 
-/// The backward's operands: `kt` and `vt` are `head_dim × padded_keys`.
+/// The backward's operands, and its scratch: `qt` and `dyt` are `head_dim × padded_keys` (for
+/// the queries and the output's gradient transposed), `st` and `dst` `tokens × padded_keys`
+/// (for the probabilities and the scores' gradient).
 pub(super) struct Backward<'a> {
     pub(super) h: ShortHead,
     pub(super) rounding: Rounding,
     pub(super) q: &'a [f32],
+    pub(super) qt: &'a mut [f32],
     pub(super) k: &'a [f32],
-    pub(super) kt: &'a [f32],
-    pub(super) vt: &'a [f32],
+    pub(super) v: &'a [f32],
     pub(super) y: &'a [f32],
     pub(super) dy: &'a [f32],
+    pub(super) dyt: &'a mut [f32],
     pub(super) lse: &'a [f32],
     pub(super) dq: &'a mut [f32],
     pub(super) dk: &'a mut [f32],
     pub(super) dv: &'a mut [f32],
+    pub(super) st: &'a mut [f32],
+    pub(super) dst: &'a mut [f32],
 }
 
 impl RowPass for Backward<'_> {
@@ -90,61 +134,68 @@ impl RowPass for Backward<'_> {
             h,
             rounding,
             q,
+            qt,
             k,
-            kt,
-            vt,
+            v,
             y,
             dy,
+            dyt,
             lse,
             dq,
             dk,
             dv,
+            st,
+            dst,
         } = self;
-        let (hd, st, kp, head_chunks) =
-            (h.head_dim, h.stride(), h.padded_keys(), h.stride() / LANES);
-        dk.fill(0.0);
-        dv.fill(0.0);
-        let mut p = [0f32; MAX_KEYS];
-        let mut pe = [0f32; MAX_KEYS];
-        let mut ds = [0f32; MAX_KEYS];
-        for i in 0..h.tokens {
-            let n = h.visible(i);
-            let key_chunks = n.div_ceil(LANES);
-            let np = key_chunks * LANES;
-            let (qi, dyi) = (&q[i * st..(i + 1) * st], &dy[i * st..(i + 1) * st]);
-            // Σ dy·y over the row's columns, in order.
-            let delta: f32 = dyi[..hd]
-                .iter()
-                .zip(&y[i * st..i * st + hd])
-                .map(|(a, b)| a * b)
-                .sum();
-            // The probabilities again, from the forward's log-sum-exp.
-            with_chunks!(
-                key_chunks,
-                row_by_transposed::<V>(&qi[..hd], kt, kp, &mut p)
-            );
-            let l = lse[i];
-            p[..np]
-                .iter_mut()
-                .for_each(|x| *x = exp_f32(*x * h.scale - l));
-            fill_from(&mut p[..np], n, 0.0);
-            copy_lanes(&p, &mut pe, np);
-            round::<V>(rounding, &mut pe[..np]);
-            // dv[j] += p_j·dy_i
-            with_chunks!(head_chunks, add_outer::<V>(&pe[..n], dyi, dv, st));
-            // dP = dy_i·Vᵀ; dS = P ⊙ (dP − Σ dy·y), rounded for its products.
-            with_chunks!(
-                key_chunks,
-                row_by_transposed::<V>(&dyi[..hd], vt, kp, &mut ds)
-            );
-            for (d, &p) in ds[..n].iter_mut().zip(&p[..n]) {
-                *d = p * (*d - delta);
+        let (hd, s, tp) = (h.head_dim, h.stride(), h.padded_keys());
+        // Per query (lanes past the last zero): the log-sum-exp and Σ dy·y over the row's
+        // columns, in order.
+        let mut lse_lanes = [0f32; MAX_KEYS];
+        let mut delta = [0f32; MAX_KEYS];
+        lse_lanes[..h.tokens].copy_from_slice(lse);
+        for (i, delta) in delta[..h.tokens].iter_mut().enumerate() {
+            let (dyi, yi) = (&dy[i * s..i * s + hd], &y[i * s..i * s + hd]);
+            *delta = dyi.iter().zip(yi).map(|(a, b)| a * b).sum();
+        }
+        // Sᵀ (the probabilities again, from the forward's log-sum-exps) and dPᵀ = V·dyᵀ.
+        transpose::<V>((q, s, h.tokens), hd, (qt, tp));
+        transpose::<V>((dy, s, h.tokens), hd, (dyt, tp));
+        key_rows::<V>(&h, k, qt, st);
+        key_rows::<V>(&h, v, dyt, dst);
+        for j in 0..h.tokens {
+            // Lanes of queries that do not see key `j` (`..first`, in its first vector) are
+            // computed with the rest and never read.
+            let first = h.first_visible(j);
+            let from = h.first_query_vector(j) * LANES;
+            for at in (from..tp).step_by(LANES) {
+                let (p, dp) = (&mut st[j * tp + at..], &mut dst[j * tp + at..]);
+                let x = V::load(p).mul(V::splat(h.scale));
+                let pj = x.sub(V::load(&lse_lanes[at..])).exp();
+                // dS = P ⊙ (dP − Σ dy·y).
+                let ds = pj.mul(V::load(dp).sub(V::load(&delta[at..])));
+                round_lanes(rounding, pj).store(p);
+                round_lanes(rounding, ds).store(dp);
             }
-            round::<V>(rounding, &mut ds[..np]);
-            // dq_i = dS·K, dk[j] += dS_j·q_i (the scale once, below).
-            let dqi = &mut dq[i * st..(i + 1) * st];
-            with_chunks!(head_chunks, weighted_rows::<V>(&ds[..n], k, st, dqi));
-            with_chunks!(head_chunks, add_outer::<V>(&ds[..n], qi, dk, st));
+            // dv[j] = Σ_i p_ij·dy_i, dk[j] = Σ_i dS_ij·q_i over the queries that see key j.
+            let n = h.tokens - first;
+            let (dvj, dkj) = (&mut dv[j * s..(j + 1) * s], &mut dk[j * s..(j + 1) * s]);
+            let (pj, dsj) = (&st[j * tp + first..], &dst[j * tp + first..]);
+            with_chunks!(
+                s / LANES,
+                weighted_rows::<V>((pj, 1, n), (&dy[first * s..], s), dvj)
+            );
+            with_chunks!(
+                s / LANES,
+                weighted_rows::<V>((dsj, 1, n), (&q[first * s..], s), dkj)
+            );
+        }
+        // dq_i = Σ_j dS_ij·k_j over the keys query i sees (the scale once, below).
+        for i in 0..h.tokens {
+            let dqi = &mut dq[i * s..(i + 1) * s];
+            with_chunks!(
+                s / LANES,
+                weighted_rows::<V>((&dst[i..], tp, h.visible(i)), (k, s), dqi)
+            );
         }
         dq.iter_mut()
             .chain(dk.iter_mut())

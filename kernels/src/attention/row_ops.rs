@@ -1,12 +1,11 @@
-//! The loops a pass is made of: a row against a transposed matrix, weighted sums of rows,
-//! outer-product updates of rows, and the lane-wise copies, masks, reductions and rounding
-//! between them.
+//! The loops a pass is made of: rows against a transposed matrix, weighted sums of rows, and
+//! the rounding of a vector to the working precision.
 
 use half::f16;
 
-use super::head::{Rounding, LANES, MAX_KEYS};
+use super::head::{Rounding, LANES};
 use super::lanes::Lanes8;
-use crate::convert::{f16_to_f32, f32_to_f16, narrow_bf16, widen_bf16};
+use crate::convert::{f16_to_f32, f32_to_f16};
 
 /// Calls `$f::<V, C>(…)` for the chunk count `$n` (1 to 8 vectors of [`LANES`]), so that each
 /// count's loops are compiled with their `C` sums in registers.
@@ -26,143 +25,177 @@ macro_rules! with_chunks {
 }
 pub(super) use with_chunks;
 
-/// `s[c·LANES + l] = Σ_d a[d]·bt[d·ld + c·LANES + l]` for the first `C` vectors: a row against
-/// a transposed matrix, each sum in order of `d`, the `C` vectors' chains side by side.
+/// `out[r·out_ld + c·LANES + l] = Σ_d a[r·a_ld + d]·bt[d·ld + c·LANES + l]` for `rows` rows
+/// of `a` and the first `C` vectors of `bt`'s rows: rows of one matrix against a transposed
+/// other (a head's keys against its transposed queries: a key's scores over the queries), each
+/// sum in order of `d`. Tiles of several rows share each vector of `bt` loaded (as many as keep
+/// every sum in the 16 AVX registers), so that their chains of multiply-adds overlap.
 #[inline(always)]
-pub(super) fn row_by_transposed<V: Lanes8, const C: usize>(
-    a: &[f32],
-    bt: &[f32],
-    ld: usize,
-    s: &mut [f32],
+pub(super) fn rows_by_transposed<V: Lanes8, const C: usize>(
+    (a, a_ld, depth): (&[f32], usize, usize),
+    rows: usize,
+    (bt, ld): (&[f32], usize),
+    (out, out_ld): (&mut [f32], usize),
 ) {
-    let mut acc = [V::zero(); C];
-    for (d, &x) in a.iter().enumerate() {
-        let row = &bt[d * ld..d * ld + C * LANES];
-        let x = V::splat(x);
-        for (c, acc) in acc.iter_mut().enumerate() {
-            *acc = x.mul_add(V::load(&row[c * LANES..]), *acc);
-        }
-    }
-    for (c, acc) in acc.iter().enumerate() {
-        acc.store(&mut s[c * LANES..]);
+    match C {
+        1..=3 => rows_in_tiles::<V, C, 4>((a, a_ld, depth), rows, (bt, ld), (out, out_ld)),
+        4..=6 => rows_in_tiles::<V, C, 2>((a, a_ld, depth), rows, (bt, ld), (out, out_ld)),
+        _ => rows_in_tiles::<V, C, 1>((a, a_ld, depth), rows, (bt, ld), (out, out_ld)),
     }
 }
 
-/// `out[..C·LANES] = Σ_j w[j]·m[j·ld..][..C·LANES]`: the even and the odd `j` summed apart (in
-/// order) and added at the end, twice the chains of one running sum.
+/// [`rows_by_transposed`] in tiles of `R` rows, the rest one at a time.
+#[inline(always)]
+fn rows_in_tiles<V: Lanes8, const C: usize, const R: usize>(
+    (a, a_ld, depth): (&[f32], usize, usize),
+    rows: usize,
+    (bt, ld): (&[f32], usize),
+    (out, out_ld): (&mut [f32], usize),
+) {
+    let mut r = 0;
+    while r + R <= rows {
+        tile::<V, C, R>(
+            (&a[r * a_ld..], a_ld, depth),
+            (bt, ld),
+            (&mut out[r * out_ld..], out_ld),
+        );
+        r += R;
+    }
+    while r < rows {
+        tile::<V, C, 1>(
+            (&a[r * a_ld..], a_ld, depth),
+            (bt, ld),
+            (&mut out[r * out_ld..], out_ld),
+        );
+        r += 1;
+    }
+}
+
+/// `R` rows of [`rows_by_transposed`], their `R·C` sums in registers.
+#[inline(always)]
+fn tile<V: Lanes8, const C: usize, const R: usize>(
+    (a, a_ld, depth): (&[f32], usize, usize),
+    (bt, ld): (&[f32], usize),
+    (out, out_ld): (&mut [f32], usize),
+) {
+    assert!(
+        depth == 0 || ((depth - 1) * ld + C * LANES <= bt.len() && (R - 1) * a_ld + depth <= a.len()),
+        "rows_by_transposed: {R} rows of {depth}, {a_ld} apart in {}; {depth} rows of {} lanes, {ld} apart in {}",
+        a.len(),
+        C * LANES,
+        bt.len()
+    );
+    let mut acc = [[V::zero(); C]; R];
+    for d in 0..depth {
+        // SAFETY: `d < depth`, so `bt`'s row `d` ends at `d·ld + C·LANES ≤ bt.len()` and
+        // `r·a_ld + d < a.len()` for every `r < R` (asserted above). Checked, these were a
+        // bounds check per row and multiply-add group.
+        let row = unsafe { bt.get_unchecked(d * ld..d * ld + C * LANES) };
+        let b: [V; C] = std::array::from_fn(|c| V::load(&row[c * LANES..]));
+        for (r, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: as above.
+            let x = V::splat(unsafe { *a.get_unchecked(r * a_ld + d) });
+            for (acc, b) in acc.iter_mut().zip(&b) {
+                *acc = x.mul_add(*b, *acc);
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (c, acc) in acc.iter().enumerate() {
+            acc.store(&mut out[r * out_ld + c * LANES..]);
+        }
+    }
+}
+
+/// `out[..C·LANES] = Σ_{j<n} w[j·ws]·m[j·ld..][..C·LANES]`: the even and the odd `j` summed
+/// apart (in order) and added at the end, twice the chains of one running sum. The weights are
+/// `ws` apart: a row of a matrix (`ws = 1`) or a column (`ws` its row length), each broadcast
+/// from where it lies.
 #[inline(always)]
 pub(super) fn weighted_rows<V: Lanes8, const C: usize>(
-    w: &[f32],
-    m: &[f32],
-    ld: usize,
+    (w, ws, n): (&[f32], usize, usize),
+    (m, ld): (&[f32], usize),
     out: &mut [f32],
 ) {
+    assert!(
+        n == 0 || ((n - 1) * ld + C * LANES <= m.len() && (n - 1) * ws < w.len()),
+        "weighted_rows: {n} rows of {} lanes {ld} apart in {}, weights {ws} apart in {}",
+        C * LANES,
+        m.len(),
+        w.len()
+    );
+    // Row `j < n` and its weight, unchecked: checked per row, their bounds were a tenth of the
+    // kernels' time (`perf`, `cargo bench --bench short_attention`).
+    let row = |j: usize| {
+        // SAFETY: `j < n`, and row `n − 1` ends at `(n − 1)·ld + C·LANES ≤ m.len()` and its
+        // weight is at `(n − 1)·ws < w.len()` (asserted above).
+        unsafe {
+            (
+                m.get_unchecked(j * ld..j * ld + C * LANES),
+                V::splat(*w.get_unchecked(j * ws)),
+            )
+        }
+    };
     let mut even = [V::zero(); C];
     let mut odd = [V::zero(); C];
-    let mut rows = w.iter().enumerate();
-    while let Some((j, &x)) = rows.next() {
-        let (r, x) = (&m[j * ld..j * ld + C * LANES], V::splat(x));
+    let mut j = 0;
+    while j < n {
+        let (r, x) = row(j);
         for (c, acc) in even.iter_mut().enumerate() {
             *acc = x.mul_add(V::load(&r[c * LANES..]), *acc);
         }
-        if let Some((j, &x)) = rows.next() {
-            let (r, x) = (&m[j * ld..j * ld + C * LANES], V::splat(x));
+        if j + 1 < n {
+            let (r, x) = row(j + 1);
             for (c, acc) in odd.iter_mut().enumerate() {
                 *acc = x.mul_add(V::load(&r[c * LANES..]), *acc);
             }
         }
+        j += 2;
     }
     for (c, (e, o)) in even.iter().zip(&odd).enumerate() {
         e.add(*o).store(&mut out[c * LANES..]);
     }
 }
 
-/// `m[j·ld..][..C·LANES] += w[j]·x[..C·LANES]` for every `j` (one fused multiply-add each), `x`
-/// held in registers.
+/// One vector rounded to the working precision (to nearest even) and widened again (exact):
+/// BF16 on the vector ([`Lanes8::round_bf16`]), FP16 through the slice conversion.
 #[inline(always)]
-pub(super) fn add_outer<V: Lanes8, const C: usize>(w: &[f32], x: &[f32], m: &mut [f32], ld: usize) {
-    let xs: [V; C] = std::array::from_fn(|c| V::load(&x[c * LANES..]));
-    for (j, &wj) in w.iter().enumerate() {
-        let row = &mut m[j * ld..j * ld + C * LANES];
-        let wj = V::splat(wj);
-        for (c, x) in xs.iter().enumerate() {
-            let r = &mut row[c * LANES..];
-            wj.mul_add(*x, V::load(r)).store(r);
-        }
-    }
-}
-
-/// `dst[..n] = src[..n]` in copies of [`LANES`] (for `n` a multiple of it): a variable-length
-/// `copy_from_slice` is a call to `memcpy`, which on rows of 16 to 64 elements costs more than
-/// the copy.
-#[inline(always)]
-pub(super) fn copy_lanes(src: &[f32], dst: &mut [f32], n: usize) {
-    let (dst, _) = dst[..n].as_chunks_mut::<LANES>();
-    let (src, _) = src[..n].as_chunks::<LANES>();
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d = *s;
-    }
-}
-
-/// `x[n..] = value`, for `x` a multiple of [`LANES`] long and `n` in its last vector (a lane
-/// loop, not a call to `memset`).
-#[inline(always)]
-pub(super) fn fill_from(x: &mut [f32], n: usize, value: f32) {
-    let base = x.len().saturating_sub(LANES);
-    if let Some(last) = x.as_chunks_mut::<LANES>().0.last_mut() {
-        for (l, v) in last.iter_mut().enumerate() {
-            if base + l >= n {
-                *v = value;
-            }
-        }
-    }
-}
-
-/// The largest of `x` (a multiple of [`LANES`] long), NaNs passed over as `f32::max` does.
-#[inline(always)]
-pub(super) fn lane_max(x: &[f32]) -> f32 {
-    let mut acc = [f32::NEG_INFINITY; LANES];
-    for c in x.chunks_exact(LANES) {
-        for (a, &v) in acc.iter_mut().zip(c) {
-            *a = a.max(v);
-        }
-    }
-    acc.into_iter().fold(f32::NEG_INFINITY, f32::max)
-}
-
-/// The sum of `x` (a multiple of [`LANES`] long) in [`LANES`] running sums, added in order.
-#[inline(always)]
-pub(super) fn lane_sum(x: &[f32]) -> f32 {
-    let mut acc = [0f32; LANES];
-    for c in x.chunks_exact(LANES) {
-        for (a, &v) in acc.iter_mut().zip(c) {
-            *a += v;
-        }
-    }
-    acc.into_iter().sum()
-}
-
-/// `x` rounded to the working precision (to nearest even) and widened again (exact). BF16 on
-/// whole vectors of [`LANES`] ([`Lanes8::round_bf16`]; the scalar loop it replaces was a tenth
-/// of the ViT head's backward), a remainder one element at a time.
-#[inline(always)]
-pub(super) fn round<V: Lanes8>(rounding: Rounding, x: &mut [f32]) {
+pub(super) fn round_lanes<V: Lanes8>(rounding: Rounding, x: V) -> V {
     match rounding {
-        Rounding::F32 => {}
-        Rounding::Bf16 => {
-            let (vectors, rest) = x.as_chunks_mut::<LANES>();
-            for v in vectors {
-                V::load(v).round_bf16().store(v);
-            }
-            for v in rest {
-                *v = widen_bf16(narrow_bf16(*v));
-            }
-        }
+        Rounding::F32 => x,
+        Rounding::Bf16 => x.round_bf16(),
         Rounding::F16 => {
-            let mut buf = [f16::ZERO; MAX_KEYS];
-            let buf = &mut buf[..x.len()];
-            f32_to_f16(x, buf);
-            f16_to_f32(buf, x);
+            let (mut a, mut h) = (x.to_array(), [f16::ZERO; LANES]);
+            f32_to_f16(&a, &mut h);
+            f16_to_f32(&h, &mut a);
+            V::load(&a)
+        }
+    }
+}
+
+/// `out[d·ld + j] = m[j·stride + d]` for the `rows` rows of `m` (`stride` a multiple of
+/// [`LANES`]) and `d < depth`, lanes `rows..` of each of `out`'s rows zero up to the next
+/// multiple of [`LANES`]: blocks of 8 × 8 through registers ([`Lanes8::transpose8`]).
+#[inline(always)]
+pub(super) fn transpose<V: Lanes8>(
+    (m, stride, rows): (&[f32], usize, usize),
+    depth: usize,
+    (out, ld): (&mut [f32], usize),
+) {
+    for j in (0..rows).step_by(LANES) {
+        for d in (0..depth).step_by(LANES) {
+            let block: [V; LANES] = std::array::from_fn(|r| {
+                if j + r < rows {
+                    V::load(&m[(j + r) * stride + d..])
+                } else {
+                    V::zero()
+                }
+            });
+            for (c, col) in V::transpose8(block).into_iter().enumerate() {
+                if d + c < depth {
+                    col.store(&mut out[(d + c) * ld + j..]);
+                }
+            }
         }
     }
 }

@@ -135,6 +135,17 @@ pub fn exp_f32(x: f32) -> f32 {
     exp_r(x)
 }
 
+/// [`exp_f32`] of each lane of one AVX2 register, with its bits (for loops that hold their
+/// values in registers already, as the short heads' attention does).
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn exp_ymm(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    exp_r(registers::Ymm::<1>([x])).0[0]
+}
+
 /// `erf(x)` in f32 (see the module's accuracy note); odd, ±1 beyond ±4, NaN gives NaN.
 #[inline(always)]
 pub fn erf_f32(x: f32) -> f32 {
