@@ -13,7 +13,8 @@
 use std::time::Instant;
 
 use typed_amp_kernels::attention::{
-    short_head_backward, short_head_forward, Rounding, ShortHead, ShortHeadScratch,
+    short_head_backward, short_head_forward, HeadGradsMut, HeadRows, Rounding, ShortHead,
+    ShortHeadScratch,
 };
 
 /// Heads per timed pass (each on its own operands, as a step's are).
@@ -68,7 +69,8 @@ fn time_head(h: &ShortHead, rounding: Rounding) -> (f64, f64) {
     let (q, k, v, dy) = (values(1), values(2), values(3), values(4));
     let mut y = vec![0f32; HEADS * len];
     let mut lse = vec![0f32; HEADS * h.tokens];
-    let (mut dq, mut dk, mut dv) = (vec![0f32; len], vec![0f32; len], vec![0f32; len]);
+    let st = h.stride();
+    let mut grads = vec![0f32; 3 * len];
     let mut scratch = ShortHeadScratch::new();
     let (mut fwd, mut bwd) = (Vec::with_capacity(RUNS), Vec::with_capacity(RUNS));
     for _ in 0..RUNS {
@@ -78,32 +80,40 @@ fn time_head(h: &ShortHead, rounding: Rounding) -> (f64, f64) {
             .zip(lse.chunks_exact_mut(h.tokens))
             .enumerate()
         {
-            let qkv = [head(len, &q, i), head(len, &k, i), head(len, &v, i)];
-            short_head_forward(h, rounding, qkv, y, lse, &mut scratch);
+            let qkv = [head(h, &q, i), head(h, &k, i), head(h, &v, i)];
+            short_head_forward(h, rounding, qkv, (y, st), lse, &mut scratch);
         }
         fwd.push(t.elapsed().as_secs_f64() * 1e9 / HEADS as f64);
         let t = Instant::now();
         for i in 0..HEADS {
-            let qkv = [head(len, &q, i), head(len, &k, i), head(len, &v, i)];
+            let qkv = [head(h, &q, i), head(h, &k, i), head(h, &v, i)];
             let lse = &lse[i * h.tokens..(i + 1) * h.tokens];
-            let grads = [&mut dq[..], &mut dk[..], &mut dv[..]];
+            let into = HeadGradsMut {
+                data: &mut grads,
+                ld: 3 * st,
+                at: [0, st, 2 * st],
+            };
             short_head_backward(
                 h,
                 rounding,
                 qkv,
-                [head(len, &y, i), head(len, &dy, i)],
+                [head(h, &y, i), head(h, &dy, i)],
                 lse,
-                grads,
+                into,
                 &mut scratch,
             );
-            std::hint::black_box(&dq);
+            std::hint::black_box(&grads);
         }
         bwd.push(t.elapsed().as_secs_f64() * 1e9 / HEADS as f64);
     }
     (bench_timing::median(&fwd), bench_timing::median(&bwd))
 }
 
-/// Head `i`'s matrix of `len` elements.
-fn head(len: usize, m: &[f32], i: usize) -> &[f32] {
-    &m[i * len..(i + 1) * len]
+/// Head `i`'s matrix (`tokens × stride`, rows `stride` apart).
+fn head<'a>(h: &ShortHead, m: &'a [f32], i: usize) -> HeadRows<'a> {
+    let len = h.matrix_len();
+    HeadRows {
+        data: &m[i * len..(i + 1) * len],
+        ld: h.stride(),
+    }
 }

@@ -6,7 +6,8 @@
 use std::sync::Mutex;
 
 use typed_amp_kernels::attention::{
-    short_head_backward, short_head_forward, Rounding, ShortHead, ShortHeadScratch,
+    short_head_backward, short_head_forward, HeadGradsMut, HeadRows, Rounding, ShortHead,
+    ShortHeadScratch,
 };
 use typed_amp_kernels::{detected_level, force_level, Level};
 
@@ -22,32 +23,44 @@ fn values(n: usize, seed: u32) -> Vec<f32> {
 /// Every output of one head's forward and backward, as bits (the lanes past the head's width
 /// are unspecified and left out).
 fn run(h: &ShortHead, rounding: Rounding) -> Vec<u32> {
-    let len = h.matrix_len();
-    let [q, k, v, dy] = [1, 2, 3, 4].map(|s| values(len, s));
+    let (len, st) = (h.matrix_len(), h.stride());
+    // Q, K and V packed in one sequence's rows (with a spare vector a row), as the op lays
+    // them out; y and dy in matrices of their own.
+    let ld = 3 * st + 8;
+    let qkv = values(h.tokens * ld, 1);
+    let dy = values(len, 4);
+    let rows = |at: usize| HeadRows {
+        data: &qkv[at..],
+        ld,
+    };
     let mut scratch = ShortHeadScratch::new();
     let mut y = vec![0.0; len];
     let mut lse = vec![0.0; h.tokens];
-    short_head_forward(h, rounding, [&q, &k, &v], &mut y, &mut lse, &mut scratch);
-    let [mut dq, mut dk, mut dv] = [0; 3].map(|_| vec![f32::NAN; len]);
+    let qkv_rows = [rows(0), rows(st), rows(2 * st)];
+    short_head_forward(h, rounding, qkv_rows, (&mut y, st), &mut lse, &mut scratch);
+    let mut grads = vec![f32::NAN; h.tokens * ld];
     short_head_backward(
         h,
         rounding,
-        [&q, &k, &v],
-        [&y, &dy],
+        qkv_rows,
+        [y.as_slice(), &dy].map(|data| HeadRows { data, ld: st }),
         &lse,
-        [&mut dq, &mut dk, &mut dv],
+        HeadGradsMut {
+            data: &mut grads,
+            ld,
+            at: [0, st, 2 * st],
+        },
         &mut scratch,
     );
-    let st = h.stride();
-    let columns = |m: &[f32]| -> Vec<u32> {
-        m.chunks_exact(st)
-            .flat_map(|r| r[..h.head_dim].iter().map(|x| x.to_bits()))
+    let columns = |m: &[f32], ld: usize, at: usize| -> Vec<u32> {
+        m.chunks(ld)
+            .flat_map(|r| r[at..at + h.head_dim].iter().map(|x| x.to_bits()))
             .collect()
     };
-    let mut bits = columns(&y);
+    let mut bits = columns(&y, st, 0);
     bits.extend(lse.iter().map(|x| x.to_bits()));
-    for g in [&dq, &dk, &dv] {
-        bits.extend(columns(g));
+    for at in [0, st, 2 * st] {
+        bits.extend(columns(&grads, ld, at));
     }
     assert!(
         bits.iter().all(|&b| f32::from_bits(b).is_finite()),
@@ -112,17 +125,56 @@ fn a_head_that_does_not_fit_or_a_short_buffer_panics_with_its_reason() {
         err.downcast_ref::<String>().cloned().unwrap_or_default()
     };
     let mut scratch = ShortHeadScratch::new();
-    // The head of 65 tokens, then one of 5 with a log-sum-exp buffer a row short.
-    for (h, lse_len, reason) in [
-        (h, h.tokens, "does not fit"),
-        (ShortHead { tokens: 5, ..h }, 4, "expected"),
+    // The head of 65 tokens, then one of 5 with a log-sum-exp buffer a row short, then one
+    // whose operand is a row short.
+    for (h, lse_len, short_by, reason) in [
+        (h, h.tokens, 0, "does not fit"),
+        (ShortHead { tokens: 5, ..h }, 4, 0, "expected"),
+        (ShortHead { tokens: 5, ..h }, 5, 1, "do not fit in"),
     ] {
         let m = vec![0.0; h.matrix_len()];
         let (mut o, mut lse) = (m.clone(), vec![0.0; lse_len]);
         let text = message(&mut || {
-            let mats = [&m[..], &m, &m];
-            short_head_forward(&h, Rounding::F32, mats, &mut o, &mut lse, &mut scratch)
+            let rows = HeadRows {
+                data: &m[short_by..],
+                ld: h.stride(),
+            };
+            let st = h.stride();
+            short_head_forward(
+                &h,
+                Rounding::F32,
+                [rows; 3],
+                (&mut o, st),
+                &mut lse,
+                &mut scratch,
+            )
         });
         assert!(text.contains(reason), "{h:?}: {text}");
     }
+    // Gradients whose columns overlap.
+    let h = ShortHead { tokens: 5, ..h };
+    let m = vec![0.0; 3 * h.matrix_len()];
+    let rows = HeadRows {
+        data: &m,
+        ld: h.stride(),
+    };
+    let mut grads = m.clone();
+    let st = h.stride();
+    let text = message(&mut || {
+        let grads = HeadGradsMut {
+            data: &mut grads,
+            ld: 3 * st,
+            at: [0, st, st + 1],
+        };
+        short_head_backward(
+            &h,
+            Rounding::F32,
+            [rows; 3],
+            [rows; 2],
+            &[0.0; 5],
+            grads,
+            &mut scratch,
+        )
+    });
+    assert!(text.contains("overlap"), "{text}");
 }

@@ -78,15 +78,50 @@ impl ShortHead {
         }
     }
 
-    /// Panics unless the head fits, every matrix has its length and the log-sum-exps one per
-    /// token.
-    pub(super) fn check(&self, matrices: &[usize], lse: usize) {
+    /// Panics unless the head fits, every matrix holds its rows (the last one's
+    /// [`stride`](Self::stride) elements included) and the log-sum-exps are one per token.
+    pub(super) fn check(&self, matrices: &[super::HeadRows<'_>], lse: usize) {
         assert!(self.fits(), "short-head attention: {self:?} does not fit");
-        let len = self.matrix_len();
+        for m in matrices {
+            self.check_rows(m.data.len(), m.ld, 0);
+        }
         assert!(
-            matrices.iter().all(|&l| l == len) && lse == self.tokens,
-            "short-head attention: matrices of {len} elements and {} log-sum-exps expected",
+            lse == self.tokens,
+            "short-head attention: {} log-sum-exps expected, {lse} given",
             self.tokens
+        );
+    }
+
+    /// Panics unless three matrices' rows (`ld` apart, from `at` in each) fit in `len`
+    /// elements and their columns do not overlap.
+    pub(super) fn check_grads(&self, len: usize, ld: usize, at: [usize; 3]) {
+        let st = self.stride();
+        for (g, &a) in at.iter().enumerate() {
+            self.check_rows(len, ld, a);
+            // Within a row (when there are several) and apart from the other two.
+            let in_row = self.tokens == 1 || a + st <= ld;
+            let apart = at
+                .iter()
+                .enumerate()
+                .all(|(o, &b)| o == g || a + st <= b || b + st <= a);
+            assert!(
+                in_row && apart,
+                "short-head attention: gradient columns at {at:?}, {st} wide, overlap (rows {ld} apart)"
+            );
+        }
+    }
+
+    /// Panics unless `tokens` rows of [`stride`](Self::stride) elements, `ld` apart from `at`,
+    /// fit in `len` elements.
+    fn check_rows(&self, len: usize, ld: usize, at: usize) {
+        let end = (self.tokens - 1)
+            .checked_mul(ld)
+            .and_then(|x| x.checked_add(at + self.stride()));
+        assert!(
+            end.is_some_and(|end| end <= len),
+            "short-head attention: {} rows of {} elements, {ld} apart from {at}, do not fit in {len}",
+            self.tokens,
+            self.stride()
         );
     }
 }

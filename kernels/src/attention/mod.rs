@@ -58,21 +58,48 @@ impl ShortHeadScratch {
     }
 }
 
-/// `y = softmax(q·kᵀ·scale + mask)·v` for one head, into `o` (FP32, `tokens × stride`), and
-/// each query row's log-sum-exp into `lse` (`tokens`), from `[q, k, v]` (`tokens × stride`
-/// each).
+/// One head's `tokens × head_dim` matrix where it lies in a larger row-major one: row `i`
+/// starts at `data[i·ld]` (the head's first column), and the [`ShortHead::stride`] elements from
+/// there are the row's (those past `head_dim`, read with them, never reach an output's first
+/// `head_dim` columns).
+#[derive(Clone, Copy, Debug)]
+pub struct HeadRows<'a> {
+    /// The matrix, from its first row's first element.
+    pub data: &'a [f32],
+    /// Elements between the starts of two rows.
+    pub ld: usize,
+}
+
+/// The three gradients of one head's `[q, k, v]` where they are written: row `i` of gradient
+/// `g` at `data[i·ld + at[g]]`, [`ShortHead::stride`] elements each (those past `head_dim`
+/// unspecified). The three column ranges must not overlap and must fit in `ld`.
+#[derive(Debug)]
+pub struct HeadGradsMut<'a> {
+    /// The rows, from the first row's start.
+    pub data: &'a mut [f32],
+    /// Elements between the starts of two rows.
+    pub ld: usize,
+    /// Where each of `dq`, `dk` and `dv` starts in a row.
+    pub at: [usize; 3],
+}
+
+/// `y = softmax(q·kᵀ·scale + mask)·v` for one head, into `o`'s rows (FP32, [`ShortHead::stride`]
+/// elements each, `o_ld` apart), and each query row's log-sum-exp into `lse` (`tokens`), from
+/// `[q, k, v]`. The operands and the output may lie in a sequence's packed rows (no copies) or
+/// in buffers of their own.
 ///
 /// # Panics
-/// If the head does not [`fit`](ShortHead::fits) or a buffer has another length.
+/// If the head does not [`fit`](ShortHead::fits), a matrix does not hold its rows, or `lse`
+/// does not hold one value per token.
 pub fn short_head_forward(
     h: &ShortHead,
     rounding: Rounding,
-    [q, k, v]: [&[f32]; 3],
-    o: &mut [f32],
+    [q, k, v]: [HeadRows<'_>; 3],
+    (o, o_ld): (&mut [f32], usize),
     lse: &mut [f32],
     scratch: &mut ShortHeadScratch,
 ) {
-    h.check(&[q.len(), k.len(), v.len(), o.len()], lse.len());
+    h.check(&[q, k, v, HeadRows { data: o, ld: o_ld }], lse.len());
     run_rows(Forward {
         h: *h,
         rounding,
@@ -80,40 +107,30 @@ pub fn short_head_forward(
         qt: transposed(h, &mut scratch.qt),
         k,
         v,
-        o,
+        o: (o, o_ld),
         lse,
         st: scores(h, &mut scratch.st),
     });
 }
 
-/// The gradients of one head's `[q, k, v]` into `[dq, dk, dv]` (FP32, `tokens × stride` each,
-/// overwritten) from the forward's output `y`, the output's gradient `dy` and the forward's
-/// log-sum-exps `lse`; the probabilities are recomputed.
+/// The gradients of one head's `[q, k, v]` into `grads` (FP32, overwritten) from the forward's
+/// output `y`, the output's gradient `dy` and the forward's log-sum-exps `lse`; the
+/// probabilities are recomputed.
 ///
 /// # Panics
-/// If the head does not [`fit`](ShortHead::fits) or a buffer has another length.
+/// If the head does not [`fit`](ShortHead::fits), a matrix does not hold its rows, the
+/// gradients' columns overlap, or `lse` does not hold one value per token.
 pub fn short_head_backward(
     h: &ShortHead,
     rounding: Rounding,
-    [q, k, v]: [&[f32]; 3],
-    [y, dy]: [&[f32]; 2],
+    [q, k, v]: [HeadRows<'_>; 3],
+    [y, dy]: [HeadRows<'_>; 2],
     lse: &[f32],
-    [dq, dk, dv]: [&mut [f32]; 3],
+    grads: HeadGradsMut<'_>,
     scratch: &mut ShortHeadScratch,
 ) {
-    h.check(
-        &[
-            q.len(),
-            k.len(),
-            v.len(),
-            y.len(),
-            dy.len(),
-            dq.len(),
-            dk.len(),
-            dv.len(),
-        ],
-        lse.len(),
-    );
+    h.check(&[q, k, v, y, dy], lse.len());
+    h.check_grads(grads.data.len(), grads.ld, grads.at);
     run_rows(Backward {
         h: *h,
         rounding,
@@ -125,9 +142,7 @@ pub fn short_head_backward(
         dy,
         dyt: transposed(h, &mut scratch.dyt),
         lse,
-        dq,
-        dk,
-        dv,
+        grads,
         st: scores(h, &mut scratch.st),
         dst: scores(h, &mut scratch.dst),
     });

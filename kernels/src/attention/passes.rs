@@ -10,15 +10,18 @@
 
 use super::head::{Rounding, ShortHead, LANES, MAX_KEYS};
 use super::lanes::{Lanes8, RowPass};
-use super::row_ops::{round_lanes, rows_by_transposed, transpose, weighted_rows, with_chunks};
+use super::row_ops::{
+    rows_by_transposed, transpose, weighted_rows, with_chunks, RoundTo, ToBf16, ToF16, ToF32,
+};
+use super::{HeadGradsMut, HeadRows};
 
 /// `out`'s row `j` (`tp` lanes apart) from the first vector of queries that sees key `j`:
-/// `Σ_d a[j][d]·bt[d][i]`, rows of `a` (`tokens × stride`) against `bt` (`head_dim × tp`).
+/// `Σ_d a[j][d]·bt[d][i]`, rows of `a` against `bt` (`head_dim × tp`).
 /// Keys of one group of [`LANES`] share that first vector under the causal mask (all of them
 /// without it), and run as one call.
 #[inline(always)]
-fn key_rows<V: Lanes8>(h: &ShortHead, a: &[f32], bt: &[f32], out: &mut [f32]) {
-    let (st, tp) = (h.stride(), h.padded_keys());
+fn key_rows<V: Lanes8>(h: &ShortHead, a: HeadRows<'_>, bt: &[f32], out: &mut [f32]) {
+    let tp = h.padded_keys();
     let group = if h.causal { LANES } else { h.tokens };
     for first in (0..h.tokens).step_by(group) {
         let at = h.first_query_vector(first) * LANES;
@@ -26,7 +29,7 @@ fn key_rows<V: Lanes8>(h: &ShortHead, a: &[f32], bt: &[f32], out: &mut [f32]) {
         with_chunks!(
             (tp - at) / LANES,
             rows_by_transposed::<V>(
-                (&a[first * st..], st, h.head_dim),
+                (&a.data[first * a.ld..], a.ld, h.head_dim),
                 rows,
                 (&bt[at..], tp),
                 (&mut out[first * tp + at..], tp)
@@ -40,11 +43,11 @@ fn key_rows<V: Lanes8>(h: &ShortHead, a: &[f32], bt: &[f32], out: &mut [f32]) {
 pub(super) struct Forward<'a> {
     pub(super) h: ShortHead,
     pub(super) rounding: Rounding,
-    pub(super) q: &'a [f32],
+    pub(super) q: HeadRows<'a>,
     pub(super) qt: &'a mut [f32],
-    pub(super) k: &'a [f32],
-    pub(super) v: &'a [f32],
-    pub(super) o: &'a mut [f32],
+    pub(super) k: HeadRows<'a>,
+    pub(super) v: HeadRows<'a>,
+    pub(super) o: (&'a mut [f32], usize),
     pub(super) lse: &'a mut [f32],
     pub(super) st: &'a mut [f32],
 }
@@ -52,19 +55,30 @@ pub(super) struct Forward<'a> {
 impl RowPass for Forward<'_> {
     #[inline(always)]
     fn run<V: Lanes8>(self) {
+        match self.rounding {
+            Rounding::F32 => self.rounded::<V, ToF32>(),
+            Rounding::Bf16 => self.rounded::<V, ToBf16>(),
+            Rounding::F16 => self.rounded::<V, ToF16>(),
+        }
+    }
+}
+
+impl Forward<'_> {
+    #[inline(always)]
+    fn rounded<V: Lanes8, R: RoundTo>(self) {
         let Forward {
             h,
-            rounding,
+            rounding: _,
             q,
             qt,
             k,
             v,
-            o,
+            o: (o, o_ld),
             lse,
             st,
         } = self;
         let (s, tp) = (h.stride(), h.padded_keys());
-        transpose::<V>((q, s, h.tokens), h.head_dim, (qt, tp));
+        transpose::<V>((q.data, q.ld, h.tokens), h.head_dim, (qt, tp));
         key_rows::<V>(&h, k, qt, st);
         for at in (0..h.tokens).step_by(LANES) {
             // This vector's queries see keys `..keys`; where a key is masked for some of them
@@ -89,14 +103,14 @@ impl RowPass for Forward<'_> {
                 let p = V::load(x).sub(max).exp().zero_where_neg_inf(max);
                 let p = p.fill_below(masked_below(j), V::zero());
                 sum = sum.add(p);
-                round_lanes(rounding, p).store(x);
+                R::round(p).store(x);
             }
             let (max, sum) = (max.to_array(), sum.to_array());
             for (l, i) in (at..h.tokens.min(at + LANES)).enumerate() {
-                let oi = &mut o[i * s..(i + 1) * s];
+                let oi = &mut o[i * o_ld..i * o_ld + s];
                 with_chunks!(
                     s / LANES,
-                    weighted_rows::<V>((&st[i..], tp, h.visible(i)), (v, s), oi)
+                    weighted_rows::<V>((&st[i..], tp, h.visible(i)), (v.data, v.ld), oi)
                 );
                 let inv = 1.0 / sum[l];
                 oi.iter_mut().for_each(|x| *x *= inv);
@@ -112,17 +126,15 @@ impl RowPass for Forward<'_> {
 pub(super) struct Backward<'a> {
     pub(super) h: ShortHead,
     pub(super) rounding: Rounding,
-    pub(super) q: &'a [f32],
+    pub(super) q: HeadRows<'a>,
     pub(super) qt: &'a mut [f32],
-    pub(super) k: &'a [f32],
-    pub(super) v: &'a [f32],
-    pub(super) y: &'a [f32],
-    pub(super) dy: &'a [f32],
+    pub(super) k: HeadRows<'a>,
+    pub(super) v: HeadRows<'a>,
+    pub(super) y: HeadRows<'a>,
+    pub(super) dy: HeadRows<'a>,
     pub(super) dyt: &'a mut [f32],
     pub(super) lse: &'a [f32],
-    pub(super) dq: &'a mut [f32],
-    pub(super) dk: &'a mut [f32],
-    pub(super) dv: &'a mut [f32],
+    pub(super) grads: HeadGradsMut<'a>,
     pub(super) st: &'a mut [f32],
     pub(super) dst: &'a mut [f32],
 }
@@ -130,9 +142,20 @@ pub(super) struct Backward<'a> {
 impl RowPass for Backward<'_> {
     #[inline(always)]
     fn run<V: Lanes8>(self) {
+        match self.rounding {
+            Rounding::F32 => self.rounded::<V, ToF32>(),
+            Rounding::Bf16 => self.rounded::<V, ToBf16>(),
+            Rounding::F16 => self.rounded::<V, ToF16>(),
+        }
+    }
+}
+
+impl Backward<'_> {
+    #[inline(always)]
+    fn rounded<V: Lanes8, R: RoundTo>(self) {
         let Backward {
             h,
-            rounding,
+            rounding: _,
             q,
             qt,
             k,
@@ -141,27 +164,28 @@ impl RowPass for Backward<'_> {
             dy,
             dyt,
             lse,
-            dq,
-            dk,
-            dv,
+            grads,
             st,
             dst,
         } = self;
         let (hd, s, tp) = (h.head_dim, h.stride(), h.padded_keys());
+        let (dqkv, ld, [at_q, at_k, at_v]) = (grads.data, grads.ld, grads.at);
         // Per query (lanes past the last zero): the log-sum-exp and Σ dy·y over the row's
         // columns, in order.
         let mut lse_lanes = [0f32; MAX_KEYS];
         let mut delta = [0f32; MAX_KEYS];
         lse_lanes[..h.tokens].copy_from_slice(lse);
         for (i, delta) in delta[..h.tokens].iter_mut().enumerate() {
-            let (dyi, yi) = (&dy[i * s..i * s + hd], &y[i * s..i * s + hd]);
+            let dyi = &dy.data[i * dy.ld..i * dy.ld + hd];
+            let yi = &y.data[i * y.ld..i * y.ld + hd];
             *delta = dyi.iter().zip(yi).map(|(a, b)| a * b).sum();
         }
         // Sᵀ (the probabilities again, from the forward's log-sum-exps) and dPᵀ = V·dyᵀ.
-        transpose::<V>((q, s, h.tokens), hd, (qt, tp));
-        transpose::<V>((dy, s, h.tokens), hd, (dyt, tp));
+        transpose::<V>((q.data, q.ld, h.tokens), hd, (qt, tp));
+        transpose::<V>((dy.data, dy.ld, h.tokens), hd, (dyt, tp));
         key_rows::<V>(&h, k, qt, st);
         key_rows::<V>(&h, v, dyt, dst);
+        let scale = V::splat(h.scale);
         for j in 0..h.tokens {
             // Lanes of queries that do not see key `j` (`..first`, in its first vector) are
             // computed with the rest and never read.
@@ -169,36 +193,34 @@ impl RowPass for Backward<'_> {
             let from = h.first_query_vector(j) * LANES;
             for at in (from..tp).step_by(LANES) {
                 let (p, dp) = (&mut st[j * tp + at..], &mut dst[j * tp + at..]);
-                let x = V::load(p).mul(V::splat(h.scale));
-                let pj = x.sub(V::load(&lse_lanes[at..])).exp();
-                // dS = P ⊙ (dP − Σ dy·y).
-                let ds = pj.mul(V::load(dp).sub(V::load(&delta[at..])));
-                round_lanes(rounding, pj).store(p);
-                round_lanes(rounding, ds).store(dp);
+                let pj = V::load(p).mul(scale).sub(V::load(&lse_lanes[at..])).exp();
+                // dS = P ⊙ (dP − Σ dy·y), and the scores' scale (for dq and dk both) before
+                // the rounding.
+                let ds = pj.mul(V::load(dp).sub(V::load(&delta[at..]))).mul(scale);
+                R::round(pj).store(p);
+                R::round(ds).store(dp);
             }
             // dv[j] = Σ_i p_ij·dy_i, dk[j] = Σ_i dS_ij·q_i over the queries that see key j.
             let n = h.tokens - first;
-            let (dvj, dkj) = (&mut dv[j * s..(j + 1) * s], &mut dk[j * s..(j + 1) * s]);
             let (pj, dsj) = (&st[j * tp + first..], &dst[j * tp + first..]);
+            let dvj = &mut dqkv[j * ld + at_v..j * ld + at_v + s];
             with_chunks!(
                 s / LANES,
-                weighted_rows::<V>((pj, 1, n), (&dy[first * s..], s), dvj)
+                weighted_rows::<V>((pj, 1, n), (&dy.data[first * dy.ld..], dy.ld), dvj)
             );
+            let dkj = &mut dqkv[j * ld + at_k..j * ld + at_k + s];
             with_chunks!(
                 s / LANES,
-                weighted_rows::<V>((dsj, 1, n), (&q[first * s..], s), dkj)
+                weighted_rows::<V>((dsj, 1, n), (&q.data[first * q.ld..], q.ld), dkj)
             );
         }
-        // dq_i = Σ_j dS_ij·k_j over the keys query i sees (the scale once, below).
+        // dq_i = Σ_j dS_ij·k_j over the keys query i sees.
         for i in 0..h.tokens {
-            let dqi = &mut dq[i * s..(i + 1) * s];
+            let dqi = &mut dqkv[i * ld + at_q..i * ld + at_q + s];
             with_chunks!(
                 s / LANES,
-                weighted_rows::<V>((&dst[i..], tp, h.visible(i)), (k, s), dqi)
+                weighted_rows::<V>((&dst[i..], tp, h.visible(i)), (k.data, k.ld), dqi)
             );
         }
-        dq.iter_mut()
-            .chain(dk.iter_mut())
-            .for_each(|x| *x *= h.scale);
     }
 }

@@ -3,7 +3,7 @@
 
 use half::f16;
 
-use super::head::{Rounding, LANES};
+use super::head::LANES;
 use super::lanes::Lanes8;
 use crate::convert::{f16_to_f32, f32_to_f16};
 
@@ -157,19 +157,42 @@ pub(super) fn weighted_rows<V: Lanes8, const C: usize>(
     }
 }
 
-/// One vector rounded to the working precision (to nearest even) and widened again (exact):
-/// BF16 on the vector ([`Lanes8::round_bf16`]), FP16 through the slice conversion.
-#[inline(always)]
-pub(super) fn round_lanes<V: Lanes8>(rounding: Rounding, x: V) -> V {
-    match rounding {
-        Rounding::F32 => x,
-        Rounding::Bf16 => x.round_bf16(),
-        Rounding::F16 => {
-            let (mut a, mut h) = (x.to_array(), [f16::ZERO; LANES]);
-            f32_to_f16(&a, &mut h);
-            f16_to_f32(&h, &mut a);
-            V::load(&a)
-        }
+/// Rounding one vector to the working precision (to nearest even) and widening it again
+/// (exact), as a type: the passes are compiled once per precision, so that FP32's have no
+/// rounding in their loops and no path through FP16's conversion calls (which would make the
+/// loops keep their vectors in memory across the calls).
+pub(super) trait RoundTo {
+    fn round<V: Lanes8>(x: V) -> V;
+}
+
+/// FP32 operands: nothing is rounded.
+pub(super) struct ToF32;
+/// BF16 operands: [`Lanes8::round_bf16`].
+pub(super) struct ToBf16;
+/// FP16 operands: through the slice conversions.
+pub(super) struct ToF16;
+
+impl RoundTo for ToF32 {
+    #[inline(always)]
+    fn round<V: Lanes8>(x: V) -> V {
+        x
+    }
+}
+
+impl RoundTo for ToBf16 {
+    #[inline(always)]
+    fn round<V: Lanes8>(x: V) -> V {
+        x.round_bf16()
+    }
+}
+
+impl RoundTo for ToF16 {
+    #[inline(always)]
+    fn round<V: Lanes8>(x: V) -> V {
+        let (mut a, mut h) = (x.to_array(), [f16::ZERO; LANES]);
+        f32_to_f16(&a, &mut h);
+        f16_to_f32(&h, &mut a);
+        V::load(&a)
     }
 }
 
