@@ -2,8 +2,8 @@
 //! `short_head_backward`) at the CPU's detected level, one thread: nanoseconds per head and
 //! the GFLOP/s of its products (`QKᵀ` and `PV` forward; `QKᵀ`, `dy·Vᵀ`, `dSᵀ·Q`, `dS·K` and
 //! `Pᵀ·dy` backward, causal heads counted at their visible keys). The heads are the ViT's (17
-//! tokens, 16 wide, no mask) and the small GPT's (64 tokens, 32 wide, causal), with bf16 and
-//! FP32 rounding: the step bench's attention rows come from these loops.
+//! tokens, 16 wide, no mask) and the small GPT's (64 tokens, 32 wide, causal): the step bench's
+//! attention rows come from these loops (in FP32 under every policy).
 //!
 //! ```text
 //! cargo bench -p typed-amp-kernels --bench short_attention
@@ -13,8 +13,7 @@
 use std::time::Instant;
 
 use typed_amp_kernels::attention::{
-    short_head_backward, short_head_forward, HeadGradsMut, HeadRows, Rounding, ShortHead,
-    ShortHeadScratch,
+    short_head_backward, short_head_forward, HeadGradsMut, HeadRows, ShortHead, ShortHeadScratch,
 };
 
 /// Heads per timed pass (each on its own operands, as a step's are).
@@ -35,31 +34,28 @@ fn main() {
         ("ViT: 17 tokens, 16 wide", 17, 16, false),
         ("small GPT: 64 tokens, 32 wide, causal", 64, 32, true),
     ] {
-        for rounding in [Rounding::Bf16, Rounding::F32] {
-            let h = ShortHead {
-                tokens,
-                head_dim,
-                causal,
-                scale: (head_dim as f32).sqrt().recip(),
-            };
-            let (fwd, bwd) = time_head(&h, rounding);
-            // Multiply-adds of one `tokens × keys × head_dim` product, over the visible keys.
-            let visible: usize = (0..tokens)
-                .map(|i| if causal { i + 1 } else { tokens })
-                .sum();
-            let product = 2.0 * (visible * head_dim) as f64;
-            println!(
-                "{:<34} {fwd:>10.0} {:>8.1} {bwd:>10.0} {:>8.1}",
-                format!("{name}, {rounding:?}"),
-                2.0 * product / fwd,
-                5.0 * product / bwd
-            );
-        }
+        let h = ShortHead {
+            tokens,
+            head_dim,
+            causal,
+            scale: (head_dim as f32).sqrt().recip(),
+        };
+        let (fwd, bwd) = time_head(&h);
+        // Multiply-adds of one `tokens × keys × head_dim` product, over the visible keys.
+        let visible: usize = (0..tokens)
+            .map(|i| if causal { i + 1 } else { tokens })
+            .sum();
+        let product = 2.0 * (visible * head_dim) as f64;
+        println!(
+            "{name:<34} {fwd:>10.0} {:>8.1} {bwd:>10.0} {:>8.1}",
+            2.0 * product / fwd,
+            5.0 * product / bwd
+        );
     }
 }
 
 /// Median nanoseconds per head of the forward and of the backward.
-fn time_head(h: &ShortHead, rounding: Rounding) -> (f64, f64) {
+fn time_head(h: &ShortHead) -> (f64, f64) {
     let len = h.matrix_len();
     let values = |seed: usize| -> Vec<f32> {
         (0..HEADS * len)
@@ -81,7 +77,7 @@ fn time_head(h: &ShortHead, rounding: Rounding) -> (f64, f64) {
             .enumerate()
         {
             let qkv = [head(h, &q, i), head(h, &k, i), head(h, &v, i)];
-            short_head_forward(h, rounding, qkv, (y, st), lse, &mut scratch);
+            short_head_forward(h, qkv, (y, st), lse, &mut scratch);
         }
         fwd.push(t.elapsed().as_secs_f64() * 1e9 / HEADS as f64);
         let t = Instant::now();
@@ -95,7 +91,6 @@ fn time_head(h: &ShortHead, rounding: Rounding) -> (f64, f64) {
             };
             short_head_backward(
                 h,
-                rounding,
                 qkv,
                 [head(h, &y, i), head(h, &dy, i)],
                 lse,

@@ -6,8 +6,7 @@
 use std::sync::Mutex;
 
 use typed_amp_kernels::attention::{
-    short_head_backward, short_head_forward, HeadGradsMut, HeadRows, Rounding, ShortHead,
-    ShortHeadScratch,
+    short_head_backward, short_head_forward, HeadGradsMut, HeadRows, ShortHead, ShortHeadScratch,
 };
 use typed_amp_kernels::{detected_level, force_level, Level};
 
@@ -22,7 +21,7 @@ fn values(n: usize, seed: u32) -> Vec<f32> {
 
 /// Every output of one head's forward and backward, as bits (the lanes past the head's width
 /// are unspecified and left out).
-fn run(h: &ShortHead, rounding: Rounding) -> Vec<u32> {
+fn run(h: &ShortHead) -> Vec<u32> {
     let (len, st) = (h.matrix_len(), h.stride());
     // Q, K and V packed in one sequence's rows (with a spare vector a row), as the op lays
     // them out; y and dy in matrices of their own.
@@ -37,11 +36,10 @@ fn run(h: &ShortHead, rounding: Rounding) -> Vec<u32> {
     let mut y = vec![0.0; len];
     let mut lse = vec![0.0; h.tokens];
     let qkv_rows = [rows(0), rows(st), rows(2 * st)];
-    short_head_forward(h, rounding, qkv_rows, (&mut y, st), &mut lse, &mut scratch);
+    short_head_forward(h, qkv_rows, (&mut y, st), &mut lse, &mut scratch);
     let mut grads = vec![f32::NAN; h.tokens * ld];
     short_head_backward(
         h,
-        rounding,
         qkv_rows,
         [y.as_slice(), &dy].map(|data| HeadRows { data, ld: st }),
         &lse,
@@ -84,24 +82,18 @@ fn short_heads_give_the_same_bits_at_every_level() {
     let mut ran = Vec::new();
     for (tokens, head_dim) in heads {
         for causal in [false, true] {
-            for rounding in [Rounding::F32, Rounding::F16, Rounding::Bf16] {
-                let h = ShortHead {
-                    tokens,
-                    head_dim,
-                    causal,
-                    scale: 1.0 / (head_dim as f32).sqrt(),
-                };
-                force_level(Some(Level::Portable));
-                let want = run(&h, rounding);
-                for lvl in Level::ALL.into_iter().filter(|&l| l <= detected_level()) {
-                    force_level(Some(lvl));
-                    assert!(
-                        run(&h, rounding) == want,
-                        "{h:?} {rounding:?}: other bits at {}",
-                        lvl.name()
-                    );
-                    ran.push(lvl.name());
-                }
+            let h = ShortHead {
+                tokens,
+                head_dim,
+                causal,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+            };
+            force_level(Some(Level::Portable));
+            let want = run(&h);
+            for lvl in Level::ALL.into_iter().filter(|&l| l <= detected_level()) {
+                force_level(Some(lvl));
+                assert!(run(&h) == want, "{h:?}: other bits at {}", lvl.name());
+                ran.push(lvl.name());
             }
         }
     }
@@ -140,14 +132,7 @@ fn a_head_that_does_not_fit_or_a_short_buffer_panics_with_its_reason() {
                 ld: h.stride(),
             };
             let st = h.stride();
-            short_head_forward(
-                &h,
-                Rounding::F32,
-                [rows; 3],
-                (&mut o, st),
-                &mut lse,
-                &mut scratch,
-            )
+            short_head_forward(&h, [rows; 3], (&mut o, st), &mut lse, &mut scratch)
         });
         assert!(text.contains(reason), "{h:?}: {text}");
     }
@@ -166,15 +151,7 @@ fn a_head_that_does_not_fit_or_a_short_buffer_panics_with_its_reason() {
             ld: 3 * st,
             at: [0, st, st + 1],
         };
-        short_head_backward(
-            &h,
-            Rounding::F32,
-            [rows; 3],
-            [rows; 2],
-            &[0.0; 5],
-            grads,
-            &mut scratch,
-        )
+        short_head_backward(&h, [rows; 3], [rows; 2], &[0.0; 5], grads, &mut scratch)
     });
     assert!(text.contains("overlap"), "{text}");
 }

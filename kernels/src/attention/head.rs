@@ -1,5 +1,4 @@
-//! One short head's sizes and options, the limits the kernels take, and the precision the
-//! probabilities are rounded to.
+//! One short head's sizes and options, and the limits the kernels take.
 
 /// The width of the vectors the loops run in (f32 lanes of an AVX2 register).
 pub const LANES: usize = 8;
@@ -124,16 +123,4 @@ impl ShortHead {
             self.stride()
         );
     }
-}
-
-/// The precision the probabilities and the scores' gradient are rounded to before their
-/// products: the working precision of the head's operands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rounding {
-    /// FP32 operands: nothing is rounded.
-    F32,
-    /// FP16 operands.
-    F16,
-    /// BF16 operands.
-    Bf16,
 }

@@ -2,7 +2,6 @@
 //! the choice between them when a pass runs.
 
 use super::head::LANES;
-use crate::convert::{narrow_bf16, widen_bf16};
 use crate::math::exp_f32;
 
 /// `MASK[LANES - first..][..LANES]`: lanes `first..` all ones, the lanes before zero.
@@ -46,9 +45,6 @@ pub(super) trait Lanes8: Copy {
     /// Eight vectors as the rows of a matrix, transposed: lane `l` of vector `r` of the result
     /// is lane `r` of vector `l`.
     fn transpose8(rows: [Self; LANES]) -> [Self; LANES];
-    /// Each lane rounded to bf16 (to nearest even; a NaN made quiet, its payload's top kept)
-    /// and widened again: `widen_bf16(narrow_bf16(x))`, bit for bit.
-    fn round_bf16(self) -> Self;
 }
 
 /// [`Lanes8`] for any CPU: `f32::mul_add` is the correctly rounded fused multiply-add on every
@@ -130,10 +126,6 @@ impl Lanes8 for Portable {
     #[inline(always)]
     fn transpose8(rows: [Self; LANES]) -> [Self; LANES] {
         std::array::from_fn(|r| Portable(std::array::from_fn(|l| rows[l].0[r])))
-    }
-    #[inline(always)]
-    fn round_bf16(self) -> Self {
-        Portable(self.0.map(|x| widen_bf16(narrow_bf16(x))))
     }
 }
 
@@ -270,17 +262,6 @@ impl Lanes8 for Avx2 {
             ]
         }
     }
-    #[inline(always)]
-    fn round_bf16(self) -> Self {
-        use std::arch::x86_64::{_mm256_castps_si256, _mm256_castsi256_ps, _mm256_slli_epi32};
-        // `convert`'s eight-lane narrowing leaves each bf16 in its lane's low half; shifted up,
-        // that is its widening (a NaN's quiet bit is already set).
-        // SAFETY: AVX2 is present (see the type's documentation), all the narrowing needs.
-        unsafe {
-            let narrow = crate::convert::narrow_bf16_avx2(_mm256_castps_si256(self.0));
-            Avx2(_mm256_castsi256_ps(_mm256_slli_epi32::<16>(narrow)))
-        }
-    }
 }
 
 /// One of the passes over a head's rows, generic over the lanes it computes in.
@@ -308,33 +289,6 @@ pub(super) fn run_rows<P: RowPass>(pass: P) {
 mod tests {
     use super::*;
 
-    /// Bit patterns where rounding to bf16 is delicate: ties to even both ways and either side
-    /// of a tie, the largest finite values (one rounds up to infinity), infinities, NaNs (quiet,
-    /// signalling, with payloads in either half), subnormals and zeros of both signs.
-    fn cases() -> Vec<u32> {
-        let mut bits = vec![
-            0x3F80_8000, // tie, kept part even: down
-            0x3F81_8000, // tie, kept part odd: up
-            0x3F80_7FFF, // below a tie
-            0x3F80_8001, // above a tie
-            0x7F7F_FFFF, // largest finite: up to infinity
-            0x7F7F_7FFF, // largest finite that stays
-            0x7F80_0000, // infinity
-            0xFF80_0000,
-            0x7FC0_0000, // quiet NaN
-            0x7F80_0001, // signalling NaN, payload in the discarded half
-            0xFFA5_0000, // signalling NaN, payload in the kept half
-            0x0000_8000, // subnormals
-            0x8000_8001,
-            0x007F_FFFF,
-            0x0000_0000,
-            0x8000_0000,
-        ];
-        // And a spread of ordinary values of both signs.
-        bits.extend((0..48u32).map(|i| i.wrapping_mul(0x9E37_79B9) ^ 0x0001_8000));
-        bits
-    }
-
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx2_transposes_as_the_portable_lanes_do() {
@@ -351,42 +305,5 @@ mod tests {
         assert_eq!(Portable::transpose8(m.map(Portable)).map(|v| v.0), want);
         // SAFETY: AVX2 and FMA were detected above.
         assert_eq!(unsafe { avx2(&m) }, want);
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn avx2_rounds_to_bf16_as_the_scalar_conversion_does() {
-        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
-            return;
-        }
-        #[target_feature(enable = "avx2,fma")]
-        fn avx2(x: [f32; LANES]) -> [f32; LANES] {
-            let mut out = [0.0; LANES];
-            Avx2::load(&x).round_bf16().store(&mut out);
-            out
-        }
-        for chunk in cases().chunks(LANES) {
-            let x: [f32; LANES] = std::array::from_fn(|l| f32::from_bits(chunk[l % chunk.len()]));
-            // SAFETY: AVX2 and FMA were detected above.
-            let got = unsafe { avx2(x) };
-            let want = Portable(x).round_bf16().0;
-            for l in 0..LANES {
-                assert_eq!(
-                    got[l].to_bits(),
-                    want[l].to_bits(),
-                    "{:#010x}",
-                    x[l].to_bits()
-                );
-                // The scalar conversion against `half`'s (independent) rounding.
-                let h = half::bf16::from_f32(x[l]).to_f32();
-                assert!(
-                    h.to_bits() == want[l].to_bits() || (h.is_nan() && want[l].is_nan()),
-                    "{:#010x}: half gives {:#010x}, the conversion {:#010x}",
-                    x[l].to_bits(),
-                    h.to_bits(),
-                    want[l].to_bits()
-                );
-            }
-        }
     }
 }

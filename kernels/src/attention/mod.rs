@@ -20,10 +20,12 @@
 //! forward 1,650 → 930 ns, `cargo bench --bench short_attention`, session 53).
 //!
 //! The arithmetic is the blocked kernel's: scores `q·k` as `head_dim`-term sums in order,
-//! scaled, the query's maximum subtracted, [`exp_f32`](crate::math::exp_f32); the probabilities
-//! (forward and `dv`) and the scores' gradient (`dq`, `dk`) rounded once to the working
-//! precision ([`Rounding`]) before their products, as FlashAttention rounds them; only the order
-//! of a query's sum of probabilities and of the products' sums over keys differ.
+//! scaled, the query's maximum subtracted, [`exp_f32`](crate::math::exp_f32); all of it in FP32.
+//! The probabilities and the scores' gradient are not rounded to a 16-bit working precision
+//! before their products, as the blocked kernel's are for its 16-bit GEMM (and FlashAttention's
+//! for its tensor cores): these products are FP32 loops, and the rounding was only a cost (a
+//! sixth of the ViT head's time, `cargo bench --bench short_attention`, session 53) and an
+//! error. The scores' scale enters `dS` (for `dq` and `dk` both) before its products.
 //!
 //! Operands: every `tokens × head_dim` matrix is row-major, its rows [`ShortHead::stride`]
 //! apart (the head width rounded up to [`LANES`]). The lanes past `head_dim` of an input never
@@ -36,7 +38,7 @@ mod passes;
 mod row_ops;
 
 pub use block_softmax::{finish_block, probabilities_block, score_grads_block, shift_block};
-pub use head::{Rounding, ShortHead, LANES, MAX_HEAD_DIM, MAX_KEYS};
+pub use head::{ShortHead, LANES, MAX_HEAD_DIM, MAX_KEYS};
 
 use lanes::run_rows;
 use passes::{Backward, Forward};
@@ -93,7 +95,6 @@ pub struct HeadGradsMut<'a> {
 /// does not hold one value per token.
 pub fn short_head_forward(
     h: &ShortHead,
-    rounding: Rounding,
     [q, k, v]: [HeadRows<'_>; 3],
     (o, o_ld): (&mut [f32], usize),
     lse: &mut [f32],
@@ -102,7 +103,6 @@ pub fn short_head_forward(
     h.check(&[q, k, v, HeadRows { data: o, ld: o_ld }], lse.len());
     run_rows(Forward {
         h: *h,
-        rounding,
         q,
         qt: transposed(h, &mut scratch.qt),
         k,
@@ -122,7 +122,6 @@ pub fn short_head_forward(
 /// gradients' columns overlap, or `lse` does not hold one value per token.
 pub fn short_head_backward(
     h: &ShortHead,
-    rounding: Rounding,
     [q, k, v]: [HeadRows<'_>; 3],
     [y, dy]: [HeadRows<'_>; 2],
     lse: &[f32],
@@ -133,7 +132,6 @@ pub fn short_head_backward(
     h.check_grads(grads.data.len(), grads.ld, grads.at);
     run_rows(Backward {
         h: *h,
-        rounding,
         q,
         qt: transposed(h, &mut scratch.qt),
         k,

@@ -8,11 +8,9 @@
 //! registers), and a query's output row and `dQ` row weighted sums over a column of the
 //! probabilities or of the scores' gradient, each weight broadcast from where it lies.
 
-use super::head::{Rounding, ShortHead, LANES, MAX_KEYS};
+use super::head::{ShortHead, LANES, MAX_KEYS};
 use super::lanes::{Lanes8, RowPass};
-use super::row_ops::{
-    rows_by_transposed, transpose, weighted_rows, with_chunks, RoundTo, ToBf16, ToF16, ToF32,
-};
+use super::row_ops::{rows_by_transposed, transpose, weighted_rows, with_chunks};
 use super::{HeadGradsMut, HeadRows};
 
 /// `out`'s row `j` (`tp` lanes apart) from the first vector of queries that sees key `j`:
@@ -42,7 +40,6 @@ fn key_rows<V: Lanes8>(h: &ShortHead, a: HeadRows<'_>, bt: &[f32], out: &mut [f3
 /// transposed), `st` `tokens × padded_keys` (for the scores).
 pub(super) struct Forward<'a> {
     pub(super) h: ShortHead,
-    pub(super) rounding: Rounding,
     pub(super) q: HeadRows<'a>,
     pub(super) qt: &'a mut [f32],
     pub(super) k: HeadRows<'a>,
@@ -55,20 +52,8 @@ pub(super) struct Forward<'a> {
 impl RowPass for Forward<'_> {
     #[inline(always)]
     fn run<V: Lanes8>(self) {
-        match self.rounding {
-            Rounding::F32 => self.rounded::<V, ToF32>(),
-            Rounding::Bf16 => self.rounded::<V, ToBf16>(),
-            Rounding::F16 => self.rounded::<V, ToF16>(),
-        }
-    }
-}
-
-impl Forward<'_> {
-    #[inline(always)]
-    fn rounded<V: Lanes8, R: RoundTo>(self) {
         let Forward {
             h,
-            rounding: _,
             q,
             qt,
             k,
@@ -103,7 +88,7 @@ impl Forward<'_> {
                 let p = V::load(x).sub(max).exp().zero_where_neg_inf(max);
                 let p = p.fill_below(masked_below(j), V::zero());
                 sum = sum.add(p);
-                R::round(p).store(x);
+                p.store(x);
             }
             let (max, sum) = (max.to_array(), sum.to_array());
             for (l, i) in (at..h.tokens.min(at + LANES)).enumerate() {
@@ -125,7 +110,6 @@ impl Forward<'_> {
 /// (for the probabilities and the scores' gradient).
 pub(super) struct Backward<'a> {
     pub(super) h: ShortHead,
-    pub(super) rounding: Rounding,
     pub(super) q: HeadRows<'a>,
     pub(super) qt: &'a mut [f32],
     pub(super) k: HeadRows<'a>,
@@ -142,20 +126,8 @@ pub(super) struct Backward<'a> {
 impl RowPass for Backward<'_> {
     #[inline(always)]
     fn run<V: Lanes8>(self) {
-        match self.rounding {
-            Rounding::F32 => self.rounded::<V, ToF32>(),
-            Rounding::Bf16 => self.rounded::<V, ToBf16>(),
-            Rounding::F16 => self.rounded::<V, ToF16>(),
-        }
-    }
-}
-
-impl Backward<'_> {
-    #[inline(always)]
-    fn rounded<V: Lanes8, R: RoundTo>(self) {
         let Backward {
             h,
-            rounding: _,
             q,
             qt,
             k,
@@ -194,11 +166,10 @@ impl Backward<'_> {
             for at in (from..tp).step_by(LANES) {
                 let (p, dp) = (&mut st[j * tp + at..], &mut dst[j * tp + at..]);
                 let pj = V::load(p).mul(scale).sub(V::load(&lse_lanes[at..])).exp();
-                // dS = P ⊙ (dP − Σ dy·y), and the scores' scale (for dq and dk both) before
-                // the rounding.
+                // dS = P ⊙ (dP − Σ dy·y), and the scores' scale (for dq and dk both).
                 let ds = pj.mul(V::load(dp).sub(V::load(&delta[at..]))).mul(scale);
-                R::round(pj).store(p);
-                R::round(ds).store(dp);
+                pj.store(p);
+                ds.store(dp);
             }
             // dv[j] = Σ_i p_ij·dy_i, dk[j] = Σ_i dS_ij·q_i over the queries that see key j.
             let n = h.tokens - first;

@@ -1,11 +1,8 @@
 //! The loops a pass is made of: rows against a transposed matrix, weighted sums of rows, and
-//! the rounding of a vector to the working precision.
-
-use half::f16;
+//! transposes.
 
 use super::head::LANES;
 use super::lanes::Lanes8;
-use crate::convert::{f16_to_f32, f32_to_f16};
 
 /// Calls `$f::<V, C>(…)` for the chunk count `$n` (1 to 8 vectors of [`LANES`]), so that each
 /// count's loops are compiled with their `C` sums in registers.
@@ -154,45 +151,6 @@ pub(super) fn weighted_rows<V: Lanes8, const C: usize>(
     }
     for (c, (e, o)) in even.iter().zip(&odd).enumerate() {
         e.add(*o).store(&mut out[c * LANES..]);
-    }
-}
-
-/// Rounding one vector to the working precision (to nearest even) and widening it again
-/// (exact), as a type: the passes are compiled once per precision, so that FP32's have no
-/// rounding in their loops and no path through FP16's conversion calls (which would make the
-/// loops keep their vectors in memory across the calls).
-pub(super) trait RoundTo {
-    fn round<V: Lanes8>(x: V) -> V;
-}
-
-/// FP32 operands: nothing is rounded.
-pub(super) struct ToF32;
-/// BF16 operands: [`Lanes8::round_bf16`].
-pub(super) struct ToBf16;
-/// FP16 operands: through the slice conversions.
-pub(super) struct ToF16;
-
-impl RoundTo for ToF32 {
-    #[inline(always)]
-    fn round<V: Lanes8>(x: V) -> V {
-        x
-    }
-}
-
-impl RoundTo for ToBf16 {
-    #[inline(always)]
-    fn round<V: Lanes8>(x: V) -> V {
-        x.round_bf16()
-    }
-}
-
-impl RoundTo for ToF16 {
-    #[inline(always)]
-    fn round<V: Lanes8>(x: V) -> V {
-        let (mut a, mut h) = (x.to_array(), [f16::ZERO; LANES]);
-        f32_to_f16(&a, &mut h);
-        f16_to_f32(&h, &mut a);
-        V::load(&a)
     }
 }
 

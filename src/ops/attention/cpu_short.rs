@@ -13,15 +13,14 @@
 //! [`MAX_HEAD_DIM`]: typed_amp_kernels::attention::MAX_HEAD_DIM
 
 use typed_amp_kernels::attention::{
-    short_head_backward, short_head_forward, HeadGradsMut, HeadRows, Rounding, ShortHead,
-    ShortHeadScratch,
+    short_head_backward, short_head_forward, HeadGradsMut, HeadRows, ShortHead, ShortHeadScratch,
 };
 
 use std::cell::RefCell;
 
 use super::AttentionDims;
 use crate::device::utilities::cpu::{as_f32, as_f32_mut};
-use crate::precision::{dtype_of, AmpElem, DType};
+use crate::precision::AmpElem;
 
 /// The short-head kernels' sizes for `d`, if its heads fit them.
 pub(super) fn short_head(d: &AttentionDims) -> Option<ShortHead> {
@@ -32,15 +31,6 @@ pub(super) fn short_head(d: &AttentionDims) -> Option<ShortHead> {
         scale: d.scale(),
     };
     h.fits().then_some(h)
-}
-
-/// What the probabilities are rounded to for operands of `E`.
-fn rounding<E: AmpElem>() -> Rounding {
-    match dtype_of::<E>() {
-        DType::F16 => Rounding::F16,
-        DType::BF16 => Rounding::Bf16,
-        DType::F32 => Rounding::F32,
-    }
 }
 
 /// A thread's buffers: a sequence's 16-bit operands and results in FP32 (`wide`, `out`), and,
@@ -173,14 +163,13 @@ fn forward_with<E: AmpElem>(
             head_rows(h, src, (3 * width, width + at), k),
             head_rows(h, src, (3 * width, 2 * width + at), v),
         ];
-        let rounding = rounding::<E>();
         if in_place(h) {
             let o = (&mut out[at..], width);
-            short_head_forward(h, rounding, operands, o, lse, &mut sc.kernels);
+            short_head_forward(h, operands, o, lse, &mut sc.kernels);
         } else {
             sc.results.resize(h.matrix_len(), 0.0);
             let o = (&mut sc.results[..], st);
-            short_head_forward(h, rounding, operands, o, lse, &mut sc.kernels);
+            short_head_forward(h, operands, o, lse, &mut sc.kernels);
             scatter(h, (&sc.results, st, 0), (width, at), out);
         }
     }
@@ -235,14 +224,13 @@ fn backward_with<E: AmpElem>(
             head_rows(h, y, (width, at), yh),
             head_rows(h, dy, (width, at), dyh),
         ];
-        let rounding = rounding::<E>();
         if in_place(h) {
             let grads = HeadGradsMut {
                 data: &mut *out,
                 ld: 3 * width,
                 at: parts,
             };
-            short_head_backward(h, rounding, operands, outputs, lse, grads, &mut sc.kernels);
+            short_head_backward(h, operands, outputs, lse, grads, &mut sc.kernels);
         } else {
             sc.results.resize(3 * h.matrix_len(), 0.0);
             let grads = HeadGradsMut {
@@ -250,7 +238,7 @@ fn backward_with<E: AmpElem>(
                 ld: 3 * st,
                 at: [0, st, 2 * st],
             };
-            short_head_backward(h, rounding, operands, outputs, lse, grads, &mut sc.kernels);
+            short_head_backward(h, operands, outputs, lse, grads, &mut sc.kernels);
             for (g, part) in parts.into_iter().enumerate() {
                 scatter(h, (&sc.results, 3 * st, g * st), (3 * width, part), out);
             }

@@ -12,6 +12,12 @@
 //! FlashAttention's algorithm: online softmax over key blocks, scores never stored, the backward
 //! recomputing them from one FP32 log-sum-exp per row), with 16-bit `q`, `k`, `v` and output
 //! under O2. 16-bit scores (O3) run composed on every device.
+//!
+//! On the CPU, heads of at most 64 tokens (`cpu_short`) compute in FP32 from the widened
+//! operands to the output's one rounding: their products are FP32 loops, so the probabilities
+//! and the scores' gradient are not rounded to the working precision before them (FlashAttention
+//! rounds them because its tensor-core products take 16-bit operands, as do the longer heads'
+//! products on the 16-bit GEMM, `cpu_blocked`, and the CUDA kernels).
 
 mod composed;
 mod cpu_blocked;

@@ -13,7 +13,8 @@
 //!   (`3u₃₂` for exp, `u₃₂` each for the subtraction, the log, the division by the sum, counted
 //!   as `8u₃₂`); a `T`-term f32 sum of such terms adds `T·u₃₂`;
 //! - before each product with 16-bit operands, the probabilities (forward, and `Pᵀ·dy`) or the
-//!   scores' gradient (`dS·K`, `dSᵀ·Q`) are rounded to `E`: `u` relative, once;
+//!   scores' gradient (`dS·K`, `dSᵀ·Q`) are rounded to `E`: `u` relative, once (the blocked
+//!   kernels', whose products run on the 16-bit GEMM; the short heads' products are FP32);
 //! - each output element is rounded to `E` once: `u·|value|`.
 //!
 //! So every element obeys `|x̂ − x| ≤ u·|x| + ε·mass + η·(1 + T·A)` with
