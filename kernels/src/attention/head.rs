@@ -1,4 +1,5 @@
-//! One short head's sizes and options, and the limits the kernels take.
+//! One short head's sizes and options, the limits the kernels take, and its matrices where they
+//! lie.
 
 /// The width of the vectors the loops run in (f32 lanes of an AVX2 register).
 pub const LANES: usize = 8;
@@ -79,7 +80,7 @@ impl ShortHead {
 
     /// Panics unless the head fits, every matrix holds its rows (the last one's
     /// [`stride`](Self::stride) elements included) and the log-sum-exps are one per token.
-    pub(super) fn check(&self, matrices: &[super::HeadRows<'_>], lse: usize) {
+    pub(super) fn check(&self, matrices: &[HeadRows<'_>], lse: usize) {
         assert!(self.fits(), "short-head attention: {self:?} does not fit");
         for m in matrices {
             self.check_rows(m.data.len(), m.ld, 0);
@@ -123,4 +124,29 @@ impl ShortHead {
             self.stride()
         );
     }
+}
+
+/// One head's `tokens × head_dim` matrix where it lies in a larger row-major one: row `i`
+/// starts at `data[i·ld]` (the head's first column), and the [`ShortHead::stride`] elements from
+/// there are the row's (those past `head_dim`, read with them, never reach an output's first
+/// `head_dim` columns).
+#[derive(Clone, Copy, Debug)]
+pub struct HeadRows<'a> {
+    /// The matrix, from its first row's first element.
+    pub data: &'a [f32],
+    /// Elements between the starts of two rows.
+    pub ld: usize,
+}
+
+/// The three gradients of one head's `[q, k, v]` where they are written: row `i` of gradient
+/// `g` at `data[i·ld + at[g]]`, [`ShortHead::stride`] elements each (those past `head_dim`
+/// unspecified). The three column ranges must not overlap and must fit in `ld`.
+#[derive(Debug)]
+pub struct HeadGradsMut<'a> {
+    /// The rows, from the first row's start.
+    pub data: &'a mut [f32],
+    /// Elements between the starts of two rows.
+    pub ld: usize,
+    /// Where each of `dq`, `dk` and `dv` starts in a row.
+    pub at: [usize; 3],
 }

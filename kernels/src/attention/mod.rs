@@ -38,7 +38,7 @@ mod passes;
 mod row_ops;
 
 pub use block_softmax::{finish_block, probabilities_block, score_grads_block, shift_block};
-pub use head::{ShortHead, LANES, MAX_HEAD_DIM, MAX_KEYS};
+pub use head::{HeadGradsMut, HeadRows, ShortHead, LANES, MAX_HEAD_DIM, MAX_KEYS};
 
 use lanes::run_rows;
 use passes::{Backward, Forward};
@@ -58,31 +58,6 @@ impl ShortHeadScratch {
     pub fn new() -> Self {
         Self::default()
     }
-}
-
-/// One head's `tokens × head_dim` matrix where it lies in a larger row-major one: row `i`
-/// starts at `data[i·ld]` (the head's first column), and the [`ShortHead::stride`] elements from
-/// there are the row's (those past `head_dim`, read with them, never reach an output's first
-/// `head_dim` columns).
-#[derive(Clone, Copy, Debug)]
-pub struct HeadRows<'a> {
-    /// The matrix, from its first row's first element.
-    pub data: &'a [f32],
-    /// Elements between the starts of two rows.
-    pub ld: usize,
-}
-
-/// The three gradients of one head's `[q, k, v]` where they are written: row `i` of gradient
-/// `g` at `data[i·ld + at[g]]`, [`ShortHead::stride`] elements each (those past `head_dim`
-/// unspecified). The three column ranges must not overlap and must fit in `ld`.
-#[derive(Debug)]
-pub struct HeadGradsMut<'a> {
-    /// The rows, from the first row's start.
-    pub data: &'a mut [f32],
-    /// Elements between the starts of two rows.
-    pub ld: usize,
-    /// Where each of `dq`, `dk` and `dv` starts in a row.
-    pub at: [usize; 3],
 }
 
 /// `y = softmax(q·kᵀ·scale + mask)·v` for one head, into `o`'s rows (FP32, [`ShortHead::stride`]
