@@ -70,13 +70,19 @@ fn run(h: &ShortHead) -> Vec<u32> {
 #[test]
 fn short_heads_give_the_same_bits_at_every_level() {
     let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    // Heads on eight lanes at every vector level, and (16, 16), (30, 32), (48, 16), (64, 64)
+    // on sixteen at AVX-512's (widths of whole sixteens, queries that pad no further to
+    // sixteen than to eight): a last vector of queries whole or part-filled, causal or not.
     let heads = [
         (1, 1),
         (7, 16),
         (8, 8),
         (9, 13),
+        (16, 16),
         (17, 16),
+        (30, 32),
         (33, 32),
+        (48, 16),
         (64, 64),
     ];
     let mut ran = Vec::new();

@@ -1,30 +1,37 @@
-//! Eight f32 lanes written two ways, AVX2 intrinsics and a plain array with the same bits, and
-//! the choice between them when a pass runs.
+//! f32 vectors written three ways with the same bits: eight lanes as a plain array
+//! ([`Portable`]) and in an AVX register ([`Avx2`]), sixteen in an AVX-512 register
+//! ([`Avx512`]); and the choice between them when a pass runs.
 
-use super::head::LANES;
 use crate::math::exp_f32;
 
-/// `MASK[LANES - first..][..LANES]`: lanes `first..` all ones, the lanes before zero.
-const MASK: [u32; 2 * LANES] = {
-    let mut m = [0; 2 * LANES];
-    let mut l = LANES;
-    while l < 2 * LANES {
+/// The most lanes a vector type has.
+pub(super) const MAX_LANES: usize = 16;
+
+/// `MASK[MAX_LANES - first..][..N]`: lanes `first..` all ones, the lanes before zero.
+const MASK: [u32; 2 * MAX_LANES] = {
+    let mut m = [0; 2 * MAX_LANES];
+    let mut l = MAX_LANES;
+    while l < 2 * MAX_LANES {
         m[l] = u32::MAX;
         l += 1;
     }
     m
 };
 
-/// Eight f32 lanes and the operations the row loops need: written with AVX2 intrinsics
-/// ([`Avx2`]) and as a plain array ([`Portable`]), so the loops are one generic body. (Written
-/// over arrays alone, the compiler split some of them into two-lane vectors and spilled the
-/// sums to the stack.)
-pub(super) trait Lanes8: Copy {
+/// `N` f32 lanes and the operations the passes need, so that the passes are one generic body.
+/// (Written over arrays alone, the compiler split some loops into two-lane vectors and spilled
+/// the sums to the stack.) Every operation gives the same bits in every implementation, lane by
+/// lane, and no result depends on `N`: a pass's bits are the same on every vector type.
+pub(super) trait Lanes: Copy {
+    /// Lanes a vector holds (8 or 16).
+    const N: usize;
+    /// The eight-lane type the transposes run on (the type itself where it has eight lanes).
+    type Eight: Transpose8;
     fn zero() -> Self;
     fn splat(x: f32) -> Self;
-    /// `s[..8]`.
+    /// `s[..N]`.
     fn load(s: &[f32]) -> Self;
-    /// Into `s[..8]`.
+    /// Into `s[..N]`.
     fn store(self, s: &mut [f32]);
     /// `self·a + b`, rounded once.
     fn mul_add(self, a: Self, b: Self) -> Self;
@@ -32,44 +39,50 @@ pub(super) trait Lanes8: Copy {
     fn sub(self, o: Self) -> Self;
     fn mul(self, o: Self) -> Self;
     /// `f32::max(acc, self)` in each lane: a NaN in `self` leaves `acc` (the accumulator
-    /// second, as `_mm256_max_ps` returns its second operand where either is NaN).
+    /// second, as `maxps` returns its second operand where either is NaN).
     fn max_into(self, acc: Self) -> Self;
     /// [`exp_f32`] of each lane.
     fn exp(self) -> Self;
-    /// Lanes `..first` replaced by `fill`'s, the rest kept (`first ≤ LANES`).
+    /// Lanes `..first` replaced by `fill`'s, the rest kept.
     fn fill_below(self, first: usize, fill: Self) -> Self;
     /// Each lane kept where `m`'s is above −∞, else zero (NaNs in `self` included).
     fn zero_where_neg_inf(self, m: Self) -> Self;
-    /// The lanes as an array.
-    fn to_array(self) -> [f32; LANES];
-    /// Eight vectors as the rows of a matrix, transposed: lane `l` of vector `r` of the result
-    /// is lane `r` of vector `l`.
-    fn transpose8(rows: [Self; LANES]) -> [Self; LANES];
+    /// The lanes, in the first `N` elements.
+    fn to_array(self) -> [f32; MAX_LANES];
 }
 
-/// [`Lanes8`] for any CPU: `f32::mul_add` is the correctly rounded fused multiply-add on every
-/// target, so this gives [`Avx2`]'s bits.
-#[derive(Clone, Copy)]
-struct Portable([f32; LANES]);
+/// Eight-lane vectors that transpose eight of themselves.
+pub(super) trait Transpose8: Lanes {
+    /// Eight vectors as the rows of a matrix, transposed: lane `l` of vector `r` of the result
+    /// is lane `r` of vector `l`.
+    fn transpose8(rows: [Self; 8]) -> [Self; 8];
+}
 
-impl Lanes8 for Portable {
+/// Eight lanes for any CPU: `f32::mul_add` is the correctly rounded fused multiply-add on every
+/// target, so this gives the vector types' bits.
+#[derive(Clone, Copy)]
+struct Portable([f32; 8]);
+
+impl Lanes for Portable {
+    const N: usize = 8;
+    type Eight = Self;
     #[inline(always)]
     fn zero() -> Self {
-        Portable([0.0; LANES])
+        Portable([0.0; 8])
     }
     #[inline(always)]
     fn splat(x: f32) -> Self {
-        Portable([x; LANES])
+        Portable([x; 8])
     }
     #[inline(always)]
     fn load(s: &[f32]) -> Self {
-        let mut v = [0.0; LANES];
-        v.copy_from_slice(&s[..LANES]);
+        let mut v = [0.0; 8];
+        v.copy_from_slice(&s[..8]);
         Portable(v)
     }
     #[inline(always)]
     fn store(self, s: &mut [f32]) {
-        s[..LANES].copy_from_slice(&self.0);
+        s[..8].copy_from_slice(&self.0);
     }
     #[inline(always)]
     fn mul_add(self, a: Self, b: Self) -> Self {
@@ -120,24 +133,31 @@ impl Lanes8 for Portable {
         }))
     }
     #[inline(always)]
-    fn to_array(self) -> [f32; LANES] {
-        self.0
+    fn to_array(self) -> [f32; MAX_LANES] {
+        let mut a = [0.0; MAX_LANES];
+        a[..8].copy_from_slice(&self.0);
+        a
     }
+}
+
+impl Transpose8 for Portable {
     #[inline(always)]
-    fn transpose8(rows: [Self; LANES]) -> [Self; LANES] {
+    fn transpose8(rows: [Self; 8]) -> [Self; 8] {
         std::array::from_fn(|r| Portable(std::array::from_fn(|l| rows[l].0[r])))
     }
 }
 
-/// [`Lanes8`] in one AVX register. Values of this type are only made inside [`run_rows`]' AVX2
-/// body, which runs after the CPU's AVX2 and FMA were checked ([`crate::level`]): that is what
-/// makes its intrinsics sound to call.
+/// Eight lanes in one AVX register. Values of this type are only made inside [`run_rows`]'
+/// AVX2 and AVX-512 bodies, which run after the CPU's AVX2 and FMA were checked
+/// ([`crate::level`]): that is what makes its intrinsics sound to call.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 struct Avx2(std::arch::x86_64::__m256);
 
 #[cfg(target_arch = "x86_64")]
-impl Lanes8 for Avx2 {
+impl Lanes for Avx2 {
+    const N: usize = 8;
+    type Eight = Self;
     #[inline(always)]
     fn zero() -> Self {
         // SAFETY: AVX is present (see the type's documentation).
@@ -150,13 +170,13 @@ impl Lanes8 for Avx2 {
     }
     #[inline(always)]
     fn load(s: &[f32]) -> Self {
-        let s = &s[..LANES];
+        let s = &s[..8];
         // SAFETY: as in `zero`; `s` holds the eight elements read (unaligned load).
         Avx2(unsafe { std::arch::x86_64::_mm256_loadu_ps(s.as_ptr()) })
     }
     #[inline(always)]
     fn store(self, s: &mut [f32]) {
-        let s = &mut s[..LANES];
+        let s = &mut s[..8];
         // SAFETY: as in `load`, for the eight elements written.
         unsafe { std::arch::x86_64::_mm256_storeu_ps(s.as_mut_ptr(), self.0) }
     }
@@ -196,7 +216,7 @@ impl Lanes8 for Avx2 {
     #[inline(always)]
     fn fill_below(self, first: usize, fill: Self) -> Self {
         use std::arch::x86_64::{_mm256_blendv_ps, _mm256_castsi256_ps, _mm256_loadu_si256};
-        let mask = &MASK[LANES - first.min(LANES)..][..LANES];
+        let mask = &MASK[MAX_LANES - first.min(8)..][..8];
         // SAFETY: as in `zero`; `mask` holds the eight lanes read. Where a mask lane is all
         // ones (`first..`), `blendv` takes `self`'s lane.
         Avx2(unsafe {
@@ -214,13 +234,17 @@ impl Lanes8 for Avx2 {
         })
     }
     #[inline(always)]
-    fn to_array(self) -> [f32; LANES] {
-        let mut a = [0.0; LANES];
+    fn to_array(self) -> [f32; MAX_LANES] {
+        let mut a = [0.0; MAX_LANES];
         self.store(&mut a);
         a
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Transpose8 for Avx2 {
     #[inline(always)]
-    fn transpose8(rows: [Self; LANES]) -> [Self; LANES] {
+    fn transpose8(rows: [Self; 8]) -> [Self; 8] {
         use std::arch::x86_64::{
             _mm256_permute2f128_ps, _mm256_shuffle_ps, _mm256_unpackhi_ps, _mm256_unpacklo_ps,
         };
@@ -264,23 +288,128 @@ impl Lanes8 for Avx2 {
     }
 }
 
-/// One of the passes over a head's rows, generic over the lanes it computes in.
-pub(super) trait RowPass {
-    fn run<V: Lanes8>(self);
+/// Sixteen lanes in one AVX-512 register. Values of this type are only made inside
+/// [`run_rows`]' AVX-512 body, which runs after the CPU's AVX-512F, BW and VL were checked
+/// ([`crate::level`]): that is what makes its intrinsics sound to call.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Avx512(std::arch::x86_64::__m512);
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes for Avx512 {
+    const N: usize = 16;
+    type Eight = Avx2;
+    #[inline(always)]
+    fn zero() -> Self {
+        // SAFETY: AVX-512F is present (see the type's documentation).
+        Avx512(unsafe { std::arch::x86_64::_mm512_setzero_ps() })
+    }
+    #[inline(always)]
+    fn splat(x: f32) -> Self {
+        // SAFETY: as in `zero`.
+        Avx512(unsafe { std::arch::x86_64::_mm512_set1_ps(x) })
+    }
+    #[inline(always)]
+    fn load(s: &[f32]) -> Self {
+        let s = &s[..16];
+        // SAFETY: as in `zero`; `s` holds the sixteen elements read (unaligned load).
+        Avx512(unsafe { std::arch::x86_64::_mm512_loadu_ps(s.as_ptr()) })
+    }
+    #[inline(always)]
+    fn store(self, s: &mut [f32]) {
+        let s = &mut s[..16];
+        // SAFETY: as in `load`, for the sixteen elements written.
+        unsafe { std::arch::x86_64::_mm512_storeu_ps(s.as_mut_ptr(), self.0) }
+    }
+    #[inline(always)]
+    fn mul_add(self, a: Self, b: Self) -> Self {
+        // SAFETY: as in `zero`.
+        Avx512(unsafe { std::arch::x86_64::_mm512_fmadd_ps(self.0, a.0, b.0) })
+    }
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        // SAFETY: as in `zero`.
+        Avx512(unsafe { std::arch::x86_64::_mm512_add_ps(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        // SAFETY: as in `zero`.
+        Avx512(unsafe { std::arch::x86_64::_mm512_sub_ps(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        // SAFETY: as in `zero`.
+        Avx512(unsafe { std::arch::x86_64::_mm512_mul_ps(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn max_into(self, acc: Self) -> Self {
+        // SAFETY: as in `zero`; the NaN rule of `Avx2::max_into` (`vmaxps` returns its second
+        // operand where either is NaN).
+        Avx512(unsafe { std::arch::x86_64::_mm512_max_ps(self.0, acc.0) })
+    }
+    #[inline(always)]
+    fn exp(self) -> Self {
+        // SAFETY: as in `zero`. `math`'s register form of `exp_f32`, with its bits.
+        Avx512(unsafe { crate::math::exp_zmm(self.0) })
+    }
+    #[inline(always)]
+    fn fill_below(self, first: usize, fill: Self) -> Self {
+        // Lanes `first..` from `self`: their mask bits set.
+        let keep: u16 = if first >= 16 { 0 } else { u16::MAX << first };
+        // SAFETY: as in `zero`.
+        Avx512(unsafe { std::arch::x86_64::_mm512_mask_blend_ps(keep, fill.0, self.0) })
+    }
+    #[inline(always)]
+    fn zero_where_neg_inf(self, m: Self) -> Self {
+        use std::arch::x86_64::_CMP_GT_OQ;
+        use std::arch::x86_64::{_mm512_cmp_ps_mask, _mm512_maskz_mov_ps, _mm512_set1_ps};
+        // SAFETY: as in `zero`. `m > −∞` is false for −∞ (and NaN), whose lanes are zeroed.
+        Avx512(unsafe {
+            let live = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(m.0, _mm512_set1_ps(f32::NEG_INFINITY));
+            _mm512_maskz_mov_ps(live, self.0)
+        })
+    }
+    #[inline(always)]
+    fn to_array(self) -> [f32; MAX_LANES] {
+        let mut a = [0.0; MAX_LANES];
+        self.store(&mut a);
+        a
+    }
 }
 
-/// Runs `pass` on AVX2 and FMA where the CPU has them (AVX-512 CPUs included), else on
-/// [`Portable`] lanes; the same bits either way.
+/// One of the passes over a head, generic over the vectors it computes in.
+pub(super) trait RowPass {
+    /// Whether the pass may run on [`Avx512`]'s sixteen lanes: its head's rows are whole
+    /// vectors of sixteen (the lanes a product reads and writes are the head's own).
+    fn sixteen_lanes_fit(&self) -> bool;
+    fn run<V: Lanes>(self);
+}
+
+/// Runs `pass` on AVX-512's sixteen lanes where the CPU has them and the pass fits them, else
+/// on AVX2 and FMA where the CPU has them (AVX-512 CPUs included), else on [`Portable`] lanes;
+/// the same bits on each.
 pub(super) fn run_rows<P: RowPass>(pass: P) {
     #[cfg(target_arch = "x86_64")]
-    if crate::level::level() >= crate::level::Level::Avx2 {
-        #[target_feature(enable = "avx2,fma")]
-        fn wide<P: RowPass>(pass: P) {
-            pass.run::<Avx2>()
+    {
+        use crate::level::{level, Level};
+        if level() >= Level::Avx512 && pass.sixteen_lanes_fit() {
+            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+            fn widest<P: RowPass>(pass: P) {
+                pass.run::<Avx512>()
+            }
+            // SAFETY: the level is at least AVX-512, which is only detected (or forced) on a
+            // CPU with AVX-512F, BW and VL, AVX2 and FMA.
+            return unsafe { widest(pass) };
         }
-        // SAFETY: the level is at least AVX2, which is only detected (or forced) on a CPU with
-        // AVX2 and FMA.
-        return unsafe { wide(pass) };
+        if level() >= Level::Avx2 {
+            #[target_feature(enable = "avx2,fma")]
+            fn wide<P: RowPass>(pass: P) {
+                pass.run::<Avx2>()
+            }
+            // SAFETY: the level is at least AVX2, which is only detected (or forced) on a CPU
+            // with AVX2 and FMA.
+            return unsafe { wide(pass) };
+        }
     }
     pass.run::<Portable>()
 }
@@ -296,14 +425,53 @@ mod tests {
             return;
         }
         #[target_feature(enable = "avx2,fma")]
-        fn avx2(m: &[[f32; LANES]; LANES]) -> [[f32; LANES]; LANES] {
-            Avx2::transpose8(m.map(|r| Avx2::load(&r))).map(Avx2::to_array)
+        fn avx2(m: &[[f32; 8]; 8]) -> [[f32; 8]; 8] {
+            Avx2::transpose8(m.map(|r| Avx2::load(&r))).map(|v| {
+                let a = v.to_array();
+                std::array::from_fn(|l| a[l])
+            })
         }
-        let m: [[f32; LANES]; LANES] =
-            std::array::from_fn(|r| std::array::from_fn(|l| (r * LANES + l) as f32));
-        let want: [[f32; LANES]; LANES] = std::array::from_fn(|r| std::array::from_fn(|l| m[l][r]));
+        let m: [[f32; 8]; 8] = std::array::from_fn(|r| std::array::from_fn(|l| (r * 8 + l) as f32));
+        let want: [[f32; 8]; 8] = std::array::from_fn(|r| std::array::from_fn(|l| m[l][r]));
         assert_eq!(Portable::transpose8(m.map(Portable)).map(|v| v.0), want);
         // SAFETY: AVX2 and FMA were detected above.
         assert_eq!(unsafe { avx2(&m) }, want);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_masks_as_the_portable_lanes_do() {
+        if !(is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl"))
+        {
+            return;
+        }
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+        fn avx512(x: &[f32; 16], m: &[f32; 16], first: usize) -> [[f32; 16]; 2] {
+            let (x, m) = (Avx512::load(x), Avx512::load(m));
+            [
+                x.fill_below(first, Avx512::splat(-1.0)).to_array(),
+                x.zero_where_neg_inf(m).to_array(),
+            ]
+        }
+        let x: [f32; 16] = std::array::from_fn(|l| l as f32 + 0.5);
+        let m: [f32; 16] = std::array::from_fn(|l| match l % 3 {
+            0 => f32::NEG_INFINITY,
+            1 => f32::NAN,
+            _ => l as f32,
+        });
+        for first in 0..=17 {
+            // SAFETY: AVX-512F, BW and VL were detected above.
+            let [filled, zeroed] = unsafe { avx512(&x, &m, first) };
+            for l in 0..16 {
+                assert_eq!(
+                    filled[l],
+                    if l < first { -1.0 } else { x[l] },
+                    "{first} {l}"
+                );
+                assert_eq!(zeroed[l], if l % 3 == 2 { x[l] } else { 0.0 }, "{l}");
+            }
+        }
     }
 }

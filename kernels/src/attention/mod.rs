@@ -9,9 +9,11 @@
 //! the small GPT's 64 × 32), and packing each operand plus the GEMM's calls cost several times
 //! their arithmetic: 13–25 GFLOP/s in `cargo bench --bench attention` on Zen 3 before these
 //! kernels (BENCHMARKS.md, session 45), where the GEMM itself runs at 160. Here every product
-//! is a loop over vectors of [`LANES`] queries (or head columns) with its sums in registers, on
-//! AVX2 and FMA where the CPU has them, else on plain arrays; every multiply-add is fused, so
-//! the bits do not depend on the CPU.
+//! is a loop over vectors of queries (or head columns) with its sums in registers: sixteen
+//! lanes on AVX-512 where a head's width is a multiple of sixteen (the ViT's 16, the small GPT's
+//! 32), else eight on AVX2 and FMA where the CPU has them, else plain arrays of eight; every
+//! multiply-add is fused and no sum's order depends on the lanes, so the bits do not depend on
+//! the CPU.
 //!
 //! Layout: keys as rows, queries in lanes (`passes`). The scores are computed as `Sᵀ` (key
 //! `j`'s row holds its scores against every query), so a query's softmax runs down a column of
@@ -40,7 +42,7 @@ mod row_ops;
 pub use block_softmax::{finish_block, probabilities_block, score_grads_block, shift_block};
 pub use head::{HeadGradsMut, HeadRows, ShortHead, LANES, MAX_HEAD_DIM, MAX_KEYS};
 
-use lanes::run_rows;
+use lanes::{run_rows, MAX_LANES};
 use passes::{Backward, Forward};
 
 /// A head's transposed queries (and, for the backward, output gradient), its scores and their
@@ -121,15 +123,16 @@ pub fn short_head_backward(
     });
 }
 
-/// `buf` as a `tokens × padded_keys` matrix of scores (its contents overwritten before use).
+/// `buf` as room for a `tokens × padded_queries` matrix of scores at the widest vectors (its
+/// contents overwritten before use).
 fn scores<'a>(h: &ShortHead, buf: &'a mut Vec<f32>) -> &'a mut [f32] {
-    buf.resize(h.tokens * h.padded_keys(), 0.0);
+    buf.resize(h.tokens * h.padded_queries(MAX_LANES), 0.0);
     buf
 }
 
-/// `buf` as a `head_dim × padded_keys` matrix, for a transposed operand (overwritten before
-/// use).
+/// `buf` as room for a `head_dim × padded_queries` matrix at the widest vectors, for a
+/// transposed operand (overwritten before use).
 fn transposed<'a>(h: &ShortHead, buf: &'a mut Vec<f32>) -> &'a mut [f32] {
-    buf.resize(h.head_dim * h.padded_keys(), 0.0);
+    buf.resize(h.head_dim * h.padded_queries(MAX_LANES), 0.0);
     buf
 }

@@ -1,31 +1,33 @@
 //! The forward and the backward pass over one head, generic over the lanes they compute in.
 //!
 //! Keys as rows, queries in lanes: the scores are computed as `Sᵀ` (row `j` holds key `j`'s
-//! scores against every query, [`ShortHead::padded_keys`] lanes apart), so that a query's
+//! scores against every query, its rows the queries rounded up to the vectors' lanes), so that a query's
 //! softmax (its maximum, its sum) runs down a column of vectors, lane by lane, with no sum
 //! across the lanes of a register and no per-query loop around a few vectors. Key `j`'s rows
 //! of `dV` and `dK` are then weighted sums over the queries in one row each (written once, in
 //! registers), and a query's output row and `dQ` row weighted sums over a column of the
 //! probabilities or of the scores' gradient, each weight broadcast from where it lies.
 
-use super::head::{ShortHead, LANES, MAX_KEYS};
-use super::lanes::{Lanes8, RowPass};
-use super::row_ops::{rows_by_transposed, transpose, weighted_rows, with_chunks};
-use super::{HeadGradsMut, HeadRows};
+use super::head::{HeadGradsMut, HeadRows, ShortHead, MAX_KEYS};
+use super::lanes::{Lanes, RowPass, MAX_LANES};
+use super::row_ops::{
+    dot, rows_by_transposed, transpose, weighted_rows, weighted_rows_pair, with_chunks,
+    WeightedRows,
+};
 
 /// `out`'s row `j` (`tp` lanes apart) from the first vector of queries that sees key `j`:
 /// `Σ_d a[j][d]·bt[d][i]`, rows of `a` against `bt` (`head_dim × tp`).
-/// Keys of one group of [`LANES`] share that first vector under the causal mask (all of them
+/// Keys of one group of `V::N` share that first vector under the causal mask (all of them
 /// without it), and run as one call.
 #[inline(always)]
-fn key_rows<V: Lanes8>(h: &ShortHead, a: HeadRows<'_>, bt: &[f32], out: &mut [f32]) {
-    let tp = h.padded_keys();
-    let group = if h.causal { LANES } else { h.tokens };
+fn key_rows<V: Lanes>(h: &ShortHead, a: HeadRows<'_>, bt: &[f32], out: &mut [f32]) {
+    let tp = h.padded_queries(V::N);
+    let group = if h.causal { V::N } else { h.tokens };
     for first in (0..h.tokens).step_by(group) {
-        let at = h.first_query_vector(first) * LANES;
+        let at = h.first_query_vector(first, V::N);
         let rows = group.min(h.tokens - first);
         with_chunks!(
-            (tp - at) / LANES,
+            (tp - at) / V::N,
             rows_by_transposed::<V>(
                 (&a.data[first * a.ld..], a.ld, h.head_dim),
                 rows,
@@ -36,8 +38,8 @@ fn key_rows<V: Lanes8>(h: &ShortHead, a: HeadRows<'_>, bt: &[f32], out: &mut [f3
     }
 }
 
-/// The forward's operands, and its scratch: `qt` is `head_dim × padded_keys` (for the queries
-/// transposed), `st` `tokens × padded_keys` (for the scores).
+/// The forward's operands, and its scratch: `qt` is room for `head_dim × padded_queries` (the
+/// queries transposed), `st` for `tokens × padded_queries` (the scores), at the widest vectors.
 pub(super) struct Forward<'a> {
     pub(super) h: ShortHead,
     pub(super) q: HeadRows<'a>,
@@ -50,8 +52,12 @@ pub(super) struct Forward<'a> {
 }
 
 impl RowPass for Forward<'_> {
+    fn sixteen_lanes_fit(&self) -> bool {
+        self.h.sixteen_lanes_fit()
+    }
+
     #[inline(always)]
-    fn run<V: Lanes8>(self) {
+    fn run<V: Lanes>(self) {
         let Forward {
             h,
             q,
@@ -62,14 +68,14 @@ impl RowPass for Forward<'_> {
             lse,
             st,
         } = self;
-        let (s, tp) = (h.stride(), h.padded_keys());
-        transpose::<V>((q.data, q.ld, h.tokens), h.head_dim, (qt, tp));
+        let (s, tp) = (h.stride(), h.padded_queries(V::N));
+        transpose::<V::Eight>((q.data, q.ld, h.tokens), h.head_dim, (qt, tp));
         key_rows::<V>(&h, k, qt, st);
-        for at in (0..h.tokens).step_by(LANES) {
+        for at in (0..h.tokens).step_by(V::N) {
             // This vector's queries see keys `..keys`; where a key is masked for some of them
             // (`first_visible(j) > at`), its lanes below `first_visible(j)` are −∞ (whatever the
             // score, NaN included: a later token's).
-            let keys = h.keys_seen_by(at);
+            let keys = h.keys_seen_by(at, V::N);
             let masked_below = |j: usize| h.first_visible(j).saturating_sub(at);
             let mut max = V::splat(f32::NEG_INFINITY);
             for j in 0..keys {
@@ -91,23 +97,51 @@ impl RowPass for Forward<'_> {
                 p.store(x);
             }
             let (max, sum) = (max.to_array(), sum.to_array());
-            for (l, i) in (at..h.tokens.min(at + LANES)).enumerate() {
-                let oi = &mut o[i * o_ld..i * o_ld + s];
-                with_chunks!(
-                    s / LANES,
-                    weighted_rows::<V>((&st[i..], tp, h.visible(i)), (v.data, v.ld), oi)
-                );
-                let inv = 1.0 / sum[l];
-                oi.iter_mut().for_each(|x| *x *= inv);
-                lse[i] = max[l] + sum[l].ln();
+            // Each query's output row from its column of probabilities, two queries at a time.
+            let end = h.tokens.min(at + V::N);
+            let sum_for =
+                |i: usize| -> WeightedRows<'_> { ((&st[i..], tp, h.visible(i)), (v.data, v.ld)) };
+            for i in (at..end).step_by(2) {
+                if i + 1 < end {
+                    let rows = two_rows(o, [i * o_ld, (i + 1) * o_ld], s);
+                    let sums = [sum_for(i), sum_for(i + 1)];
+                    with_chunks!(s / V::N, weighted_rows_pair::<V>(sums, rows));
+                } else {
+                    let row = &mut o[i * o_ld..i * o_ld + s];
+                    with_chunks!(s / V::N, weighted_rows::<V>(sum_for(i), row));
+                }
+                for i in (i..end).take(2) {
+                    let l = i - at;
+                    let inv = 1.0 / sum[l];
+                    o[i * o_ld..i * o_ld + s].iter_mut().for_each(|x| *x *= inv);
+                    lse[i] = max[l] + sum[l].ln();
+                }
             }
         }
     }
 }
 
-/// The backward's operands, and its scratch: `qt` and `dyt` are `head_dim × padded_keys` (for
-/// the queries and the output's gradient transposed), `st` and `dst` `tokens × padded_keys`
-/// (for the probabilities and the scores' gradient).
+/// Two rows of `len` elements of `buf`, from `at[0]` and `at[1]`, which must not overlap.
+fn two_rows(buf: &mut [f32], at: [usize; 2], len: usize) -> [&mut [f32]; 2] {
+    let [a, b] = at;
+    assert!(
+        a + len <= b || b + len <= a,
+        "two_rows: rows at {at:?} of {len} overlap"
+    );
+    if a < b {
+        let (lo, hi) = buf.split_at_mut(b);
+        [&mut lo[a..a + len], &mut hi[..len]]
+    } else {
+        let (lo, hi) = buf.split_at_mut(a);
+        let (b, a) = (&mut lo[b..b + len], &mut hi[..len]);
+        [a, b]
+    }
+}
+
+/// The backward's operands, and its scratch: `qt` and `dyt` are room for `head_dim ×
+/// padded_queries` (the queries and the output's gradient transposed), `st` and `dst` for
+/// `tokens × padded_queries` (the probabilities and the scores' gradient), at the widest
+/// vectors.
 pub(super) struct Backward<'a> {
     pub(super) h: ShortHead,
     pub(super) q: HeadRows<'a>,
@@ -124,8 +158,12 @@ pub(super) struct Backward<'a> {
 }
 
 impl RowPass for Backward<'_> {
+    fn sixteen_lanes_fit(&self) -> bool {
+        self.h.sixteen_lanes_fit()
+    }
+
     #[inline(always)]
-    fn run<V: Lanes8>(self) {
+    fn run<V: Lanes>(self) {
         let Backward {
             h,
             q,
@@ -140,21 +178,20 @@ impl RowPass for Backward<'_> {
             st,
             dst,
         } = self;
-        let (hd, s, tp) = (h.head_dim, h.stride(), h.padded_keys());
+        let (hd, s, tp) = (h.head_dim, h.stride(), h.padded_queries(V::N));
         let (dqkv, ld, [at_q, at_k, at_v]) = (grads.data, grads.ld, grads.at);
         // Per query (lanes past the last zero): the log-sum-exp and Σ dy·y over the row's
-        // columns, in order.
-        let mut lse_lanes = [0f32; MAX_KEYS];
-        let mut delta = [0f32; MAX_KEYS];
+        // columns ([`dot`]: one at a time, in order, this was a twentieth of the kernels' time).
+        let mut lse_lanes = [0f32; MAX_KEYS.next_multiple_of(MAX_LANES)];
+        let mut delta = [0f32; MAX_KEYS.next_multiple_of(MAX_LANES)];
         lse_lanes[..h.tokens].copy_from_slice(lse);
         for (i, delta) in delta[..h.tokens].iter_mut().enumerate() {
-            let dyi = &dy.data[i * dy.ld..i * dy.ld + hd];
-            let yi = &y.data[i * y.ld..i * y.ld + hd];
-            *delta = dyi.iter().zip(yi).map(|(a, b)| a * b).sum();
+            let (dyi, yi) = (&dy.data[i * dy.ld..], &y.data[i * y.ld..]);
+            *delta = dot::<V::Eight>(dyi, yi, hd);
         }
         // Sᵀ (the probabilities again, from the forward's log-sum-exps) and dPᵀ = V·dyᵀ.
-        transpose::<V>((q.data, q.ld, h.tokens), hd, (qt, tp));
-        transpose::<V>((dy.data, dy.ld, h.tokens), hd, (dyt, tp));
+        transpose::<V::Eight>((q.data, q.ld, h.tokens), hd, (qt, tp));
+        transpose::<V::Eight>((dy.data, dy.ld, h.tokens), hd, (dyt, tp));
         key_rows::<V>(&h, k, qt, st);
         key_rows::<V>(&h, v, dyt, dst);
         let scale = V::splat(h.scale);
@@ -162,8 +199,8 @@ impl RowPass for Backward<'_> {
             // Lanes of queries that do not see key `j` (`..first`, in its first vector) are
             // computed with the rest and never read.
             let first = h.first_visible(j);
-            let from = h.first_query_vector(j) * LANES;
-            for at in (from..tp).step_by(LANES) {
+            let from = h.first_query_vector(j, V::N);
+            for at in (from..tp).step_by(V::N) {
                 let (p, dp) = (&mut st[j * tp + at..], &mut dst[j * tp + at..]);
                 let pj = V::load(p).mul(scale).sub(V::load(&lse_lanes[at..])).exp();
                 // dS = P ⊙ (dP − Σ dy·y), and the scores' scale (for dq and dk both).
@@ -173,25 +210,31 @@ impl RowPass for Backward<'_> {
             }
             // dv[j] = Σ_i p_ij·dy_i, dk[j] = Σ_i dS_ij·q_i over the queries that see key j.
             let n = h.tokens - first;
-            let (pj, dsj) = (&st[j * tp + first..], &dst[j * tp + first..]);
-            let dvj = &mut dqkv[j * ld + at_v..j * ld + at_v + s];
-            with_chunks!(
-                s / LANES,
-                weighted_rows::<V>((pj, 1, n), (&dy.data[first * dy.ld..], dy.ld), dvj)
-            );
-            let dkj = &mut dqkv[j * ld + at_k..j * ld + at_k + s];
-            with_chunks!(
-                s / LANES,
-                weighted_rows::<V>((dsj, 1, n), (&q.data[first * q.ld..], q.ld), dkj)
-            );
+            let sums: [WeightedRows<'_>; 2] = [
+                (
+                    (&st[j * tp + first..], 1, n),
+                    (&dy.data[first * dy.ld..], dy.ld),
+                ),
+                (
+                    (&dst[j * tp + first..], 1, n),
+                    (&q.data[first * q.ld..], q.ld),
+                ),
+            ];
+            let rows = two_rows(dqkv, [j * ld + at_v, j * ld + at_k], s);
+            with_chunks!(s / V::N, weighted_rows_pair::<V>(sums, rows));
         }
-        // dq_i = Σ_j dS_ij·k_j over the keys query i sees.
-        for i in 0..h.tokens {
-            let dqi = &mut dqkv[i * ld + at_q..i * ld + at_q + s];
-            with_chunks!(
-                s / LANES,
-                weighted_rows::<V>((&dst[i..], tp, h.visible(i)), (k.data, k.ld), dqi)
-            );
+        // dq_i = Σ_j dS_ij·k_j over the keys query i sees, two queries at a time.
+        let sum_for =
+            |i: usize| -> WeightedRows<'_> { ((&dst[i..], tp, h.visible(i)), (k.data, k.ld)) };
+        for i in (0..h.tokens).step_by(2) {
+            if i + 1 < h.tokens {
+                let rows = two_rows(dqkv, [i * ld + at_q, (i + 1) * ld + at_q], s);
+                let sums = [sum_for(i), sum_for(i + 1)];
+                with_chunks!(s / V::N, weighted_rows_pair::<V>(sums, rows));
+            } else {
+                let row = &mut dqkv[i * ld + at_q..i * ld + at_q + s];
+                with_chunks!(s / V::N, weighted_rows::<V>(sum_for(i), row));
+            }
         }
     }
 }

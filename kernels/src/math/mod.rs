@@ -146,6 +146,16 @@ pub(crate) unsafe fn exp_ymm(x: std::arch::x86_64::__m256) -> std::arch::x86_64:
     exp_r(registers::Ymm::<1>([x])).0[0]
 }
 
+/// [`exp_f32`] of each lane of one AVX-512 register, with its bits.
+///
+/// # Safety
+/// The CPU must have AVX-512F (and the caller's code be compiled for it).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn exp_zmm(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    exp_r(registers::Zmm::<1>([x])).0[0]
+}
+
 /// `erf(x)` in f32 (see the module's accuracy note); odd, ±1 beyond ±4, NaN gives NaN.
 #[inline(always)]
 pub fn erf_f32(x: f32) -> f32 {
