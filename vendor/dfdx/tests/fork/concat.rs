@@ -82,3 +82,48 @@ fn concat_along_contiguous_runs_and_strided_inputs_agree_with_the_index_definiti
         }
     }
 }
+
+/// A broadcast first operand (a class token repeated over the batch, strides 0) beside a
+/// contiguous second one: the runs take the first by index and the second as slices, and the
+/// broadcast token's gradient sums over the batch.
+#[test]
+fn a_broadcast_token_beside_contiguous_tokens_concatenates_and_sums_its_gradient() {
+    let dev: Cpu = Default::default();
+    let token: Tensor<Rank2<1, 4>, f32, _> = dev.tensor(values(4, 2.0));
+    let rest: Tensor<Rank3<3, 2, 4>, f32, _> = dev.tensor(values(24, -1.0));
+    let weights: Tensor<Rank3<3, 3, 4>, f32, _> = dev.tensor(values(36, 0.5));
+    let (t, r, w) = (token.array(), rest.array(), weights.array());
+    let c = (
+        token
+            .leaky_trace()
+            .broadcast::<Rank3<3, 1, 4>, Axis<0>>()
+            .try_realize::<(Const<3>, usize, Const<4>)>()
+            .unwrap(),
+        rest.leaky_trace()
+            .try_realize::<(Const<3>, usize, Const<4>)>()
+            .unwrap(),
+    )
+        .concat_along(Axis::<1>)
+        .try_realize::<Rank3<3, 3, 4>>()
+        .unwrap();
+    let got = c.array();
+    for i in 0..3 {
+        for k in 0..4 {
+            assert_eq!(got[i][0][k], t[0][k]);
+            for j in 0..2 {
+                assert_eq!(got[i][1 + j][k], r[i][j][k]);
+            }
+        }
+    }
+    let grads = (c * weights.clone()).sum().backward();
+    let (gt, gr) = (grads.get(&token).array(), grads.get(&rest).array());
+    for k in 0..4 {
+        // The same additions in the same order (batch 0, 1, 2) as the index loop's.
+        assert_eq!(gt[0][k], w[0][0][k] + w[1][0][k] + w[2][0][k]);
+        for i in 0..3 {
+            for j in 0..2 {
+                assert_eq!(gr[i][j][k], w[i][1 + j][k]);
+            }
+        }
+    }
+}

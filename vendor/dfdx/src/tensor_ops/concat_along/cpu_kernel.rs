@@ -23,14 +23,30 @@ impl<E: Dtype> super::ConcatAlongKernel<E> for Cpu {
 
         let n = c.data.len();
         let buf = std::sync::Arc::get_mut(&mut c.data).unwrap();
-        // typed-amp: contiguous inputs (the usual case) go as runs of `a_n` and `b_n` elements
-        // instead of one index step each; the same elements land in the same places.
-        if a_n > 0 && b_n > 0 && a.strides == a.shape.strides() && b.strides == b.shape.strides() {
-            let runs = buf.chunks_mut(a_n + b_n);
-            let sources = a.data.chunks(a_n).zip(b.data.chunks(b_n));
-            for (out, (ra, rb)) in runs.zip(sources) {
-                out[..a_n].copy_from_slice(&ra[..a_n]);
-                out[a_n..].copy_from_slice(&rb[..b_n]);
+        // typed-amp patch: the output as runs of `a_n` and `b_n` elements, each operand's part
+        // copied from a slice where that operand is contiguous (the usual case) instead of one
+        // index step an element, by index where it is not (a broadcast class token beside
+        // contiguous tokens went element by element whole); the same elements land in the same
+        // places.
+        let contiguous = [
+            a.strides == a.shape.strides(),
+            b.strides == b.shape.strides(),
+        ];
+        if a_n > 0 && b_n > 0 && contiguous.contains(&true) {
+            for (r, out) in buf.chunks_mut(a_n + b_n).enumerate() {
+                let (oa, ob) = out.split_at_mut(a_n);
+                if contiguous[0] {
+                    oa.copy_from_slice(&a.data[r * a_n..(r + 1) * a_n]);
+                } else {
+                    oa.iter_mut()
+                        .for_each(|o| *o = a.data[a_idx.next().unwrap()]);
+                }
+                if contiguous[1] {
+                    ob.copy_from_slice(&b.data[r * b_n..(r + 1) * b_n]);
+                } else {
+                    ob.iter_mut()
+                        .for_each(|o| *o = b.data[b_idx.next().unwrap()]);
+                }
             }
             return Ok(());
         }
@@ -67,20 +83,28 @@ impl<E: Dtype> super::ConcatAlongKernel<E> for Cpu {
         }
 
         let n = grad_out.len();
-        // typed-amp: contiguous inputs as runs, as in the forward; each element's sum is the
-        // same single addition, so the bits are the index loop's.
-        if a_n > 0 && b_n > 0 && a.strides == a.shape.strides() && b.strides == b.shape.strides() {
-            let runs = grad_out.chunks(a_n + b_n);
-            let sinks = grad_a.chunks_mut(a_n).zip(grad_b.chunks_mut(b_n));
-            for (g, (ga, gb)) in runs.zip(sinks) {
-                ga[..a_n]
-                    .iter_mut()
-                    .zip(&g[..a_n])
-                    .for_each(|(x, y)| *x += *y);
-                gb[..b_n]
-                    .iter_mut()
-                    .zip(&g[a_n..])
-                    .for_each(|(x, y)| *x += *y);
+        // typed-amp patch: runs, as in the forward (a contiguous operand's part added as a
+        // slice, the other's by index); each element's sum is the same single addition in the
+        // same order, so the bits are the index loop's.
+        let contiguous = [
+            a.strides == a.shape.strides(),
+            b.strides == b.shape.strides(),
+        ];
+        if a_n > 0 && b_n > 0 && contiguous.contains(&true) {
+            for (r, g) in grad_out.chunks(a_n + b_n).enumerate() {
+                let (ga, gb) = g.split_at(a_n);
+                if contiguous[0] {
+                    let sink = &mut grad_a[r * a_n..(r + 1) * a_n];
+                    sink.iter_mut().zip(ga).for_each(|(x, y)| *x += *y);
+                } else {
+                    ga.iter().for_each(|y| grad_a[a_idx.next().unwrap()] += *y);
+                }
+                if contiguous[1] {
+                    let sink = &mut grad_b[r * b_n..(r + 1) * b_n];
+                    sink.iter_mut().zip(gb).for_each(|(x, y)| *x += *y);
+                } else {
+                    gb.iter().for_each(|y| grad_b[b_idx.next().unwrap()] += *y);
+                }
             }
             return Ok(());
         }
