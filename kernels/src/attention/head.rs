@@ -1,7 +1,9 @@
 //! One short head's sizes and options, the limits the kernels take, and its matrices where they
 //! lie.
 
-/// The width of the vectors the loops run in (f32 lanes of an AVX2 register).
+/// What a head's rows are padded to ([`ShortHead::stride`]): the f32 lanes of an AVX2 register,
+/// the narrowest vectors the kernels run in (they run in sixteen on AVX-512 where a head's
+/// width is whole sixteens).
 pub const LANES: usize = 8;
 
 /// The most tokens (keys per query row) a short head may have.
