@@ -8,6 +8,7 @@ use crate::math::exp_f32;
 pub(super) const MAX_LANES: usize = 16;
 
 /// `MASK[MAX_LANES - first..][..N]`: lanes `first..` all ones, the lanes before zero.
+#[cfg(target_arch = "x86_64")]
 const MASK: [u32; 2 * MAX_LANES] = {
     let mut m = [0; 2 * MAX_LANES];
     let mut l = MAX_LANES;
