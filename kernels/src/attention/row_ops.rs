@@ -33,10 +33,22 @@ pub(super) fn rows_by_transposed<V: Lanes, const C: usize>(
     (bt, ld): (&[f32], usize),
     (out, out_ld): (&mut [f32], usize),
 ) {
-    match C {
-        1..=3 => rows_in_tiles::<V, C, 4>((a, a_ld, depth), rows, (bt, ld), (out, out_ld)),
-        4..=6 => rows_in_tiles::<V, C, 2>((a, a_ld, depth), rows, (bt, ld), (out, out_ld)),
-        _ => rows_in_tiles::<V, C, 1>((a, a_ld, depth), rows, (bt, ld), (out, out_ld)),
+    // At most 12 sums in AVX2's 16 registers, 16 in AVX-512's 32 (with the loaded vectors and
+    // the broadcast beside them): on sixteen lanes, twice the rows of eight's tiles (the small
+    // GPT's head 1–9% faster, `cargo bench --bench short_attention`, six runs alternated).
+    let (a, bt, out) = ((a, a_ld, depth), (bt, ld), (out, out_ld));
+    if V::N == 16 {
+        match C {
+            1..=2 => rows_in_tiles::<V, C, 8>(a, rows, bt, out),
+            3..=4 => rows_in_tiles::<V, C, 4>(a, rows, bt, out),
+            _ => rows_in_tiles::<V, C, 2>(a, rows, bt, out),
+        }
+    } else {
+        match C {
+            1..=3 => rows_in_tiles::<V, C, 4>(a, rows, bt, out),
+            4..=6 => rows_in_tiles::<V, C, 2>(a, rows, bt, out),
+            _ => rows_in_tiles::<V, C, 1>(a, rows, bt, out),
+        }
     }
 }
 
