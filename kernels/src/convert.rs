@@ -381,9 +381,8 @@ mod x86 {
     }
 
     /// Eight f32 bit patterns to bf16 (each in the low half of its 32-bit lane), as
-    /// `f32_bits_to_bf16_bits` does one. AVX2's integer operations only, so that loops compiled
-    /// for AVX2 and FMA without F16C (the short heads' row loops) inline it too.
-    #[target_feature(enable = "avx2")]
+    /// `f32_bits_to_bf16_bits` does one.
+    #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     pub(crate) fn narrow_bf16_256(x: __m256i) -> __m256i {
         let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFF_FFFF));

@@ -26,8 +26,9 @@ const MASK: [u32; 2 * MAX_LANES] = {
 pub(super) trait Lanes: Copy {
     /// Lanes a vector holds (8 or 16).
     const N: usize;
-    /// The eight-lane type the transposes run on (the type itself where it has eight lanes).
-    type Eight: Transpose8;
+    /// The eight-lane type the transposes and the rows' dot products run on (the type itself
+    /// where it has eight lanes).
+    type Eight: Lanes8;
     fn zero() -> Self;
     fn splat(x: f32) -> Self;
     /// `s[..N]`.
@@ -52,8 +53,8 @@ pub(super) trait Lanes: Copy {
     fn to_array(self) -> [f32; MAX_LANES];
 }
 
-/// Eight-lane vectors that transpose eight of themselves.
-pub(super) trait Transpose8: Lanes {
+/// Eight-lane vectors, which also transpose eight of themselves.
+pub(super) trait Lanes8: Lanes {
     /// Eight vectors as the rows of a matrix, transposed: lane `l` of vector `r` of the result
     /// is lane `r` of vector `l`.
     fn transpose8(rows: [Self; 8]) -> [Self; 8];
@@ -141,7 +142,7 @@ impl Lanes for Portable {
     }
 }
 
-impl Transpose8 for Portable {
+impl Lanes8 for Portable {
     #[inline(always)]
     fn transpose8(rows: [Self; 8]) -> [Self; 8] {
         std::array::from_fn(|r| Portable(std::array::from_fn(|l| rows[l].0[r])))
@@ -243,7 +244,7 @@ impl Lanes for Avx2 {
 }
 
 #[cfg(target_arch = "x86_64")]
-impl Transpose8 for Avx2 {
+impl Lanes8 for Avx2 {
     #[inline(always)]
     fn transpose8(rows: [Self; 8]) -> [Self; 8] {
         use std::arch::x86_64::{
@@ -380,20 +381,18 @@ impl Lanes for Avx512 {
 
 /// One of the passes over a head, generic over the vectors it computes in.
 pub(super) trait RowPass {
-    /// Whether the pass may run on [`Avx512`]'s sixteen lanes: its head's rows are whole
-    /// vectors of sixteen (the lanes a product reads and writes are the head's own).
-    fn sixteen_lanes_fit(&self) -> bool;
     fn run<V: Lanes>(self);
 }
 
-/// Runs `pass` on AVX-512's sixteen lanes where the CPU has them and the pass fits them, else
-/// on AVX2 and FMA where the CPU has them (AVX-512 CPUs included), else on [`Portable`] lanes;
-/// the same bits on each.
-pub(super) fn run_rows<P: RowPass>(pass: P) {
+/// Runs `pass` on AVX-512's sixteen lanes where the CPU has them and `sixteen` says the pass
+/// fits them ([`ShortHead::sixteen_lanes_fit`](super::head::ShortHead::sixteen_lanes_fit)),
+/// else on AVX2 and FMA where the CPU has them (AVX-512 CPUs included), else on [`Portable`]
+/// lanes; the same bits on each.
+pub(super) fn run_rows<P: RowPass>(sixteen: bool, pass: P) {
     #[cfg(target_arch = "x86_64")]
     {
         use crate::level::{level, Level};
-        if level() >= Level::Avx512 && pass.sixteen_lanes_fit() {
+        if sixteen && level() >= Level::Avx512 {
             #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
             fn widest<P: RowPass>(pass: P) {
                 pass.run::<Avx512>()

@@ -10,10 +10,10 @@
 //! their arithmetic: 13–25 GFLOP/s in `cargo bench --bench attention` on Zen 3 before these
 //! kernels (BENCHMARKS.md, session 45), where the GEMM itself runs at 160. Here every product
 //! is a loop over vectors of queries (or head columns) with its sums in registers: sixteen
-//! lanes on AVX-512 where a head's width is a multiple of sixteen (the ViT's 16, the small GPT's
-//! 32), else eight on AVX2 and FMA where the CPU has them, else plain arrays of eight; every
-//! multiply-add is fused and no sum's order depends on the lanes, so the bits do not depend on
-//! the CPU.
+//! lanes on AVX-512 where a head's width is a multiple of sixteen and its queries pad no further
+//! to sixteen than to eight (the small GPT's 64 × 32; not the ViT's 17 tokens), else eight on
+//! AVX2 and FMA where the CPU has them, else plain arrays of eight; every multiply-add is fused
+//! and no sum's order depends on the lanes, so the bits do not depend on the CPU.
 //!
 //! Layout: keys as rows, queries in lanes (`passes`). The scores are computed as `Sᵀ` (key
 //! `j`'s row holds its scores against every query), so a query's softmax runs down a column of
@@ -29,9 +29,10 @@
 //! sixth of the ViT head's time, `cargo bench --bench short_attention`, session 53) and an
 //! error. The scores' scale enters `dS` (for `dq` and `dk` both) before its products.
 //!
-//! Operands: every `tokens × head_dim` matrix is row-major, its rows [`ShortHead::stride`]
-//! apart (the head width rounded up to [`LANES`]). The lanes past `head_dim` of an input never
-//! reach an output's first `head_dim` columns; those of an output are unspecified.
+//! Operands: every `tokens × head_dim` matrix is row-major, its rows `ld` apart where they lie
+//! ([`HeadRows`], [`HeadGradsMut`]), [`ShortHead::stride`] elements of each row (the head width
+//! rounded up to [`LANES`]) read or written. The lanes past `head_dim` of an input never reach
+//! an output's first `head_dim` columns; those of an output are unspecified.
 
 mod block_softmax;
 mod head;
@@ -78,16 +79,19 @@ pub fn short_head_forward(
     scratch: &mut ShortHeadScratch,
 ) {
     h.check(&[q, k, v, HeadRows { data: o, ld: o_ld }], lse.len());
-    run_rows(Forward {
-        h: *h,
-        q,
-        qt: transposed(h, &mut scratch.qt),
-        k,
-        v,
-        o: (o, o_ld),
-        lse,
-        st: scores(h, &mut scratch.st),
-    });
+    run_rows(
+        h.sixteen_lanes_fit(),
+        Forward {
+            h: *h,
+            q,
+            qt: rows_of_queries(h, h.head_dim, &mut scratch.qt),
+            k,
+            v,
+            o: (o, o_ld),
+            lse,
+            st: rows_of_queries(h, h.tokens, &mut scratch.st),
+        },
+    );
 }
 
 /// The gradients of one head's `[q, k, v]` into `grads` (FP32, overwritten) from the forward's
@@ -107,32 +111,28 @@ pub fn short_head_backward(
 ) {
     h.check(&[q, k, v, y, dy], lse.len());
     h.check_grads(grads.data.len(), grads.ld, grads.at);
-    run_rows(Backward {
-        h: *h,
-        q,
-        qt: transposed(h, &mut scratch.qt),
-        k,
-        v,
-        y,
-        dy,
-        dyt: transposed(h, &mut scratch.dyt),
-        lse,
-        grads,
-        st: scores(h, &mut scratch.st),
-        dst: scores(h, &mut scratch.dst),
-    });
+    run_rows(
+        h.sixteen_lanes_fit(),
+        Backward {
+            h: *h,
+            q,
+            qt: rows_of_queries(h, h.head_dim, &mut scratch.qt),
+            k,
+            v,
+            y,
+            dy,
+            dyt: rows_of_queries(h, h.head_dim, &mut scratch.dyt),
+            lse,
+            grads,
+            st: rows_of_queries(h, h.tokens, &mut scratch.st),
+            dst: rows_of_queries(h, h.tokens, &mut scratch.dst),
+        },
+    );
 }
 
-/// `buf` as room for a `tokens × padded_queries` matrix of scores at the widest vectors (its
-/// contents overwritten before use).
-fn scores<'a>(h: &ShortHead, buf: &'a mut Vec<f32>) -> &'a mut [f32] {
-    buf.resize(h.tokens * h.padded_queries(MAX_LANES), 0.0);
-    buf
-}
-
-/// `buf` as room for a `head_dim × padded_queries` matrix at the widest vectors, for a
-/// transposed operand (overwritten before use).
-fn transposed<'a>(h: &ShortHead, buf: &'a mut Vec<f32>) -> &'a mut [f32] {
-    buf.resize(h.head_dim * h.padded_queries(MAX_LANES), 0.0);
+/// `buf` as room for `rows` rows of the head's queries in lanes (scores, or a transposed
+/// operand), padded for the widest vectors; its contents are overwritten before use.
+fn rows_of_queries<'a>(h: &ShortHead, rows: usize, buf: &'a mut Vec<f32>) -> &'a mut [f32] {
+    buf.resize(rows * h.padded_queries(MAX_LANES), 0.0);
     buf
 }

@@ -1,9 +1,9 @@
 //! The forward and the backward pass over one head, generic over the lanes they compute in.
 //!
 //! Keys as rows, queries in lanes: the scores are computed as `Sᵀ` (row `j` holds key `j`'s
-//! scores against every query, its rows the queries rounded up to the vectors' lanes), so that a query's
-//! softmax (its maximum, its sum) runs down a column of vectors, lane by lane, with no sum
-//! across the lanes of a register and no per-query loop around a few vectors. Key `j`'s rows
+//! scores against every query, the queries padded to whole vectors), so that a query's softmax
+//! (its maximum, its sum) runs down a column of vectors, lane by lane, with no sum across the
+//! lanes of a register and no per-query loop around a few vectors. Key `j`'s rows
 //! of `dV` and `dK` are then weighted sums over the queries in one row each (written once, in
 //! registers), and a query's output row and `dQ` row weighted sums over a column of the
 //! probabilities or of the scores' gradient, each weight broadcast from where it lies.
@@ -52,10 +52,6 @@ pub(super) struct Forward<'a> {
 }
 
 impl RowPass for Forward<'_> {
-    fn sixteen_lanes_fit(&self) -> bool {
-        self.h.sixteen_lanes_fit()
-    }
-
     #[inline(always)]
     fn run<V: Lanes>(self) {
         let Forward {
@@ -97,26 +93,41 @@ impl RowPass for Forward<'_> {
                 p.store(x);
             }
             let (max, sum) = (max.to_array(), sum.to_array());
-            // Each query's output row from its column of probabilities, two queries at a time.
+            // Each query's output row from its column of probabilities, then scaled by 1/sum.
             let end = h.tokens.min(at + V::N);
-            let sum_for =
-                |i: usize| -> WeightedRows<'_> { ((&st[i..], tp, h.visible(i)), (v.data, v.ld)) };
-            for i in (at..end).step_by(2) {
-                if i + 1 < end {
-                    let rows = two_rows(o, [i * o_ld, (i + 1) * o_ld], s);
-                    let sums = [sum_for(i), sum_for(i + 1)];
-                    with_chunks!(s / V::N, weighted_rows_pair::<V>(sums, rows));
-                } else {
-                    let row = &mut o[i * o_ld..i * o_ld + s];
-                    with_chunks!(s / V::N, weighted_rows::<V>(sum_for(i), row));
-                }
-                for i in (i..end).take(2) {
-                    let l = i - at;
-                    let inv = 1.0 / sum[l];
-                    o[i * o_ld..i * o_ld + s].iter_mut().for_each(|x| *x *= inv);
-                    lse[i] = max[l] + sum[l].ln();
-                }
+            column_sums::<V>(
+                at..end,
+                |i| ((&st[i..], tp, h.visible(i)), (v.data, v.ld)),
+                (o, o_ld, 0),
+                s,
+            );
+            for i in at..end {
+                let l = i - at;
+                let inv = 1.0 / sum[l];
+                o[i * o_ld..i * o_ld + s].iter_mut().for_each(|x| *x *= inv);
+                lse[i] = max[l] + sum[l].ln();
             }
+        }
+    }
+}
+
+/// `out[i·ld + at..][..s]` = `sum_for(i)` for each query `i` of `queries`, two queries at a time
+/// ([`weighted_rows_pair`]), a last one alone.
+#[inline(always)]
+fn column_sums<'a, V: Lanes>(
+    queries: std::ops::Range<usize>,
+    sum_for: impl Fn(usize) -> WeightedRows<'a>,
+    (out, ld, at): (&mut [f32], usize, usize),
+    s: usize,
+) {
+    for i in queries.clone().step_by(2) {
+        if i + 1 < queries.end {
+            let rows = two_rows(out, [i * ld + at, (i + 1) * ld + at], s);
+            let sums = [sum_for(i), sum_for(i + 1)];
+            with_chunks!(s / V::N, weighted_rows_pair::<V>(sums, rows));
+        } else {
+            let row = &mut out[i * ld + at..i * ld + at + s];
+            with_chunks!(s / V::N, weighted_rows::<V>(sum_for(i), row));
         }
     }
 }
@@ -158,10 +169,6 @@ pub(super) struct Backward<'a> {
 }
 
 impl RowPass for Backward<'_> {
-    fn sixteen_lanes_fit(&self) -> bool {
-        self.h.sixteen_lanes_fit()
-    }
-
     #[inline(always)]
     fn run<V: Lanes>(self) {
         let Backward {
@@ -223,18 +230,12 @@ impl RowPass for Backward<'_> {
             let rows = two_rows(dqkv, [j * ld + at_v, j * ld + at_k], s);
             with_chunks!(s / V::N, weighted_rows_pair::<V>(sums, rows));
         }
-        // dq_i = Σ_j dS_ij·k_j over the keys query i sees, two queries at a time.
-        let sum_for =
-            |i: usize| -> WeightedRows<'_> { ((&dst[i..], tp, h.visible(i)), (k.data, k.ld)) };
-        for i in (0..h.tokens).step_by(2) {
-            if i + 1 < h.tokens {
-                let rows = two_rows(dqkv, [i * ld + at_q, (i + 1) * ld + at_q], s);
-                let sums = [sum_for(i), sum_for(i + 1)];
-                with_chunks!(s / V::N, weighted_rows_pair::<V>(sums, rows));
-            } else {
-                let row = &mut dqkv[i * ld + at_q..i * ld + at_q + s];
-                with_chunks!(s / V::N, weighted_rows::<V>(sum_for(i), row));
-            }
-        }
+        // dq_i = Σ_j dS_ij·k_j over the keys query i sees.
+        column_sums::<V>(
+            0..h.tokens,
+            |i| ((&dst[i..], tp, h.visible(i)), (k.data, k.ld)),
+            (dqkv, ld, at_q),
+            s,
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! The loops a pass is made of: rows against a transposed matrix, weighted sums of rows, and
 //! transposes.
 
-use super::lanes::{Lanes, Transpose8};
+use super::lanes::{Lanes, Lanes8};
 
 /// Calls `$f::<V, C>(…)` for the chunk count `$n` (1 to 8 vectors), so that each
 /// count's loops are compiled with their `C` sums in registers.
@@ -25,7 +25,7 @@ pub(super) use with_chunks;
 /// of `a` and the first `C` vectors of `bt`'s rows: rows of one matrix against a transposed
 /// other (a head's keys against its transposed queries: a key's scores over the queries), each
 /// sum in order of `d`. Tiles of several rows share each vector of `bt` loaded (as many as keep
-/// every sum in the 16 AVX registers), so that their chains of multiply-adds overlap.
+/// every sum in the registers), so that their chains of multiply-adds overlap.
 #[inline(always)]
 pub(super) fn rows_by_transposed<V: Lanes, const C: usize>(
     (a, a_ld, depth): (&[f32], usize, usize),
@@ -216,10 +216,10 @@ fn weighted_rows_together<V: Lanes, const C: usize, const K: usize>(
 
 /// `out[d·ld + j] = m[j·stride + d]` for the `rows` rows of `m` and `d < depth`, lanes
 /// `rows..` of each of `out`'s rows zero up to `ld` (which is at least `rows` rounded up to 8):
-/// blocks of 8 × 8 through registers ([`Transpose8::transpose8`]), whole blocks without a
-/// test per row or column.
+/// blocks of 8 × 8 through registers ([`Lanes8::transpose8`]), blocks of whole rows without a
+/// test per row.
 #[inline(always)]
-pub(super) fn transpose<V: Transpose8>(
+pub(super) fn transpose<V: Lanes8>(
     (m, stride, rows): (&[f32], usize, usize),
     depth: usize,
     (out, ld): (&mut [f32], usize),
@@ -240,15 +240,8 @@ pub(super) fn transpose<V: Transpose8>(
                     }
                 })
             };
-            let cols = V::transpose8(block);
-            if d + 8 <= depth {
-                for (c, col) in cols.into_iter().enumerate() {
-                    col.store(&mut out[(d + c) * ld + j..]);
-                }
-            } else {
-                for (c, col) in cols.into_iter().enumerate().take(depth - d) {
-                    col.store(&mut out[(d + c) * ld + j..]);
-                }
+            for (c, col) in V::transpose8(block).into_iter().enumerate().take(depth - d) {
+                col.store(&mut out[(d + c) * ld + j..]);
             }
         }
     }
@@ -265,7 +258,7 @@ pub(super) fn transpose<V: Transpose8>(
 /// vectors of eight, added pairwise, then the rest in order (the same bits on every vector
 /// type: the sums are always eight lanes wide).
 #[inline(always)]
-pub(super) fn dot<V: Transpose8>(a: &[f32], b: &[f32], len: usize) -> f32 {
+pub(super) fn dot<V: Lanes8>(a: &[f32], b: &[f32], len: usize) -> f32 {
     let whole = len / 8 * 8;
     let mut acc = V::zero();
     for d in (0..whole).step_by(8) {
