@@ -69,6 +69,7 @@ impl Arch {
             && p.a_kind == p.kind
             && p.a_cs == 1
             && (!self.pairs || p.k.is_multiple_of(2))
+            && (self.a_tile_rows || !crowds_l1_set(p.a_rs * p.kind.size(), self.mr))
             && !rows_off())
         .then(|| p.a_rs * p.kind.size())
     }
@@ -199,6 +200,33 @@ impl Arch {
     }
 }
 
+/// Bytes of one L1 data cache way: 64 sets of 64-byte lines, on every x86-64 core of the last
+/// decade (32 KiB 8-way, 48 KiB 12-way).
+const L1_WAY_BYTES: isize = 4096;
+
+/// At most this many of a micro-tile's A rows may fall in one L1 set for them to be read in
+/// place.
+const MAX_ROWS_PER_L1_SET: usize = 8;
+
+/// Whether `rows` rows of A, `row_bytes` apart, read in place would crowd one L1 set: their
+/// lines at the same k fall into too few sets, and the rows kernel touches each of those lines
+/// again at every k step while B's panel and C's tile compete for the same ways.
+///
+/// A row-major A whose rows are a multiple of 4 KiB long (1024 or 2048 f32 columns, a width
+/// models use) puts all 12 rows of an AVX-512 tile in one set: on a two-core Zen 5 the rows
+/// kernel then ran 1024³ f32 at 218–236 GFLOP/s against 295–324 with A packed (`kernels`
+/// example built for the measurement, alternated in one process; at 1,000 or 1,040 columns
+/// both ran 420–450). At 6 rows to a set (rows 1.5 times 4 KiB apart) the two ways ran alike.
+/// AMX's tile loads read each row's line once per tile, not once per k step: left in place.
+fn crowds_l1_set(row_bytes: isize, rows: usize) -> bool {
+    let mut per_set = [0usize; (L1_WAY_BYTES / 64) as usize];
+    (0..rows as isize).any(|i| {
+        let set = (i.wrapping_mul(row_bytes).rem_euclid(L1_WAY_BYTES) / 64) as usize;
+        per_set[set] += 1;
+        per_set[set] > MAX_ROWS_PER_L1_SET
+    })
+}
+
 static A_ROWS_IN_PLACE: AtomicBool = AtomicBool::new(true);
 
 /// Tests and benchmarks only: with `false`, the pair path packs A as before rather than
@@ -211,4 +239,26 @@ pub fn set_a_rows_in_place(on: bool) {
 
 fn rows_off() -> bool {
     !A_ROWS_IN_PLACE.load(Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::crowds_l1_set;
+
+    #[test]
+    fn rows_a_multiple_of_4_kib_apart_crowd_one_set() {
+        // 1024 and 2048 f32 columns: every row of a 12-row tile in one set.
+        assert!(crowds_l1_set(4096, 12));
+        assert!(crowds_l1_set(8192, 12));
+        // Negative strides (a transposed view read backwards) alias the same way.
+        assert!(crowds_l1_set(-4096, 12));
+        // Six rows to a set (1,536 f32 columns), three, or a row per set: read in place.
+        assert!(!crowds_l1_set(6144, 12));
+        assert!(!crowds_l1_set(5120, 12));
+        assert!(!crowds_l1_set(4160, 12));
+        assert!(!crowds_l1_set(256, 12));
+        // Up to the bound, even in one set (AVX2's six-row tile).
+        assert!(!crowds_l1_set(4096, 8));
+        assert!(crowds_l1_set(4096, 9));
+    }
 }
