@@ -15,3 +15,4 @@ pub mod dfdx_cpu_kernels;
 pub mod dropout;
 #[cfg(feature = "f16")]
 pub mod elementwise_16bit;
+pub mod reshape;

@@ -102,6 +102,12 @@ impl<S: Shape, E: Dtype, D: ReshapeKernel<E>, T: Tape<E, D>> ReshapeTo for Tenso
             let out_ghost = out.ghost();
             let dst = *dst;
             tape.add_backward_op(move |grads| {
+                // typed-amp patch: nothing to do when nobody reads the input's gradient
+                // (`Gradients::wants_grad`): a model whose input is reshaped after a permute
+                // (the ViT's patches) otherwise scattered a gradient of the data.
+                if !grads.wants_grad(&inp_ghost) {
+                    return Ok(());
+                }
                 grads.try_alloc_for(&inp_ghost)?;
                 grads.try_alloc_for(&out_ghost)?;
                 let (grad_inp, grad_out) = grads.mut_and_ref(&inp_ghost, &out_ghost);
