@@ -60,7 +60,9 @@ impl ShortHead {
     /// Whether the passes may run on sixteen lanes: the head's rows are whole vectors of sixteen
     /// (the lanes a product reads and writes are the head's own), and the queries padded to
     /// sixteen are no more than padded to eight (the ViT's 17 would pad to 32 instead of 24, and
-    /// its backward ran 10% slower on sixteen lanes).
+    /// its backward ran 10% slower on sixteen lanes on a Xeon; on a Zen 5 the head ran 18%
+    /// faster forward and 7% backward, but the ViT's step showed no difference over eight
+    /// alternated runs, BENCHMARKS.md session 54).
     pub(super) fn sixteen_lanes_fit(&self) -> bool {
         self.head_dim.is_multiple_of(16) && self.padded_queries(16) == self.padded_queries(8)
     }
