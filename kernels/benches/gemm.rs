@@ -423,6 +423,7 @@ fn main() {
 
     epilogue_rows(filter.as_deref(), threads);
     halves_rows(filter.as_deref(), threads);
+    a_rows_rows(filter.as_deref(), threads);
 
     println!("\nrayon overhead: ours at 1 thread vs {threads} (f32, GFLOP/s and µs per call)");
     for sh in SHAPES.iter().filter(|s| s.m * s.n * s.k <= 256 * 512 * 512) {
@@ -513,6 +514,45 @@ fn halves_rows(filter: Option<&str>, threads: usize) {
             gf(sh, timed(sh, &x32, threads, true)),
             gf(sh, timed(sh, &x16, threads, false)),
             gf(sh, timed(sh, &x16, threads, true)),
+        );
+    }
+}
+
+/// A row-major A read in place (as `Arch::a_rows` chooses: not where a tile's rows crowd one
+/// L1 set, `gemm::arch::crowds_l1_set`) against packed (`set_a_rows_in_place(false)`), for row
+/// lengths whose rows are 4 KiB apart (1024 f32, 2048 bf16: the rule packs them), 1.5 times that
+/// (1536 f32: six rows to a set, read in place) and neither (1040). The two columns of a
+/// crowded row length are the same path; the others show what reading in place gains.
+fn a_rows_rows(filter: Option<&str>, threads: usize) {
+    println!(
+        "\nA's rows: read in place where the rule allows vs packed (1024 × 1024 × k, GFLOP/s)"
+    );
+    println!(
+        "{:<20} {:>15} | {:>7} {:>7} | {:>7} {:>7}",
+        "shape", "m×n×k", "f32", "packed", "bf16", "packed"
+    );
+    for k in [1024, 1040, 1536, 2048] {
+        let name = format!("a rows k{k}");
+        if filter.is_some_and(|f| !name.contains(f)) {
+            continue;
+        }
+        let sh = &s("a rows", 1024, 1024, k, L::Row, L::Row, L::Row, false);
+        let (mut x32, mut x16) = (bufs(sh, |v| v), bufs(sh, bf16::from_f32));
+        let mut both = |packed: bool| {
+            typed_amp_kernels::set_a_rows_in_place(!packed);
+            let t = (ours(sh, &mut x32, threads), ours(sh, &mut x16, threads));
+            typed_amp_kernels::set_a_rows_in_place(true);
+            t
+        };
+        let ((r32, r16), (p32, p16)) = (both(false), both(true));
+        println!(
+            "{:<20} {:>15} | {} {} | {} {}",
+            name,
+            format!("{}×{}×{}", sh.m, sh.n, sh.k),
+            gf(sh, r32),
+            gf(sh, p32),
+            gf(sh, r16),
+            gf(sh, p16),
         );
     }
 }

@@ -26,6 +26,8 @@ const MASK: [u32; 2 * MAX_LANES] = {
 pub(super) trait Lanes: Copy {
     /// Lanes a vector holds (8 or 16).
     const N: usize;
+    /// Vector registers of the instruction set: how many sums a loop keeps in registers.
+    const REGISTERS: usize;
     /// The eight-lane type the transposes and the rows' dot products run on (the type itself
     /// where it has eight lanes).
     type Eight: Lanes8;
@@ -67,6 +69,8 @@ struct Portable([f32; 8]);
 
 impl Lanes for Portable {
     const N: usize = 8;
+    // As AVX2's, whose loops these stand in for: the tiles (and so the bits) are the same.
+    const REGISTERS: usize = 16;
     type Eight = Self;
     #[inline(always)]
     fn zero() -> Self {
@@ -159,6 +163,7 @@ struct Avx2(std::arch::x86_64::__m256);
 #[cfg(target_arch = "x86_64")]
 impl Lanes for Avx2 {
     const N: usize = 8;
+    const REGISTERS: usize = 16;
     type Eight = Self;
     #[inline(always)]
     fn zero() -> Self {
@@ -300,6 +305,7 @@ struct Avx512(std::arch::x86_64::__m512);
 #[cfg(target_arch = "x86_64")]
 impl Lanes for Avx512 {
     const N: usize = 16;
+    const REGISTERS: usize = 32;
     type Eight = Avx2;
     #[inline(always)]
     fn zero() -> Self {

@@ -37,7 +37,7 @@ pub(super) fn rows_by_transposed<V: Lanes, const C: usize>(
     // the broadcast beside them): on sixteen lanes, twice the rows of eight's tiles (the small
     // GPT's head 1–9% faster, `cargo bench --bench short_attention`, six runs alternated).
     let (a, bt, out) = ((a, a_ld, depth), (bt, ld), (out, out_ld));
-    if V::N == 16 {
+    if V::REGISTERS == 32 {
         match C {
             1..=2 => rows_in_tiles::<V, C, 8>(a, rows, bt, out),
             3..=4 => rows_in_tiles::<V, C, 4>(a, rows, bt, out),
@@ -137,8 +137,7 @@ pub(super) fn weighted_rows_pair<V: Lanes, const C: usize>(
     [a, b]: [&mut [f32]; 2],
 ) {
     // Two sums' even and odd chains, and the loaded row and weight beside them.
-    let registers = if V::N == 16 { 32 } else { 16 };
-    if 4 * C + 4 <= registers {
+    if 4 * C + 4 <= V::REGISTERS {
         weighted_rows_together::<V, C, 2>(sums, [a, b]);
     } else {
         let [s, t] = sums;
@@ -196,15 +195,12 @@ fn weighted_rows_together<V: Lanes, const C: usize, const K: usize>(
     }
     for k in 0..K {
         for j in j..sums[k].0 .2 {
-            step(
-                k,
-                j,
-                if j % 2 == 0 {
-                    &mut even[k]
-                } else {
-                    &mut odd[k]
-                },
-            );
+            let acc = if j % 2 == 0 {
+                &mut even[k]
+            } else {
+                &mut odd[k]
+            };
+            step(k, j, acc);
         }
     }
     for ((even, odd), out) in even.iter().zip(&odd).zip(outs) {

@@ -200,8 +200,9 @@ impl Arch {
     }
 }
 
-/// Bytes of one L1 data cache way: 64 sets of 64-byte lines, on every x86-64 core of the last
-/// decade (32 KiB 8-way, 48 KiB 12-way).
+/// Bytes of a cache line, and of one L1 data cache way (64 sets of lines) on every x86-64 core
+/// of the last decade (32 KiB 8-way, 48 KiB 12-way).
+const LINE_BYTES: isize = 64;
 const L1_WAY_BYTES: isize = 4096;
 
 /// At most this many of a micro-tile's A rows may fall in one L1 set for them to be read in
@@ -212,16 +213,17 @@ const MAX_ROWS_PER_L1_SET: usize = 8;
 /// lines at the same k fall into too few sets, and the rows kernel touches each of those lines
 /// again at every k step while B's panel and C's tile compete for the same ways.
 ///
-/// A row-major A whose rows are a multiple of 4 KiB long (1024 or 2048 f32 columns, a width
-/// models use) puts all 12 rows of an AVX-512 tile in one set: on a two-core Zen 5 the rows
-/// kernel then ran 1024³ f32 at 218–236 GFLOP/s against 295–324 with A packed (`kernels`
-/// example built for the measurement, alternated in one process; at 1,000 or 1,040 columns
-/// both ran 420–450). At 6 rows to a set (rows 1.5 times 4 KiB apart) the two ways ran alike.
-/// AMX's tile loads read each row's line once per tile, not once per k step: left in place.
+/// A row-major A whose rows are a multiple of 4 KiB long (1024 f32 or 2048 bf16 columns, widths
+/// models use) puts all 12 rows of an AVX-512 tile in one set. On a two-core Zen 5, `cargo
+/// bench -p typed-amp-kernels --bench gemm -- square` ran 1024³ f32 at 217–232 GFLOP/s with
+/// those rows read in place (9e98b91) and 332–334 with A packed by this rule (5cc8ddf). At six
+/// rows to a set (1536 f32 columns) reading in place ran as fast as packing or faster (the same
+/// bench's `a rows` rows, BENCHMARKS.md session 54). AMX's tile loads read each row's line once
+/// per tile, not once per k step: left in place.
 fn crowds_l1_set(row_bytes: isize, rows: usize) -> bool {
-    let mut per_set = [0usize; (L1_WAY_BYTES / 64) as usize];
+    let mut per_set = [0usize; (L1_WAY_BYTES / LINE_BYTES) as usize];
     (0..rows as isize).any(|i| {
-        let set = (i.wrapping_mul(row_bytes).rem_euclid(L1_WAY_BYTES) / 64) as usize;
+        let set = (i.wrapping_mul(row_bytes).rem_euclid(L1_WAY_BYTES) / LINE_BYTES) as usize;
         per_set[set] += 1;
         per_set[set] > MAX_ROWS_PER_L1_SET
     })
@@ -229,9 +231,9 @@ fn crowds_l1_set(row_bytes: isize, rows: usize) -> bool {
 
 static A_ROWS_IN_PLACE: AtomicBool = AtomicBool::new(true);
 
-/// Tests and benchmarks only: with `false`, the pair path packs A as before rather than
-/// reading its rows in place, so that the two can be compared (they must give the same bits)
-/// and timed.
+/// Tests and benchmarks only: with `false`, every path packs A rather than reading its rows in
+/// place (`Arch::a_rows`), so that the two can be compared (they must give the same bits) and
+/// timed.
 #[doc(hidden)]
 pub fn set_a_rows_in_place(on: bool) {
     A_ROWS_IN_PLACE.store(on, Ordering::Relaxed);
